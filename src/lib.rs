@@ -1,0 +1,9 @@
+//! Redpilot: a Kubernetes operator for Redis and Valkey.
+//!
+//! The crate is split by concern: [`redis`] is the data-plane library (no
+//! Kubernetes types), [`telemetry`] sets up logging.
+
+pub mod telemetry;
+
+/// The operator's version, as built.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
