@@ -1,0 +1,228 @@
+//! `localnode exec-container SPEC`: the last step before a container's
+//! program runs. It is started as
+//! `ip netns exec <pod-netns> unshare --mount --uts --propagation private localnode exec-container SPEC`,
+//! so it already sits in the pod's network namespace and in fresh mount and
+//! UTS namespaces. It builds the container's root on a tmpfs mounted over
+//! `/tmp` (only visible in this mount namespace): every top-level host
+//! directory becomes an overlay with the host directory as the read-only
+//! lower layer and a per-container upper layer (the host's programs and
+//! libraries are the "image"; what the container writes stays in its
+//! layer), except /proc, /sys and /dev (bound) and the directory holding
+//! the repository (bound: an overlay cannot hold its own upper layer);
+//! `/tmp` becomes a private directory. Then it chroots, bind-mounts the
+//! pod's volumes at their `mountPath`, links the image's programs into
+//! `/.image/bin`, applies readOnlyRootFilesystem, sets the hostname and
+//! execs.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use rustix::mount::MountFlags;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+
+/// Everything `exec-container` needs, written as JSON by the node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LaunchSpec {
+    pub hostname: String,
+    /// Host directory that becomes the container's `/tmp`.
+    pub private_tmp: PathBuf,
+    /// Host directory for the container's writable layers (overlay upper
+    /// and work directories over the host's top-level directories).
+    pub layer_dir: PathBuf,
+    /// Host file bind-mounted over `/etc/hosts`.
+    pub hosts_file: Option<PathBuf>,
+    pub mounts: Vec<MountSpec>,
+    /// Program name → host path, linked into `/.image/bin`.
+    pub image_bins: Vec<(String, PathBuf)>,
+    pub program: String,
+    pub arg0: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<String>,
+    /// securityContext runAsUser / runAsGroup.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+    /// securityContext readOnlyRootFilesystem: everything but the volumes
+    /// (and /proc, /sys, /dev) is read-only.
+    #[serde(default)]
+    pub read_only_root: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MountSpec {
+    pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+const ROOT: &str = "/tmp";
+
+fn mount_err(what: &str, path: &Path, e: rustix::io::Errno) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(format!("{what}: {e}")),
+    }
+}
+
+/// Builds the root and execs the program; returns only on failure.
+pub fn exec_container(spec_path: &Path) -> Error {
+    match prepare(spec_path) {
+        Ok(mut cmd) => Error::Setup(format!("exec failed: {}", cmd.exec())),
+        Err(e) => e,
+    }
+}
+
+fn prepare(spec_path: &Path) -> Result<std::process::Command> {
+    let text = std::fs::read_to_string(spec_path).at(spec_path)?;
+    let spec: LaunchSpec = serde_json::from_str(&text)?;
+    let root = Path::new(ROOT);
+
+    // Host directory entries to carry into the new root (read before /tmp is covered).
+    let mut entries: Vec<OsString> = Vec::new();
+    for e in std::fs::read_dir("/").at("/")? {
+        entries.push(e.at("/")?.file_name());
+    }
+    // The top-level directory holding the node's state (the repository) is
+    // bind-mounted as it is: an overlay may not contain its own upper layer.
+    let state_top = spec
+        .layer_dir
+        .components()
+        .nth(1)
+        .map(|c| c.as_os_str().to_os_string());
+
+    rustix::mount::mount("tmpfs", root, "tmpfs", MountFlags::NOSUID, c"mode=755")
+        .map_err(|e| mount_err("mount tmpfs", root, e))?;
+
+    let mut top_dirs: Vec<String> = Vec::new();
+    for name in entries {
+        let host = Path::new("/").join(&name);
+        let inside = root.join(&name);
+        let meta = std::fs::symlink_metadata(&host).at(&host)?;
+        let name_s = name.to_string_lossy().into_owned();
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&host).at(&host)?;
+            std::os::unix::fs::symlink(&target, &inside).at(&inside)?;
+            continue;
+        }
+        if !meta.is_dir() {
+            continue;
+        }
+        std::fs::create_dir(&inside).at(&inside)?;
+        match name_s.as_str() {
+            "tmp" => rustix::mount::mount_bind(&spec.private_tmp, &inside)
+                .map_err(|e| mount_err("bind private /tmp", &inside, e))?,
+            "proc" | "sys" | "dev" => {
+                rustix::mount::mount_bind_recursive(&host, &inside)
+                    .map_err(|e| mount_err("bind host directory", &inside, e))?;
+                continue;
+            }
+            // Not for containers (and possibly other mounts of the host).
+            "mnt" | "media" | "lost+found" | "old_root" | "boot" => continue,
+            _ if Some(&name) == state_top.as_ref() => {
+                rustix::mount::mount_bind_recursive(&host, &inside)
+                    .map_err(|e| mount_err("bind host directory", &inside, e))?
+            }
+            _ => {
+                // The host directory as a read-only lower layer; the
+                // container writes into its own upper layer, never the host.
+                let upper = spec.layer_dir.join("upper").join(&name);
+                let work = spec.layer_dir.join("work").join(&name);
+                std::fs::create_dir_all(&upper).at(&upper)?;
+                std::fs::create_dir_all(&work).at(&work)?;
+                let opts = format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    host.display(),
+                    upper.display(),
+                    work.display()
+                );
+                let opts = std::ffi::CString::new(opts)
+                    .map_err(|e| Error::Setup(format!("overlay options: {e}")))?;
+                rustix::mount::mount(
+                    "overlay",
+                    &inside,
+                    "overlay",
+                    MountFlags::empty(),
+                    opts.as_c_str(),
+                )
+                .map_err(|e| mount_err("mount overlay", &inside, e))?;
+            }
+        }
+        top_dirs.push(name_s);
+    }
+
+    if let Some(hosts) = &spec.hosts_file {
+        let target = root.join("etc/hosts");
+        if target.exists() {
+            rustix::mount::mount_bind(hosts, &target)
+                .map_err(|e| mount_err("bind /etc/hosts", &target, e))?;
+        }
+    }
+
+    // From here on paths are the container's: symlinks such as
+    // /var/run -> /run resolve inside its root.
+    rustix::process::chroot(root).map_err(|e| mount_err("chroot", root, e))?;
+    std::env::set_current_dir("/").at("/")?;
+
+    let mut mounts = spec.mounts.clone();
+    mounts.sort_by_key(|m| m.target.matches('/').count());
+    for m in &mounts {
+        let target = PathBuf::from(&m.target);
+        let src_meta = std::fs::metadata(&m.source).at(&m.source)?;
+        if src_meta.is_dir() {
+            std::fs::create_dir_all(&target).at(&target)?;
+        } else {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).at(parent)?;
+            }
+            if !target.exists() {
+                std::fs::write(&target, b"").at(&target)?;
+            }
+        }
+        rustix::mount::mount_bind(&m.source, &target)
+            .map_err(|e| mount_err("bind volume", &target, e))?;
+        if m.read_only {
+            rustix::mount::mount_remount(&target, MountFlags::BIND | MountFlags::RDONLY, c"")
+                .map_err(|e| mount_err("remount read-only", &target, e))?;
+        }
+    }
+
+    let bin = Path::new(crate::images::IMAGE_BIN);
+    std::fs::create_dir_all(bin).at(bin)?;
+    for (name, host) in &spec.image_bins {
+        let link = bin.join(name);
+        std::os::unix::fs::symlink(host, &link).at(&link)?;
+    }
+
+    if spec.read_only_root {
+        for name in &top_dirs {
+            let inside = Path::new("/").join(name);
+            rustix::mount::mount_remount(&inside, MountFlags::BIND | MountFlags::RDONLY, c"")
+                .map_err(|e| mount_err("remount read-only", &inside, e))?;
+        }
+        rustix::mount::mount_remount("/", MountFlags::RDONLY | MountFlags::NOSUID, c"mode=755")
+            .map_err(|e| mount_err("remount root read-only", Path::new("/"), e))?;
+    }
+
+    rustix::system::sethostname(spec.hostname.as_bytes())
+        .map_err(|e| Error::Setup(format!("sethostname {}: {e}", spec.hostname)))?;
+    let wd = spec.workdir.clone().unwrap_or_else(|| "/".into());
+    std::env::set_current_dir(&wd).at(&wd)?;
+
+    let mut cmd = std::process::Command::new(&spec.program);
+    cmd.arg0(&spec.arg0).args(&spec.args).env_clear();
+    if let Some(gid) = spec.gid.or(spec.uid.map(|_| 0)) {
+        cmd.gid(gid);
+    }
+    if let Some(uid) = spec.uid {
+        cmd.uid(uid);
+    }
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+    Ok(cmd)
+}

@@ -1,0 +1,1532 @@
+//! One worker per pod bound to this node: sandbox, volumes, containers,
+//! probes, restarts, status, graceful termination and the final deletion.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Event, ObjectReference, Pod, Probe};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::env::{Refs, expand, field_value, resource_value};
+use crate::error::{Error, IoContext, Result};
+use crate::images::{ImageError, ImageMap, ResolvedImage};
+use crate::launch::{LaunchSpec, MountSpec};
+use crate::net::{Network, PodNet};
+use crate::probe::{self, Outcome, Target};
+use crate::volumes::{VolumeCtx, materialize};
+
+const DEFAULT_PATH: &str =
+    "/.image/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
+const VOLUME_RESYNC: Duration = Duration::from_secs(20);
+
+/// What every pod worker shares.
+pub struct NodeCtx {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub images: ImageMap,
+    pub net: Network,
+    pub state_dir: PathBuf,
+    pub self_exe: PathBuf,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    /// The apiserver's port; pods reach it as kubernetes.default.svc (an
+    /// /etc/hosts entry for the node address; the serving certificate
+    /// names it).
+    pub apiserver_port: Option<u16>,
+    /// Set on shutdown: no container is (re)started any more.
+    pub stopping: std::sync::atomic::AtomicBool,
+}
+
+impl NodeCtx {
+    pub fn host_ip(&self) -> String {
+        self.net.gateway.to_string()
+    }
+}
+
+/// Messages from the pod watcher to a worker.
+#[derive(Debug)]
+pub enum PodMsg {
+    Update(Box<Pod>),
+    /// The pod is gone from the API (force deletion).
+    Gone,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Exited {
+        idx: usize,
+        epoch: u64,
+        status: std::process::ExitStatus,
+    },
+    Probe {
+        idx: usize,
+        epoch: u64,
+        kind: ProbeKind,
+        outcome: Outcome,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProbeKind {
+    Startup,
+    Readiness,
+    Liveness,
+}
+
+#[derive(Debug, Clone)]
+struct Terminated {
+    exit_code: i32,
+    signal: Option<i32>,
+    reason: String,
+    message: Option<String>,
+    started_at: Timestamp,
+    finished_at: Timestamp,
+    container_id: String,
+}
+
+#[derive(Debug)]
+struct Running {
+    pid: u32,
+    epoch: u64,
+    started_at: Timestamp,
+    started_instant: Instant,
+    probes: Vec<AbortHandle>,
+    env: Vec<(String, String)>,
+    container_id: String,
+}
+
+#[derive(Debug)]
+struct Ctr {
+    spec: Container,
+    init: bool,
+    image_ref: String,
+    image_id: String,
+    run: Option<Running>,
+    waiting: (String, Option<String>),
+    last: Option<Terminated>,
+    restart_count: i32,
+    next_start: Instant,
+    backoff: Duration,
+    /// Succeeded (init) or terminated for good (regular).
+    done: bool,
+    ready: bool,
+    started: bool,
+    ready_ok: i32,
+    ready_fail: i32,
+    live_fail: i32,
+    startup_fail: i32,
+    image_attempts: u32,
+}
+
+impl Ctr {
+    fn new(spec: Container, init: bool, restart_base: i32) -> Self {
+        let image_ref = spec.image.clone().unwrap_or_default();
+        Self {
+            spec,
+            init,
+            image_id: String::new(),
+            image_ref,
+            run: None,
+            waiting: ("ContainerCreating".into(), None),
+            last: None,
+            restart_count: restart_base,
+            next_start: Instant::now(),
+            backoff: Duration::ZERO,
+            done: false,
+            ready: false,
+            started: false,
+            ready_ok: 0,
+            ready_fail: 0,
+            live_fail: 0,
+            startup_fail: 0,
+            image_attempts: 0,
+        }
+    }
+}
+
+/// Runs one pod until it is deleted.
+pub struct Worker {
+    ctx: Arc<NodeCtx>,
+    pod: Pod,
+    uid: String,
+    ns: String,
+    name: String,
+    log_dir: PathBuf,
+    run_dir: PathBuf,
+    net: Option<PodNet>,
+    volumes: Option<BTreeMap<String, PathBuf>>,
+    last_volume_sync: Instant,
+    ctrs: Vec<Ctr>,
+    epoch: u64,
+    final_phase: Option<&'static str>,
+    start_time: Timestamp,
+    conditions: BTreeMap<&'static str, (bool, Timestamp)>,
+    last_pushed: Option<Value>,
+    ev_tx: mpsc::UnboundedSender<Ev>,
+    ev_rx: mpsc::UnboundedReceiver<Ev>,
+    last_event: BTreeMap<String, String>,
+    gone: bool,
+    /// The pod address; kept in the status after teardown, like the kubelet.
+    status_ip: String,
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Worker {
+    pub fn new(ctx: Arc<NodeCtx>, pod: Pod) -> Self {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let log_dir = ctx.state_dir.join("pods").join(format!("{ns}_{name}"));
+        let run_dir = log_dir.join(format!("run-{}", short_id(&uid)));
+        let spec = pod.spec.clone().unwrap_or_default();
+        // Carry restart counts over a node restart.
+        let old = |init: bool, n: &str| -> i32 {
+            let st = pod.status.as_ref();
+            let list = if init {
+                st.and_then(|s| s.init_container_statuses.as_ref())
+            } else {
+                st.and_then(|s| s.container_statuses.as_ref())
+            };
+            list.and_then(|l| l.iter().find(|c| c.name == n))
+                .map(|c| c.restart_count)
+                .unwrap_or(0)
+        };
+        let mut ctrs = Vec::new();
+        for c in spec.init_containers.unwrap_or_default() {
+            let base = old(true, &c.name);
+            ctrs.push(Ctr::new(c, true, base));
+        }
+        for c in spec.containers {
+            let base = old(false, &c.name);
+            ctrs.push(Ctr::new(c, false, base));
+        }
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let start_time = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map(|t| t.0)
+            .unwrap_or_else(now);
+        let final_phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => Some("Succeeded"),
+            Some("Failed") => Some("Failed"),
+            _ => None,
+        };
+        Self {
+            ctx,
+            pod,
+            uid,
+            ns,
+            name,
+            log_dir,
+            run_dir,
+            net: None,
+            volumes: None,
+            last_volume_sync: Instant::now(),
+            ctrs,
+            epoch: 0,
+            final_phase,
+            start_time,
+            conditions: BTreeMap::new(),
+            last_pushed: None,
+            ev_tx,
+            ev_rx,
+            last_event: BTreeMap::new(),
+            gone: false,
+            status_ip: String::new(),
+        }
+    }
+
+    fn restart_policy(&self) -> String {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".into())
+    }
+
+    fn deleting(&self) -> bool {
+        self.gone || self.pod.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The worker's life: runs until the pod is deleted and cleaned up.
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<PodMsg>) {
+        tracing::info!(pod = %format!("{}/{}", self.ns, self.name), uid = %self.uid, "pod worker started");
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(PodMsg::Update(p)) => self.pod = *p,
+                    Some(PodMsg::Gone) | None => self.gone = true,
+                },
+                Some(ev) = self.ev_rx.recv() => self.handle(ev).await,
+                _ = tick.tick() => {}
+            }
+            if self.deleting() {
+                self.terminate(&mut rx).await;
+                break;
+            }
+            if let Err(e) = self.step().await {
+                tracing::warn!(pod = %self.name, error = %e, "pod step failed");
+            }
+            self.push_status().await;
+        }
+        tracing::info!(pod = %format!("{}/{}", self.ns, self.name), "pod worker finished");
+    }
+
+    async fn step(&mut self) -> Result<()> {
+        if self.final_phase.is_some() || self.ctx.stopping.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        if self.net.is_none() {
+            std::fs::create_dir_all(&self.run_dir).at(&self.run_dir)?;
+            match self.ctx.net.create(&short_id(&self.uid)).await {
+                Ok(n) => {
+                    self.write_hosts(&n)?;
+                    self.status_ip = n.ip.to_string();
+                    self.net = Some(n);
+                }
+                Err(e) => {
+                    self.event("Warning", "FailedCreatePodSandBox", &e.to_string())
+                        .await;
+                    return Err(e);
+                }
+            }
+        }
+        let resync = self.last_volume_sync.elapsed() >= VOLUME_RESYNC;
+        if self.volumes.is_none() || resync {
+            self.last_volume_sync = Instant::now();
+            match self.sync_volumes().await {
+                Ok(v) => self.volumes = Some(v),
+                Err(e) => {
+                    if self.volumes.is_none() {
+                        self.event("Warning", "FailedMount", &e.to_string()).await;
+                        // Retry soon rather than after the full resync period.
+                        self.last_volume_sync =
+                            Instant::now() - VOLUME_RESYNC + Duration::from_secs(2);
+                        return Ok(());
+                    }
+                    tracing::debug!(error = %e, "volume refresh failed");
+                }
+            }
+        }
+        let now_i = Instant::now();
+        // Init containers one at a time, in order.
+        if let Some(idx) = self.ctrs.iter().position(|c| c.init && !c.done) {
+            if self.ctrs[idx].run.is_none() && now_i >= self.ctrs[idx].next_start {
+                self.start(idx).await;
+            }
+            return Ok(());
+        }
+        for idx in 0..self.ctrs.len() {
+            let c = &self.ctrs[idx];
+            if c.init || c.done || c.run.is_some() || now_i < c.next_start {
+                continue;
+            }
+            self.start(idx).await;
+        }
+        // restartPolicy Never/OnFailure: the pod ends when no container runs any more.
+        let regular: Vec<&Ctr> = self.ctrs.iter().filter(|c| !c.init).collect();
+        if !regular.is_empty() && regular.iter().all(|c| c.done) {
+            let failed = regular
+                .iter()
+                .any(|c| c.last.as_ref().is_some_and(|t| t.exit_code != 0));
+            self.final_phase = Some(if failed { "Failed" } else { "Succeeded" });
+            self.teardown().await;
+        }
+        Ok(())
+    }
+
+    fn write_hosts(&self, n: &PodNet) -> Result<()> {
+        let spec = self.pod.spec.as_ref();
+        let hostname = self.hostname();
+        let mut fqdn = hostname.clone();
+        if let Some(sub) = spec.and_then(|s| s.subdomain.as_ref()) {
+            fqdn = format!("{hostname}.{sub}.{}.svc.cluster.local {hostname}", self.ns);
+        }
+        let mut text = format!(
+            "# Kubernetes-managed hosts file (localnode).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{}\n",
+            n.ip, fqdn
+        );
+        if self.ctx.apiserver_port.is_some() {
+            text.push_str(&format!(
+                "{}\tkubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.cluster.local\n",
+                self.ctx.host_ip()
+            ));
+        }
+        for ha in spec
+            .and_then(|s| s.host_aliases.clone())
+            .unwrap_or_default()
+        {
+            text.push_str(&format!(
+                "{}\t{}\n",
+                ha.ip,
+                ha.hostnames.unwrap_or_default().join(" ")
+            ));
+        }
+        let p = self.run_dir.join("hosts");
+        std::fs::write(&p, text).at(&p)
+    }
+
+    fn hostname(&self) -> String {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.hostname.clone())
+            .unwrap_or_else(|| self.name.clone())
+            .chars()
+            .take(63)
+            .collect()
+    }
+
+    fn pod_ip(&self) -> String {
+        self.net
+            .as_ref()
+            .map(|n| n.ip.to_string())
+            .unwrap_or_default()
+    }
+
+    async fn sync_volumes(&self) -> Result<BTreeMap<String, PathBuf>> {
+        let dir = self.run_dir.join("volumes");
+        let pod_ip = self.pod_ip();
+        let host_ip = self.ctx.host_ip();
+        let ctx = VolumeCtx {
+            client: &self.ctx.client,
+            pod: &self.pod,
+            pod_ip: &pod_ip,
+            host_ip: &host_ip,
+            dir: &dir,
+            node_cpu_millis: self.ctx.cpu_millis,
+            node_memory: self.ctx.memory_bytes,
+        };
+        let mut refs = Refs::new(self.ctx.client.clone(), &self.ns);
+        materialize(&ctx, &mut refs).await
+    }
+
+    /// The container's environment in kubelet order: envFrom, then env,
+    /// each value expanded against what came before.
+    async fn build_env(&self, c: &Container) -> Result<Vec<(String, String)>> {
+        let mut refs = Refs::new(self.ctx.client.clone(), &self.ns);
+        let mut vars: BTreeMap<String, String> = BTreeMap::new();
+        let mut order: Vec<String> = Vec::new();
+        let mut set = |vars: &mut BTreeMap<String, String>, k: String, v: String| {
+            if !vars.contains_key(&k) {
+                order.push(k.clone());
+            }
+            vars.insert(k, v);
+        };
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+        for ef in c.env_from.as_deref().unwrap_or(&[]) {
+            let prefix = ef.prefix.clone().unwrap_or_default();
+            if let Some(r) = &ef.config_map_ref {
+                match refs.config_map(&r.name).await? {
+                    Some(cm) => {
+                        for (k, v) in cm.data.unwrap_or_default() {
+                            set(&mut vars, format!("{prefix}{k}"), v);
+                        }
+                    }
+                    None if r.optional.unwrap_or(false) => {}
+                    None => {
+                        return Err(Error::ContainerConfig(format!(
+                            "configmap \"{}\" not found",
+                            r.name
+                        )));
+                    }
+                }
+            }
+            if let Some(r) = &ef.secret_ref {
+                match refs.secret(&r.name).await? {
+                    Some(s) => {
+                        for (k, v) in s.data.unwrap_or_default() {
+                            set(&mut vars, format!("{prefix}{k}"), text(v.0));
+                        }
+                    }
+                    None if r.optional.unwrap_or(false) => {}
+                    None => {
+                        return Err(Error::ContainerConfig(format!(
+                            "secret \"{}\" not found",
+                            r.name
+                        )));
+                    }
+                }
+            }
+        }
+        let pod_ip = self.pod_ip();
+        let host_ip = self.ctx.host_ip();
+        for e in c.env.as_deref().unwrap_or(&[]) {
+            let value = if let Some(vf) = &e.value_from {
+                if let Some(r) = &vf.secret_key_ref {
+                    match refs.secret_key(&r.name, &r.key).await? {
+                        Some(v) => text(v),
+                        None if r.optional.unwrap_or(false) => continue,
+                        None => {
+                            return Err(Error::ContainerConfig(format!(
+                                "secret \"{}\" or its key \"{}\" not found (env {})",
+                                r.name, r.key, e.name
+                            )));
+                        }
+                    }
+                } else if let Some(r) = &vf.config_map_key_ref {
+                    match refs.config_map_key(&r.name, &r.key).await? {
+                        Some(v) => text(v),
+                        None if r.optional.unwrap_or(false) => continue,
+                        None => {
+                            return Err(Error::ContainerConfig(format!(
+                                "configmap \"{}\" or its key \"{}\" not found (env {})",
+                                r.name, r.key, e.name
+                            )));
+                        }
+                    }
+                } else if let Some(f) = &vf.field_ref {
+                    field_value(&self.pod, &pod_ip, &host_ip, &f.field_path)?
+                } else if let Some(r) = &vf.resource_field_ref {
+                    resource_value(
+                        c,
+                        &r.resource,
+                        r.divisor.as_ref().map(|d| d.0.as_str()),
+                        self.ctx.cpu_millis,
+                        self.ctx.memory_bytes,
+                    )?
+                } else {
+                    String::new()
+                }
+            } else {
+                expand(e.value.as_deref().unwrap_or(""), &vars)
+            };
+            set(&mut vars, e.name.clone(), value);
+        }
+        if let Some(port) = self.ctx.apiserver_port {
+            for (k, v) in [
+                (
+                    "KUBERNETES_SERVICE_HOST",
+                    "kubernetes.default.svc".to_string(),
+                ),
+                ("KUBERNETES_SERVICE_PORT", port.to_string()),
+                ("KUBERNETES_SERVICE_PORT_HTTPS", port.to_string()),
+            ] {
+                if !vars.contains_key(k) {
+                    set(&mut vars, k.into(), v);
+                }
+            }
+        }
+        if !vars.contains_key("PATH") {
+            set(&mut vars, "PATH".into(), DEFAULT_PATH.into());
+        }
+        if !vars.contains_key("HOSTNAME") {
+            set(&mut vars, "HOSTNAME".into(), self.hostname());
+        }
+        if !vars.contains_key("HOME") {
+            set(&mut vars, "HOME".into(), "/root".into());
+        }
+        Ok(order
+            .into_iter()
+            .filter_map(|k| vars.get(&k).map(|v| (k.clone(), v.clone())))
+            .collect())
+    }
+
+    async fn start(&mut self, idx: usize) {
+        let image = self.ctx.images.resolve(&self.ctrs[idx].image_ref);
+        let image = match image {
+            Ok(i) => i,
+            Err(e) => {
+                let c = &mut self.ctrs[idx];
+                c.image_attempts += 1;
+                let reason = if c.image_attempts <= 1 {
+                    "ErrImagePull"
+                } else {
+                    "ImagePullBackOff"
+                };
+                c.waiting = (reason.into(), Some(e.to_string()));
+                let delay = (FIRST_BACKOFF * c.image_attempts.min(30)).min(MAX_BACKOFF);
+                c.next_start = Instant::now() + delay;
+                let name = c.spec.name.clone();
+                if matches!(e, ImageError::Unmapped { .. } | ImageError::Missing { .. }) {
+                    self.event("Warning", "Failed", &format!("container {name}: {e}"))
+                        .await;
+                }
+                return;
+            }
+        };
+        let c_spec = self.ctrs[idx].spec.clone();
+        let env = match self.build_env(&c_spec).await {
+            Ok(e) => e,
+            Err(e) => {
+                let c = &mut self.ctrs[idx];
+                c.waiting = ("CreateContainerConfigError".into(), Some(e.to_string()));
+                c.next_start = Instant::now() + Duration::from_secs(2);
+                let msg = format!("container {}: {e}", c_spec.name);
+                self.event("Warning", "Failed", &msg).await;
+                return;
+            }
+        };
+        match self.launch(idx, &image, &c_spec, env).await {
+            Ok(()) => {}
+            Err(e @ Error::ContainerConfig(_)) => {
+                let c = &mut self.ctrs[idx];
+                c.waiting = ("CreateContainerConfigError".into(), Some(e.to_string()));
+                c.next_start = Instant::now() + FIRST_BACKOFF;
+                let msg = format!("container {}: {e}", c_spec.name);
+                self.event("Warning", "Failed", &msg).await;
+            }
+            Err(e) => {
+                let c = &mut self.ctrs[idx];
+                c.waiting = ("RunContainerError".into(), Some(e.to_string()));
+                c.next_start = Instant::now() + FIRST_BACKOFF;
+                let msg = format!("container {}: {e}", c_spec.name);
+                self.event("Warning", "Failed", &msg).await;
+            }
+        }
+    }
+
+    async fn launch(
+        &mut self,
+        idx: usize,
+        image: &ResolvedImage,
+        c: &Container,
+        env: Vec<(String, String)>,
+    ) -> Result<()> {
+        let net = self
+            .net
+            .clone()
+            .ok_or_else(|| Error::Network("pod network is not ready".into()))?;
+        let volumes = self.volumes.clone().unwrap_or_default();
+        let vars: BTreeMap<String, String> = env.iter().cloned().collect();
+        let command: Vec<String> = c
+            .command
+            .as_deref()
+            .unwrap_or(&[])
+            .iter()
+            .map(|s| expand(s, &vars))
+            .collect();
+        let args: Vec<String> = c
+            .args
+            .as_deref()
+            .unwrap_or(&[])
+            .iter()
+            .map(|s| expand(s, &vars))
+            .collect();
+        let mut inv = image.invocation(&command, &args);
+        if image.takes_default_config(&inv)
+            && inv.args.first().is_none_or(|a| a.starts_with('-'))
+            && !inv.args.iter().any(|a| a == "--sentinel")
+        {
+            let mut defaults = Vec::new();
+            for line in &image.default_config {
+                let mut parts = line.splitn(2, ' ');
+                if let (Some(k), Some(v)) = (parts.next(), parts.next()) {
+                    defaults.push(format!("--{k}"));
+                    defaults.push(v.to_string());
+                }
+            }
+            defaults.append(&mut inv.args);
+            inv.args = defaults;
+        }
+        let mut mounts = Vec::new();
+        for m in c.volume_mounts.as_deref().unwrap_or(&[]) {
+            let base = volumes.get(&m.name).ok_or_else(|| {
+                Error::ContainerConfig(format!("volumeMount {} names no volume of the pod", m.name))
+            })?;
+            let sub = match (&m.sub_path, &m.sub_path_expr) {
+                (Some(s), _) if !s.is_empty() => Some(s.clone()),
+                (_, Some(s)) if !s.is_empty() => Some(expand(s, &vars)),
+                _ => None,
+            };
+            let source = match sub {
+                Some(s) => {
+                    if s.split('/').any(|x| x == "..") || s.starts_with('/') {
+                        return Err(Error::ContainerConfig(format!("bad subPath {s}")));
+                    }
+                    let p = base.join(&s);
+                    if !p.exists() {
+                        std::fs::create_dir_all(&p).at(&p)?;
+                    }
+                    p
+                }
+                None => base.clone(),
+            };
+            mounts.push(MountSpec {
+                source,
+                target: m.mount_path.clone(),
+                read_only: m.read_only.unwrap_or(false),
+            });
+        }
+        let cname = c.name.clone();
+        let tmp = self.run_dir.join("tmp").join(&cname);
+        std::fs::create_dir_all(&tmp).at(&tmp)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).at(&tmp)?;
+        }
+        let (uid, gid, read_only_root) = security(&self.pod, c)?;
+        // A fresh writable layer for every start, like a new container.
+        let layer_dir = self.run_dir.join("layers").join(&cname);
+        if layer_dir.exists() {
+            std::fs::remove_dir_all(&layer_dir).at(&layer_dir)?;
+        }
+        std::fs::create_dir_all(&layer_dir).at(&layer_dir)?;
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let spec = LaunchSpec {
+            hostname: self.hostname(),
+            private_tmp: tmp,
+            layer_dir,
+            hosts_file: Some(self.run_dir.join("hosts")),
+            mounts,
+            image_bins: image
+                .binaries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            program: inv.program.clone(),
+            arg0: inv.arg0.clone(),
+            args: inv.args.clone(),
+            env: env.clone(),
+            workdir: c.working_dir.clone(),
+            uid,
+            gid,
+            read_only_root,
+        };
+        let spec_path = self.run_dir.join(format!("{cname}.launch.json"));
+        std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?).at(&spec_path)?;
+        std::fs::create_dir_all(&self.log_dir).at(&self.log_dir)?;
+        let log_path = self.log_dir.join(format!("{cname}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .at(&log_path)?;
+        let log2 = log.try_clone().at(&log_path)?;
+        let mut cmd = tokio::process::Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &net.netns,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+        ])
+        .arg(&self.ctx.self_exe)
+        .arg("exec-container")
+        .arg(&spec_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(log2))
+        .process_group(0)
+        .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|e| Error::Command {
+            command: "ip netns exec … exec-container".into(),
+            message: e.to_string(),
+        })?;
+        let pid = child
+            .id()
+            .ok_or_else(|| Error::Setup("container exited before it got a pid".into()))?;
+        let tx = self.ev_tx.clone();
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(s) => s,
+                Err(_) => std::process::ExitStatus::from_raw(255 << 8),
+            };
+            let _ = tx.send(Ev::Exited { idx, epoch, status });
+        });
+        let started_at = now();
+        let container_id = format!("localnode://{}-{}-{}", short_id(&self.uid), cname, epoch);
+        let pod_ip: IpAddr = net.ip.into();
+        let target = Target {
+            pod_ip,
+            pid,
+            env: env.clone(),
+            container: c.clone(),
+        };
+        let c = &mut self.ctrs[idx];
+        if c.last.is_some() {
+            c.restart_count += 1;
+        }
+        c.image_id = format!(
+            "localnode://{}",
+            image
+                .binaries
+                .get(&image.entrypoint)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        c.waiting = (String::new(), None);
+        c.ready = false;
+        c.started = false;
+        c.ready_ok = 0;
+        c.ready_fail = 0;
+        c.live_fail = 0;
+        c.startup_fail = 0;
+        c.image_attempts = 0;
+        let mut probes = Vec::new();
+        if !c.init {
+            if let Some(p) = &c.spec.startup_probe {
+                probes.push(spawn_probe(
+                    self.ev_tx.clone(),
+                    idx,
+                    epoch,
+                    ProbeKind::Startup,
+                    p.clone(),
+                    target.clone(),
+                ));
+            } else {
+                c.started = true;
+                probes.extend(spawn_main_probes(&self.ev_tx, idx, epoch, &c.spec, &target));
+            }
+        }
+        c.run = Some(Running {
+            pid,
+            epoch,
+            started_at,
+            started_instant: Instant::now(),
+            probes,
+            env,
+            container_id,
+        });
+        tracing::info!(pod = %self.name, container = %cname, pid, program = %inv.program, "container started");
+        self.event("Normal", "Started", &format!("Started container {cname}"))
+            .await;
+        Ok(())
+    }
+
+    async fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Exited { idx, epoch, status } => self.on_exit(idx, epoch, status).await,
+            Ev::Probe {
+                idx,
+                epoch,
+                kind,
+                outcome,
+            } => self.on_probe(idx, epoch, kind, outcome).await,
+        }
+    }
+
+    async fn on_exit(&mut self, idx: usize, epoch: u64, status: std::process::ExitStatus) {
+        let policy = self.restart_policy();
+        let deleting = self.deleting();
+        let Some(c) = self.ctrs.get_mut(idx) else {
+            return;
+        };
+        let Some(run) = c.run.take_if(|r| r.epoch == epoch) else {
+            return;
+        };
+        for p in &run.probes {
+            p.abort();
+        }
+        // Reap what the process left in its group (e.g. a forked BGSAVE).
+        kill_group(run.pid, rustix::process::Signal::KILL);
+        let (exit_code, signal) = match (status.code(), status.signal()) {
+            (Some(code), _) => (code, None),
+            (None, Some(sig)) => (128 + sig, Some(sig)),
+            (None, None) => (255, None),
+        };
+        let reason = if exit_code == 0 { "Completed" } else { "Error" };
+        let ran = run.started_instant.elapsed();
+        tracing::info!(pod = %self.name, container = %c.spec.name, exit_code, ?signal, "container exited");
+        c.last = Some(Terminated {
+            exit_code,
+            signal,
+            reason: reason.into(),
+            message: None,
+            started_at: run.started_at,
+            finished_at: now(),
+            container_id: run.container_id,
+        });
+        c.ready = false;
+        c.started = false;
+        let restart = if c.init {
+            exit_code != 0 && policy != "Never"
+        } else {
+            match policy.as_str() {
+                "Never" => false,
+                "OnFailure" => exit_code != 0,
+                _ => true,
+            }
+        };
+        if c.init && exit_code == 0 {
+            c.done = true;
+            return;
+        }
+        if !restart || deleting {
+            c.done = true;
+            if c.init {
+                // A failed init container with restartPolicy Never fails the pod.
+                self.final_phase = Some("Failed");
+                self.teardown().await;
+            }
+            return;
+        }
+        if ran >= BACKOFF_RESET_AFTER {
+            c.backoff = Duration::ZERO;
+        }
+        let delay = c.backoff;
+        c.next_start = Instant::now() + delay;
+        c.backoff = if delay.is_zero() {
+            FIRST_BACKOFF
+        } else {
+            (delay * 2).min(MAX_BACKOFF)
+        };
+        if !delay.is_zero() {
+            let name = c.spec.name.clone();
+            c.waiting = (
+                "CrashLoopBackOff".into(),
+                Some(format!(
+                    "back-off {}s restarting failed container={name} pod={}_{}({})",
+                    delay.as_secs(),
+                    self.name,
+                    self.ns,
+                    self.uid
+                )),
+            );
+            self.event(
+                "Warning",
+                "BackOff",
+                &format!("Back-off restarting failed container {name}"),
+            )
+            .await;
+        }
+    }
+
+    async fn on_probe(&mut self, idx: usize, epoch: u64, kind: ProbeKind, outcome: Outcome) {
+        let tx = self.ev_tx.clone();
+        let Some(c) = self.ctrs.get_mut(idx) else {
+            return;
+        };
+        let Some(run) = c.run.as_mut().filter(|r| r.epoch == epoch) else {
+            return;
+        };
+        let ok = outcome == Outcome::Success;
+        let mut warn: Option<String> = None;
+        match kind {
+            ProbeKind::Startup => {
+                let p = c.spec.startup_probe.clone().unwrap_or_default();
+                if ok {
+                    c.started = true;
+                    // The startup loop ends; readiness and liveness take over.
+                    for h in run.probes.drain(..) {
+                        h.abort();
+                    }
+                    let target = Target {
+                        pod_ip: self
+                            .net
+                            .as_ref()
+                            .map(|n| IpAddr::from(n.ip))
+                            .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+                        pid: run.pid,
+                        env: run.env.clone(),
+                        container: c.spec.clone(),
+                    };
+                    run.probes = spawn_main_probes(&tx, idx, epoch, &c.spec, &target);
+                } else {
+                    c.startup_fail += 1;
+                    if c.startup_fail >= p.failure_threshold.unwrap_or(3) {
+                        warn = Some(format!("Startup probe failed: {}", failure_text(&outcome)));
+                        let grace = probe_grace(&p, &self.pod);
+                        terminate_process(run.pid, grace);
+                        c.startup_fail = 0;
+                    }
+                }
+            }
+            ProbeKind::Readiness => {
+                let p = c.spec.readiness_probe.clone().unwrap_or_default();
+                if ok {
+                    c.ready_fail = 0;
+                    c.ready_ok += 1;
+                    if c.ready_ok >= p.success_threshold.unwrap_or(1) {
+                        c.ready = true;
+                    }
+                } else {
+                    c.ready_ok = 0;
+                    c.ready_fail += 1;
+                    if c.ready_fail >= p.failure_threshold.unwrap_or(3) || !c.ready {
+                        if c.ready || c.ready_fail == p.failure_threshold.unwrap_or(3) {
+                            warn = Some(format!(
+                                "Readiness probe failed: {}",
+                                failure_text(&outcome)
+                            ));
+                        }
+                        if c.ready_fail >= p.failure_threshold.unwrap_or(3) {
+                            c.ready = false;
+                        }
+                    }
+                }
+            }
+            ProbeKind::Liveness => {
+                let p = c.spec.liveness_probe.clone().unwrap_or_default();
+                if ok {
+                    c.live_fail = 0;
+                } else {
+                    c.live_fail += 1;
+                    if c.live_fail >= p.failure_threshold.unwrap_or(3) {
+                        warn = Some(format!(
+                            "Liveness probe failed: {}; container will be restarted",
+                            failure_text(&outcome)
+                        ));
+                        let grace = probe_grace(&p, &self.pod);
+                        terminate_process(run.pid, grace);
+                        c.live_fail = 0;
+                    }
+                }
+            }
+        }
+        if let Some(w) = warn {
+            self.event("Warning", "Unhealthy", &w).await;
+        }
+    }
+
+    /// Graceful termination: preStop hooks, SIGTERM, SIGKILL after the grace
+    /// period, sandbox teardown, final status, then the pod's deletion.
+    async fn terminate(&mut self, rx: &mut mpsc::UnboundedReceiver<PodMsg>) {
+        let grace_secs = if self.gone {
+            0
+        } else {
+            self.pod
+                .metadata
+                .deletion_grace_period_seconds
+                .or_else(|| {
+                    self.pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                })
+                .unwrap_or(30)
+                .max(0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(grace_secs as u64);
+        tracing::info!(pod = %format!("{}/{}", self.ns, self.name), grace_secs, "terminating pod");
+        let running: Vec<usize> = (0..self.ctrs.len())
+            .filter(|i| self.ctrs[*i].run.is_some())
+            .collect();
+        if !running.is_empty() {
+            self.event(
+                "Normal",
+                "Killing",
+                &format!("Stopping pod (grace period {grace_secs}s)"),
+            )
+            .await;
+        }
+        // preStop exec hooks, bounded by the grace period.
+        let mut hooks = Vec::new();
+        for &i in &running {
+            let c = &self.ctrs[i];
+            let (Some(run), Some(cmd)) = (
+                c.run.as_ref(),
+                c.spec
+                    .lifecycle
+                    .as_ref()
+                    .and_then(|l| l.pre_stop.as_ref())
+                    .and_then(|h| h.exec.as_ref())
+                    .and_then(|e| e.command.clone()),
+            ) else {
+                continue;
+            };
+            let target = Target {
+                pod_ip: self
+                    .net
+                    .as_ref()
+                    .map(|n| IpAddr::from(n.ip))
+                    .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+                pid: run.pid,
+                env: run.env.clone(),
+                container: c.spec.clone(),
+            };
+            let budget = deadline.saturating_duration_since(Instant::now());
+            hooks.push(tokio::spawn(async move {
+                probe::exec(&cmd, &target, budget).await
+            }));
+        }
+        for h in hooks {
+            let _ = h.await;
+        }
+        for &i in &running {
+            if let Some(r) = &self.ctrs[i].run {
+                kill_group(r.pid, rustix::process::Signal::TERM);
+            }
+        }
+        let mut killed = false;
+        let hard_deadline = deadline + Duration::from_secs(10);
+        let mut status_tick = tokio::time::interval(Duration::from_secs(1));
+        while self.ctrs.iter().any(|c| c.run.is_some()) {
+            if !killed && Instant::now() >= deadline {
+                for c in &self.ctrs {
+                    if let Some(r) = &c.run {
+                        kill_group(r.pid, rustix::process::Signal::KILL);
+                    }
+                }
+                killed = true;
+            }
+            if Instant::now() >= hard_deadline {
+                tracing::warn!(pod = %self.name, "processes did not exit after SIGKILL");
+                break;
+            }
+            let wake = if killed { hard_deadline } else { deadline };
+            tokio::select! {
+                Some(ev) = self.ev_rx.recv() => {
+                    if let Ev::Exited { .. } = ev { self.handle(ev).await; }
+                }
+                msg = rx.recv() => match msg {
+                    Some(PodMsg::Update(p)) => {
+                        // A shorter grace period (e.g. --force) cuts the wait.
+                        let shorter = p.metadata.deletion_grace_period_seconds == Some(0);
+                        self.pod = *p;
+                        if shorter && !killed {
+                            for c in &self.ctrs { if let Some(r) = &c.run { kill_group(r.pid, rustix::process::Signal::KILL); } }
+                            killed = true;
+                        }
+                    }
+                    Some(PodMsg::Gone) | None => {
+                        self.gone = true;
+                        if !killed {
+                            for c in &self.ctrs { if let Some(r) = &c.run { kill_group(r.pid, rustix::process::Signal::KILL); } }
+                            killed = true;
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = status_tick.tick() => { if !self.gone { self.push_status().await; } }
+            }
+        }
+        for c in &mut self.ctrs {
+            c.done = true;
+            c.ready = false;
+        }
+        self.teardown().await;
+        if self.final_phase.is_none() {
+            let all_ok = self
+                .ctrs
+                .iter()
+                .filter(|c| !c.init)
+                .all(|c| c.last.as_ref().is_some_and(|t| t.exit_code == 0));
+            self.final_phase = Some(if all_ok { "Succeeded" } else { "Failed" });
+        }
+        if self.gone {
+            return;
+        }
+        self.push_status().await;
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(self.uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&self.name, &dp).await {
+            Ok(_) => tracing::info!(pod = %format!("{}/{}", self.ns, self.name), "pod deleted"),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => {}
+            Err(e) => tracing::warn!(pod = %self.name, error = %e, "final pod deletion failed"),
+        }
+    }
+
+    /// Removes the network namespace (killing anything left in it) and the
+    /// pod's runtime directory; logs stay.
+    async fn teardown(&mut self) {
+        for c in &self.ctrs {
+            if let Some(r) = &c.run {
+                kill_group(r.pid, rustix::process::Signal::KILL);
+            }
+        }
+        if let Some(n) = self.net.take() {
+            self.ctx.net.destroy(&n).await;
+        }
+        if self.run_dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(&self.run_dir)
+        {
+            tracing::warn!(dir = %self.run_dir.display(), error = %e, "cannot remove pod directory");
+        }
+    }
+
+    fn set_condition(&mut self, ty: &'static str, value: bool) {
+        match self.conditions.get(ty) {
+            Some((v, _)) if *v == value => {}
+            _ => {
+                self.conditions.insert(ty, (value, now()));
+            }
+        }
+    }
+
+    fn container_status(&self, c: &Ctr) -> Value {
+        let state = if let Some(r) = &c.run {
+            json!({"running": {"startedAt": Time(r.started_at)}})
+        } else if c.done {
+            match &c.last {
+                Some(t) => json!({"terminated": terminated_json(t)}),
+                None => json!({"waiting": {"reason": "ContainerCreating"}}),
+            }
+        } else {
+            let (reason, message) = &c.waiting;
+            let reason = if reason.is_empty() {
+                "ContainerCreating"
+            } else {
+                reason.as_str()
+            };
+            let mut w = json!({"reason": reason});
+            if let Some(m) = message {
+                w["message"] = json!(m);
+            }
+            json!({"waiting": w})
+        };
+        let last_state = match (&c.last, c.done) {
+            (Some(t), false) => json!({"terminated": terminated_json(t)}),
+            _ => json!({}),
+        };
+        let mut v = json!({
+            "name": c.spec.name,
+            "image": c.image_ref,
+            "imageID": c.image_id,
+            "ready": c.ready,
+            "started": c.run.is_some() && c.started,
+            "restartCount": c.restart_count,
+            "state": state,
+            "lastState": last_state,
+        });
+        if let Some(r) = &c.run {
+            v["containerID"] = json!(r.container_id);
+        } else if let Some(t) = &c.last {
+            v["containerID"] = json!(t.container_id);
+        }
+        v
+    }
+
+    fn status_json(&mut self) -> Value {
+        let has_net = self.net.is_some();
+        let inits_done = self.ctrs.iter().filter(|c| c.init).all(|c| c.done);
+        let all_ready = self.ctrs.iter().any(|c| !c.init)
+            && self.ctrs.iter().filter(|c| !c.init).all(|c| c.ready)
+            && self.final_phase.is_none()
+            && !self.deleting();
+        let phase = match self.final_phase {
+            Some(p) => p,
+            None if inits_done
+                && self
+                    .ctrs
+                    .iter()
+                    .any(|c| !c.init && (c.run.is_some() || c.last.is_some())) =>
+            {
+                "Running"
+            }
+            None => "Pending",
+        };
+        self.set_condition("PodReadyToStartContainers", has_net);
+        self.set_condition("Initialized", inits_done);
+        self.set_condition("ContainersReady", all_ready);
+        self.set_condition("Ready", all_ready);
+        let regular: Vec<&Ctr> = self.ctrs.iter().filter(|c| !c.init).collect();
+        let mut conditions = Vec::new();
+        for (ty, (v, at)) in &self.conditions {
+            let mut c = json!({
+                "type": ty,
+                "status": if *v { "True" } else { "False" },
+                "lastProbeTime": null,
+                "lastTransitionTime": Time(*at),
+                "reason": null,
+                "message": null,
+            });
+            if !*v && (*ty == "Ready" || *ty == "ContainersReady") {
+                let not_ready: Vec<&str> = regular
+                    .iter()
+                    .filter(|c| !c.ready)
+                    .map(|c| c.spec.name.as_str())
+                    .collect();
+                if !not_ready.is_empty() {
+                    c["reason"] = json!("ContainersNotReady");
+                    c["message"] = json!(format!(
+                        "containers with unready status: [{}]",
+                        not_ready.join(" ")
+                    ));
+                } else if self.final_phase.is_some() {
+                    c["reason"] = json!("PodCompleted");
+                }
+            }
+            if !*v && *ty == "Initialized" {
+                let pending: Vec<&str> = self
+                    .ctrs
+                    .iter()
+                    .filter(|c| c.init && !c.done)
+                    .map(|c| c.spec.name.as_str())
+                    .collect();
+                c["reason"] = json!("ContainersNotInitialized");
+                c["message"] = json!(format!(
+                    "containers with incomplete status: [{}]",
+                    pending.join(" ")
+                ));
+            }
+            conditions.push(c);
+        }
+        let statuses: Vec<Value> = regular.iter().map(|c| self.container_status(c)).collect();
+        let init_statuses: Vec<Value> = self
+            .ctrs
+            .iter()
+            .filter(|c| c.init)
+            .map(|c| self.container_status(c))
+            .collect();
+        let host_ip = self.ctx.host_ip();
+        let mut st = json!({
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": host_ip,
+            "hostIPs": [{"ip": host_ip}],
+            "startTime": Time(self.start_time),
+            "containerStatuses": statuses,
+        });
+        if !init_statuses.is_empty() {
+            st["initContainerStatuses"] = json!(init_statuses);
+        }
+        if !self.status_ip.is_empty() {
+            st["podIP"] = json!(self.status_ip);
+            st["podIPs"] = json!([{"ip": self.status_ip}]);
+        }
+        st
+    }
+
+    async fn push_status(&mut self) {
+        let st = self.status_json();
+        if self.last_pushed.as_ref() == Some(&st) {
+            return;
+        }
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let patch = json!({"status": st});
+        match api
+            .patch_status(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => self.last_pushed = Some(st),
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => tracing::warn!(pod = %self.name, error = %e, "status update failed"),
+        }
+    }
+
+    /// Records a core/v1 Event on the pod (identical repeats are dropped).
+    async fn event(&mut self, type_: &str, reason: &str, message: &str) {
+        if self.last_event.get(reason).map(String::as_str) == Some(message) {
+            return;
+        }
+        self.last_event
+            .insert(reason.to_string(), message.to_string());
+        let ts = now();
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", self.name)),
+                namespace: Some(self.ns.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(self.name.clone()),
+                namespace: Some(self.ns.clone()),
+                uid: Some(self.uid.clone()),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.chars().take(1024).collect()),
+            type_: Some(type_.into()),
+            first_timestamp: Some(Time(ts)),
+            last_timestamp: Some(Time(ts)),
+            count: Some(1),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some("localnode".into()),
+                host: Some(self.ctx.node_name.clone()),
+            }),
+            reporting_component: Some("localnode".into()),
+            reporting_instance: Some(self.ctx.node_name.clone()),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            tracing::debug!(error = %e, "event not recorded");
+        }
+    }
+}
+
+fn terminated_json(t: &Terminated) -> Value {
+    let mut v = json!({
+        "exitCode": t.exit_code,
+        "reason": t.reason,
+        "startedAt": Time(t.started_at),
+        "finishedAt": Time(t.finished_at),
+        "containerID": t.container_id,
+    });
+    if let Some(s) = t.signal {
+        v["signal"] = json!(s);
+    }
+    if let Some(m) = &t.message {
+        v["message"] = json!(m);
+    }
+    v
+}
+
+/// A short, stable identifier derived from the pod UID (netns/veth names).
+pub fn short_id(uid: &str) -> String {
+    uid.chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .take(12)
+        .collect()
+}
+
+/// Signals a container's process group (the container process and whatever
+/// it forked).
+pub fn kill_group(pid: u32, sig: rustix::process::Signal) {
+    if let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(p, sig);
+    }
+}
+
+/// SIGTERM now, SIGKILL after `grace` if the process is still there.
+fn terminate_process(pid: u32, grace: Duration) {
+    kill_group(pid, rustix::process::Signal::TERM);
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        kill_group(pid, rustix::process::Signal::KILL);
+    });
+}
+
+fn probe_grace(p: &Probe, pod: &Pod) -> Duration {
+    let s = p
+        .termination_grace_period_seconds
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
+        .unwrap_or(30)
+        .max(0);
+    Duration::from_secs(s as u64)
+}
+
+fn failure_text(o: &Outcome) -> String {
+    match o {
+        Outcome::Success => "ok".into(),
+        Outcome::Failure(m) => m.clone(),
+    }
+}
+
+fn spawn_probe(
+    tx: mpsc::UnboundedSender<Ev>,
+    idx: usize,
+    epoch: u64,
+    kind: ProbeKind,
+    p: Probe,
+    target: Target,
+) -> AbortHandle {
+    tokio::spawn(async move {
+        let delay = Duration::from_secs(p.initial_delay_seconds.unwrap_or(0).max(0) as u64);
+        tokio::time::sleep(delay).await;
+        let period = Duration::from_secs(p.period_seconds.unwrap_or(10).max(1) as u64);
+        loop {
+            let outcome = probe::run(&p, &target).await;
+            if tx
+                .send(Ev::Probe {
+                    idx,
+                    epoch,
+                    kind,
+                    outcome,
+                })
+                .is_err()
+            {
+                break;
+            }
+            tokio::time::sleep(period).await;
+        }
+    })
+    .abort_handle()
+}
+
+fn spawn_main_probes(
+    tx: &mpsc::UnboundedSender<Ev>,
+    idx: usize,
+    epoch: u64,
+    spec: &Container,
+    target: &Target,
+) -> Vec<AbortHandle> {
+    let mut v = Vec::new();
+    match &spec.readiness_probe {
+        Some(p) => v.push(spawn_probe(
+            tx.clone(),
+            idx,
+            epoch,
+            ProbeKind::Readiness,
+            p.clone(),
+            target.clone(),
+        )),
+        None => {
+            // No readiness probe: ready as soon as it runs.
+            let _ = tx.send(Ev::Probe {
+                idx,
+                epoch,
+                kind: ProbeKind::Readiness,
+                outcome: Outcome::Success,
+            });
+        }
+    }
+    if let Some(p) = &spec.liveness_probe {
+        v.push(spawn_probe(
+            tx.clone(),
+            idx,
+            epoch,
+            ProbeKind::Liveness,
+            p.clone(),
+            target.clone(),
+        ));
+    }
+    v
+}
+
+/// The effective user, group and read-only root of a container, from the
+/// pod's and the container's securityContext. The images this node maps
+/// run as root unless told otherwise, so runAsNonRoot needs a runAsUser.
+fn security(pod: &Pod, c: &Container) -> Result<(Option<u32>, Option<u32>, bool)> {
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let csc = c.security_context.as_ref();
+    let uid = csc
+        .and_then(|s| s.run_as_user)
+        .or(psc.and_then(|s| s.run_as_user));
+    let gid = csc
+        .and_then(|s| s.run_as_group)
+        .or(psc.and_then(|s| s.run_as_group));
+    let non_root = csc
+        .and_then(|s| s.run_as_non_root)
+        .or(psc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false);
+    if non_root && uid.unwrap_or(0) == 0 {
+        return Err(Error::ContainerConfig(
+            "container has runAsNonRoot and image will run as root (set runAsUser)".into(),
+        ));
+    }
+    let to_u32 = |v: Option<i64>, what: &str| -> Result<Option<u32>> {
+        v.map(|x| u32::try_from(x).map_err(|_| Error::ContainerConfig(format!("bad {what} {x}"))))
+            .transpose()
+    };
+    let ro = csc
+        .and_then(|s| s.read_only_root_filesystem)
+        .unwrap_or(false);
+    Ok((to_u32(uid, "runAsUser")?, to_u32(gid, "runAsGroup")?, ro))
+}

@@ -1,0 +1,276 @@
+//! A default StorageClass and its dynamic provisioner: each claim gets a
+//! hostPath PersistentVolume backed by a directory under the node's state
+//! directory, pinned to this node. kube-controller-manager binds the claim;
+//! released volumes are deleted (directory and PV) or kept according to
+//! the reclaim policy.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+
+use crate::error::{IoContext, Result};
+
+pub const PROVISIONER: &str = "localnode.redpilot.io/hostpath";
+pub const CLASS: &str = "standard";
+const ANN_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+const ANN_PROVISIONER_BETA: &str = "volume.beta.kubernetes.io/storage-provisioner";
+const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+
+#[derive(Clone)]
+pub struct Provisioner {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub volumes_dir: PathBuf,
+}
+
+impl Provisioner {
+    /// Creates (or updates) the default StorageClass.
+    pub async fn ensure_class(&self) -> Result<()> {
+        let api: Api<StorageClass> = Api::all(self.client.clone());
+        let class = StorageClass {
+            metadata: ObjectMeta {
+                name: Some(CLASS.into()),
+                annotations: Some(BTreeMap::from([(
+                    "storageclass.kubernetes.io/is-default-class".to_string(),
+                    "true".to_string(),
+                )])),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "localnode".to_string(),
+                )])),
+                ..Default::default()
+            },
+            provisioner: PROVISIONER.into(),
+            reclaim_policy: Some("Delete".into()),
+            volume_binding_mode: Some("Immediate".into()),
+            allow_volume_expansion: Some(true),
+            ..Default::default()
+        };
+        api.patch(
+            CLASS,
+            &PatchParams::apply("localnode").force(),
+            &Patch::Apply(&class),
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn dir_for(&self, pv_name: &str) -> PathBuf {
+        self.volumes_dir.join(pv_name)
+    }
+
+    async fn is_ours(&self, pvc: &PersistentVolumeClaim) -> Result<Option<StorageClass>> {
+        let ann = pvc.metadata.annotations.clone().unwrap_or_default();
+        let by_ann = ann
+            .get(ANN_PROVISIONER)
+            .or(ann.get(ANN_PROVISIONER_BETA))
+            .map(String::as_str)
+            == Some(PROVISIONER);
+        let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        let Some(class_name) = class_name else {
+            return Ok(None);
+        };
+        let api: Api<StorageClass> = Api::all(self.client.clone());
+        let class = api.get_opt(&class_name).await?;
+        Ok(class.filter(|c| by_ann || c.provisioner == PROVISIONER))
+    }
+
+    /// Creates a PV for a pending claim of our class.
+    pub async fn provision(&self, pvc: &PersistentVolumeClaim) -> Result<()> {
+        let spec = pvc.spec.clone().unwrap_or_default();
+        if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
+            return Ok(());
+        }
+        if pvc.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let Some(class) = self.is_ours(pvc).await? else {
+            return Ok(());
+        };
+        let (Some(uid), Some(ns), Some(name)) = (
+            pvc.metadata.uid.clone(),
+            pvc.metadata.namespace.clone(),
+            pvc.metadata.name.clone(),
+        ) else {
+            return Ok(());
+        };
+        let pv_name = format!("pvc-{uid}");
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        if pvs.get_opt(&pv_name).await?.is_some() {
+            return Ok(());
+        }
+        let size = spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage").cloned())
+            .unwrap_or_else(|| Quantity("1Gi".into()));
+        let dir = self.dir_for(&pv_name);
+        std::fs::create_dir_all(&dir).at(&dir)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).at(&dir)?;
+        }
+        let pv = PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(pv_name.clone()),
+                annotations: Some(BTreeMap::from([(
+                    ANN_PROVISIONED_BY.to_string(),
+                    PROVISIONER.to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                capacity: Some(BTreeMap::from([("storage".to_string(), size)])),
+                access_modes: spec.access_modes.clone(),
+                volume_mode: spec.volume_mode.clone(),
+                storage_class_name: Some(class.metadata.name.clone().unwrap_or_default()),
+                persistent_volume_reclaim_policy: Some(
+                    class
+                        .reclaim_policy
+                        .clone()
+                        .unwrap_or_else(|| "Delete".into()),
+                ),
+                host_path: Some(HostPathVolumeSource {
+                    path: dir.display().to_string(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                claim_ref: Some(ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("PersistentVolumeClaim".into()),
+                    namespace: Some(ns.clone()),
+                    name: Some(name.clone()),
+                    uid: Some(uid),
+                    ..Default::default()
+                }),
+                node_affinity: Some(VolumeNodeAffinity {
+                    required: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: "kubernetes.io/hostname".into(),
+                                operator: "In".into(),
+                                values: Some(vec![self.node_name.clone()]),
+                            }]),
+                            ..Default::default()
+                        }],
+                    }),
+                }),
+                mount_options: class.mount_options.clone(),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        match pvs.create(&PostParams::default(), &pv).await {
+            Ok(_) => {
+                tracing::info!(pv = %pv_name, claim = %format!("{ns}/{name}"), "provisioned volume")
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Deletes a released volume of ours whose policy says Delete.
+    pub async fn reclaim(&self, pv: &PersistentVolume) -> Result<()> {
+        let ours = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_PROVISIONED_BY))
+            .map(String::as_str)
+            == Some(PROVISIONER);
+        if !ours || pv.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+        let policy = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
+        if !matches!(phase, Some("Released") | Some("Failed")) || policy != Some("Delete") {
+            return Ok(());
+        }
+        let Some(name) = pv.metadata.name.clone() else {
+            return Ok(());
+        };
+        let dir = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_path.as_ref())
+            .map(|h| PathBuf::from(&h.path))
+            .unwrap_or_else(|| self.dir_for(&name));
+        // Only ever remove directories inside our own volumes directory.
+        if dir.starts_with(&self.volumes_dir) && dir.exists() {
+            std::fs::remove_dir_all(&dir).at(&dir)?;
+        }
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(pv = %name, "deleted released volume"),
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Watches claims and volumes forever.
+    pub async fn run(self) {
+        let claims = {
+            let p = self.clone();
+            async move {
+                let api: Api<PersistentVolumeClaim> = Api::all(p.client.clone());
+                let stream = watcher(api, watcher::Config::default());
+                futures::pin_mut!(stream);
+                loop {
+                    match stream.try_next().await {
+                        Ok(Some(watcher::Event::Apply(pvc) | watcher::Event::InitApply(pvc))) => {
+                            if let Err(e) = p.provision(&pvc).await {
+                                tracing::warn!(error = %e, "provisioning failed");
+                            }
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "claim watch error");
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            }
+        };
+        let volumes = {
+            let p = self.clone();
+            async move {
+                let api: Api<PersistentVolume> = Api::all(p.client.clone());
+                let stream = watcher(api, watcher::Config::default());
+                futures::pin_mut!(stream);
+                loop {
+                    match stream.try_next().await {
+                        Ok(Some(watcher::Event::Apply(pv) | watcher::Event::InitApply(pv))) => {
+                            if let Err(e) = p.reclaim(&pv).await {
+                                tracing::warn!(error = %e, "reclaim failed");
+                            }
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "volume watch error");
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            }
+        };
+        tokio::join!(claims, volumes);
+    }
+}
