@@ -1,0 +1,432 @@
+//! Connections: endpoints, credentials, TLS and time-bounded commands.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, FromRedisValue, RedisConnectionInfo};
+
+use super::error::{Error, Result};
+use super::info::{Info, ReplicationInfo};
+
+/// A server address: host (name or IP) and TCP port.
+///
+/// IP addresses are stored in canonical form so that `127.0.0.1` given by a
+/// caller and `127.0.0.1` reported by a server in `INFO` compare equal.
+/// Ordering (host, then port) is the deterministic tie-break used by failover.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// Creates an endpoint, canonicalising IP literals.
+    pub fn new(host: impl AsRef<str>, port: u16) -> Self {
+        let host = host.as_ref().trim_start_matches('[').trim_end_matches(']');
+        let host = match host.parse::<IpAddr>() {
+            Ok(ip) => ip.to_string(),
+            Err(_) => host.to_ascii_lowercase(),
+        };
+        Self { host, port }
+    }
+
+    /// The host part.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = Error;
+
+    /// Parses `host:port` or `[ipv6]:port`.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::Config(format!("invalid endpoint {s:?}: expected host:port"));
+        let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+        let port = port.parse::<u16>().map_err(|_| bad())?;
+        if host.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self::new(host, port))
+    }
+}
+
+/// A secret string (password). Its `Debug` output is redacted and it has no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret value. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Self::new(value)
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
+/// TLS settings for connecting to a server's `tls-port`.
+#[derive(Clone, Default)]
+pub struct TlsOptions {
+    /// PEM bundle of the CA(s) that sign the server certificate. When `None`,
+    /// the platform trust store is used.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate, for servers with `tls-auth-clients yes`.
+    pub client_cert_pem: Option<Vec<u8>>,
+    /// PEM private key matching `client_cert_pem`. Redacted in `Debug`.
+    pub client_key_pem: Option<Vec<u8>>,
+}
+
+impl TlsOptions {
+    /// TLS trusting the given PEM CA bundle.
+    pub fn with_ca(ca_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            ca_pem: Some(ca_pem.into()),
+            ..Self::default()
+        }
+    }
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
+            .field(
+                "client_cert_pem",
+                &self.client_cert_pem.as_ref().map(|c| c.len()),
+            )
+            .field(
+                "client_key_pem",
+                &self.client_key_pem.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// How to connect and authenticate, and the time bounds of network calls.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// ACL user name; `None` authenticates as the `default` user.
+    pub username: Option<String>,
+    /// Password (`requirepass` or the ACL user's password).
+    pub password: Option<Secret>,
+    /// TLS settings; `None` means plain TCP.
+    pub tls: Option<TlsOptions>,
+    /// Bound on establishing a connection (TCP, TLS and authentication).
+    pub connect_timeout: Duration,
+    /// Bound on each command's reply.
+    pub command_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            username: None,
+            password: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Sets the password of the default user.
+    pub fn with_password(mut self, password: impl Into<Secret>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Authenticates as ACL user `username` with `password`.
+    pub fn with_user(mut self, username: impl Into<String>, password: impl Into<Secret>) -> Self {
+        self.username = Some(username.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Enables TLS.
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sets both time bounds.
+    pub fn with_timeouts(mut self, connect: Duration, command: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.command_timeout = command;
+        self
+    }
+}
+
+/// Builds a `redis` crate client for `endpoint` with the credentials and TLS of `opts`.
+///
+/// Useful for callers that need their own connection type; [`Node`] is the
+/// time-bounded wrapper used by this library.
+pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
+    let mut settings = RedisConnectionInfo::default();
+    if let Some(password) = &opts.password {
+        settings = settings.set_password(password.expose());
+    }
+    if let Some(user) = &opts.username {
+        settings = settings.set_username(user);
+    }
+    let addr = match &opts.tls {
+        None => ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port),
+        Some(_) => ConnectionAddr::TcpTls {
+            host: endpoint.host.clone(),
+            port: endpoint.port,
+            insecure: false,
+            tls_params: None,
+        },
+    };
+    let config_err = |e: redis::RedisError| {
+        Error::Config(format!("invalid connection settings for {endpoint}: {e}"))
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(addr)
+        .map_err(config_err)?
+        .set_redis_settings(settings);
+    match &opts.tls {
+        None => Client::open(info).map_err(config_err),
+        Some(tls) => {
+            let client_tls = match (&tls.client_cert_pem, &tls.client_key_pem) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+                (None, None) => None,
+                _ => {
+                    return Err(Error::Config(
+                        "TLS client certificate and key must be given together".into(),
+                    ));
+                }
+            };
+            let certs = redis::TlsCertificates {
+                client_tls,
+                root_cert: tls.ca_pem.clone(),
+            };
+            Client::build_with_tls(info, certs).map_err(|e| Error::Tls {
+                endpoint: endpoint.to_string(),
+                message: e.to_string(),
+            })
+        }
+    }
+}
+
+/// A time-bounded, authenticated connection to one server.
+pub struct Node {
+    endpoint: Endpoint,
+    label: String,
+    conn: MultiplexedConnection,
+    command_timeout: Duration,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("endpoint", &self.endpoint)
+            .field("command_timeout", &self.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Connects and authenticates within `opts.connect_timeout`.
+    pub async fn connect(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Self> {
+        let label = endpoint.to_string();
+        let client = redis_client(endpoint, opts)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.connect_timeout));
+        let conn = tokio::time::timeout(
+            opts.connect_timeout,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            endpoint: label.clone(),
+            operation: "connect",
+            after: opts.connect_timeout,
+        })?
+        .map_err(|e| Error::from_redis(&label, "connect", opts.connect_timeout, e))?;
+        let mut node = Self {
+            endpoint: endpoint.clone(),
+            label,
+            conn,
+            command_timeout: opts.command_timeout,
+        };
+        // The crate applies the response timeout given at connect time; keep
+        // the handshake bound there and use the command bound from now on.
+        node.conn.set_response_timeout(opts.command_timeout);
+        Ok(node)
+    }
+
+    /// The server this node talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Runs `cmd` within the command timeout. `command` names it in errors;
+    /// arguments are never included in errors.
+    pub async fn query<T: FromRedisValue>(
+        &mut self,
+        command: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.query_within(command, cmd, self.command_timeout).await
+    }
+
+    /// Like [`Node::query`] with an explicit bound (for commands that may take
+    /// longer than usual, such as `DEBUG` or `FLUSHALL`).
+    pub async fn query_within<T: FromRedisValue>(
+        &mut self,
+        command: &'static str,
+        cmd: &redis::Cmd,
+        bound: Duration,
+    ) -> Result<T> {
+        let fut = cmd.query_async::<T>(&mut self.conn);
+        match tokio::time::timeout(bound, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::from_redis(&self.label, command, bound, e)),
+            Err(_) => Err(Error::Timeout {
+                endpoint: self.label.clone(),
+                operation: command,
+                after: bound,
+            }),
+        }
+    }
+
+    /// `PING`.
+    pub async fn ping(&mut self) -> Result<()> {
+        let _: String = self.query("PING", &redis::cmd("PING")).await?;
+        Ok(())
+    }
+
+    /// `INFO` (default sections: server, clients, memory, persistence, stats,
+    /// replication, cpu, keyspace, ...), parsed.
+    pub async fn info(&mut self) -> Result<Info> {
+        let text: String = self.query("INFO", &redis::cmd("INFO")).await?;
+        Ok(Info::parse(&text))
+    }
+
+    /// `INFO <section>`, parsed. Other sections of the result stay empty.
+    pub async fn info_section(&mut self, section: &str) -> Result<Info> {
+        let text: String = self.query("INFO", redis::cmd("INFO").arg(section)).await?;
+        Ok(Info::parse(&text))
+    }
+
+    /// `INFO replication`, parsed.
+    pub async fn replication(&mut self) -> Result<ReplicationInfo> {
+        Ok(self.info_section("replication").await?.replication)
+    }
+
+    /// `REPLICAOF host port`, or `REPLICAOF NO ONE` when `primary` is `None`.
+    pub async fn replicaof(&mut self, primary: Option<&Endpoint>) -> Result<()> {
+        let mut cmd = redis::cmd("REPLICAOF");
+        match primary {
+            Some(p) => cmd.arg(p.host()).arg(p.port()),
+            None => cmd.arg("NO").arg("ONE"),
+        };
+        let _: redis::Value = self.query("REPLICAOF", &cmd).await?;
+        Ok(())
+    }
+
+    /// `CLIENT PAUSE <ms> WRITE`: holds write commands of all normal clients
+    /// until [`Node::client_unpause`] or until `max` elapses (the server
+    /// releases the pause itself, so a crashed caller cannot block writes forever).
+    pub async fn pause_writes(&mut self, max: Duration) -> Result<()> {
+        let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX).max(1);
+        let _: redis::Value = self
+            .query(
+                "CLIENT PAUSE",
+                redis::cmd("CLIENT").arg("PAUSE").arg(ms).arg("WRITE"),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `CLIENT UNPAUSE`.
+    pub async fn client_unpause(&mut self) -> Result<()> {
+        let _: redis::Value = self
+            .query("CLIENT UNPAUSE", redis::cmd("CLIENT").arg("UNPAUSE"))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_parse_and_canonical_form() {
+        let e: Endpoint = "127.0.0.1:6379".parse().unwrap();
+        assert_eq!(e, Endpoint::new("127.0.0.1", 6379));
+        assert_eq!(e.to_string(), "127.0.0.1:6379");
+        let v6: Endpoint = "[::1]:7000".parse().unwrap();
+        assert_eq!(v6.host(), "::1");
+        assert_eq!(v6.to_string(), "[::1]:7000");
+        assert_eq!(Endpoint::new("Cache-0.Svc", 1).host(), "cache-0.svc");
+        assert!("nohost".parse::<Endpoint>().is_err());
+        assert!(":1".parse::<Endpoint>().is_err());
+        assert!("h:99999".parse::<Endpoint>().is_err());
+        assert!(Endpoint::new("127.0.0.1", 2) < Endpoint::new("127.0.0.2", 1));
+    }
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let mut tls = TlsOptions::with_ca(b"CA".to_vec());
+        tls.client_cert_pem = Some(b"CERT".to_vec());
+        tls.client_key_pem = Some(b"PRIVATE-KEY-BYTES".to_vec());
+        let opts = ConnectOptions::default()
+            .with_user("operator", "hunter2-secret")
+            .with_tls(tls);
+        let dbg = format!("{opts:?}");
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert!(!dbg.contains("PRIVATE-KEY"), "{dbg}");
+        assert!(dbg.contains("operator"), "{dbg}");
+    }
+}

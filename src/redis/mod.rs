@@ -1,0 +1,19 @@
+//! Data-plane library for Redis and Valkey: connections (password, ACL user,
+//! TLS, time bounds), typed `INFO`, topology observation, replication actions
+//! (promote, repoint, switchover, failover, fencing), live configuration and
+//! RDB snapshots through the replication protocol.
+//!
+//! Nothing here knows about Kubernetes: instances are plain [`Endpoint`]s.
+//! Every network call is bounded by a timeout, and every error maps to a
+//! bounded [`ErrorCategory`] for metrics.
+
+pub mod actions;
+pub mod config;
+mod conn;
+mod error;
+pub mod info;
+pub mod rdb;
+pub mod topology;
+
+pub use conn::{ConnectOptions, Endpoint, Node, Secret, TlsOptions, redis_client};
+pub use error::{Error, ErrorCategory, Result};
