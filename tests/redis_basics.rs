@@ -1,0 +1,343 @@
+//! Connections, authentication, time bounds, typed INFO and live
+//! configuration against real servers of every engine version.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::time::{Duration, Instant};
+
+use redis_server::{Engine, RedisServer, ServerConfig};
+use redpilot::redis::config::{self, Mutability, PARAMS, apply_config, config_get};
+use redpilot::redis::info::{EngineKind, Role};
+use redpilot::redis::rdb::{RdbOptions, stream_rdb};
+use redpilot::redis::{ConnectOptions, Endpoint, ErrorCategory, Node};
+
+const PASSWORD: &str = "pw-Zq81-correct";
+const WRONG: &str = "pw-Wx55-wrong";
+
+async fn connections_and_info(engine: Engine) {
+    let srv = RedisServer::start(engine, ServerConfig::default().password(PASSWORD));
+    let ep = srv.endpoint();
+    let opts = srv.connect_options();
+    let mut node = Node::connect(&ep, &opts)
+        .await
+        .expect("connect with password");
+    node.ping().await.expect("ping");
+
+    // Data in two databases, so the keyspace section has two lines.
+    for db in [0, 2] {
+        let mut p = redis::pipe();
+        p.cmd("SELECT").arg(db).ignore();
+        for i in 0..25 {
+            p.cmd("SET").arg(format!("k{i}")).arg(i).ignore();
+        }
+        p.cmd("EXPIRE").arg("k0").arg(1000).ignore();
+        p.cmd("SELECT").arg(0).ignore();
+        let mut c = redpilot::redis::redis_client(&ep, &opts)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = p.query_async(&mut c).await.expect("populate");
+    }
+
+    let info = node.info().await.expect("INFO");
+    let s = &info.server;
+    let expected_kind = match engine {
+        Engine::Valkey81 | Engine::Valkey91 => EngineKind::Valkey,
+        _ => EngineKind::Redis,
+    };
+    assert_eq!(s.engine, Some(expected_kind), "{engine:?}");
+    let version = s.version.expect("version").to_string();
+    assert!(
+        version.starts_with(engine.version_prefix()),
+        "{engine:?}: {version}"
+    );
+    assert_eq!(s.tcp_port, Some(srv.port()));
+    assert_eq!(s.mode.as_deref(), Some("standalone"));
+    assert!(s.uptime_seconds.is_some() && s.run_id.is_some() && s.process_id.is_some());
+    assert!(info.clients.connected_clients.unwrap_or(0) >= 1);
+    assert!(info.clients.maxclients.is_some());
+    assert!(info.memory.used_memory.unwrap_or(0) > 0);
+    assert!(info.memory.used_memory_rss.is_some());
+    assert_eq!(info.memory.maxmemory, Some(0));
+    assert_eq!(info.memory.maxmemory_policy.as_deref(), Some("noeviction"));
+    assert_eq!(info.persistence.loading, Some(false));
+    assert_eq!(info.persistence.aof_enabled, Some(false));
+    assert_eq!(info.persistence.rdb_bgsave_in_progress, Some(false));
+    assert!(info.persistence.rdb_changes_since_last_save.unwrap_or(0) >= 50);
+    assert!(info.stats.total_connections_received.unwrap_or(0) >= 2);
+    assert!(info.stats.total_commands_processed.unwrap_or(0) > 0);
+    assert!(info.stats.keyspace_hits.is_some() && info.stats.evicted_keys.is_some());
+    assert_eq!(info.replication.role, Some(Role::Primary));
+    assert!(info.replication.repl_offset.is_some());
+    assert!(
+        info.replication
+            .replid
+            .as_ref()
+            .is_some_and(|r| r.len() == 40)
+    );
+    assert_eq!(info.keyspace.len(), 2, "{:?}", info.keyspace);
+    assert_eq!((info.keyspace[0].db, info.keyspace[0].keys), (0, 25));
+    assert_eq!(info.keyspace[0].expires, 1);
+    assert_eq!((info.keyspace[1].db, info.keyspace[1].keys), (2, 25));
+    assert_eq!(info.total_keys(), 50);
+
+    // Wrong password: a typed auth error that does not leak the password.
+    let bad = ConnectOptions::default().with_password(WRONG);
+    let err = Node::connect(&ep, &bad).await.expect_err("wrong password");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
+    assert!(!err.to_string().contains(WRONG) && !format!("{err:?}").contains(WRONG));
+
+    // No password: the server answers NOAUTH, also an auth error.
+    let err = async {
+        let mut n = Node::connect(&ep, &ConnectOptions::default()).await?;
+        n.ping().await
+    }
+    .await
+    .expect_err("no password");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
+
+    // The snapshot path authenticates by itself.
+    let mut sink = Vec::new();
+    let err = stream_rdb(&ep, &bad, &RdbOptions::default(), &mut sink)
+        .await
+        .expect_err("wrong password for RDB");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
+    assert!(sink.is_empty());
+
+    // ACL user.
+    let _: redis::Value = node
+        .query(
+            "ACL SETUSER",
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("operator")
+                .arg("on")
+                .arg(">op-Secret-771")
+                .arg("~*")
+                .arg("+@all"),
+        )
+        .await
+        .expect("ACL SETUSER");
+    let acl = ConnectOptions::default().with_user("operator", "op-Secret-771");
+    let mut as_user = Node::connect(&ep, &acl).await.expect("connect as ACL user");
+    let who: String = as_user
+        .query("ACL WHOAMI", redis::cmd("ACL").arg("WHOAMI"))
+        .await
+        .unwrap();
+    assert_eq!(who, "operator");
+    let err = Node::connect(&ep, &ConnectOptions::default().with_user("operator", WRONG))
+        .await
+        .expect_err("ACL user, wrong password");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
+    let err = Node::connect(
+        &ep,
+        &ConnectOptions::default().with_user("nobody", PASSWORD),
+    )
+    .await
+    .expect_err("unknown ACL user");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
+
+    // Command timeout: DEBUG SLEEP outlasts a 200 ms bound.
+    let short = opts
+        .clone()
+        .with_timeouts(Duration::from_secs(2), Duration::from_millis(200));
+    let mut n = Node::connect(&ep, &short).await.unwrap();
+    let t = Instant::now();
+    let err = n
+        .query::<redis::Value>("DEBUG SLEEP", redis::cmd("DEBUG").arg("SLEEP").arg("0.6"))
+        .await
+        .expect_err("DEBUG SLEEP must time out");
+    assert_eq!(err.category(), ErrorCategory::Timeout, "{engine:?}: {err}");
+    assert!(
+        t.elapsed() < Duration::from_millis(450),
+        "{:?}",
+        t.elapsed()
+    );
+    println!("{}: INFO/auth/ACL/timeouts ok", engine.name());
+}
+
+async fn live_config(engine: Engine) {
+    let srv = RedisServer::start(engine, ServerConfig::default());
+    let mut node = Node::connect(&srv.endpoint(), &srv.connect_options())
+        .await
+        .unwrap();
+    let server = node.info_section("server").await.unwrap().server;
+    let (kind, version) = (server.engine.unwrap(), server.version.unwrap());
+    // The typed table must match the server: every dynamic parameter can be
+    // set (to its current value), every restart-only one is refused.
+    let (mut dynamic, mut fixed) = (0, 0);
+    let mut mismatches = Vec::new();
+    for spec in PARAMS {
+        let Some(mutability) = spec.mutability_on(kind, version) else {
+            continue;
+        };
+        let Some(current) = config_get(&mut node, spec.name).await.unwrap() else {
+            mismatches.push(format!("{} is missing", spec.name));
+            continue;
+        };
+        let set = node
+            .query::<redis::Value>(
+                "CONFIG SET",
+                redis::cmd("CONFIG").arg("SET").arg(spec.name).arg(&current),
+            )
+            .await;
+        match mutability {
+            Mutability::Dynamic => match set {
+                Ok(_) => dynamic += 1,
+                Err(e) => mismatches.push(format!("{} is not dynamic: {e}", spec.name)),
+            },
+            Mutability::RestartRequired => match set {
+                Err(_) => fixed += 1,
+                Ok(_) => mismatches.push(format!("{} is dynamic", spec.name)),
+            },
+        }
+    }
+    assert!(mismatches.is_empty(), "{engine:?}: {mismatches:#?}");
+
+    let changes = apply_config(
+        &mut node,
+        &[
+            ("maxmemory", "104857600"),
+            ("maxmemory-policy", "allkeys-lru"),
+            ("requirepass", "new-Secret-99"),
+        ],
+    )
+    .await
+    .expect("apply dynamic parameters");
+    assert_eq!(changes.len(), 3, "{changes:?}");
+    assert!(!format!("{changes:?}").contains("new-Secret-99"));
+    assert_eq!(
+        config_get(&mut node, "maxmemory").await.unwrap().as_deref(),
+        Some("104857600")
+    );
+    let info = node.info().await.unwrap();
+    assert_eq!(info.memory.maxmemory, Some(104857600));
+    assert_eq!(info.memory.maxmemory_policy.as_deref(), Some("allkeys-lru"));
+    // Idempotent: nothing changes the second time.
+    let again = apply_config(&mut node, &[("maxmemory", "104857600")])
+        .await
+        .unwrap();
+    assert!(again.is_empty());
+    for bad in [("databases", "4"), ("no-such-param", "1")] {
+        let err = apply_config(&mut node, &[("maxmemory", "1"), bad])
+            .await
+            .expect_err("rejected");
+        assert_eq!(err.category(), ErrorCategory::Config, "{err}");
+    }
+    assert!(config::is_dynamic("maxmemory", kind, version));
+    // Nothing was applied by the rejected calls.
+    assert_eq!(
+        config_get(&mut node, "maxmemory").await.unwrap().as_deref(),
+        Some("104857600")
+    );
+    println!(
+        "{}: {dynamic} dynamic and {fixed} restart-only parameters verified",
+        engine.name()
+    );
+}
+
+#[tokio::test]
+async fn redis_62_connections_and_info() {
+    connections_and_info(Engine::Redis62).await;
+}
+
+#[tokio::test]
+async fn redis_70_connections_and_info() {
+    connections_and_info(Engine::Redis70).await;
+}
+
+#[tokio::test]
+async fn valkey_81_connections_and_info() {
+    connections_and_info(Engine::Valkey81).await;
+}
+
+#[tokio::test]
+async fn valkey_91_connections_and_info() {
+    connections_and_info(Engine::Valkey91).await;
+}
+
+#[tokio::test]
+async fn redis_62_live_config() {
+    live_config(Engine::Redis62).await;
+}
+
+#[tokio::test]
+async fn redis_70_live_config() {
+    live_config(Engine::Redis70).await;
+}
+
+#[tokio::test]
+async fn valkey_81_live_config() {
+    live_config(Engine::Valkey81).await;
+}
+
+#[tokio::test]
+async fn valkey_91_live_config() {
+    live_config(Engine::Valkey91).await;
+}
+
+/// A port with nothing listening: refused at once, a connection error.
+#[tokio::test]
+async fn refused_port_is_a_connection_error() {
+    let port = redis_server::free_port();
+    let ep = Endpoint::new("127.0.0.1", port);
+    let opts = ConnectOptions::default()
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    let t = Instant::now();
+    let err = Node::connect(&ep, &opts).await.expect_err("refused");
+    assert_eq!(err.category(), ErrorCategory::Connection, "{err}");
+    assert!(t.elapsed() < Duration::from_millis(500));
+    let err = stream_rdb(&ep, &opts, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("refused");
+    assert_eq!(err.category(), ErrorCategory::Connection, "{err}");
+}
+
+/// A host that accepts TCP but never answers (the loopback stand-in for an
+/// unreachable host): every entry point gives up with a timeout within its bound.
+#[tokio::test]
+async fn silent_host_times_out_within_the_bound() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ep = Endpoint::new("127.0.0.1", listener.local_addr().unwrap().port());
+    // Accept and hold connections without ever replying.
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let opts = ConnectOptions::default()
+        .with_password(PASSWORD)
+        .with_timeouts(bound, bound);
+
+    let t = Instant::now();
+    let err = Node::connect(&ep, &opts).await.expect_err("silent host");
+    let took = t.elapsed();
+    assert_eq!(err.category(), ErrorCategory::Timeout, "{err}");
+    assert!(
+        took >= bound && took < bound + Duration::from_millis(200),
+        "{took:?}"
+    );
+    assert!(!err.to_string().contains(PASSWORD));
+
+    let t = Instant::now();
+    let err = stream_rdb(&ep, &opts, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("silent host");
+    let took = t.elapsed();
+    assert_eq!(err.category(), ErrorCategory::Timeout, "{err}");
+    assert!(took < bound + Duration::from_millis(200), "{took:?}");
+
+    let t = Instant::now();
+    let topo = redpilot::redis::topology::observe(std::slice::from_ref(&ep), &opts).await;
+    assert!(t.elapsed() < bound + Duration::from_millis(200));
+    assert_eq!(
+        topo.nodes[0].error.as_ref().map(|e| e.category),
+        Some(ErrorCategory::Timeout)
+    );
+    println!("silent host: connect timed out after {took:?} (bound {bound:?})");
+    hold.abort();
+}

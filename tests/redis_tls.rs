@@ -1,0 +1,172 @@
+//! TLS (rustls) against servers started with `tls-port` and a throw-away CA.
+//!
+//! Every engine is probed for TLS support; Redis 7.0 (Debian, built with TLS)
+//! must support it, so this suite can never pass vacuously. Engines built
+//! without TLS are reported, not skipped silently.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::time::Duration;
+
+use redis_server::{Engine, RedisServer, ServerConfig, TlsFiles};
+use redpilot::redis::actions::{SwitchoverOptions, switchover};
+use redpilot::redis::info::Role;
+use redpilot::redis::rdb::{RdbOptions, stream_rdb};
+use redpilot::redis::topology::observe;
+use redpilot::redis::{ConnectOptions, ErrorCategory, Node, TlsOptions};
+
+/// Starts a TLS-only server, or returns why the engine cannot.
+fn try_tls_server(
+    engine: Engine,
+    tls: &TlsFiles,
+    cfg: ServerConfig,
+) -> Result<RedisServer, String> {
+    let cfg = ServerConfig {
+        tls: Some(tls.clone()),
+        ..cfg
+    };
+    RedisServer::try_start(engine, cfg)
+}
+
+async fn wait_replicas_up(srv: &RedisServer, n: usize) {
+    let opts = srv.connect_options();
+    for _ in 0..500 {
+        let r = Node::connect(&srv.endpoint(), &opts)
+            .await
+            .unwrap()
+            .replication()
+            .await
+            .unwrap();
+        if r.replicas.iter().filter(|e| e.state == "online").count() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("replicas never came online over TLS");
+}
+
+async fn tls_suite(engine: Engine, tls: &TlsFiles, other_ca: &TlsFiles) {
+    let cfg = ServerConfig::default().password("tls-pw");
+    let primary = try_tls_server(engine, tls, cfg.clone()).expect("TLS primary");
+    let pe = primary.endpoint();
+    let replicas: Vec<RedisServer> = (0..2)
+        .map(|_| try_tls_server(engine, tls, cfg.clone().replica_of(&pe)).expect("TLS replica"))
+        .collect();
+    wait_replicas_up(&primary, 2).await;
+    let opts = primary.connect_options();
+    assert!(opts.tls.is_some());
+
+    // Commands over TLS, with a password.
+    let mut node = Node::connect(&pe, &opts).await.expect("TLS connect");
+    let _: redis::Value = node
+        .query("SET", redis::cmd("SET").arg("over").arg("tls"))
+        .await
+        .unwrap();
+    let info = node.info().await.unwrap();
+    assert_eq!(info.replication.role, Some(Role::Primary));
+    assert_eq!(info.replication.replicas.len(), 2);
+
+    // Topology and a switchover, all over TLS (replication uses TLS too).
+    let mut members = vec![pe.clone()];
+    members.extend(replicas.iter().map(|r| r.endpoint()));
+    let t = observe(&members, &opts).await;
+    assert!(t.is_healthy(), "{:?}", t.anomalies);
+    let report = switchover(&members, &members[1], &opts, &SwitchoverOptions::default())
+        .await
+        .expect("switchover over TLS");
+    assert!(report.repoint_failures.is_empty());
+    let mut new_primary = Node::connect(&members[1], &opts).await.unwrap();
+    let v: String = new_primary
+        .query("GET", redis::cmd("GET").arg("over"))
+        .await
+        .unwrap();
+    assert_eq!(v, "tls");
+
+    // Snapshot over TLS.
+    let mut buf = Vec::new();
+    let r = stream_rdb(&members[1], &opts, &RdbOptions::default(), &mut buf)
+        .await
+        .expect("RDB over TLS");
+    assert_eq!(r.size as usize, buf.len());
+
+    // A CA that did not sign the server certificate: typed TLS error, on
+    // both the command path and the snapshot path.
+    let wrong = ConnectOptions::default()
+        .with_password("tls-pw")
+        .with_tls(other_ca.tls_options());
+    let err = Node::connect(&pe, &wrong)
+        .await
+        .expect_err("untrusted certificate");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+    let err = stream_rdb(&pe, &wrong, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("untrusted certificate");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+
+    // Wrong password over TLS is still an auth error.
+    let bad = ConnectOptions::default()
+        .with_password("nope")
+        .with_tls(tls.tls_options());
+    let err = Node::connect(&pe, &bad).await.expect_err("wrong password");
+    assert_eq!(err.category(), ErrorCategory::Auth, "{err}");
+
+    // Plain TCP against the TLS port fails within the bound.
+    let plain = ConnectOptions::default()
+        .with_password("tls-pw")
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    let err = Node::connect(&pe, &plain)
+        .await
+        .expect_err("plain TCP on TLS port");
+    assert!(
+        matches!(
+            err.category(),
+            ErrorCategory::Connection | ErrorCategory::Timeout | ErrorCategory::Protocol
+        ),
+        "{err}"
+    );
+
+    // A malformed CA bundle is a TLS configuration error, not a panic.
+    let garbage = ConnectOptions::default().with_tls(TlsOptions::with_ca(b"not a pem".to_vec()));
+    let err = stream_rdb(&pe, &garbage, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("bad CA");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_every_engine_that_supports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::generate(&dir.path().join("ca1"));
+    let other_ca = TlsFiles::generate(&dir.path().join("ca2"));
+    let mut supported = Vec::new();
+    let mut unsupported = Vec::new();
+    for engine in Engine::ALL {
+        match try_tls_server(engine, &tls, ServerConfig::default()) {
+            Ok(_) => {
+                tls_suite(engine, &tls, &other_ca).await;
+                supported.push(engine.name());
+            }
+            Err(log) => {
+                let reason = if log.contains("Missing implement of connection type tls")
+                    || log.contains("Failed finding TLS support")
+                {
+                    "built without TLS (no tls connection type)"
+                } else if log.contains("Bad directive") {
+                    "built without TLS (tls-port is an unknown directive)"
+                } else {
+                    panic!(
+                        "{} failed to start with TLS for another reason:\n{log}",
+                        engine.name()
+                    );
+                };
+                unsupported.push(format!("{}: {reason}", engine.name()));
+            }
+        }
+    }
+    println!("TLS tested on: {supported:?}; not available on: {unsupported:?}");
+    assert!(
+        supported.contains(&Engine::Redis70.name()),
+        "Debian's redis-server 7.0 is built with TLS; it must pass the TLS suite"
+    );
+}

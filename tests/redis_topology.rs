@@ -1,0 +1,173 @@
+//! Topology observation and replication actions on 1 primary + 2 replicas,
+//! for every engine version and for the 6.2 → 7.0 upgrade pair.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::time::Duration;
+
+use redis_server::{Engine, RedisServer, ServerConfig};
+use redpilot::redis::actions::{make_primary, make_replica_of, wait_caught_up};
+use redpilot::redis::info::{LinkStatus, Role};
+use redpilot::redis::topology::{Anomaly, observe};
+use redpilot::redis::{Endpoint, Node};
+
+async fn write_keys(ep: &Endpoint, opts: &redpilot::redis::ConnectOptions, n: usize, prefix: &str) {
+    let mut node = Node::connect(ep, opts).await.unwrap();
+    for i in 0..n {
+        let _: redis::Value = node
+            .query("SET", redis::cmd("SET").arg(format!("{prefix}{i}")).arg(i))
+            .await
+            .unwrap();
+    }
+}
+
+async fn topology_case(primary_engine: Engine, replica_engine: Engine) {
+    let cfg = ServerConfig::default().password("topo-pw");
+    let p = RedisServer::start(primary_engine, cfg.clone());
+    let pe = p.endpoint();
+    let r1 = RedisServer::start(replica_engine, cfg.clone().replica_of(&pe));
+    let r2 = RedisServer::start(replica_engine, cfg.clone().replica_of(&pe));
+    r1.wait_link_up(Duration::from_secs(20));
+    r2.wait_link_up(Duration::from_secs(20));
+    let opts = p.connect_options();
+    let members = vec![pe.clone(), r1.endpoint(), r2.endpoint()];
+    write_keys(&pe, &opts, 200, "a").await;
+    for r in [&r1, &r2] {
+        wait_caught_up(&r.endpoint(), &pe, &opts, Duration::from_secs(10))
+            .await
+            .expect("caught up");
+    }
+
+    // Healthy: one primary, two replicas with offsets, links up, no lag.
+    let t = observe(&members, &opts).await;
+    assert!(t.is_healthy(), "{:?}", t.anomalies);
+    assert_eq!(t.primary.as_ref(), Some(&pe));
+    let primary = t.node(&pe).unwrap();
+    assert_eq!(primary.role, Some(Role::Primary));
+    assert!(primary.offset.unwrap() > 0);
+    assert!(
+        primary
+            .version
+            .unwrap()
+            .to_string()
+            .starts_with(primary_engine.version_prefix())
+    );
+    let replicas = t.replicas();
+    assert_eq!(replicas.len(), 2);
+    for r in &replicas {
+        assert_eq!(r.role, Some(Role::Replica));
+        assert_eq!(r.primary.as_ref(), Some(&pe));
+        assert_eq!(r.link, Some(LinkStatus::Up));
+        assert_eq!(r.offset, primary.offset, "{r:?}");
+        assert_eq!(r.lag_bytes, Some(0));
+        assert!(r.lag_seconds.is_some(), "{r:?}");
+        assert_eq!(r.keys, Some(200));
+        assert!(
+            r.version
+                .unwrap()
+                .to_string()
+                .starts_with(replica_engine.version_prefix())
+        );
+    }
+
+    // Two primaries (split brain).
+    make_primary(&r2.endpoint(), &opts).await.unwrap();
+    let t = observe(&members, &opts).await;
+    assert_eq!(t.primary, None);
+    let mut both = vec![pe.clone(), r2.endpoint()];
+    both.sort();
+    assert!(
+        t.anomalies
+            .contains(&Anomaly::MultiplePrimaries { primaries: both }),
+        "{:?}",
+        t.anomalies
+    );
+
+    // Replica of an address outside the set (nothing listens there either).
+    let stranger = Endpoint::new("127.0.0.1", redis_server::free_port());
+    make_replica_of(&r2.endpoint(), &stranger, &opts)
+        .await
+        .unwrap();
+    let t = observe(&members, &opts).await;
+    assert_eq!(t.primary.as_ref(), Some(&pe));
+    assert!(t.anomalies.contains(&Anomaly::ReplicaOfUnknown {
+        replica: r2.endpoint(),
+        primary: stranger.clone()
+    }));
+    assert!(t.anomalies.contains(&Anomaly::BrokenLink {
+        replica: r2.endpoint(),
+        primary: stranger.clone()
+    }));
+
+    // Chained replication.
+    make_replica_of(&r2.endpoint(), &r1.endpoint(), &opts)
+        .await
+        .unwrap();
+    let t = observe(&members, &opts).await;
+    assert!(t.anomalies.contains(&Anomaly::ReplicaOfReplica {
+        replica: r2.endpoint(),
+        upstream: r1.endpoint()
+    }));
+
+    // Repair, catch up, healthy again.
+    make_replica_of(&r2.endpoint(), &pe, &opts).await.unwrap();
+    write_keys(&pe, &opts, 50, "b").await;
+    let caught = wait_caught_up(&r2.endpoint(), &pe, &opts, Duration::from_secs(20))
+        .await
+        .expect("r2 catches up after repair");
+    assert!(caught.replica_offset >= caught.target_offset);
+    let t = observe(&members, &opts).await;
+    assert!(t.is_healthy(), "{:?}", t.anomalies);
+
+    // Broken links: the primary dies.
+    let mut p = p;
+    p.kill9();
+    let t = observe(&members, &opts).await;
+    assert_eq!(t.primary, None);
+    assert!(t.anomalies.contains(&Anomaly::NoPrimary));
+    assert!(t.anomalies.contains(&Anomaly::Unreachable {
+        endpoint: pe.clone()
+    }));
+    for r in [&r1, &r2] {
+        assert!(
+            t.anomalies.contains(&Anomaly::BrokenLink {
+                replica: r.endpoint(),
+                primary: pe.clone()
+            }),
+            "{:?}",
+            t.anomalies
+        );
+    }
+    println!(
+        "topology {} primary + 2x {} replicas: healthy, split brain, unknown primary, chain, broken links detected",
+        primary_engine.name(),
+        replica_engine.name()
+    );
+}
+
+#[tokio::test]
+async fn redis_62_topology() {
+    topology_case(Engine::Redis62, Engine::Redis62).await;
+}
+
+#[tokio::test]
+async fn redis_70_topology() {
+    topology_case(Engine::Redis70, Engine::Redis70).await;
+}
+
+#[tokio::test]
+async fn valkey_81_topology() {
+    topology_case(Engine::Valkey81, Engine::Valkey81).await;
+}
+
+#[tokio::test]
+async fn valkey_91_topology() {
+    topology_case(Engine::Valkey91, Engine::Valkey91).await;
+}
+
+/// The upgrade path: a 6.2 primary replicated by 7.0 replicas.
+#[tokio::test]
+async fn mixed_62_primary_70_replicas_topology() {
+    topology_case(Engine::Redis62, Engine::Redis70).await;
+}
