@@ -15,15 +15,21 @@
 # Environment: KUBECONFIG (default .dev/kubeconfig), LOCALNODE_CPU (CPUs to
 # advertise, default 8: the dev cluster over-commits this 2-core machine),
 # LOCALNODE_MEMORY_MIB (default: the host's), RUST_LOG.
+# A second, independent node (used by the teardown test): LOCALNODE_NAME,
+# LOCALNODE_STATE (state directory), LOCALNODE_PREFIX (host object prefix,
+# default rp), LOCALNODE_POD_NETWORK (default 10.244.0.1/16),
+# LOCALNODE_PROVISIONER (default true; one provisioner per cluster),
+# LOCALNODE_UNSCHEDULABLE (set: only pods naming the node in spec.nodeName).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-state=$root/.dev/localnode
+state=${LOCALNODE_STATE:-$root/.dev/localnode}
 pidfile=$state/localnode.pid
 log=$state/localnode.log
 bin=$root/target/debug/localnode
 kubeconfig=${KUBECONFIG:-$root/.dev/kubeconfig}
-node=localnode
+node=${LOCALNODE_NAME:-localnode}
+prefix=${LOCALNODE_PREFIX:-rp}
 
 running() {
 	[[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null &&
@@ -45,10 +51,16 @@ start() {
 	if running; then
 		echo "localnode: already running (pid $(cat "$pidfile"))"
 	else
-		(cd "$root" && cargo build --quiet -p redpilot-localnode)
+		# LOCALNODE_NO_BUILD=1 uses the binary as it is (tests run under cargo).
+		if [[ -z ${LOCALNODE_NO_BUILD:-} || ! -x $bin ]]; then
+			(cd "$root" && cargo build --quiet -p redpilot-localnode)
+		fi
 		local args=(run --kubeconfig "$kubeconfig" --repo "$root" --state-dir "$state"
-			--images "$root/dev/images.yaml" --node-name "$node" --cpu "${LOCALNODE_CPU:-8}")
+			--images "$root/dev/images.yaml" --node-name "$node" --cpu "${LOCALNODE_CPU:-8}"
+			--instance-prefix "$prefix" --pod-network "${LOCALNODE_POD_NETWORK:-10.244.0.1/16}"
+			--provisioner "${LOCALNODE_PROVISIONER:-true}")
 		[[ -n ${LOCALNODE_MEMORY_MIB:-} ]] && args+=(--memory-mib "$LOCALNODE_MEMORY_MIB")
+		[[ -n ${LOCALNODE_UNSCHEDULABLE:-} ]] && args+=(--unschedulable)
 		cd "$root"
 		RUST_LOG=${RUST_LOG:-info} setsid "$bin" "${args[@]}" >>"$log" 2>&1 </dev/null &
 		echo $! >"$pidfile"
@@ -86,14 +98,14 @@ stop() {
 	rm -f "$pidfile"
 	# Belt and braces: whatever a crashed node left behind.
 	if [[ -x $bin ]]; then
-		"$bin" cleanup || true
+		"$bin" cleanup --instance-prefix "$prefix" || true
 	else
 		local ns
-		for ns in $(ip netns list 2>/dev/null | awk '/^rp-/{print $1}'); do
+		for ns in $(ip netns list 2>/dev/null | awk -v p="^$prefix-" '$0 ~ p {print $1}'); do
 			ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
 			ip netns del "$ns" 2>/dev/null || true
 		done
-		ip link del rpnode0 2>/dev/null || true
+		ip link del "${prefix}node0" 2>/dev/null || true
 	fi
 	rm -rf "$state"/pods/*/run-* 2>/dev/null || true
 	echo "localnode: stopped"

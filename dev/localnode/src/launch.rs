@@ -61,6 +61,8 @@ pub struct MountSpec {
 }
 
 const ROOT: &str = "/tmp";
+/// Where volume sources wait inside the new root until they are mounted.
+const STAGING: &str = "/.localnode-volumes";
 
 fn mount_err(what: &str, path: &Path, e: rustix::io::Errno) -> Error {
     Error::Io {
@@ -155,6 +157,37 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
         top_dirs.push(name_s);
     }
 
+    // The image's programs: each executable bind-mounted as a file, so it
+    // stays reachable whatever the volumes cover.
+    let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
+    std::fs::create_dir_all(&bin).at(&bin)?;
+    for (name, host) in &spec.image_bins {
+        let file = bin.join(name);
+        std::fs::write(&file, b"").at(&file)?;
+        rustix::mount::mount_bind(host, &file)
+            .map_err(|e| mount_err("bind image program", &file, e))?;
+    }
+
+    // Volume sources staged inside the new root while host paths still
+    // resolve (a volume may later cover the directory they live in).
+    let staging = root.join(STAGING.trim_start_matches('/'));
+    let mut mounts = spec.mounts.clone();
+    mounts.sort_by_key(|m| m.target.matches('/').count());
+    let mut staged = Vec::new();
+    for (i, m) in mounts.iter().enumerate() {
+        let src_meta = std::fs::metadata(&m.source).at(&m.source)?;
+        let stage = staging.join(i.to_string());
+        if src_meta.is_dir() {
+            std::fs::create_dir_all(&stage).at(&stage)?;
+        } else {
+            std::fs::create_dir_all(&staging).at(&staging)?;
+            std::fs::write(&stage, b"").at(&stage)?;
+        }
+        rustix::mount::mount_bind(&m.source, &stage)
+            .map_err(|e| mount_err("stage volume", &stage, e))?;
+        staged.push((Path::new(STAGING).join(i.to_string()), src_meta.is_dir()));
+    }
+
     if let Some(hosts) = &spec.hosts_file {
         let target = root.join("etc/hosts");
         if target.exists() {
@@ -168,12 +201,9 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     rustix::process::chroot(root).map_err(|e| mount_err("chroot", root, e))?;
     std::env::set_current_dir("/").at("/")?;
 
-    let mut mounts = spec.mounts.clone();
-    mounts.sort_by_key(|m| m.target.matches('/').count());
-    for m in &mounts {
+    for (m, (stage, is_dir)) in mounts.iter().zip(&staged) {
         let target = PathBuf::from(&m.target);
-        let src_meta = std::fs::metadata(&m.source).at(&m.source)?;
-        if src_meta.is_dir() {
+        if *is_dir {
             std::fs::create_dir_all(&target).at(&target)?;
         } else {
             if let Some(parent) = target.parent() {
@@ -183,19 +213,19 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
                 std::fs::write(&target, b"").at(&target)?;
             }
         }
-        rustix::mount::mount_bind(&m.source, &target)
+        rustix::mount::mount_bind(stage, &target)
             .map_err(|e| mount_err("bind volume", &target, e))?;
         if m.read_only {
             rustix::mount::mount_remount(&target, MountFlags::BIND | MountFlags::RDONLY, c"")
                 .map_err(|e| mount_err("remount read-only", &target, e))?;
         }
     }
-
-    let bin = Path::new(crate::images::IMAGE_BIN);
-    std::fs::create_dir_all(bin).at(bin)?;
-    for (name, host) in &spec.image_bins {
-        let link = bin.join(name);
-        std::os::unix::fs::symlink(host, &link).at(&link)?;
+    for (stage, _) in &staged {
+        rustix::mount::unmount(stage, rustix::mount::UnmountFlags::DETACH)
+            .map_err(|e| mount_err("unmount staging", stage, e))?;
+    }
+    if !staged.is_empty() {
+        let _ = std::fs::remove_dir_all(STAGING);
     }
 
     if spec.read_only_root {

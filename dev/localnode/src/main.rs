@@ -50,7 +50,10 @@ enum Command {
     /// Internal: set up a container's root and exec its program.
     ExecContainer { spec: PathBuf },
     /// Kill every pod process and remove every namespace, veth and the bridge.
-    Cleanup,
+    Cleanup {
+        #[arg(long, default_value = "rp")]
+        instance_prefix: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -80,6 +83,17 @@ struct RunArgs {
     memory_mib: Option<i64>,
     #[arg(long, default_value_t = 110)]
     max_pods: i64,
+    /// Prefix of the host objects this node creates: bridge <p>node0,
+    /// network namespaces <p>-<id>, veths <p>v<id>.
+    #[arg(long, default_value = "rp")]
+    instance_prefix: String,
+    /// Run the default StorageClass's provisioner (one node per cluster should).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    provisioner: bool,
+    /// Register the node as unschedulable (only pods naming it in
+    /// spec.nodeName land there).
+    #[arg(long)]
+    unschedulable: bool,
 }
 
 fn main() {
@@ -90,7 +104,14 @@ fn main() {
             eprintln!("localnode exec-container: {err}");
             std::process::exit(127);
         }
-        Command::Cleanup => {
+        Command::Cleanup { instance_prefix } => {
+            let names = match net::Names::new(&instance_prefix) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("localnode: {e}");
+                    std::process::exit(2);
+                }
+            };
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -101,7 +122,7 @@ fn main() {
                     std::process::exit(1);
                 }
             };
-            rt.block_on(shutdown_pods(Duration::from_secs(0)));
+            rt.block_on(shutdown_pods(&names, Duration::from_secs(0)));
         }
         Command::Run(args) => {
             tracing_subscriber::fmt()
@@ -121,9 +142,16 @@ fn main() {
                     std::process::exit(1);
                 }
             };
-            if let Err(e) = rt.block_on(run(args)) {
+            let names = match net::Names::new(&args.instance_prefix) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("localnode: {e}");
+                    std::process::exit(2);
+                }
+            };
+            if let Err(e) = rt.block_on(run(args, names.clone())) {
                 tracing::error!(error = %e, "localnode failed");
-                rt.block_on(shutdown_pods(Duration::from_secs(0)));
+                rt.block_on(shutdown_pods(&names, Duration::from_secs(0)));
                 std::process::exit(1);
             }
         }
@@ -177,7 +205,7 @@ fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8)> {
     Ok((ip, prefix))
 }
 
-async fn run(args: RunArgs) -> Result<()> {
+async fn run(args: RunArgs, names: net::Names) -> Result<()> {
     let repo = absolute(&args.repo)?;
     let state_dir = absolute(&args.state_dir)?;
     let images_path = if args.images.is_absolute() {
@@ -190,9 +218,9 @@ async fn run(args: RunArgs) -> Result<()> {
     let self_exe = std::env::current_exe().map_err(|e| Error::Setup(format!("own path: {e}")))?;
 
     // Whatever an earlier run left behind goes first.
-    net::cleanup_all().await;
+    net::cleanup_all(&names).await;
     remove_run_dirs(&state_dir);
-    let network = net::Network::new(gateway, prefix);
+    let network = net::Network::new(names.clone(), gateway, prefix);
     network.ensure_bridge().await?;
 
     let (client, apiserver_port) = client(args.kubeconfig.as_deref()).await?;
@@ -207,6 +235,7 @@ async fn run(args: RunArgs) -> Result<()> {
         cpu_millis,
         memory_bytes,
         max_pods: args.max_pods,
+        unschedulable: args.unschedulable,
     };
 
     let prov = provisioner::Provisioner {
@@ -214,13 +243,17 @@ async fn run(args: RunArgs) -> Result<()> {
         node_name: args.node_name.clone(),
         volumes_dir: state_dir.join("volumes"),
     };
-    prov.ensure_class().await?;
+    if args.provisioner {
+        prov.ensure_class().await?;
+    }
     let node_obj = node::register(&client, &info).await?;
     node::renew_lease(&client, &node_obj, &info).await?;
     tracing::info!(node = %info.name, address = %info.address, cpu_millis, memory_bytes, "node registered");
 
     tokio::spawn(node::heartbeat(client.clone(), node_obj, info.clone()));
-    tokio::spawn(prov.run());
+    if args.provisioner {
+        tokio::spawn(prov.run());
+    }
 
     let ctx = Arc::new(NodeCtx {
         client: client.clone(),
@@ -244,7 +277,7 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     ctx.stopping
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    shutdown_pods(Duration::from_secs(5)).await;
+    shutdown_pods(&names, Duration::from_secs(5)).await;
     remove_run_dirs(&state_dir);
     tracing::info!("localnode stopped");
     Ok(())
@@ -306,9 +339,9 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
 
 /// Stops every pod process: SIGTERM, then SIGKILL after `grace`; removes
 /// all pod namespaces, veths and the bridge.
-async fn shutdown_pods(grace: Duration) {
+async fn shutdown_pods(names: &net::Names, grace: Duration) {
     if !grace.is_zero() {
-        let nss = net_namespaces().await;
+        let nss = net_namespaces(names).await;
         for ns in &nss {
             signal_netns(ns, rustix::process::Signal::TERM).await;
         }
@@ -326,16 +359,16 @@ async fn shutdown_pods(grace: Duration) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    net::cleanup_all().await;
+    net::cleanup_all(names).await;
 }
 
-async fn net_namespaces() -> Vec<String> {
+async fn net_namespaces(names: &net::Names) -> Vec<String> {
     cmd::run("ip", &["netns", "list"])
         .await
         .map(|out| {
             out.lines()
                 .filter_map(|l| l.split_whitespace().next())
-                .filter(|n| n.starts_with(net::NETNS_PREFIX))
+                .filter(|n| n.starts_with(&names.netns_prefix))
                 .map(String::from)
                 .collect()
         })

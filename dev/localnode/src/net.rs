@@ -11,14 +11,46 @@ use std::sync::Mutex;
 use crate::cmd::run;
 use crate::error::{Error, Result};
 
-pub const BRIDGE: &str = "rpnode0";
-pub const NETNS_PREFIX: &str = "rp-";
-pub const VETH_PREFIX: &str = "rpv";
+/// Names of everything this node creates on the host, derived from one
+/// short prefix (default `rp`: bridge `rpnode0`, namespaces `rp-<id>`,
+/// veths `rpv<id>`), so a second node on the same machine (the teardown
+/// test) never touches the first one's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub bridge: String,
+    pub netns_prefix: String,
+    pub veth_prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let ok = (1..=4).contains(&prefix.len())
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if !ok {
+            return Err(Error::Network(format!(
+                "instance prefix {prefix:?} must be 1-4 lowercase letters or digits"
+            )));
+        }
+        Ok(Self {
+            bridge: format!("{prefix}node0"),
+            netns_prefix: format!("{prefix}-"),
+            veth_prefix: format!("{prefix}v"),
+        })
+    }
+
+    fn veth(&self, id: &str) -> String {
+        let room = 15usize.saturating_sub(self.veth_prefix.len());
+        format!("{}{}", self.veth_prefix, &id[..id.len().min(room)])
+    }
+}
 
 /// The node's pod network.
 #[derive(Debug)]
 pub struct Network {
-    /// The bridge (node) address; pods use the /16 around it.
+    pub names: Names,
+    /// The bridge (node) address; pods use the subnet around it.
     pub gateway: Ipv4Addr,
     prefix_len: u8,
     alloc: Mutex<Alloc>,
@@ -39,9 +71,10 @@ pub struct PodNet {
 }
 
 impl Network {
-    pub fn new(gateway: Ipv4Addr, prefix_len: u8) -> Self {
+    pub fn new(names: Names, gateway: Ipv4Addr, prefix_len: u8) -> Self {
         let g = u32::from(gateway);
         Self {
+            names,
             gateway,
             prefix_len,
             alloc: Mutex::new(Alloc {
@@ -59,15 +92,16 @@ impl Network {
 
     /// Creates the bridge with the node address (idempotent).
     pub async fn ensure_bridge(&self) -> Result<()> {
-        if run("ip", &["link", "show", BRIDGE]).await.is_err() {
-            run("ip", &["link", "add", BRIDGE, "type", "bridge"]).await?;
+        let bridge = self.names.bridge.as_str();
+        if run("ip", &["link", "show", bridge]).await.is_err() {
+            run("ip", &["link", "add", bridge, "type", "bridge"]).await?;
         }
         let cidr = format!("{}/{}", self.gateway, self.prefix_len);
-        let addrs = run("ip", &["-4", "-o", "addr", "show", "dev", BRIDGE]).await?;
+        let addrs = run("ip", &["-4", "-o", "addr", "show", "dev", bridge]).await?;
         if !addrs.contains(&cidr) {
-            run("ip", &["addr", "add", &cidr, "dev", BRIDGE]).await?;
+            run("ip", &["addr", "add", &cidr, "dev", bridge]).await?;
         }
-        run("ip", &["link", "set", BRIDGE, "up"]).await?;
+        run("ip", &["link", "set", bridge, "up"]).await?;
         Ok(())
     }
 
@@ -107,8 +141,8 @@ impl Network {
     pub async fn create(&self, id: &str) -> Result<PodNet> {
         let ip = self.allocate()?;
         let net = PodNet {
-            netns: format!("{NETNS_PREFIX}{id}"),
-            veth: format!("{VETH_PREFIX}{id}"),
+            netns: format!("{}{id}", self.names.netns_prefix),
+            veth: self.names.veth(id),
             ip,
         };
         if let Err(e) = self.setup(&net).await {
@@ -131,7 +165,11 @@ impl Network {
             ],
         )
         .await?;
-        run("ip", &["link", "set", &net.veth, "master", BRIDGE, "up"]).await?;
+        run(
+            "ip",
+            &["link", "set", &net.veth, "master", &self.names.bridge, "up"],
+        )
+        .await?;
         let o = net.ip.octets();
         // A MAC derived from the address: a reused address keeps its MAC.
         let mac = format!("02:42:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]);
@@ -176,12 +214,12 @@ pub async fn kill_netns_processes(netns: &str) {
 
 /// Removes every namespace, veth and the bridge this node ever created
 /// (start-up and `localnode cleanup`).
-pub async fn cleanup_all() {
+pub async fn cleanup_all(names: &Names) {
     if let Ok(out) = run("ip", &["netns", "list"]).await {
         for ns in out
             .lines()
             .filter_map(|l| l.split_whitespace().next())
-            .filter(|n| n.starts_with(NETNS_PREFIX))
+            .filter(|n| n.starts_with(&names.netns_prefix))
         {
             kill_netns_processes(ns).await;
             let _ = run("ip", &["netns", "del", ns]).await;
@@ -191,12 +229,13 @@ pub async fn cleanup_all() {
         for name in out.lines().filter_map(|l| {
             let name = l.split(':').nth(1)?.trim();
             let name = name.split('@').next()?;
-            name.starts_with(VETH_PREFIX).then(|| name.to_string())
+            name.starts_with(&names.veth_prefix)
+                .then(|| name.to_string())
         }) {
             let _ = run("ip", &["link", "del", &name]).await;
         }
     }
-    let _ = run("ip", &["link", "del", BRIDGE]).await;
+    let _ = run("ip", &["link", "del", &names.bridge]).await;
 }
 
 #[cfg(test)]
@@ -205,7 +244,12 @@ mod tests {
 
     #[test]
     fn allocates_round_robin_and_skips_gateway() {
-        let n = Network::new(Ipv4Addr::new(10, 244, 0, 1), 16);
+        let Ok(names) = Names::new("rp") else {
+            panic!("prefix rp is valid")
+        };
+        assert_eq!(names.veth("0123456789abcdef"), "rpv0123456789ab");
+        assert!(Names::new("toolong").is_err());
+        let n = Network::new(names, Ipv4Addr::new(10, 244, 0, 1), 16);
         let a = n.allocate().unwrap_or(Ipv4Addr::UNSPECIFIED);
         let b = n.allocate().unwrap_or(Ipv4Addr::UNSPECIFIED);
         assert_eq!(a, Ipv4Addr::new(10, 244, 0, 2));

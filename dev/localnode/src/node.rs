@@ -26,6 +26,7 @@ pub struct NodeInfo {
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub max_pods: i64,
+    pub unschedulable: bool,
 }
 
 /// Online CPUs.
@@ -92,7 +93,10 @@ pub async fn register(client: &kube::Client, info: &NodeInfo) -> Result<Node> {
             )])),
             ..Default::default()
         },
-        spec: Some(NodeSpec::default()),
+        spec: Some(NodeSpec {
+            unschedulable: info.unschedulable.then_some(true),
+            ..Default::default()
+        }),
         status: None,
     };
     let node = match api.get_opt(&info.name).await? {

@@ -1176,10 +1176,16 @@ impl Worker {
             }
         } else {
             let (reason, message) = &c.waiting;
-            let reason = if reason.is_empty() {
-                "ContainerCreating"
-            } else {
+            let reason = if !reason.is_empty() {
                 reason.as_str()
+            } else if !c.init
+                && self.ctrs.iter().any(|i| {
+                    i.init && !(i.done && i.last.as_ref().is_some_and(|t| t.exit_code == 0))
+                })
+            {
+                "PodInitializing"
+            } else {
+                "ContainerCreating"
             };
             let mut w = json!({"reason": reason});
             if let Some(m) = message {
@@ -1211,7 +1217,11 @@ impl Worker {
 
     fn status_json(&mut self) -> Value {
         let has_net = self.net.is_some();
-        let inits_done = self.ctrs.iter().filter(|c| c.init).all(|c| c.done);
+        let inits_done = self
+            .ctrs
+            .iter()
+            .filter(|c| c.init)
+            .all(|c| c.done && c.last.as_ref().is_some_and(|t| t.exit_code == 0));
         let all_ready = self.ctrs.iter().any(|c| !c.init)
             && self.ctrs.iter().filter(|c| !c.init).all(|c| c.ready)
             && self.final_phase.is_none()
