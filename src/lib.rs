@@ -3,6 +3,7 @@
 //! The crate is split by concern: [`redis`] is the data-plane library (no
 //! Kubernetes types), [`telemetry`] sets up logging.
 
+pub mod api;
 pub mod redis;
 pub mod telemetry;
 

@@ -1,3 +1,5 @@
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use redpilot::telemetry::{self, LogFormat};
 
@@ -16,15 +18,37 @@ struct Cli {
 enum Command {
     /// Print the version and exit.
     Version,
+    /// Print the CustomResourceDefinitions as YAML, or write them to a file.
+    Crd {
+        /// Write to this file instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
 }
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     match cli.command {
         Command::Version => {
             println!("redpilot {}", redpilot::VERSION);
-            tracing::debug!(version = redpilot::VERSION, "version printed");
+            ExitCode::SUCCESS
         }
+        Command::Crd { output } => match write_crds(output.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("redpilot crd: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {
+    let yaml = redpilot::api::crds_yaml()?;
+    match output {
+        Some(path) => std::fs::write(path, yaml)?,
+        None => print!("{yaml}"),
+    }
+    Ok(())
 }

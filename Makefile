@@ -1,0 +1,80 @@
+# Redpilot — build, test ground and tests.
+#
+#   make run     bring up the dev cluster if no cluster is configured, run the operator
+#   make test    everything: fmt, clippy, unit tests, tools, cluster, integration suites
+#
+# Tool binaries are built once per pinned version into ~/.cache/redpilot (or
+# $REDPILOT_CACHE) and linked into bin/.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CARGO ?= cargo
+KUBECONFIG_DEV := $(CURDIR)/.dev/kubeconfig
+# Integration suites talk to the dev cluster unless KUBECONFIG names another.
+export REDPILOT_KUBECONFIG ?= $(KUBECONFIG_DEV)
+
+TOOL_GROUPS_CLUSTER := kube etcd kwok
+TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER)
+
+.PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
+	cluster-up cluster-down test integration test-integration run version clean help
+
+all: build
+
+help:
+	@sed -n '1,10p' Makefile
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+fmt:
+	$(CARGO) fmt --all
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+lint: fmt-check clippy
+
+# Unit tests: the library and binaries, no cluster and no Redis needed.
+unit:
+	$(CARGO) test --workspace --lib --bins
+
+# One target per tool group, so a suite pays only for what it uses.
+tools-%:
+	bash tools/build.sh $*
+
+tools-cluster: $(addprefix tools-,$(TOOL_GROUPS_CLUSTER))
+
+tools: $(addprefix tools-,$(TOOL_GROUPS_ALL))
+
+engines:
+	bash dev/engines.sh
+
+cluster-up: tools-cluster engines
+	bash dev/cluster.sh up
+
+cluster-down:
+	bash dev/cluster.sh down
+
+# Integration suites (tests/*.rs): real Redis servers and the dev cluster.
+integration: engines
+	$(CARGO) test --workspace --test "*" --no-fail-fast
+
+# The whole test run. The cluster comes down even when a step fails.
+test: lint unit tools cluster-up
+	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
+	$(MAKE) --no-print-directory cluster-down || true; \
+	exit $$status
+
+run: tools-cluster engines
+	bash dev/run.sh
+
+version:
+	$(CARGO) run --quiet -- version
+
+clean: cluster-down
+	$(CARGO) clean
+	rm -rf bin .dev

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Brings Redpilot's dev cluster up or down.
+#
+#   dev/cluster.sh up     kwokctl cluster (etcd, kube-apiserver with RBAC and
+#                         admission incl. PodSecurity, controller-manager,
+#                         scheduler, kwok) from the binaries in bin/, one kwok
+#                         fake node, and the local node that runs pods as
+#                         real processes. Idempotent.
+#   dev/cluster.sh down   stops and deletes all of it; no process is left.
+#   dev/cluster.sh status prints whether the cluster answers.
+#
+# The kubeconfig is written to .dev/kubeconfig. Nothing is downloaded: every
+# binary comes from bin/ (make tools).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/bin
+state=$root/.dev
+name=${REDPILOT_CLUSTER_NAME:-redpilot}
+kubeconfig=$state/kubeconfig
+export KWOK_WORKDIR=$state/kwok
+export KWOK_KUBECTL_BINARY=$bin/kubectl
+# kwokctl reads the Kubernetes version from here for its component flags.
+kube_version=$("$bin/kube-apiserver" --version 2>/dev/null | awk '{print $2}' || true)
+
+kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+need() {
+	local missing=0
+	for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
+		if [[ ! -x $bin/$b ]]; then
+			echo "cluster: bin/$b is missing: run 'make tools' first" >&2
+			missing=1
+		fi
+	done
+	return $missing
+}
+
+answers() {
+	[[ -f $kubeconfig ]] && kubectl get --raw /readyz >/dev/null 2>&1
+}
+
+kwokctl() { "$bin/kwokctl" --name "$name" "$@"; }
+
+exists() {
+	[[ -d $KWOK_WORKDIR/clusters/$name ]]
+}
+
+up() {
+	need
+	mkdir -p "$state"
+	if exists && answers; then
+		echo "cluster: $name already up"
+	else
+		if exists; then
+			echo "cluster: $name exists but does not answer; restarting it"
+			kwokctl start cluster --timeout 120s || {
+				echo "cluster: restart failed; recreating"
+				kwokctl delete cluster || true
+			}
+		fi
+		if ! answers; then
+			echo "cluster: creating $name (kube $kube_version)"
+			kwokctl create cluster \
+				--runtime binary \
+				--config "$root/dev/kwokctl.yaml" \
+				--kube-apiserver-binary "$bin/kube-apiserver" \
+				--kube-controller-manager-binary "$bin/kube-controller-manager" \
+				--kube-scheduler-binary "$bin/kube-scheduler" \
+				--kwok-controller-binary "$bin/kwok" \
+				--etcd-binary "$bin/etcd" \
+				--kube-authorization=true \
+				--kube-admission=true \
+				--wait 120s \
+				--timeout 180s \
+				--kubeconfig "$kubeconfig"
+		fi
+		kwokctl get kubeconfig >"$kubeconfig.tmp"
+		mv "$kubeconfig.tmp" "$kubeconfig"
+		chmod 600 "$kubeconfig"
+	fi
+	local i
+	for i in $(seq 1 60); do
+		answers && break
+		sleep 1
+	done
+	answers || {
+		echo "cluster: the apiserver did not become ready; logs in $KWOK_WORKDIR/clusters/$name/logs" >&2
+		exit 1
+	}
+	kubectl apply --server-side --field-manager redpilot-dev -f "$root/dev/kwok-node.yaml" >/dev/null
+	kubectl wait --for=condition=Ready node/kwok-node-0 --timeout=60s >/dev/null
+	if [[ -f $root/dev/localnode.sh ]]; then
+		bash "$root/dev/localnode.sh" start
+	fi
+	echo "cluster: up; export KUBECONFIG=$kubeconfig"
+	kubectl get nodes
+}
+
+down() {
+	if [[ -f $root/dev/localnode.sh ]]; then
+		bash "$root/dev/localnode.sh" stop || true
+	fi
+	if exists; then
+		kwokctl delete cluster || true
+	fi
+	rm -f "$kubeconfig"
+	# kwokctl stops the processes it started; make sure none outlived it.
+	local left
+	left=$(pgrep -f "$KWOK_WORKDIR/clusters/$name" || true)
+	if [[ -n $left ]]; then
+		kill $left 2>/dev/null || true
+		sleep 2
+		left=$(pgrep -f "$KWOK_WORKDIR/clusters/$name" || true)
+		[[ -z $left ]] || kill -9 $left 2>/dev/null || true
+	fi
+	echo "cluster: down"
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+status)
+	if answers; then echo "cluster: $name answers at $kubeconfig"; else
+		echo "cluster: $name does not answer"
+		exit 1
+	fi
+	;;
+*)
+	echo "usage: dev/cluster.sh up|down|status" >&2
+	exit 2
+	;;
+esac

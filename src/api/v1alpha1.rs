@@ -1,0 +1,449 @@
+//! `redpilot.io/v1alpha1`: the `Redis` custom resource.
+//!
+//! Validation lives in the schema: OpenAPI types, enums and bounds from the
+//! Rust types, and CEL rules (`x-kubernetes-validations`) for everything that
+//! crosses fields or compares with the old object. Every rule's message names
+//! the field it is about, so a bad spec is refused at `kubectl apply` with a
+//! reason a person can act on.
+
+// kube-derive takes repeated `printcolumn` and `validation` keys inside one
+// attribute, which this lint reads as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::core::{Message, Reason, Rule};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Configuration keys the operator owns: setting them in `spec.config` would
+/// break networking, persistence paths, replication or authentication.
+pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
+    "port",
+    "bind",
+    "dir",
+    "dbfilename",
+    "appendfilename",
+    "appenddirname",
+    "replicaof",
+    "slaveof",
+    "masterauth",
+    "masteruser",
+    "requirepass",
+    "aclfile",
+    "include",
+    "daemonize",
+    "supervised",
+    "pidfile",
+    "logfile",
+    "unixsocket",
+    "unixsocketperm",
+    "protected-mode",
+    "tls-port",
+    "tls-cert-file",
+    "tls-key-file",
+    "tls-ca-cert-file",
+    "cluster-enabled",
+    "cluster-config-file",
+    "rename-command",
+    "replica-announce-ip",
+    "slave-announce-ip",
+    "replica-announce-port",
+    "slave-announce-port",
+    "maxmemory",
+    "save",
+    "appendonly",
+    "appendfsync",
+];
+
+fn quoted_owned_keys() -> String {
+    OPERATOR_OWNED_CONFIG
+        .iter()
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// CEL rule refusing operator-owned keys in `spec.config`; its message lists
+/// the offending keys. Built from [`OPERATOR_OWNED_CONFIG`] so the list has
+/// one source.
+fn config_owned_keys_rule() -> Rule {
+    let list = quoted_owned_keys();
+    Rule::new(format!("self.all(k, !(k in [{list}]))"))
+        .message(Message::Expression(format!(
+            "'spec.config: ' + self.filter(k, k in [{list}]).join(', ') + ' is managed by the operator and cannot be set here (use the dedicated spec fields: auth, storage, persistence, resources)'"
+        )))
+        .reason(Reason::FieldValueForbidden)
+}
+
+fn config_key_format_rule() -> Rule {
+    Rule::new("self.all(k, k.matches('^[a-z][a-z0-9-]*$'))").message(
+        "spec.config: keys must be lowercase redis.conf parameter names (letters, digits and '-')",
+    )
+}
+
+fn config_value_line_rule() -> Rule {
+    Rule::new("self.all(k, !self[k].contains('\\n'))")
+        .message("spec.config: values must be a single line")
+}
+
+/// Desired state of a Redis (or Valkey) deployment.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "redpilot.io",
+    version = "v1alpha1",
+    kind = "Redis",
+    plural = "redis",
+    singular = "redis",
+    namespaced,
+    shortname = "rds",
+    category = "redpilot",
+    status = "RedisStatus",
+    doc = "A Redis or Valkey deployment managed by Redpilot: standalone, or a primary with replicas.",
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".status.currentVersion"
+    ),
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.primary"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(
+    validation = Rule::new("self.mode != 'Standalone' || !has(self.instances) || self.instances == 1")
+        .message("spec.instances: Standalone mode runs exactly 1 instance; use mode Replication for more")
+        .field_path(".instances"),
+    validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
+        .message("spec.storage cannot be added or removed after creation")
+        .field_path(".storage"),
+    validation = Rule::new("self.engine == oldSelf.engine")
+        .message("spec.engine is immutable: create a new resource to change engines")
+        .field_path(".engine"),
+    validation = Rule::new("self.mode == oldSelf.mode")
+        .message("spec.mode is immutable")
+        .field_path(".mode"),
+    validation = Rule::new("has(self.image) || (self.engine == 'Redis' ? self.version.matches('^[67][.]') : self.version.matches('^[789][.]'))")
+        .message("spec.version: Redis supports versions 6.x and 7.x, Valkey 7.x to 9.x (or set spec.image)")
+        .field_path(".version"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisSpec {
+    /// Topology: `Standalone` (one instance) or `Replication` (one primary and
+    /// `instances - 1` replicas). Immutable.
+    #[serde(default)]
+    pub mode: Mode,
+
+    /// Server engine: `Redis` or `Valkey`. Immutable.
+    #[serde(default)]
+    pub engine: Engine,
+
+    /// Engine version, `MAJOR.MINOR` or `MAJOR.MINOR.PATCH`; the image is
+    /// derived from engine and version unless `image` is set.
+    #[serde(default = "default_version")]
+    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"), length(max = 32))]
+    pub version: String,
+
+    /// Container image overriding the one derived from engine and version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// Number of instances: 1 primary plus replicas. Defaults to 1 for
+    /// Standalone and 3 for Replication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 15))]
+    pub instances: Option<i32>,
+
+    /// CPU and memory for the server container. `maxmemory` is derived from
+    /// the memory limit (or request) when one is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// redis.conf parameters, e.g. `maxmemory-policy: allkeys-lru`. Keys the
+    /// operator manages (port, dir, replicaof, requirepass, ...) are refused.
+    /// Dynamic parameters are applied live; others roll the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(
+        validation = config_owned_keys_rule(),
+        validation = config_key_format_rule(),
+        validation = config_value_line_rule()
+    )]
+    #[schemars(extend("maxProperties" = 128))]
+    pub config: BTreeMap<String, String>,
+
+    /// Authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+
+    /// Persistent storage; without it data lives in an emptyDir and is lost
+    /// with the pod. Cannot be added or removed after creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
+
+    /// RDB snapshots and the append-only file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence: Option<PersistenceSpec>,
+
+    /// Scheduling and metadata for the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplateSpec>,
+
+    /// When true the operator stops changing children (no applies, no
+    /// replication changes) but keeps the status up to date.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_version() -> String {
+    "7.0".to_string()
+}
+
+/// Deployment topology.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum Mode {
+    /// A single instance.
+    #[default]
+    Standalone,
+    /// One primary and asynchronous replicas.
+    Replication,
+}
+
+/// Server engine.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum Engine {
+    /// Redis (`redis:<version>` images).
+    #[default]
+    Redis,
+    /// Valkey (`valkey/valkey:<version>` images).
+    Valkey,
+}
+
+/// Authentication settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// A Secret in the same namespace whose `password` key holds the password.
+    /// When absent the operator generates one in `<name>-auth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+}
+
+/// Persistent volume settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("isQuantity(self.size) && quantity(self.size).isGreaterThan(quantity('0'))")
+        .message("spec.storage.size must be a positive quantity such as 1Gi")
+        .field_path(".size"),
+    validation = Rule::new("!isQuantity(self.size) || !isQuantity(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0")
+        .message("spec.storage.size cannot shrink")
+        .field_path(".size"),
+    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)")
+        .message("spec.storage.storageClassName is immutable")
+        .field_path(".storageClassName"),
+)]
+pub struct StorageSpec {
+    /// Volume size per instance, e.g. `1Gi`.
+    #[schemars(schema_with = "quantity_string")]
+    pub size: Quantity,
+    /// StorageClass of the volumes; the cluster default when absent. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+    /// Keep the volumes when the Redis is deleted (default true).
+    #[serde(default = "default_true")]
+    pub retain_on_delete: bool,
+}
+
+fn quantity_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 64,
+        "description": "A Kubernetes quantity, e.g. 1Gi or 500Mi."
+    })
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Persistence settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistenceSpec {
+    /// Periodic RDB snapshots (default true).
+    #[serde(default = "default_true")]
+    pub rdb: bool,
+    /// Append-only file fsync policy: `Off` (no AOF), `EverySec` or `Always`.
+    #[serde(default)]
+    pub aof: AofPolicy,
+}
+
+impl Default for PersistenceSpec {
+    fn default() -> Self {
+        PersistenceSpec {
+            rdb: true,
+            aof: AofPolicy::Off,
+        }
+    }
+}
+
+/// Append-only file policy.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum AofPolicy {
+    /// No append-only file.
+    #[default]
+    Off,
+    /// fsync once per second.
+    EverySec,
+    /// fsync after every write.
+    Always,
+}
+
+/// Pod scheduling and metadata.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateSpec {
+    /// Extra labels on the pods (operator labels win on conflict).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Node selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Affinity; when absent a preferred pod anti-affinity spreads instances
+    /// across nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Tolerations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Topology spread constraints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Priority class name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// Observed state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Human summary: Pending, Creating, Ready, Degraded, Paused, Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Ready, Progressing and Degraded, with transition times preserved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Pod name of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Engine version reported by the running servers (`INFO server`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// Ready instances out of desired, e.g. `3/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Number of ready instances.
+    #[serde(default)]
+    pub ready_instances: i32,
+    /// Per-instance facts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceStatus>,
+    /// Service for writes (always the primary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_service: Option<String>,
+    /// Service for reads from replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_service: Option<String>,
+    /// Secret holding the password (the name only, never the value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_secret: Option<String>,
+}
+
+/// Summary phase.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Phase {
+    /// Accepted, nothing created yet.
+    Pending,
+    /// Children created; waiting for instances.
+    Creating,
+    /// Every instance is ready and replication is healthy.
+    Ready,
+    /// Running, but something needs attention (see conditions).
+    Degraded,
+    /// Reconciliation of children is paused.
+    Paused,
+}
+
+/// What the operator saw of one instance.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Pod name.
+    pub name: String,
+    /// `primary`, `replica` or `unknown`.
+    pub role: String,
+    /// Whether the pod is ready.
+    pub ready: bool,
+    /// Replication offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    /// Bytes behind the primary (replicas only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Whether the replica's link to the primary is up (replicas only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_up: Option<bool>,
+}
+
+impl RedisSpec {
+    /// The number of instances, with the mode's default applied.
+    pub fn desired_instances(&self) -> i32 {
+        match (self.instances, self.mode) {
+            (Some(n), _) => n,
+            (None, Mode::Standalone) => 1,
+            (None, Mode::Replication) => 3,
+        }
+    }
+
+    /// The container image: `spec.image`, or the engine's image at `version`.
+    pub fn image(&self) -> String {
+        match &self.image {
+            Some(image) => image.clone(),
+            None => match self.engine {
+                Engine::Redis => format!("redis:{}", self.version),
+                Engine::Valkey => format!("valkey/valkey:{}", self.version),
+            },
+        }
+    }
+
+    /// Persistence settings with defaults applied.
+    pub fn persistence(&self) -> PersistenceSpec {
+        self.persistence.clone().unwrap_or_default()
+    }
+}
