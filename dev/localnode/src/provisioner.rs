@@ -89,8 +89,8 @@ impl Provisioner {
     /// Creates a PV for a pending claim of our class.
     pub async fn provision(&self, pvc: &PersistentVolumeClaim) -> Result<()> {
         let spec = pvc.spec.clone().unwrap_or_default();
-        if spec.volume_name.as_deref().is_some_and(|v| !v.is_empty()) {
-            return Ok(());
+        if let Some(pv_name) = spec.volume_name.as_deref().filter(|v| !v.is_empty()) {
+            return self.resize(pvc, pv_name).await;
         }
         if pvc.metadata.deletion_timestamp.is_some() {
             return Ok(());
@@ -178,6 +178,61 @@ impl Provisioner {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
+        Ok(())
+    }
+
+    /// Expansion, as an external resizer would do it: a directory has no
+    /// size, so the new request is recorded on the PV and the claim.
+    async fn resize(&self, pvc: &PersistentVolumeClaim, pv_name: &str) -> Result<()> {
+        let requested = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage").cloned());
+        let current = pvc
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage").cloned());
+        let (Some(requested), Some(current)) = (requested, current) else {
+            return Ok(());
+        };
+        let bytes = |q: &Quantity| crate::env::parse_quantity(&q.0, false).unwrap_or(0.0);
+        if bytes(&requested) <= bytes(&current) {
+            return Ok(());
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let Some(pv) = pvs.get_opt(pv_name).await? else {
+            return Ok(());
+        };
+        let ours = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_PROVISIONED_BY))
+            .map(String::as_str)
+            == Some(PROVISIONER);
+        if !ours {
+            return Ok(());
+        }
+        let patch = serde_json::json!({"spec": {"capacity": {"storage": requested}}});
+        pvs.patch(pv_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let (Some(ns), Some(name)) = (&pvc.metadata.namespace, &pvc.metadata.name) else {
+            return Ok(());
+        };
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        let patch = serde_json::json!({"status": {
+            "capacity": {"storage": requested},
+            "allocatedResources": {"storage": requested},
+            "allocatedResourceStatuses": null,
+            "conditions": null,
+        }});
+        claims
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        tracing::info!(pv = %pv_name, size = %requested.0, "expanded volume");
         Ok(())
     }
 
