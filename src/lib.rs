@@ -4,6 +4,7 @@
 //! Kubernetes types), [`telemetry`] sets up logging.
 
 pub mod api;
+pub mod controller;
 pub mod redis;
 pub mod telemetry;
 

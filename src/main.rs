@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Print the version and exit.
     Version,
+    /// Run the operator.
+    Run(RunArgs),
     /// Print the CustomResourceDefinitions as YAML, or write them to a file.
     Crd {
         /// Write to this file instead of standard output.
@@ -26,10 +28,51 @@ enum Command {
     },
 }
 
+/// Options of `redpilot run`. The kubeconfig comes from the usual places
+/// (in-cluster service account, `KUBECONFIG`, `~/.kube/config`).
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Namespaces to watch, comma-separated; all namespaces when empty.
+    #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]
+    watch_namespace: String,
+    /// Namespace of the leader-election Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "redpilot-system")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "redpilot-leader")]
+    lease_name: String,
+    /// Seconds a lease lasts without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     match cli.command {
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("redpilot run: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "operator stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Version => {
             println!("redpilot {}", redpilot::VERSION);
             ExitCode::SUCCESS
@@ -51,4 +94,44 @@ fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error
         None => print!("{yaml}"),
     }
     Ok(())
+}
+
+async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use redpilot::controller::{self, leader};
+
+    let client = kube::Client::try_default().await?;
+    let metrics = Arc::new(telemetry::Metrics::new()?);
+    let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let http = tokio::spawn(telemetry::serve_http(listener, metrics.clone()));
+
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let lease = leader::LeaseConfig {
+        namespace: args.leader_election_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity,
+        duration: Duration::from_secs(args.lease_duration.max(2)),
+        renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
+    };
+    leader::acquire(&client, &lease).await;
+    metrics.leader.set(1);
+    let namespaces = controller::watch_namespaces(Some(&args.watch_namespace));
+    tracing::info!(
+        version = redpilot::VERSION,
+        namespaces = ?namespaces,
+        "starting controllers (all namespaces when empty)"
+    );
+    let result = tokio::select! {
+        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone()) => Ok(()),
+        _ = leader::keep(&client, &lease) => Err("lost leadership".into()),
+    };
+    metrics.leader.set(0);
+    http.abort();
+    result
 }

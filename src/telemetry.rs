@@ -19,10 +19,117 @@ pub fn init(format: LogFormat) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match format {
         LogFormat::Json => registry
-            .with(fmt::layer().json().flatten_event(true).with_current_span(false))
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            )
             .try_init(),
         LogFormat::Text => registry.with(fmt::layer()).try_init(),
     };
     // An already-installed subscriber (tests) is not an error worth reporting.
     drop(result);
+}
+
+/// The operator's Prometheus metrics. Labels are bounded: outcomes, error
+/// categories and request verbs, never object names.
+pub struct Metrics {
+    /// The registry served at `/metrics`.
+    pub registry: prometheus::Registry,
+    /// Reconciliations by outcome (`ok`, `error`).
+    pub reconciliations: prometheus::IntCounterVec,
+    /// Failed reconciliations by error category.
+    pub reconcile_errors: prometheus::IntCounterVec,
+    /// Reconcile duration in seconds.
+    pub reconcile_duration: prometheus::Histogram,
+    /// Kubernetes API requests made by reconciles, by verb.
+    pub kube_requests: prometheus::IntCounterVec,
+    /// Whether this process holds the leader lease (0 or 1).
+    pub leader: prometheus::IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        use prometheus::{HistogramOpts, IntCounterVec, IntGauge, Opts};
+        let registry = prometheus::Registry::new();
+        let reconciliations = IntCounterVec::new(
+            Opts::new(
+                "redpilot_reconciliations_total",
+                "Reconciliations by outcome",
+            ),
+            &["result"],
+        )?;
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new(
+                "redpilot_reconcile_errors_total",
+                "Failed reconciliations by error category",
+            ),
+            &["category"],
+        )?;
+        let reconcile_duration = prometheus::Histogram::with_opts(
+            HistogramOpts::new("redpilot_reconcile_duration_seconds", "Reconcile duration")
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+        )?;
+        let kube_requests = IntCounterVec::new(
+            Opts::new(
+                "redpilot_kube_requests_total",
+                "Kubernetes API requests made by reconciles",
+            ),
+            &["verb"],
+        )?;
+        let leader = IntGauge::new(
+            "redpilot_leader",
+            "1 when this process holds the leader lease",
+        )?;
+        registry.register(Box::new(reconciliations.clone()))?;
+        registry.register(Box::new(reconcile_errors.clone()))?;
+        registry.register(Box::new(reconcile_duration.clone()))?;
+        registry.register(Box::new(kube_requests.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
+        Ok(Metrics {
+            registry,
+            reconciliations,
+            reconcile_errors,
+            reconcile_duration,
+            kube_requests,
+            leader,
+        })
+    }
+
+    /// Counts one Kubernetes request of `verb`.
+    pub fn kube(&self, verb: &str) {
+        self.kube_requests.with_label_values(&[verb]).inc();
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is
+/// dropped.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    metrics: std::sync::Arc<Metrics>,
+) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move { m.render() }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
+    axum::serve(listener, app).await
 }

@@ -93,7 +93,7 @@ fn config_value_line_rule() -> Rule {
 }
 
 /// Desired state of a Redis (or Valkey) deployment.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "redpilot.io",
     version = "v1alpha1",
@@ -203,6 +203,25 @@ pub struct RedisSpec {
     /// replication changes) but keeps the status up to date.
     #[serde(default)]
     pub paused: bool,
+}
+
+impl Default for RedisSpec {
+    fn default() -> Self {
+        RedisSpec {
+            mode: Mode::default(),
+            engine: Engine::default(),
+            version: default_version(),
+            image: None,
+            instances: None,
+            resources: None,
+            config: BTreeMap::new(),
+            auth: None,
+            storage: None,
+            persistence: None,
+            pod_template: None,
+            paused: false,
+        }
+    }
 }
 
 fn default_version() -> String {

@@ -1,0 +1,879 @@
+//! Reconciles one `Redis`: observe (children, pods, live servers) → decide →
+//! apply children in a fixed order (server-side apply, only what changed) →
+//! wire replication → restart what must restart → one status patch.
+
+pub mod build;
+pub mod plan;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use self::build::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, Names, ROLE_LABEL};
+use self::plan::{PodFacts, Role};
+use self::status::Cond;
+use super::{Context, Error, FIELD_MANAGER};
+use crate::api::v1alpha1::{Engine, InstanceStatus, Mode, Phase, Redis, RedisStatus};
+use crate::redis::info::{EngineKind, Version};
+use crate::redis::{ConnectOptions, Endpoint};
+
+/// How long to wait before looking again while something is in progress.
+const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+/// How often a healthy Redis is re-observed to keep status fresh.
+const STEADY_REQUEUE: Duration = Duration::from_secs(60);
+
+/// Entry point from the controller.
+pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if redis.meta().deletion_timestamp.is_some() {
+        // Children carry owner references: the garbage collector removes
+        // them, and the StatefulSet's PVC retention policy decides the data.
+        return Ok(Action::await_change());
+    }
+    let ns = redis.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let names = Names::new(&redis.name_any());
+    let mut r = Reconciler {
+        redis,
+        ctx,
+        ns,
+        names,
+        notes: Vec::new(),
+        progressing: Vec::new(),
+    };
+    r.run().await
+}
+
+struct Reconciler {
+    redis: Arc<Redis>,
+    ctx: Arc<Context>,
+    ns: String,
+    names: Names,
+    /// Problems to report as Degraded.
+    notes: Vec<String>,
+    /// Work in progress, reported as Progressing.
+    progressing: Vec<String>,
+}
+
+/// Whether `obj` is controlled by the Redis with `uid`.
+fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Whether an object without our owner reference may be adopted: it carries
+/// our instance and managed-by labels (left by an earlier install).
+fn adoptable(meta: &kube::api::ObjectMeta, instance: &str) -> bool {
+    let labels = meta.labels.as_ref();
+    let has = |k: &str, v: &str| labels.and_then(|l| l.get(k)).map(String::as_str) == Some(v);
+    let has_other_controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true));
+    !has_other_controller && has(INSTANCE_LABEL, instance) && has(MANAGED_BY_LABEL, MANAGED_BY)
+}
+
+impl Reconciler {
+    fn uid(&self) -> &str {
+        self.redis.metadata.uid.as_deref().unwrap_or("")
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.ns)
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        self.ctx.metrics.kube("create_event");
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .ctx
+            .recorder
+            .publish(&ev, &self.redis.object_ref(&()))
+            .await
+        {
+            tracing::warn!(error = %e, reason, "publishing an event failed");
+        }
+    }
+
+    async fn get<K>(&self, name: &str) -> Result<Option<K>, Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+        <K as Resource>::DynamicType: Default,
+    {
+        self.ctx.metrics.kube("get");
+        Ok(self.api::<K>().get_opt(name).await?)
+    }
+
+    /// Applies `desired` unless the live object was built from the same
+    /// content (its hash annotation matches). Refuses objects that belong to
+    /// someone else; adopts ones that carry our labels. Returns whether it wrote.
+    async fn apply<K>(
+        &mut self,
+        kind: &'static str,
+        desired: &K,
+        live: Option<&K>,
+    ) -> Result<bool, Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+        <K as Resource>::DynamicType: Default,
+    {
+        let name = desired
+            .meta()
+            .name
+            .clone()
+            .ok_or(Error::Incomplete("name"))?;
+        if let Some(live) = live {
+            let meta = live.meta();
+            let ours = controlled_by(meta, self.uid());
+            if !ours && !adoptable(meta, &self.redis.name_any()) {
+                return Err(Error::Conflict { kind, name });
+            }
+            if ours && build::stamped_hash(live) == build::stamped_hash(desired) {
+                return Ok(false);
+            }
+            if !ours {
+                self.event(
+                    EventType::Normal,
+                    "Adopted",
+                    "Adopt",
+                    format!("{kind} {name} carries this Redis's labels and was adopted"),
+                )
+                .await;
+            }
+        }
+        self.ctx.metrics.kube("apply");
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        self.api::<K>()
+            .patch(&name, &pp, &Patch::Apply(desired))
+            .await?;
+        Ok(true)
+    }
+
+    fn connect_options(&self, password: &str) -> ConnectOptions {
+        ConnectOptions::default()
+            .with_password(password.to_string())
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
+    }
+
+    fn engine_version(&self) -> (EngineKind, Version) {
+        let engine = match self.redis.spec.engine {
+            Engine::Redis => EngineKind::Redis,
+            Engine::Valkey => EngineKind::Valkey,
+        };
+        let version = self
+            .redis
+            .spec
+            .version
+            .parse()
+            .unwrap_or(Version::new(7, 0, 0));
+        (engine, version)
+    }
+
+    async fn run(&mut self) -> Result<Action, Error> {
+        let spec = self.redis.spec.clone();
+        let paused = spec.paused;
+
+        // 1. The password.
+        let user_secret = spec.auth.as_ref().and_then(|a| a.secret_name.clone());
+        let secret_name = user_secret
+            .clone()
+            .unwrap_or_else(|| self.names.generated_secret());
+        let live_secret: Option<Secret> = self.get(&secret_name).await?;
+        let password = match (&user_secret, live_secret) {
+            (Some(_), Some(s)) => read_password(&s, &secret_name)?,
+            (Some(_), None) => {
+                return self
+                    .fail_status(Error::Secret {
+                        name: secret_name,
+                        reason: "not found (spec.auth.secretName)".into(),
+                    })
+                    .await;
+            }
+            (None, Some(s)) => {
+                let meta = &s.metadata;
+                if !controlled_by(meta, self.uid()) && !adoptable(meta, &self.redis.name_any()) {
+                    return self
+                        .fail_status(Error::Conflict {
+                            kind: "Secret",
+                            name: secret_name,
+                        })
+                        .await;
+                }
+                read_password(&s, &secret_name)?
+            }
+            (None, None) if paused => String::new(),
+            (None, None) => {
+                let pw = build::generate_password().map_err(|e| Error::Random(e.to_string()))?;
+                let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                self.apply("Secret", &secret, None).await?;
+                self.event(
+                    EventType::Normal,
+                    "SecretCreated",
+                    "Create",
+                    format!("generated a password in Secret {secret_name}"),
+                )
+                .await;
+                pw
+            }
+        };
+        let opts = self.connect_options(&password);
+
+        // 2. Observe pods and the live servers.
+        self.ctx.metrics.kube("list");
+        let selector = build::selector_labels(&self.redis)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pods = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        let live_sts: Option<StatefulSet> = self.get(&self.names.statefulset()).await?;
+        let update_revision = live_sts
+            .as_ref()
+            .filter(|s| {
+                s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
+            })
+            .and_then(|s| s.status.as_ref()?.update_revision.clone());
+        let facts = plan::pod_facts(&pods, update_revision.as_deref());
+        let endpoints: Vec<Endpoint> = facts
+            .iter()
+            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .collect();
+        let topology = if endpoints.is_empty() || password.is_empty() {
+            None
+        } else {
+            Some(crate::redis::topology::observe(&endpoints, &opts).await)
+        };
+        let mut facts = facts;
+        if let Some(topo) = &topology {
+            plan::merge_topology(&mut facts, topo);
+        }
+
+        // 3. Decide the primary.
+        let desired = spec.desired_instances();
+        let previous_primary = self.redis.status.as_ref().and_then(|s| s.primary.clone());
+        let primary = plan::choose_primary(&facts, previous_primary.as_deref(), &self.names);
+
+        if paused {
+            self.progressing
+                .push("reconciliation is paused (spec.paused)".into());
+            return self.finish(&facts, primary.as_deref(), desired, true).await;
+        }
+
+        // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
+        let primary_ip = primary
+            .as_deref()
+            .and_then(|p| facts.iter().find(|f| f.name == p))
+            .and_then(|f| f.ip.clone());
+        let live_cm: Option<ConfigMap> = self.get(&self.names.config()).await?;
+        // Keep the last known primary address while the primary has none
+        // (restarting), so a restarting replica still finds it.
+        let cm_primary = primary_ip.clone().or_else(|| {
+            live_cm
+                .as_ref()
+                .and_then(|c| c.data.as_ref()?.get(build::PRIMARY_KEY).cloned())
+                .and_then(|v| v.split_whitespace().next().map(String::from))
+        });
+        let cm = build::config_map(&self.redis, &self.names, cm_primary.as_deref());
+        self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
+            .await?;
+
+        for svc in build::services(&self.redis, &self.names) {
+            let name = svc.metadata.name.clone().unwrap_or_default();
+            let live: Option<Service> = self.get(&name).await?;
+            self.apply_or_degrade("Service", &svc, live.as_ref())
+                .await?;
+        }
+        let pdb = build::pdb(&self.redis, &self.names);
+        let live_pdb: Option<PodDisruptionBudget> = self.get(&self.names.pdb()).await?;
+        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+            .await?;
+
+        let (engine, version) = self.engine_version();
+        let restart = build::restart_hash(&self.redis, |k| {
+            crate::redis::config::is_dynamic(k, engine, version)
+        });
+        let mut sts = build::statefulset(&self.redis, &self.names, &secret_name, &restart);
+        // Never let a scale-down remove the primary: hold the size until the
+        // primary has moved to a surviving ordinal.
+        let current_replicas = live_sts
+            .as_ref()
+            .and_then(|s| s.spec.replicas)
+            .unwrap_or(desired);
+        let primary_ordinal = primary
+            .as_deref()
+            .and_then(|p| plan::ordinal(p, &self.names));
+        let hold = matches!(primary_ordinal, Some(o) if o >= desired) && current_replicas > desired;
+        if hold {
+            sts.spec.replicas = Some(current_replicas);
+            sts = build::stamp_hash(sts);
+        }
+        let sts_written = self
+            .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())
+            .await?;
+        if sts_written && live_sts.is_some() {
+            self.progressing.push("StatefulSet updated".into());
+        }
+
+        if !self.notes.is_empty() {
+            return self
+                .finish(&facts, primary.as_deref(), desired, false)
+                .await;
+        }
+
+        // 5. Replication wiring.
+        if let (Some(p), Some(_)) = (&primary, &topology) {
+            self.wire(&facts, p, &opts).await;
+            if hold {
+                self.move_primary_for_scale_down(&facts, p, desired, &opts)
+                    .await;
+            }
+        }
+
+        // 6. Role labels (the Services select on them).
+        self.label_roles(&facts, primary.as_deref()).await?;
+
+        // 7. Live configuration.
+        self.apply_live_config(&facts, &opts, engine, version).await;
+
+        // 8. Restarts for settings that cannot change live.
+        if let Some(p) = &primary {
+            self.roll(&facts, p, desired, &opts).await?;
+        }
+
+        self.finish(&facts, primary.as_deref(), desired, false)
+            .await
+    }
+
+    /// Applies a child; a conflict with a foreign object becomes a Degraded
+    /// note and an event instead of an error (retrying would not help).
+    async fn apply_or_degrade<K>(
+        &mut self,
+        kind: &'static str,
+        desired: &K,
+        live: Option<&K>,
+    ) -> Result<bool, Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+        <K as Resource>::DynamicType: Default,
+    {
+        match self.apply(kind, desired, live).await {
+            Ok(w) => Ok(w),
+            Err(e @ Error::Conflict { .. }) => {
+                let msg = e.to_string();
+                self.event(EventType::Warning, "Conflict", "Apply", msg.clone())
+                    .await;
+                self.notes.push(msg);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn wire(&mut self, facts: &[PodFacts], primary: &str, opts: &ConnectOptions) {
+        let Some(pf) = facts.iter().find(|f| f.name == primary) else {
+            return;
+        };
+        let Some(pip) = pf.ip.clone() else {
+            self.progressing
+                .push(format!("waiting for primary {primary} to get an address"));
+            return;
+        };
+        let pep = Endpoint::new(&pip, build::REDIS_PORT);
+        if pf.role == Some(Role::Replica) {
+            match crate::redis::actions::make_primary(&pep, opts).await {
+                Ok(()) => {
+                    self.event(
+                        EventType::Normal,
+                        "PrimaryElected",
+                        "Promote",
+                        format!("{primary} promoted to primary"),
+                    )
+                    .await
+                }
+                Err(e) => {
+                    self.progressing.push(format!("promoting {primary}: {e}"));
+                    return;
+                }
+            }
+        }
+        for f in facts {
+            if f.name == primary || !f.reachable {
+                continue;
+            }
+            let Some(ip) = &f.ip else { continue };
+            let follows =
+                f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
+            if follows {
+                continue;
+            }
+            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            match crate::redis::actions::make_replica_of(&ep, &pep, opts).await {
+                Ok(()) => {
+                    self.event(
+                        EventType::Normal,
+                        "ReplicaConfigured",
+                        "Replicate",
+                        format!("{} now replicates from primary {primary}", f.name),
+                    )
+                    .await;
+                    self.progressing
+                        .push(format!("{} is synchronising from {primary}", f.name));
+                }
+                Err(e) => self
+                    .progressing
+                    .push(format!("configuring {} as replica: {e}", f.name)),
+            }
+        }
+    }
+
+    /// Before a scale-down that would remove the primary, switch over to the
+    /// surviving replica that is furthest ahead.
+    async fn move_primary_for_scale_down(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        desired: i32,
+        opts: &ConnectOptions,
+    ) {
+        let Some(target) = plan::best_replica(facts, |f| {
+            plan::ordinal(&f.name, &self.names).is_some_and(|o| o < desired)
+        }) else {
+            self.progressing
+                .push("scale-down waits for a surviving replica to take over as primary".into());
+            return;
+        };
+        self.switchover(facts, primary, &target, opts, "scale-down")
+            .await;
+    }
+
+    async fn switchover(
+        &mut self,
+        facts: &[PodFacts],
+        from: &str,
+        to: &str,
+        opts: &ConnectOptions,
+        why: &str,
+    ) -> bool {
+        let members: Vec<Endpoint> = facts
+            .iter()
+            .filter(|f| f.reachable)
+            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .collect();
+        let Some(target) = facts
+            .iter()
+            .find(|f| f.name == to)
+            .and_then(|f| f.ip.as_ref())
+            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))
+        else {
+            return false;
+        };
+        let sw = crate::redis::actions::SwitchoverOptions::default();
+        match crate::redis::actions::switchover(&members, &target, opts, &sw).await {
+            Ok(report) => {
+                self.event(
+                    EventType::Normal,
+                    "SwitchedOver",
+                    "Switchover",
+                    format!(
+                        "primary {from} → {to}: {why} (writes paused {} ms)",
+                        report.write_pause.as_millis()
+                    ),
+                )
+                .await;
+                self.progressing.push(format!("primary moved to {to}"));
+                true
+            }
+            Err(e) => {
+                self.progressing
+                    .push(format!("switchover {from} → {to} failed: {e}"));
+                false
+            }
+        }
+    }
+
+    async fn label_roles(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+    ) -> Result<(), Error> {
+        for f in facts {
+            let want = plan::role_label(f, primary);
+            if f.role_label.as_deref() == Some(want) {
+                continue;
+            }
+            let patch = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f.name, "labels": {ROLE_LABEL: want}},
+            });
+            self.ctx.metrics.kube("apply");
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            match self
+                .api::<Pod>()
+                .patch(&f.name, &pp, &Patch::Apply(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply_live_config(
+        &mut self,
+        facts: &[PodFacts],
+        opts: &ConnectOptions,
+        engine: EngineKind,
+        version: Version,
+    ) {
+        let dynamic: Vec<(&str, &str)> = self
+            .redis
+            .spec
+            .config
+            .iter()
+            .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if dynamic.is_empty() {
+            return;
+        }
+        for f in facts.iter().filter(|f| f.reachable) {
+            let Some(ip) = &f.ip else { continue };
+            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let result = async {
+                let mut node = crate::redis::Node::connect(&ep, opts).await?;
+                crate::redis::config::apply_config(&mut node, &dynamic).await
+            }
+            .await;
+            match result {
+                Ok(changes) if !changes.is_empty() => {
+                    let list = changes
+                        .iter()
+                        .map(|c| c.name)
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    self.event(
+                        EventType::Normal,
+                        "ConfigApplied",
+                        "Configure",
+                        format!("applied {list} live on {} without a restart", f.name),
+                    )
+                    .await;
+                }
+                Ok(_) => {}
+                Err(e) => self
+                    .progressing
+                    .push(format!("applying config on {}: {e}", f.name)),
+            }
+        }
+    }
+
+    /// Restarts pods running an outdated template, one at a time: replicas
+    /// first (highest ordinal first), then the primary after a switchover to
+    /// an up-to-date replica. Only when every instance is ready and caught up.
+    async fn roll(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        desired: i32,
+        opts: &ConnectOptions,
+    ) -> Result<(), Error> {
+        let outdated: Vec<&PodFacts> = facts.iter().filter(|f| f.outdated).collect();
+        if outdated.is_empty() {
+            return Ok(());
+        }
+        let all_ready = facts.len() as i32 == desired
+            && facts.iter().all(|f| f.ready && f.reachable)
+            && facts
+                .iter()
+                .filter(|f| f.name != primary)
+                .all(|f| f.link_up == Some(true));
+        self.progressing.push(format!(
+            "rolling restart: {} of {} instances outdated",
+            outdated.len(),
+            facts.len()
+        ));
+        if !all_ready {
+            return Ok(());
+        }
+        let victim = match plan::next_to_restart(facts, primary, &self.names) {
+            Some(plan::Restart::Replica(name)) => name,
+            Some(plan::Restart::PrimaryAfterSwitchover { target }) => {
+                if !self
+                    .switchover(facts, primary, &target, opts, "rolling restart")
+                    .await
+                {
+                    return Ok(());
+                }
+                primary.to_string()
+            }
+            Some(plan::Restart::Primary) => primary.to_string(),
+            None => return Ok(()),
+        };
+        self.ctx.metrics.kube("delete");
+        match self
+            .api::<Pod>()
+            .delete(&victim, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.event(
+            EventType::Normal,
+            "RollingRestart",
+            "Restart",
+            format!("restarted {victim} to apply settings that need a restart"),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn fail_status(&mut self, err: Error) -> Result<Action, Error> {
+        let msg = err.to_string();
+        self.event(EventType::Warning, "InvalidAuth", "Reconcile", msg.clone())
+            .await;
+        self.notes.push(msg);
+        let desired = self.redis.spec.desired_instances();
+        self.finish(&[], None, desired, false).await?;
+        Err(err)
+    }
+
+    /// Computes the status, patches it when it changed, and picks the requeue.
+    async fn finish(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+        desired: i32,
+        paused: bool,
+    ) -> Result<Action, Error> {
+        let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
+        let replicas_linked = facts
+            .iter()
+            .filter(|f| Some(f.name.as_str()) != primary)
+            .all(|f| f.link_up == Some(true));
+        let all_ready = ready_count == desired
+            && facts.len() as i32 == desired
+            && primary.is_some()
+            && replicas_linked
+            && facts.iter().all(|f| !f.outdated);
+        let degraded = !self.notes.is_empty();
+        let progressing = !self.progressing.is_empty() || !all_ready;
+
+        let mut conds = Vec::new();
+        conds.push(if all_ready && !degraded {
+            Cond::new(
+                "Ready",
+                true,
+                "AllInstancesReady",
+                format!("{ready_count}/{desired} instances ready, replication healthy"),
+            )
+        } else {
+            Cond::new(
+                "Ready",
+                false,
+                if degraded {
+                    "Degraded"
+                } else {
+                    "NotAllInstancesReady"
+                },
+                format!("{ready_count}/{desired} instances ready"),
+            )
+        });
+        conds.push(if paused {
+            Cond::new(
+                "Progressing",
+                false,
+                "Paused",
+                "spec.paused is true: children are not changed",
+            )
+        } else if progressing {
+            let msg = if self.progressing.is_empty() {
+                format!("waiting for instances: {ready_count}/{desired} ready")
+            } else {
+                self.progressing.join("; ")
+            };
+            Cond::new("Progressing", true, "Reconciling", msg)
+        } else {
+            Cond::new("Progressing", false, "Reconciled", "nothing to do")
+        });
+        conds.push(if degraded {
+            Cond::new("Degraded", true, "ReconcileBlocked", self.notes.join("; "))
+        } else {
+            Cond::new("Degraded", false, "AsExpected", "no problems found")
+        });
+
+        let old = self.redis.status.clone().unwrap_or_default();
+        let phase = if paused {
+            Phase::Paused
+        } else if degraded {
+            Phase::Degraded
+        } else if all_ready {
+            Phase::Ready
+        } else if facts.is_empty() {
+            Phase::Pending
+        } else {
+            Phase::Creating
+        };
+        let instances: Vec<InstanceStatus> = facts
+            .iter()
+            .map(|f| InstanceStatus {
+                name: f.name.clone(),
+                role: plan::role_label(f, primary).to_string(),
+                ready: f.ready,
+                offset: f.offset,
+                lag_bytes: f.lag_bytes,
+                link_up: f.link_up,
+            })
+            .collect();
+        let current_version = facts
+            .iter()
+            .find(|f| Some(f.name.as_str()) == primary)
+            .and_then(|f| f.version.clone())
+            .or(old.current_version.clone());
+        let user_secret = self
+            .redis
+            .spec
+            .auth
+            .as_ref()
+            .and_then(|a| a.secret_name.clone());
+        let mut status = RedisStatus {
+            observed_generation: self.redis.metadata.generation,
+            phase: Some(phase),
+            conditions: Vec::new(),
+            primary: primary.map(String::from),
+            current_version,
+            ready: Some(format!("{ready_count}/{desired}")),
+            ready_instances: ready_count,
+            instances,
+            write_service: Some(self.names.write_service()),
+            read_service: (self.redis.spec.mode == Mode::Replication)
+                .then(|| self.names.read_service()),
+            auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
+        };
+        status.conditions = status::merge(
+            &old.conditions,
+            &conds,
+            self.redis.metadata.generation,
+            Timestamp::now(),
+        );
+        // Offsets move with every write; compare without them so a busy but
+        // healthy Redis does not cause a status write per reconcile.
+        if !status_differs(&old, &status) {
+            return Ok(requeue(all_ready && !degraded));
+        }
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({"status": status});
+        self.api::<Redis>()
+            .patch_status(
+                &self.redis.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        if old.phase != status.phase
+            && let Some(p) = status.phase
+        {
+            {
+                let (t, note) = match p {
+                    Phase::Ready => (EventType::Normal, format!("all {desired} instances ready")),
+                    Phase::Degraded => (EventType::Warning, self.notes.join("; ")),
+                    _ => (EventType::Normal, format!("phase {p:?}")),
+                };
+                self.event(t, &format!("{p:?}"), "Reconcile", note).await;
+            }
+        }
+        Ok(requeue(all_ready && !degraded))
+    }
+}
+
+fn requeue(steady: bool) -> Action {
+    Action::requeue(if steady {
+        STEADY_REQUEUE
+    } else {
+        PROGRESS_REQUEUE
+    })
+}
+
+/// Whether the status changed in a way worth a write: everything but the
+/// replication offsets, which move with every write.
+fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
+    let strip = |s: &RedisStatus| {
+        let mut s = s.clone();
+        for i in &mut s.instances {
+            i.offset = None;
+        }
+        s
+    };
+    strip(old) != strip(new)
+}
+
+fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(build::PASSWORD_KEY))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(build::PASSWORD_KEY))
+                .map(|s| s.clone().into_bytes())
+        })
+        .ok_or_else(|| Error::Secret {
+            name: name.to_string(),
+            reason: format!("has no '{}' key", build::PASSWORD_KEY),
+        })?;
+    let pw = String::from_utf8(bytes).map_err(|_| Error::Secret {
+        name: name.to_string(),
+        reason: format!("key '{}' is not UTF-8", build::PASSWORD_KEY),
+    })?;
+    if pw.is_empty() || pw.contains(['\n', '\r']) {
+        return Err(Error::Secret {
+            name: name.to_string(),
+            reason: format!("key '{}' is empty or spans lines", build::PASSWORD_KEY),
+        });
+    }
+    Ok(pw)
+}

@@ -1,0 +1,383 @@
+//! Pure decisions: who is primary, what to restart next. Table-tested.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::build::{Names, ROLE_LABEL};
+use crate::redis::info;
+use crate::redis::topology::Topology;
+
+/// Replication role as observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Accepts writes.
+    Primary,
+    /// Follows a primary.
+    Replica,
+}
+
+/// What the reconciler knows about one pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodFacts {
+    /// Pod name.
+    pub name: String,
+    /// Pod IP, once assigned.
+    pub ip: Option<String>,
+    /// Pod Ready condition.
+    pub ready: bool,
+    /// Running an older template revision than the StatefulSet's.
+    pub outdated: bool,
+    /// Current value of the role label.
+    pub role_label: Option<String>,
+    /// The server answered INFO.
+    pub reachable: bool,
+    /// Observed role.
+    pub role: Option<Role>,
+    /// For replicas: the primary address (IP) they follow.
+    pub following: Option<String>,
+    /// For replicas: link to the primary is up.
+    pub link_up: Option<bool>,
+    /// Replication offset.
+    pub offset: Option<i64>,
+    /// For replicas: bytes behind.
+    pub lag_bytes: Option<i64>,
+    /// Server version.
+    pub version: Option<String>,
+}
+
+/// Facts from the pod objects alone, sorted by ordinal.
+pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
+    let mut out: Vec<PodFacts> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let status = p.status.as_ref();
+            let ready = status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let revision = p.labels().get("controller-revision-hash").cloned();
+            PodFacts {
+                name: p.name_any(),
+                ip: status
+                    .and_then(|s| s.pod_ip.clone())
+                    .filter(|s| !s.is_empty()),
+                ready,
+                outdated: match (update_revision, revision.as_deref()) {
+                    (Some(want), Some(have)) => want != have,
+                    _ => false,
+                },
+                role_label: p.labels().get(ROLE_LABEL).cloned(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
+    out
+}
+
+fn ordinal_of(name: &str) -> Option<i32> {
+    name.rsplit_once('-')?.1.parse().ok()
+}
+
+/// The StatefulSet ordinal of a pod of this Redis.
+pub fn ordinal(pod: &str, names: &Names) -> Option<i32> {
+    pod.strip_prefix(&names.statefulset())?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
+}
+
+/// Adds what the servers reported.
+pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
+    for f in facts.iter_mut() {
+        let Some(ip) = &f.ip else { continue };
+        let Some(node) = topo.nodes.iter().find(|n| n.endpoint.host() == ip) else {
+            continue;
+        };
+        f.reachable = node.reachable();
+        f.role = match node.role {
+            Some(info::Role::Primary) => Some(Role::Primary),
+            Some(info::Role::Replica) => Some(Role::Replica),
+            _ => None,
+        };
+        f.following = node.primary.as_ref().map(|e| e.host().to_string());
+        f.link_up = match f.role {
+            Some(Role::Replica) => {
+                Some(node.link == Some(info::LinkStatus::Up) && !node.sync_in_progress)
+            }
+            _ => None,
+        };
+        f.offset = node.offset;
+        f.lag_bytes = node.lag_bytes;
+        f.version = node.version.map(|v| v.to_string());
+    }
+}
+
+/// Chooses the primary:
+/// 1. the recorded primary, while its pod exists (a restarting primary is
+///    waited for, not replaced: failover is a separate decision);
+/// 2. else the reachable server already acting as primary that others follow,
+///    or with the highest offset (ties: lowest ordinal);
+/// 3. else ordinal 0, once it exists.
+pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names) -> Option<String> {
+    if let Some(r) = recorded
+        && facts.iter().any(|f| f.name == r)
+    {
+        // A switchover may have moved the role: follow the servers when
+        // every reachable replica agrees on another primary.
+        return Some(agreed_primary(facts).unwrap_or_else(|| r.to_string()));
+    }
+    if let Some(p) = agreed_primary(facts) {
+        return Some(p);
+    }
+    let mut primaries: Vec<&PodFacts> = facts
+        .iter()
+        .filter(|f| f.reachable && f.role == Some(Role::Primary))
+        .collect();
+    primaries.sort_by_key(|f| {
+        (
+            std::cmp::Reverse(f.offset.unwrap_or(0)),
+            ordinal(&f.name, names).unwrap_or(i32::MAX),
+        )
+    });
+    if let Some(best) = primaries.first()
+        && best.offset.unwrap_or(0) > 0
+    {
+        return Some(best.name.clone());
+    }
+    let first = names.pod(0);
+    facts.iter().any(|f| f.name == first).then_some(first)
+}
+
+/// The pod that every reachable replica follows, when they agree and it is a
+/// reachable primary itself.
+fn agreed_primary(facts: &[PodFacts]) -> Option<String> {
+    let replicas: Vec<&PodFacts> = facts
+        .iter()
+        .filter(|f| f.reachable && f.role == Some(Role::Replica))
+        .collect();
+    let first = replicas.first()?.following.clone()?;
+    if !replicas
+        .iter()
+        .all(|r| r.following.as_deref() == Some(first.as_str()))
+    {
+        return None;
+    }
+    facts
+        .iter()
+        .find(|f| {
+            f.ip.as_deref() == Some(first.as_str()) && f.reachable && f.role == Some(Role::Primary)
+        })
+        .map(|f| f.name.clone())
+}
+
+/// The role label a pod should carry.
+pub fn role_label(f: &PodFacts, primary: Option<&str>) -> &'static str {
+    if Some(f.name.as_str()) == primary && f.role != Some(Role::Replica) {
+        "primary"
+    } else if f.role == Some(Role::Replica) {
+        "replica"
+    } else {
+        "unknown"
+    }
+}
+
+/// The ready, linked replica furthest ahead among those `eligible` (ties:
+/// lowest ordinal).
+pub fn best_replica(facts: &[PodFacts], eligible: impl Fn(&PodFacts) -> bool) -> Option<String> {
+    facts
+        .iter()
+        .filter(|f| {
+            f.ready && f.reachable && f.role == Some(Role::Replica) && f.link_up == Some(true)
+        })
+        .filter(|f| eligible(f))
+        .max_by_key(|f| {
+            (
+                f.offset.unwrap_or(0),
+                std::cmp::Reverse(ordinal_of(&f.name).unwrap_or(0)),
+            )
+        })
+        .map(|f| f.name.clone())
+}
+
+/// What to restart next in a rolling restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// An outdated replica.
+    Replica(String),
+    /// Only the primary is outdated: switch over to `target` first.
+    PrimaryAfterSwitchover {
+        /// An up-to-date replica.
+        target: String,
+    },
+    /// The primary is the only instance.
+    Primary,
+}
+
+/// Replicas first (highest ordinal first), then the primary.
+pub fn next_to_restart(facts: &[PodFacts], primary: &str, names: &Names) -> Option<Restart> {
+    let replica = facts
+        .iter()
+        .filter(|f| f.outdated && f.name != primary)
+        .max_by_key(|f| ordinal(&f.name, names).unwrap_or(0));
+    if let Some(r) = replica {
+        return Some(Restart::Replica(r.name.clone()));
+    }
+    let p = facts.iter().find(|f| f.name == primary)?;
+    if !p.outdated {
+        return None;
+    }
+    if facts.len() == 1 {
+        return Some(Restart::Primary);
+    }
+    best_replica(facts, |f| !f.outdated).map(|target| Restart::PrimaryAfterSwitchover { target })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names::new("cache")
+    }
+
+    fn pod(i: i32, role: Option<Role>, following: Option<&str>, offset: i64) -> PodFacts {
+        PodFacts {
+            name: format!("cache-{i}"),
+            ip: Some(format!("10.0.0.{i}")),
+            ready: true,
+            reachable: true,
+            role,
+            following: following.map(String::from),
+            link_up: (role == Some(Role::Replica)).then_some(true),
+            offset: Some(offset),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fresh_instances_elect_ordinal_zero() {
+        let facts = vec![
+            pod(0, Some(Role::Primary), None, 0),
+            pod(1, Some(Role::Primary), None, 0),
+            pod(2, Some(Role::Primary), None, 0),
+        ];
+        assert_eq!(
+            choose_primary(&facts, None, &names()),
+            Some("cache-0".into())
+        );
+    }
+
+    #[test]
+    fn recorded_primary_is_kept_while_its_pod_exists() {
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("10.0.0.1"), 10),
+            pod(1, Some(Role::Primary), None, 10),
+        ];
+        facts[1].reachable = false;
+        facts[0].reachable = false;
+        assert_eq!(
+            choose_primary(&facts, Some("cache-1"), &names()),
+            Some("cache-1".into())
+        );
+    }
+
+    #[test]
+    fn servers_agreeing_on_a_new_primary_win_over_the_record() {
+        let facts = vec![
+            pod(0, Some(Role::Replica), Some("10.0.0.2"), 50),
+            pod(1, Some(Role::Replica), Some("10.0.0.2"), 50),
+            pod(2, Some(Role::Primary), None, 50),
+        ];
+        assert_eq!(
+            choose_primary(&facts, Some("cache-0"), &names()),
+            Some("cache-2".into())
+        );
+    }
+
+    #[test]
+    fn without_record_the_primary_with_data_is_kept() {
+        let facts = vec![
+            pod(0, Some(Role::Primary), None, 0),
+            pod(1, Some(Role::Primary), None, 900),
+        ];
+        assert_eq!(
+            choose_primary(&facts, None, &names()),
+            Some("cache-1".into())
+        );
+    }
+
+    #[test]
+    fn no_pods_no_primary() {
+        assert_eq!(choose_primary(&[], None, &names()), None);
+    }
+
+    #[test]
+    fn restarts_replicas_highest_first_then_primary_after_switchover() {
+        let mut facts = vec![
+            pod(0, Some(Role::Primary), None, 100),
+            pod(1, Some(Role::Replica), Some("10.0.0.0"), 100),
+            pod(2, Some(Role::Replica), Some("10.0.0.0"), 100),
+        ];
+        for f in &mut facts {
+            f.outdated = true;
+        }
+        assert_eq!(
+            next_to_restart(&facts, "cache-0", &names()),
+            Some(Restart::Replica("cache-2".into()))
+        );
+        facts[2].outdated = false;
+        assert_eq!(
+            next_to_restart(&facts, "cache-0", &names()),
+            Some(Restart::Replica("cache-1".into()))
+        );
+        facts[1].outdated = false;
+        assert_eq!(
+            next_to_restart(&facts, "cache-0", &names()),
+            Some(Restart::PrimaryAfterSwitchover {
+                target: "cache-1".into()
+            })
+        );
+        facts[0].outdated = false;
+        assert_eq!(next_to_restart(&facts, "cache-0", &names()), None);
+    }
+
+    #[test]
+    fn standalone_primary_restarts_directly() {
+        let mut facts = vec![pod(0, Some(Role::Primary), None, 1)];
+        facts[0].outdated = true;
+        assert_eq!(
+            next_to_restart(&facts, "cache-0", &names()),
+            Some(Restart::Primary)
+        );
+    }
+
+    #[test]
+    fn best_replica_prefers_offset_then_lowest_ordinal() {
+        let facts = vec![
+            pod(0, Some(Role::Primary), None, 100),
+            pod(1, Some(Role::Replica), Some("10.0.0.0"), 90),
+            pod(2, Some(Role::Replica), Some("10.0.0.0"), 100),
+            pod(3, Some(Role::Replica), Some("10.0.0.0"), 100),
+        ];
+        assert_eq!(best_replica(&facts, |_| true), Some("cache-2".into()));
+        assert_eq!(
+            best_replica(&facts, |f| f.name == "cache-1"),
+            Some("cache-1".into())
+        );
+    }
+
+    #[test]
+    fn role_labels() {
+        let p = pod(0, Some(Role::Primary), None, 1);
+        let r = pod(1, Some(Role::Replica), Some("10.0.0.0"), 1);
+        let u = PodFacts {
+            name: "cache-2".into(),
+            ..Default::default()
+        };
+        assert_eq!(role_label(&p, Some("cache-0")), "primary");
+        assert_eq!(role_label(&r, Some("cache-0")), "replica");
+        assert_eq!(role_label(&u, Some("cache-0")), "unknown");
+        assert_eq!(role_label(&p, Some("cache-1")), "unknown");
+    }
+}
