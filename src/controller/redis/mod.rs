@@ -49,6 +49,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         names,
         notes: Vec::new(),
         progressing: Vec::new(),
+        moved_primary: None,
     };
     r.run().await
 }
@@ -62,6 +63,8 @@ struct Reconciler {
     notes: Vec<String>,
     /// Work in progress, reported as Progressing.
     progressing: Vec<String>,
+    /// The primary after a switchover made by this reconcile.
+    moved_primary: Option<String>,
 }
 
 /// Whether `obj` is controlled by the Redis with `uid`.
@@ -479,8 +482,37 @@ impl Reconciler {
                 .push("scale-down waits for a surviving replica to take over as primary".into());
             return;
         };
-        self.switchover(facts, primary, &target, opts, "scale-down")
-            .await;
+        if self
+            .switchover(facts, primary, &target, opts, "scale-down")
+            .await
+            && let Err(e) = self.publish_primary(facts, &target).await
+        {
+            self.progressing
+                .push(format!("recording new primary {target}: {e}"));
+        }
+    }
+
+    /// Records `primary` in the ConfigMap (read by instances at start-up) and
+    /// in the status, right after a switchover.
+    async fn publish_primary(&mut self, facts: &[PodFacts], primary: &str) -> Result<(), Error> {
+        let ip = facts
+            .iter()
+            .find(|f| f.name == primary)
+            .and_then(|f| f.ip.clone());
+        let live: Option<ConfigMap> = self.get(&self.names.config()).await?;
+        let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
+        self.apply("ConfigMap", &cm, live.as_ref()).await?;
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({"status": {"primary": primary}});
+        self.api::<Redis>()
+            .patch_status(
+                &self.redis.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.moved_primary = Some(primary.to_string());
+        Ok(())
     }
 
     async fn switchover(
@@ -644,6 +676,9 @@ impl Reconciler {
                 {
                     return Ok(());
                 }
+                // The old primary must restart as a replica of the new one:
+                // publish the new primary before deleting it.
+                self.publish_primary(facts, &target).await?;
                 primary.to_string()
             }
             Some(plan::Restart::Primary) => primary.to_string(),
@@ -835,8 +870,13 @@ fn requeue(steady: bool) -> Action {
     })
 }
 
-/// Whether the status changed in a way worth a write: everything but the
-/// replication offsets, which move with every write.
+/// Offsets are refreshed in the status once one has moved this far, so a busy
+/// Redis does not cost a status write per reconcile.
+const OFFSET_REFRESH_BYTES: i64 = 1 << 20;
+
+/// Whether the status changed in a way worth a write: anything but the
+/// replication offsets, or an offset that moved by more than
+/// [`OFFSET_REFRESH_BYTES`].
 fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
     let strip = |s: &RedisStatus| {
         let mut s = s.clone();
@@ -845,7 +885,16 @@ fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
         }
         s
     };
-    strip(old) != strip(new)
+    if strip(old) != strip(new) {
+        return true;
+    }
+    old.instances
+        .iter()
+        .zip(&new.instances)
+        .any(|(a, b)| match (a.offset, b.offset) {
+            (Some(x), Some(y)) => (x - y).abs() >= OFFSET_REFRESH_BYTES,
+            (x, y) => x.is_some() != y.is_some(),
+        })
 }
 
 fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {

@@ -114,21 +114,25 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
 }
 
 /// Chooses the primary:
-/// 1. the recorded primary, while its pod exists (a restarting primary is
-///    waited for, not replaced: failover is a separate decision);
-/// 2. else the reachable server already acting as primary that others follow,
-///    or with the highest offset (ties: lowest ordinal);
-/// 3. else ordinal 0, once it exists.
+/// 1. what the servers say: the one reachable primary that linked replicas
+///    follow (after a switchover this is the new primary, whatever the
+///    record says);
+/// 2. else the recorded primary, while its pod exists (a restarting primary
+///    is waited for, not replaced: failover is a separate decision);
+/// 3. else the reachable primary with data and the highest offset (ties:
+///    lowest ordinal);
+/// 4. else ordinal 0, once it exists.
+///
+/// A replica whose link is down never decides anything: it may follow an
+/// address that no longer exists.
 pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names) -> Option<String> {
+    if let Some(p) = followed_primary(facts) {
+        return Some(p);
+    }
     if let Some(r) = recorded
         && facts.iter().any(|f| f.name == r)
     {
-        // A switchover may have moved the role: follow the servers when
-        // every reachable replica agrees on another primary.
-        return Some(agreed_primary(facts).unwrap_or_else(|| r.to_string()));
-    }
-    if let Some(p) = agreed_primary(facts) {
-        return Some(p);
+        return Some(r.to_string());
     }
     let mut primaries: Vec<&PodFacts> = facts
         .iter()
@@ -149,26 +153,29 @@ pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names)
     facts.iter().any(|f| f.name == first).then_some(first)
 }
 
-/// The pod that every reachable replica follows, when they agree and it is a
-/// reachable primary itself.
-fn agreed_primary(facts: &[PodFacts]) -> Option<String> {
-    let replicas: Vec<&PodFacts> = facts
+/// The reachable primary followed by linked replicas, when exactly one
+/// primary has such followers.
+fn followed_primary(facts: &[PodFacts]) -> Option<String> {
+    let mut found: Option<&PodFacts> = None;
+    for p in facts
         .iter()
-        .filter(|f| f.reachable && f.role == Some(Role::Replica))
-        .collect();
-    let first = replicas.first()?.following.clone()?;
-    if !replicas
-        .iter()
-        .all(|r| r.following.as_deref() == Some(first.as_str()))
+        .filter(|f| f.reachable && f.role == Some(Role::Primary))
     {
-        return None;
+        let Some(ip) = p.ip.as_deref() else { continue };
+        let followed = facts.iter().any(|r| {
+            r.reachable
+                && r.role == Some(Role::Replica)
+                && r.link_up == Some(true)
+                && r.following.as_deref() == Some(ip)
+        });
+        if followed {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(p);
+        }
     }
-    facts
-        .iter()
-        .find(|f| {
-            f.ip.as_deref() == Some(first.as_str()) && f.reachable && f.role == Some(Role::Primary)
-        })
-        .map(|f| f.name.clone())
+    found.map(|p| p.name.clone())
 }
 
 /// The role label a pod should carry.
@@ -265,6 +272,36 @@ mod tests {
         assert_eq!(
             choose_primary(&facts, None, &names()),
             Some("cache-0".into())
+        );
+    }
+
+    #[test]
+    fn replica_with_a_dead_link_does_not_outvote_the_followed_primary() {
+        // After a switchover cache-1 leads; cache-0 restarted and follows a
+        // stale address with its link down; the record still says cache-0.
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("10.0.0.99"), 0),
+            pod(1, Some(Role::Primary), None, 500),
+            pod(2, Some(Role::Replica), Some("10.0.0.1"), 500),
+        ];
+        facts[0].link_up = Some(false);
+        assert_eq!(
+            choose_primary(&facts, Some("cache-0"), &names()),
+            Some("cache-1".into())
+        );
+    }
+
+    #[test]
+    fn two_followed_primaries_fall_back_to_the_record() {
+        let facts = vec![
+            pod(0, Some(Role::Primary), None, 10),
+            pod(1, Some(Role::Replica), Some("10.0.0.0"), 10),
+            pod(2, Some(Role::Primary), None, 10),
+            pod(3, Some(Role::Replica), Some("10.0.0.2"), 10),
+        ];
+        assert_eq!(
+            choose_primary(&facts, Some("cache-2"), &names()),
+            Some("cache-2".into())
         );
     }
 
