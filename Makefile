@@ -17,7 +17,7 @@ TOOL_GROUPS_CLUSTER := kube etcd kwok
 TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER)
 
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down test integration test-integration run version clean help
+	cluster-up cluster-down test integration run run-stop version clean help
 
 all: build
 
@@ -71,6 +71,9 @@ test: lint unit tools cluster-up
 
 run: tools-cluster engines
 	bash dev/run.sh
+
+run-stop:
+	@if [ -f .dev/operator.pid ]; then kill $$(cat .dev/operator.pid) 2>/dev/null || true; rm -f .dev/operator.pid; echo "operator stopped"; fi
 
 version:
 	$(CARGO) run --quiet -- version

@@ -1,23 +1,74 @@
 #!/usr/bin/env bash
-# `make run`: uses the cluster named by KUBECONFIG when it answers; otherwise
-# brings up the local dev cluster (dev/cluster.sh up) and uses that.
+# `make run`: a working Redpilot in one command.
+#
+# 1. Uses the cluster named by KUBECONFIG when it answers; otherwise brings up
+#    the local dev cluster (dev/cluster.sh up) and uses that.
+# 2. Installs the CRDs and RBAC, builds the operator and starts it in the
+#    background (log: .dev/operator.log; stop: make run-stop).
+# 3. Applies the Replication sample, waits until it is Ready and prints how to
+#    connect.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/bin
+state=$root/.dev
+sample=${SAMPLE:-$root/config/samples/redpilot_v1alpha1_redis_replication.yaml}
+ns=${NAMESPACE:-default}
+mkdir -p "$state"
 
 if [[ -n ${KUBECONFIG:-} ]] && "$bin/kubectl" get --raw /readyz >/dev/null 2>&1; then
 	echo "run: using the cluster configured by KUBECONFIG=$KUBECONFIG"
 else
 	bash "$root/dev/cluster.sh" up
-	export KUBECONFIG=$root/.dev/kubeconfig
+	export KUBECONFIG=$state/kubeconfig
+fi
+kubectl() { "$bin/kubectl" "$@"; }
+
+echo "run: installing CRDs"
+kubectl apply --server-side --force-conflicts --field-manager redpilot-dev -f "$root/crds/" >/dev/null
+kubectl wait --for=condition=Established crd/redis.redpilot.io --timeout=60s >/dev/null
+if [[ -d $root/config/rbac ]]; then
+	kubectl create namespace redpilot-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+	kubectl apply --server-side --force-conflicts --field-manager redpilot-dev -k "$root/config/rbac" >/dev/null
 fi
 
-"$bin/kubectl" version
-"$bin/kubectl" get nodes -o wide
+echo "run: building the operator"
+(cd "$root" && cargo build --quiet --bin redpilot)
+target=${CARGO_TARGET_DIR:-$root/target}
+operator=$target/debug/redpilot
+
+if [[ -f $state/operator.pid ]] && kill -0 "$(cat "$state/operator.pid")" 2>/dev/null; then
+	echo "run: stopping the previous operator (pid $(cat "$state/operator.pid"))"
+	kill "$(cat "$state/operator.pid")" || true
+	sleep 1
+fi
+kubectl create namespace redpilot-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+POD_NAMESPACE=redpilot-system nohup "$operator" run --log-format text \
+	--metrics-addr 127.0.0.1:${METRICS_PORT:-8080} >"$state/operator.log" 2>&1 &
+echo $! >"$state/operator.pid"
+echo "run: operator started (pid $(cat "$state/operator.pid"), log $state/operator.log, metrics http://127.0.0.1:${METRICS_PORT:-8080}/metrics)"
+
+name=$(awk '/^  name:/ {print $2; exit}' "$sample")
+echo "run: applying $(basename "$sample") as redis/$name in namespace $ns"
+kubectl apply -n "$ns" -f "$sample" >/dev/null
+if ! kubectl wait -n "$ns" "redis/$name" --for=condition=Ready --timeout=180s >/dev/null; then
+	echo "run: redis/$name did not become Ready within 180s" >&2
+	kubectl describe -n "$ns" "redis/$name" >&2 || true
+	tail -n 30 "$state/operator.log" >&2 || true
+	exit 1
+fi
+kubectl get -n "$ns" redis "$name"
+
+primary=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.status.primary}')
+ip=$(kubectl get -n "$ns" pod "$primary" -o jsonpath='{.status.podIP}')
+secret=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.status.authSecret}')
 cat <<MSG
 
-The cluster is ready. Connect with:
+Redis $ns/$name is Ready. Its primary is $primary at $ip:6379.
+Connect:
   export KUBECONFIG=$KUBECONFIG
-  $bin/kubectl get nodes
-Stop it with: make cluster-down
+  export REDISCLI_AUTH=\$($bin/kubectl get secret -n $ns $secret -o jsonpath='{.data.password}' | base64 -d)
+  redis-cli -h $ip -p 6379 ping
+Inside the cluster the Services are $name (read-write, the primary) and $name-ro (replicas).
+Watch it:   $bin/kubectl get redis -n $ns -w
+Stop:       make run-stop   (the operator)   |   make cluster-down   (everything)
 MSG

@@ -73,10 +73,15 @@ fn quoted_owned_keys() -> String {
 /// the offending keys. Built from [`OPERATOR_OWNED_CONFIG`] so the list has
 /// one source.
 fn config_owned_keys_rule() -> Rule {
+    // Iterating the constant list (and looking each key up in the map) keeps
+    // the estimated CEL cost low enough for the apiserver's budget.
     let list = quoted_owned_keys();
-    Rule::new(format!("self.all(k, !(k in [{list}]))"))
-        .message(Message::Expression(format!(
-            "'spec.config: ' + self.filter(k, k in [{list}]).join(', ') + ' is managed by the operator and cannot be set here (use the dedicated spec fields: auth, storage, persistence, resources)'"
+    // A messageExpression naming only the offending keys exceeds the CEL
+    // cost budget, so the message lists every operator-owned key.
+    Rule::new(format!("![{list}].exists(k, k in self)"))
+        .message(Message::Message(format!(
+            "spec.config: these keys are managed by the operator and cannot be set here (use the dedicated spec fields: auth, storage, persistence, resources): {}",
+            OPERATOR_OWNED_CONFIG.join(", ")
         )))
         .reason(Reason::FieldValueForbidden)
 }
@@ -179,7 +184,7 @@ pub struct RedisSpec {
         validation = config_key_format_rule(),
         validation = config_value_line_rule()
     )]
-    #[schemars(extend("maxProperties" = 128))]
+    #[schemars(schema_with = "config_schema")]
     pub config: BTreeMap<String, String>,
 
     /// Authentication.
@@ -290,6 +295,14 @@ pub struct StorageSpec {
     pub retain_on_delete: bool,
 }
 
+fn config_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": 64,
+        "additionalProperties": {"type": "string", "maxLength": 512}
+    })
+}
+
 fn quantity_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "string",
@@ -309,7 +322,7 @@ pub struct PersistenceSpec {
     /// Periodic RDB snapshots (default true).
     #[serde(default = "default_true")]
     pub rdb: bool,
-    /// Append-only file fsync policy: `Off` (no AOF), `EverySec` or `Always`.
+    /// Append-only file fsync policy: `Disabled` (no AOF), `EverySec` or `Always`.
     #[serde(default)]
     pub aof: AofPolicy,
 }
@@ -318,7 +331,7 @@ impl Default for PersistenceSpec {
     fn default() -> Self {
         PersistenceSpec {
             rdb: true,
-            aof: AofPolicy::Off,
+            aof: AofPolicy::Disabled,
         }
     }
 }
@@ -330,7 +343,7 @@ impl Default for PersistenceSpec {
 pub enum AofPolicy {
     /// No append-only file.
     #[default]
-    Off,
+    Disabled,
     /// fsync once per second.
     EverySec,
     /// fsync after every write.

@@ -256,7 +256,7 @@ fn base_config(redis: &Redis) -> Vec<String> {
         lines.push("save \"\"".to_string());
     }
     match p.aof {
-        AofPolicy::Off => lines.push("appendonly no".to_string()),
+        AofPolicy::Disabled => lines.push("appendonly no".to_string()),
         AofPolicy::EverySec => {
             lines.push("appendonly yes".to_string());
             lines.push("appendfsync everysec".to_string());
