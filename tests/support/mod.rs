@@ -9,6 +9,8 @@
 //! Include it from a test crate with `mod support;`.
 #![allow(dead_code)]
 
+pub mod operator;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;

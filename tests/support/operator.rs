@@ -1,0 +1,723 @@
+//! Runs the operator as the suites' system under test: installs the CRDs and
+//! `config/rbac/`, then starts `redpilot run` as a child process that
+//! authenticates as the ServiceAccount `redpilot-system/redpilot-operator`
+//! (a TokenRequest token in a kubeconfig of its own), so the suites prove the
+//! operator works with exactly the permissions of `config/rbac/` and not as
+//! cluster admin.
+//!
+//! Also: helpers for `Redis` objects (apply, wait for Ready with diagnostics),
+//! the generated password, connections to pod IPs, `bin/kubectl`, the
+//! operator's Prometheus metrics, its log and its RSS.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource};
+use redpilot::api::v1alpha1::Redis;
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize as _, Serialize};
+use serde_json::{Value, json};
+
+use super::{kubeconfig_path, repo_root, unique_name, wait_for};
+
+/// Field manager of everything the suites apply.
+pub const FIELD_MANAGER: &str = "redpilot-tests";
+/// Namespace of the operator's ServiceAccount and of its leader-election Lease.
+pub const OPERATOR_NAMESPACE: &str = "redpilot-system";
+/// The operator's ServiceAccount (config/rbac/service_account.yaml).
+pub const SERVICE_ACCOUNT: &str = "redpilot-operator";
+/// The files of `config/rbac/`, in the order they are applied.
+pub const RBAC_FILES: &[&str] = &[
+    "service_account.yaml",
+    "role.yaml",
+    "role_binding.yaml",
+    "leader_election_role.yaml",
+    "leader_election_role_binding.yaml",
+];
+
+fn ssa() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+// ---------------------------------------------------------------------------
+// CRDs and RBAC
+// ---------------------------------------------------------------------------
+
+pub fn crds_path() -> PathBuf {
+    match std::env::var_os("REDPILOT_TEST_CRDS") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => repo_root().join("crds/redis.yaml"),
+    }
+}
+
+/// The CRDs of the checked-in `crds/redis.yaml` (or of the file named by
+/// `REDPILOT_TEST_CRDS`, to try a candidate CRD without touching the tree).
+pub fn checked_in_crds() -> Vec<CustomResourceDefinition> {
+    let path = crds_path();
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            CustomResourceDefinition::deserialize(doc)
+                .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// Installs (server-side applies) `crds/redis.yaml` and waits until every CRD
+/// is Established. Fails with the apiserver's reason when it refuses them.
+pub async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in checked_in_crds() {
+        let name = crd.metadata.name.clone().expect("CRD has a name");
+        api.patch(&name, &ssa(), &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the apiserver refused CRD {name} from {}: {e}\n\
+                     (fix the type or rule in src/api/, then `cargo run -- crd --output crds/redis.yaml`)",
+                    crds_path().display()
+                )
+            });
+        wait_for(
+            &format!("CRD {name} to be Established"),
+            Duration::from_secs(30),
+            || async {
+                let crd = api.get(&name).await.ok()?;
+                let conds = crd.status?.conditions?;
+                conds
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+fn read_yaml_docs(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+async fn apply_typed<K>(api: Api<K>, doc: &Value)
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .expect("RBAC object has metadata.name");
+    api.patch(name, &ssa(), &Patch::Apply(doc))
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", doc["kind"]));
+}
+
+/// Creates the operator namespace and applies every file of `config/rbac/`
+/// with the admin client.
+pub async fn apply_rbac(client: &Client) {
+    let ns: Api<Namespace> = Api::all(client.clone());
+    ns.patch(
+        OPERATOR_NAMESPACE,
+        &ssa(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": OPERATOR_NAMESPACE},
+        })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating namespace {OPERATOR_NAMESPACE}: {e}"));
+    for file in RBAC_FILES {
+        let path = repo_root().join("config/rbac").join(file);
+        for doc in read_yaml_docs(&path) {
+            let namespace = doc["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or(OPERATOR_NAMESPACE)
+                .to_string();
+            match doc["kind"].as_str() {
+                Some("ServiceAccount") => {
+                    apply_typed::<ServiceAccount>(Api::namespaced(client.clone(), &namespace), &doc)
+                        .await
+                }
+                Some("ClusterRole") => {
+                    apply_typed::<ClusterRole>(Api::all(client.clone()), &doc).await
+                }
+                Some("ClusterRoleBinding") => {
+                    apply_typed::<ClusterRoleBinding>(Api::all(client.clone()), &doc).await
+                }
+                Some("Role") => {
+                    apply_typed::<Role>(Api::namespaced(client.clone(), &namespace), &doc).await
+                }
+                Some("RoleBinding") => {
+                    apply_typed::<RoleBinding>(Api::namespaced(client.clone(), &namespace), &doc)
+                        .await
+                }
+                other => panic!("{}: unexpected kind {other:?}", path.display()),
+            }
+        }
+    }
+}
+
+/// Writes a kubeconfig that authenticates as the operator's ServiceAccount
+/// with a fresh one-hour TokenRequest token, against the server and CA of the
+/// test cluster's kubeconfig.
+pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {OPERATOR_NAMESPACE}/{SERVICE_ACCOUNT}: {e}"))
+        .status
+        .expect("TokenRequest has a status")
+        .token;
+
+    let admin_path = kubeconfig_path();
+    let admin: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(&admin_path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", admin_path.display())),
+    )
+    .unwrap_or_else(|e| panic!("parsing {}: {e}", admin_path.display()));
+    let current = admin["current-context"].as_str().unwrap_or_default();
+    let cluster_name = admin["contexts"]
+        .as_sequence()
+        .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some(current)))
+        .and_then(|c| c["context"]["cluster"].as_str())
+        .unwrap_or_else(|| panic!("{}: no current context", admin_path.display()));
+    let cluster = admin["clusters"]
+        .as_sequence()
+        .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some(cluster_name)))
+        .map(|c| c["cluster"].clone())
+        .unwrap_or_else(|| panic!("{}: no cluster {cluster_name}", admin_path.display()));
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": SERVICE_ACCOUNT}}],
+        "current-context": "operator",
+    });
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        serde_yaml::to_string(&config).expect("kubeconfig yaml"),
+    )
+    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
+// ---------------------------------------------------------------------------
+// The operator process
+// ---------------------------------------------------------------------------
+
+/// How to start one operator process.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// A short name for logs and the process identity (`POD_NAME`).
+    pub name: String,
+    /// `WATCH_NAMESPACE`: the namespaces it reconciles.
+    pub watch_namespaces: Vec<String>,
+    /// The leader-election Lease in `redpilot-system`.
+    pub lease_name: String,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl OperatorOptions {
+    /// An operator watching `namespaces`, with a Lease of its own (so suites
+    /// running side by side do not elect each other's operators).
+    pub fn watching(namespaces: &[&str]) -> Self {
+        OperatorOptions {
+            name: unique_name("op"),
+            watch_namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+            lease_name: unique_name("redpilot-leader"),
+            env: Vec::new(),
+        }
+    }
+
+    /// The same watch list and Lease under another process name.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = unique_name(name);
+        self
+    }
+}
+
+/// A running `redpilot run`, killed when dropped. When the test panics, the
+/// drop prints the log's path and its last lines.
+pub struct Operator {
+    child: Option<Child>,
+    /// Options it was started with.
+    pub opts: OperatorOptions,
+    /// stderr + stdout of the process.
+    pub log_path: PathBuf,
+    /// Where its Prometheus metrics are served.
+    pub metrics_addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+fn free_loopback_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The operator binary under test.
+pub fn operator_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_redpilot"))
+}
+
+/// Directory for operator logs (`$CARGO_TARGET_TMPDIR/operator-logs`).
+pub fn log_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator-logs");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// Installs the CRDs and RBAC, then starts one operator as the ServiceAccount.
+pub async fn start_operator(client: &Client, opts: OperatorOptions) -> Operator {
+    install_crds(client).await;
+    apply_rbac(client).await;
+    spawn_operator(client, opts).await
+}
+
+/// Starts one operator as the ServiceAccount (CRDs and RBAC must be in place).
+pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = service_account_kubeconfig(client, dir.path()).await;
+    let log_path = log_dir().join(format!("{}.log", opts.name));
+    let log = std::fs::File::create(&log_path)
+        .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
+    let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_loopback_port())
+        .parse()
+        .expect("socket addr");
+    let bin = operator_binary();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["run", "--log-format", "text"])
+        .args(["--metrics-addr", &metrics_addr.to_string()])
+        .args(["--leader-election-namespace", OPERATOR_NAMESPACE])
+        .args(["--lease-name", &opts.lease_name])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", &kubeconfig)
+        .env("WATCH_NAMESPACE", opts.watch_namespaces.join(","))
+        .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
+        .env("POD_NAME", &opts.name)
+        .env(
+            "RUST_LOG",
+            std::env::var("REDPILOT_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log);
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let mut op = Operator {
+        child: Some(child),
+        opts,
+        log_path,
+        metrics_addr,
+        _dir: dir,
+    };
+    // Up means: the metrics endpoint answers. A process that exits first is a
+    // failure, with its log.
+    let start = Instant::now();
+    loop {
+        if let Some(status) = op.exit_status() {
+            panic!(
+                "the operator `{} run` exited at start with {status}; log {}:\n{}",
+                op.log_path.display(),
+                bin.display(),
+                op.log_tail(40)
+            );
+        }
+        if op.metrics().await.is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            eprintln!(
+                "warning: operator {} does not serve metrics on {} after 20s; carrying on (log {})",
+                op.opts.name,
+                op.metrics_addr,
+                op.log_path.display()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    op
+}
+
+impl Operator {
+    /// Process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The exit status if it has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exit_status().is_none()
+    }
+
+    /// SIGKILL (a crash: no lease release) and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM (a graceful stop) and wait up to `timeout`; SIGKILL after.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
+    /// Resident set size in KiB (`VmRSS` of /proc/<pid>/status).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let pid = self.pid()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Everything the process logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log_path) {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+            let _ = f.read_to_string(&mut text);
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The `/metrics` page, or `None` when it does not answer.
+    pub async fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_addr, "/metrics").await
+    }
+
+    /// Sum of every sample of metric family `name` (all label sets), or `None`
+    /// when the page or the family is missing.
+    pub async fn metric_sum(&self, name: &str) -> Option<f64> {
+        metric_sum(&self.metrics().await?, name)
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- operator {} log: {} (last 60 lines) ---\n{}\n--- end of operator log ---",
+                self.opts.name,
+                self.log_path.display(),
+                self.log_tail(60)
+            );
+        }
+        self.kill();
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback; the body on a 200.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let status_ok = head
+            .lines()
+            .next()
+            .is_some_and(|l| l.split_whitespace().nth(1) == Some("200"));
+        status_ok.then(|| body.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Sums the samples of a Prometheus text-format family (`name` and
+/// `name{...}` lines; not `name_bucket` etc.).
+pub fn metric_sum(page: &str, name: &str) -> Option<f64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let after_labels = match rest.strip_prefix('{') {
+            Some(r) => r.rfind('}').map(|i| &r[i + 1..]).unwrap_or(""),
+            None => rest,
+        };
+        // `value [timestamp]`
+        let value = after_labels
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok());
+        if let Some(v) = value {
+            found = true;
+            sum += v;
+        }
+    }
+    found.then_some(sum)
+}
+
+/// The holder of Lease `name` in `redpilot-system`.
+pub async fn lease_holder(client: &Client, name: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    leases.get_opt(name).await.ok()??.spec?.holder_identity
+}
+
+// ---------------------------------------------------------------------------
+// Redis objects
+// ---------------------------------------------------------------------------
+
+/// `Api<Redis>` in `ns`.
+pub fn redis_api(client: &Client, ns: &str) -> Api<Redis> {
+    Api::namespaced(client.clone(), ns)
+}
+
+/// Server-side applies Redis `name` with `spec` (JSON) as the test manager.
+pub async fn apply_redis(client: &Client, ns: &str, name: &str, spec: Value) -> Redis {
+    let obj = json!({
+        "apiVersion": "redpilot.io/v1alpha1",
+        "kind": "Redis",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    });
+    redis_api(client, ns)
+        .patch(name, &ssa(), &Patch::Apply(&obj))
+        .await
+        .unwrap_or_else(|e| panic!("applying Redis {ns}/{name}: {e}"))
+}
+
+/// Merge-patches Redis `name`.
+pub async fn patch_redis(client: &Client, ns: &str, name: &str, patch: Value) -> Redis {
+    redis_api(client, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("patching Redis {ns}/{name} with {patch}: {e}"))
+}
+
+/// Whether `r` is Ready for its current generation.
+pub fn is_ready(r: &Redis) -> bool {
+    let Some(status) = r.status.as_ref() else {
+        return false;
+    };
+    let ready_cond = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    status.observed_generation.is_some()
+        && status.observed_generation == r.metadata.generation
+        && ready_cond
+        && status.phase.is_some_and(|p| format!("{p:?}") == "Ready")
+}
+
+/// Waits until Redis `name` is Ready for its current generation; on timeout
+/// fails with its last status and the namespace's recent events.
+pub async fn wait_ready(client: &Client, ns: &str, name: &str, timeout: Duration) -> Redis {
+    let api = redis_api(client, ns);
+    let start = Instant::now();
+    let mut last: Option<Redis> = None;
+    loop {
+        match api.get_opt(name).await {
+            Ok(Some(r)) if is_ready(&r) => return r,
+            Ok(r) => last = r,
+            Err(_) => {}
+        }
+        if start.elapsed() > timeout {
+            let status = last
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        "generation {:?}, status {}",
+                        r.metadata.generation,
+                        serde_json::to_string_pretty(&r.status).unwrap_or_default()
+                    )
+                })
+                .unwrap_or_else(|| "not found".into());
+            panic!(
+                "Redis {ns}/{name} not Ready within {:.0}s: {status}\nrecent events in {ns}:\n{}",
+                timeout.as_secs_f64(),
+                recent_events(client, ns, 25).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The last `n` events of a namespace, one line each.
+pub async fn recent_events(client: &Client, ns: &str, n: usize) -> String {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let mut list = match events.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) => return format!("(listing events: {e})"),
+    };
+    list.sort_by_key(|e| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+    });
+    list.iter()
+        .rev()
+        .take(n)
+        .rev()
+        .map(|e| {
+            format!(
+                "  {} {}/{} {}: {}",
+                e.type_.as_deref().unwrap_or("?"),
+                e.involved_object.kind.as_deref().unwrap_or("?"),
+                e.involved_object.name.as_deref().unwrap_or("?"),
+                e.reason.as_deref().unwrap_or("?"),
+                e.message.as_deref().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The password in Secret `<redis>-auth` (key `password`).
+pub async fn redis_password(client: &Client, ns: &str, redis: &str) -> String {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let name = format!("{redis}-auth");
+    let secret = secrets
+        .get(&name)
+        .await
+        .unwrap_or_else(|e| panic!("reading Secret {ns}/{name}: {e}"));
+    let bytes = secret
+        .data
+        .and_then(|d| d.get("password").cloned())
+        .unwrap_or_else(|| panic!("Secret {ns}/{name} has no key `password`"));
+    String::from_utf8(bytes.0).expect("password is UTF-8")
+}
+
+/// The IP of pod `pod`.
+pub async fn pod_ip(client: &Client, ns: &str, pod: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        &format!("pod {ns}/{pod} to have an IP"),
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt(pod)
+                .await
+                .ok()??
+                .status?
+                .pod_ip
+                .filter(|ip| !ip.is_empty())
+        },
+    )
+    .await
+}
+
+/// Connects to port 6379 of pod `pod` with `password`.
+pub async fn connect_pod(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    password: &str,
+) -> redpilot::redis::Result<Node> {
+    let ip = pod_ip(client, ns, pod).await;
+    Node::connect(
+        &Endpoint::new(ip, 6379),
+        &ConnectOptions::default().with_password(password),
+    )
+    .await
+}
+
+/// Runs `bin/kubectl` against the test cluster; fails when it is missing.
+pub fn kubectl(args: &[&str]) -> std::process::Output {
+    let bin = repo_root().join("bin/kubectl");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `bash dev/cluster.sh up` (it builds the cluster's tools into bin/)",
+        bin.display()
+    );
+    Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()))
+}
+
+/// Pods of Redis `name` by pod name.
+pub async fn redis_pods(client: &Client, ns: &str, name: &str) -> BTreeMap<String, Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+        .await
+        .unwrap_or_else(|e| panic!("listing pods of {ns}/{name}: {e}"))
+        .items
+        .into_iter()
+        .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+        .collect()
+}
+
+/// Whether a pod is Ready.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
