@@ -42,10 +42,23 @@ if [[ -f $state/operator.pid ]] && kill -0 "$(cat "$state/operator.pid")" 2>/dev
 	sleep 1
 fi
 kubectl create namespace redpilot-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-POD_NAMESPACE=redpilot-system nohup "$operator" run --log-format text \
-	--metrics-addr 127.0.0.1:${METRICS_PORT:-8080} >"$state/operator.log" 2>&1 &
-echo $! >"$state/operator.pid"
-echo "run: operator started (pid $(cat "$state/operator.pid"), log $state/operator.log, metrics http://127.0.0.1:${METRICS_PORT:-8080}/metrics)"
+# Port 0 picks a free port; the operator logs the address it bound.
+POD_NAMESPACE=redpilot-system nohup "$operator" run --log-format json \
+	--metrics-addr "127.0.0.1:${METRICS_PORT:-0}" >"$state/operator.log" 2>&1 &
+pid=$!
+echo $pid >"$state/operator.pid"
+addr=
+for _ in $(seq 1 50); do
+	if ! kill -0 $pid 2>/dev/null; then
+		echo "run: the operator exited; its log:" >&2
+		cat "$state/operator.log" >&2
+		exit 1
+	fi
+	addr=$(grep -o '"addr":"[^"]*"' "$state/operator.log" | head -n 1 | cut -d'"' -f4 || true)
+	[[ -n $addr ]] && break
+	sleep 0.2
+done
+echo "run: operator started (pid $pid, log $state/operator.log, metrics http://$addr/metrics)"
 
 name=$(awk '/^  name:/ {print $2; exit}' "$sample")
 echo "run: applying $(basename "$sample") as redis/$name in namespace $ns"
