@@ -26,7 +26,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 state=${LOCALNODE_STATE:-$root/.dev/localnode}
 pidfile=$state/localnode.pid
 log=$state/localnode.log
-bin=$root/target/debug/localnode
+target=${CARGO_TARGET_DIR:-$root/target}
+bin=$target/debug/localnode
 kubeconfig=${KUBECONFIG:-$root/.dev/kubeconfig}
 node=${LOCALNODE_NAME:-localnode}
 prefix=${LOCALNODE_PREFIX:-rp}
@@ -62,7 +63,9 @@ start() {
 		[[ -n ${LOCALNODE_MEMORY_MIB:-} ]] && args+=(--memory-mib "$LOCALNODE_MEMORY_MIB")
 		[[ -n ${LOCALNODE_UNSCHEDULABLE:-} ]] && args+=(--unschedulable)
 		cd "$root"
-		RUST_LOG=${RUST_LOG:-info} setsid "$bin" "${args[@]}" >>"$log" 2>&1 </dev/null &
+		# The operator's image runs the operator binary of the same build.
+		REDPILOT_IMAGE_BIN=${REDPILOT_IMAGE_BIN:-$target/debug/redpilot} \
+			RUST_LOG=${RUST_LOG:-info} setsid "$bin" "${args[@]}" >>"$log" 2>&1 </dev/null &
 		echo $! >"$pidfile"
 		echo "localnode: started (pid $!, log $log)"
 	fi

@@ -64,7 +64,10 @@ fn links_with_prefix(prefix: &str) -> Vec<String> {
 async fn stopping_the_node_leaves_no_processes_namespaces_or_links() {
     let client = client().await;
     require_localnode(&client).await;
-    let bin = repo_root().join("target/debug/localnode");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let bin = target.join("debug/localnode");
     assert!(
         bin.exists(),
         "{} is missing: run `make cluster-up` (or cargo build -p redpilot-localnode)",
