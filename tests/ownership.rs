@@ -1,0 +1,211 @@
+//! Ownership of children, against the dev cluster with real servers:
+//! - children orphaned from a deleted Redis are adopted by a new Redis of the
+//!   same name without restarting any pod;
+//! - a foreign object in the way is never overwritten: the Redis turns
+//!   Degraded and an event names the conflict;
+//! - `spec.paused` stops changes to children while status stays fresh.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::operator::{
+    OperatorOptions, apply_redis, patch_redis, recent_events, redis_api, redis_pods,
+    start_operator, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+
+const READY: Duration = Duration::from_secs(120);
+
+fn standalone() -> serde_json::Value {
+    json!({"mode": "Standalone", "version": "7.0", "storage": {"size": "64Mi"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_children_are_adopted_without_restart() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "own-adopt", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+
+    apply_redis(&client, &ns.name, "keep", standalone()).await;
+    let first = wait_ready(&client, &ns.name, "keep", READY).await;
+    let pods_before = redis_pods(&client, &ns.name, "keep").await;
+    let uids_before: Vec<String> = pods_before
+        .values()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    assert_eq!(uids_before.len(), 1);
+
+    // Delete the Redis but orphan its children: the garbage collector strips
+    // their owner references and leaves them running.
+    redis_api(&client, &ns.name)
+        .delete("keep", &DeleteParams::orphan())
+        .await
+        .expect("delete with orphan propagation");
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "the StatefulSet to lose its owner reference",
+        READY,
+        || async {
+            let sts = sts_api.get("keep").await.ok()?;
+            sts.metadata
+                .owner_references
+                .unwrap_or_default()
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A new Redis of the same name adopts them.
+    apply_redis(&client, &ns.name, "keep", standalone()).await;
+    let second = wait_ready(&client, &ns.name, "keep", READY).await;
+    assert_ne!(
+        first.metadata.uid, second.metadata.uid,
+        "a new Redis object"
+    );
+    let sts = sts_api.get("keep").await.expect("statefulset");
+    let owner = sts
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|o| o.controller == Some(true))
+        .expect("the StatefulSet has a controller again");
+    assert_eq!(
+        Some(owner.uid),
+        second.metadata.uid,
+        "owned by the new Redis"
+    );
+
+    let pods_after = redis_pods(&client, &ns.name, "keep").await;
+    let uids_after: Vec<String> = pods_after
+        .values()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    assert_eq!(uids_before, uids_after, "adoption restarted no pod");
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(events.contains("Adopted"), "an Adopted event:\n{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_object_in_the_way_is_never_overwritten() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "own-conflict", &[]).await;
+    // Someone else's Service already has the name of the read-write Service.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    let foreign: Service = serde_json::from_value(json!({
+        "metadata": {"name": "blocked", "labels": {"team": "payments"}},
+        "spec": {"selector": {"app": "payments"}, "ports": [{"port": 80}]}
+    }))
+    .expect("service json");
+    let created = services
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign service");
+
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(&client, &ns.name, "blocked", standalone()).await;
+
+    let api = redis_api(&client, &ns.name);
+    let degraded = wait_for("the Redis to report Degraded", READY, || async {
+        let r = api.get("blocked").await.ok()?;
+        let status = r.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await;
+    assert!(
+        degraded.message.contains("Service blocked"),
+        "the condition names the conflicting object: {}",
+        degraded.message
+    );
+
+    let after = services.get("blocked").await.expect("the foreign service");
+    assert_eq!(
+        after.resource_version(),
+        created.resource_version(),
+        "the foreign Service was not written"
+    );
+    assert_eq!(
+        after.spec.and_then(|s| s.selector),
+        Some([("app".to_string(), "payments".to_string())].into()),
+        "its selector is untouched"
+    );
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(
+        events.contains("Conflict") && events.contains("Service blocked"),
+        "a Conflict event names the object:\n{events}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redis_leaves_children_alone_and_keeps_status_fresh() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "own-paused", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(&client, &ns.name, "calm", standalone()).await;
+    wait_ready(&client, &ns.name, "calm", READY).await;
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let before = cms.get("calm-config").await.expect("configmap");
+    patch_redis(&client, &ns.name, "calm", json!({"spec": {"paused": true}})).await;
+    patch_redis(
+        &client,
+        &ns.name,
+        "calm",
+        json!({"spec": {"config": {"maxmemory-policy": "allkeys-lfu"}}}),
+    )
+    .await;
+    let api = redis_api(&client, &ns.name);
+    let status = wait_for(
+        "status to show Paused for the new generation",
+        READY,
+        || async {
+            let r = api.get("calm").await.ok()?;
+            let s = r.status.clone()?;
+            (s.observed_generation == r.metadata.generation
+                && s.phase.is_some_and(|p| format!("{p:?}") == "Paused"))
+            .then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(
+        status.ready.as_deref(),
+        Some("1/1"),
+        "status still observes the pod"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = cms.get("calm-config").await.expect("configmap");
+    assert_eq!(
+        during.resource_version(),
+        before.resource_version(),
+        "a paused Redis does not change its ConfigMap"
+    );
+
+    patch_redis(
+        &client,
+        &ns.name,
+        "calm",
+        json!({"spec": {"paused": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "calm", READY).await;
+    let after = cms.get("calm-config").await.expect("configmap");
+    let conf = after
+        .data
+        .and_then(|d| d.get("redis.conf").cloned())
+        .unwrap_or_default();
+    assert!(
+        conf.contains("maxmemory-policy allkeys-lfu"),
+        "unpausing applies the change:\n{conf}"
+    );
+}
