@@ -67,6 +67,25 @@ struct Reconciler {
     moved_primary: Option<String>,
 }
 
+/// A namespaced child object the reconciler reads and applies.
+trait Child:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Child for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 /// Whether `obj` is controlled by the Redis with `uid`.
 fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
     meta.owner_references
@@ -142,12 +161,7 @@ impl Reconciler {
         live: Option<&K>,
     ) -> Result<bool, Error>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + std::fmt::Debug,
-        <K as Resource>::DynamicType: Default,
+        K: Child,
     {
         let name = desired
             .meta()
@@ -389,12 +403,7 @@ impl Reconciler {
         live: Option<&K>,
     ) -> Result<bool, Error>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + std::fmt::Debug,
-        <K as Resource>::DynamicType: Default,
+        K: Child,
     {
         match self.apply(kind, desired, live).await {
             Ok(w) => Ok(w),
