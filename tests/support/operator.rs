@@ -721,3 +721,186 @@ pub fn pod_ready(p: &Pod) -> bool {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
+
+// ---------------------------------------------------------------------------
+// Children
+// ---------------------------------------------------------------------------
+
+/// `kind/name → resourceVersion` of every child of Redis `name`: the
+/// StatefulSet, Services, ConfigMap, Secret, PodDisruptionBudget and pods.
+pub async fn child_resource_versions(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> BTreeMap<String, String> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
+    let mut out = BTreeMap::new();
+    macro_rules! collect {
+        ($kind:ty, $label:expr) => {
+            let api: Api<$kind> = Api::namespaced(client.clone(), ns);
+            for o in api
+                .list(&lp)
+                .await
+                .unwrap_or_else(|e| panic!("listing {}s in {ns}: {e}", $label))
+                .items
+            {
+                out.insert(
+                    format!("{}/{}", $label, o.metadata.name.unwrap_or_default()),
+                    o.metadata.resource_version.unwrap_or_default(),
+                );
+            }
+        };
+    }
+    collect!(StatefulSet, "StatefulSet");
+    collect!(Service, "Service");
+    collect!(ConfigMap, "ConfigMap");
+    collect!(Secret, "Secret");
+    collect!(PodDisruptionBudget, "PodDisruptionBudget");
+    collect!(Pod, "Pod");
+    out
+}
+
+/// Describes how two resourceVersion maps differ (empty when equal).
+pub fn rv_diff(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for (k, v) in before {
+        match after.get(k) {
+            None => diffs.push(format!("{k} disappeared")),
+            Some(w) if w != v => diffs.push(format!("{k}: resourceVersion {v} → {w}")),
+            _ => {}
+        }
+    }
+    for k in after.keys().filter(|k| !before.contains_key(*k)) {
+        diffs.push(format!("{k} appeared"));
+    }
+    diffs
+}
+
+/// Waits until no child of Redis `name` changes for `quiet`, and returns
+/// their resourceVersions. Fails naming what keeps changing.
+pub async fn settled_children(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> BTreeMap<String, String> {
+    let start = Instant::now();
+    let mut last = child_resource_versions(client, ns, name).await;
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now = child_resource_versions(client, ns, name).await;
+        let diff = rv_diff(&last, &now);
+        if diff.is_empty() {
+            return now;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "children of {ns}/{name} never stayed unchanged for {quiet:?} within {timeout:?}; last changes:\n  {}",
+                diff.join("\n  ")
+            );
+        }
+        last = now;
+    }
+}
+
+/// Pod name → UID of the pods of Redis `name`.
+pub async fn pod_uids(client: &Client, ns: &str, name: &str) -> BTreeMap<String, String> {
+    redis_pods(client, ns, name)
+        .await
+        .into_iter()
+        .map(|(n, p)| (n, p.metadata.uid.unwrap_or_default()))
+        .collect()
+}
+
+/// Annotates the Redis (metadata only: no spec change) to make the operator
+/// reconcile it once more.
+pub async fn poke(client: &Client, ns: &str, name: &str, n: usize) {
+    patch_redis(
+        client,
+        ns,
+        name,
+        json!({"metadata": {"annotations": {"redpilot.io/test-poke": n.to_string()}}}),
+    )
+    .await;
+}
+
+/// `CONFIG GET key` on a connected node.
+pub async fn config_get(node: &mut Node, key: &str) -> Option<String> {
+    let pair: Vec<String> = node
+        .query("CONFIG", redis::cmd("CONFIG").arg("GET").arg(key))
+        .await
+        .ok()?;
+    pair.get(1).cloned()
+}
+
+/// Counter deltas across a window: `(reconciles, kube requests)`.
+pub struct Counters {
+    pub reconciles: f64,
+    pub requests: f64,
+}
+
+impl Operator {
+    /// Current `redpilot_reconciliations_total` and `redpilot_kube_requests_total`;
+    /// fails when the operator does not export them.
+    pub async fn counters(&self) -> Counters {
+        let page = self.metrics().await.unwrap_or_else(|| {
+            panic!(
+                "operator {} serves no /metrics on {}",
+                self.opts.name, self.metrics_addr
+            )
+        });
+        let get = |name: &str| {
+            metric_sum(&page, name)
+                .unwrap_or_else(|| panic!("operator /metrics lacks {name}:\n{page}"))
+        };
+        Counters {
+            reconciles: get("redpilot_reconciliations_total"),
+            requests: get("redpilot_kube_requests_total"),
+        }
+    }
+}
+
+/// Pokes Redis `name` `pokes` times (one reconcile each), waits until the
+/// operator counted them, and returns the apiserver requests per reconcile
+/// over that window (lease renewals included).
+pub async fn requests_per_reconcile(
+    client: &Client,
+    op: &Operator,
+    ns: &str,
+    name: &str,
+    pokes: usize,
+) -> f64 {
+    let before = op.counters().await;
+    for i in 0..pokes {
+        poke(client, ns, name, i).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let target = before.reconciles + pokes as f64;
+    wait_for(
+        &format!("{pokes} reconciles of {ns}/{name} after as many annotation changes"),
+        Duration::from_secs(30),
+        || async { (op.counters().await.reconciles >= target).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = op.counters().await;
+    (after.requests - before.requests) / (after.reconciles - before.reconciles)
+}
+
+/// The median of some durations (seconds).
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
