@@ -482,7 +482,7 @@ async fn reconciling_a_ready_redis_again_changes_nothing() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     wait_for(
-        "3 reconciles after 3 annotation changes",
+        "3 reconciles after 3 annotation changes (redpilot_reconciliations_total)",
         Duration::from_secs(30),
         || async { (op.counters().await.reconciles >= start.reconciles + 3.0).then_some(()) },
     )

@@ -1,0 +1,107 @@
+//! Issue #5 closing figures: time from apply to Ready for Standalone and for
+//! a 3-instance Replication (median of 5 each, created one after another,
+//! with 1Gi volumes like the samples), apiserver requests per reconcile in
+//! steady state, and the operator's RSS afterwards.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+use support::operator::{
+    OperatorOptions, apply_redis, median, redis_api, requests_per_reconcile, start_operator,
+    wait_ready,
+};
+use support::{TestNamespace, client};
+
+const RUNS: usize = 5;
+
+async fn measure(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    spec: Value,
+    timeout: Duration,
+) -> Vec<f64> {
+    let mut secs = Vec::new();
+    for i in 0..RUNS {
+        let name = format!("{prefix}-{i}");
+        let start = Instant::now();
+        apply_redis(client, ns, &name, spec.clone()).await;
+        wait_ready(client, ns, &name, timeout).await;
+        secs.push(start.elapsed().as_secs_f64());
+        // Keep the node light for the next run (volumes are retained).
+        if i + 1 < RUNS {
+            redis_api(client, ns)
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete");
+        }
+    }
+    secs
+}
+
+fn summary(secs: &[f64]) -> String {
+    let list: Vec<String> = secs.iter().map(|s| format!("{s:.1}")).collect();
+    format!(
+        "median {:.1}s, min {:.1}s, max {:.1}s (runs: {})",
+        median(secs.to_vec()),
+        secs.iter().cloned().fold(f64::INFINITY, f64::min),
+        secs.iter().cloned().fold(0.0, f64::max),
+        list.join(", ")
+    )
+}
+
+#[tokio::test]
+async fn apply_to_ready_latency_requests_and_footprint() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-timing", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+
+    let standalone = measure(
+        &client,
+        &ns.name,
+        "solo",
+        json!({"mode": "Standalone", "storage": {"size": "1Gi"}}),
+        Duration::from_secs(120),
+    )
+    .await;
+    let replication = measure(
+        &client,
+        &ns.name,
+        "repl",
+        json!({
+            "mode": "Replication",
+            "instances": 3,
+            "storage": {"size": "1Gi"},
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "config": {"maxmemory-policy": "allkeys-lru"},
+        }),
+        Duration::from_secs(180),
+    )
+    .await;
+    let last = format!("repl-{}", RUNS - 1);
+    let per_reconcile = requests_per_reconcile(&client, &op, &ns.name, &last, 5).await;
+    let rss = op.rss_kib();
+
+    println!(
+        "apply → Ready, Standalone:            {}",
+        summary(&standalone)
+    );
+    println!(
+        "apply → Ready, Replication 3 instances: {}",
+        summary(&replication)
+    );
+    println!(
+        "steady state: {per_reconcile:.1} apiserver requests per reconcile (lease renewals included)"
+    );
+    println!(
+        "operator RSS after {} Redis: {} KiB",
+        2 * RUNS,
+        rss.unwrap_or_default()
+    );
+    assert!(median(standalone) < 60.0, "Standalone median under 60s");
+    assert!(median(replication) < 90.0, "Replication median under 90s");
+    assert!(rss.is_some(), "the operator is still running");
+}
