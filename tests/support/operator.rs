@@ -266,7 +266,8 @@ impl OperatorOptions {
 }
 
 /// A running `redpilot run`, killed when dropped. When the test panics, the
-/// drop prints the log's path and its last lines.
+/// drop prints the log's path and its last lines; otherwise it fails the test
+/// if the log shows a request refused by RBAC.
 pub struct Operator {
     child: Option<Child>,
     /// Options it was started with.
@@ -443,6 +444,24 @@ impl Operator {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// Fails when the operator's log shows a request refused by RBAC (the
+    /// ServiceAccount lacks a permission `config/rbac/` should grant).
+    pub fn assert_no_rbac_denials(&self) {
+        let denied: Vec<String> = self
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            denied.is_empty(),
+            "operator {} was refused by RBAC (log {}):\n{}",
+            self.opts.name,
+            self.log_path.display(),
+            denied.join("\n")
+        );
+    }
+
     /// The `/metrics` page, or `None` when it does not answer.
     pub async fn metrics(&self) -> Option<String> {
         http_get(self.metrics_addr, "/metrics").await
@@ -466,6 +485,11 @@ impl Drop for Operator {
             );
         }
         self.kill();
+        // Every suite proves config/rbac/ suffices: a request refused by RBAC
+        // fails the test even when its assertions passed.
+        if !std::thread::panicking() {
+            self.assert_no_rbac_denials();
+        }
     }
 }
 
