@@ -86,6 +86,18 @@ dest=$cache/$group-$version
 link() {
 	mkdir -p "$bin"
 	for n in "${names[@]}"; do ln -sfn "$dest/$n" "$bin/$n"; done
+	# OLM's CRDs come from the same module version as its binaries; the
+	# packaging end-to-end test applies them from bin/olm-crds.
+	if [[ $group == olm ]]; then
+		if [[ ! -d $dest/crds ]]; then
+			src=$(cd "$here/$dir" && go list -m -f '{{.Dir}}' "$mod")
+			mkdir -p "$dest/crds.tmp.$$"
+			cp "$src"/deploy/chart/crds/*.yaml "$dest/crds.tmp.$$/"
+			chmod -R u+w "$dest/crds.tmp.$$"
+			mv "$dest/crds.tmp.$$" "$dest/crds"
+		fi
+		ln -sfn "$dest/crds" "$bin/olm-crds"
+	fi
 }
 
 if [[ -f $dest/.complete ]]; then
@@ -108,7 +120,12 @@ if [[ $group == olm ]]; then
 fi
 if [[ $group == operator-sdk ]]; then
 	vpkg=github.com/operator-framework/operator-sdk/internal/version
-	ldflags+=" -X $vpkg.Version=$version -X $vpkg.GitVersion=$version -X $vpkg.KubernetesVersion=v1.37.2"
+	# The Kubernetes version operator-sdk is built against: its client-go.
+	kver=$(awk '$1 == "k8s.io/client-go" {sub(/^v0\./, "v1.", $2); print $2; exit}' "$here/$dir/go.mod")
+	ldflags+=" -X $vpkg.Version=$version -X $vpkg.GitVersion=$version -X $vpkg.KubernetesVersion=${kver:-unknown}"
+fi
+if [[ $group == opm ]]; then
+	ldflags+=" -X github.com/operator-framework/operator-registry/cmd/opm/version.opmVersion=$version"
 fi
 
 echo "tools: building $group $version into $dest"
