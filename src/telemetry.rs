@@ -26,7 +26,11 @@ pub fn init(format: LogFormat) {
                     .with_current_span(false),
             )
             .try_init(),
-        LogFormat::Text => registry.with(fmt::layer()).try_init(),
+        LogFormat::Text => {
+            // Colour only on a terminal: log files stay plain text.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+            registry.with(fmt::layer().with_ansi(ansi)).try_init()
+        }
     };
     // An already-installed subscriber (tests) is not an error worth reporting.
     drop(result);

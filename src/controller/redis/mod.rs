@@ -29,7 +29,7 @@ use crate::redis::info::{EngineKind, Version};
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// How long to wait before looking again while something is in progress.
-const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
 /// How often a healthy Redis is re-observed to keep status fresh.
 const STEADY_REQUEUE: Duration = Duration::from_secs(60);
 
