@@ -61,8 +61,7 @@ fn checked_in_bundle_matches_generation() {
 }
 
 /// `operator-sdk bundle validate ./bundle --select-optional
-/// suite=operatorframework`: no errors, and no warnings other than the
-/// validator's known false positive on events.k8s.io (see below).
+/// suite=operatorframework`: no errors and no warnings.
 #[test]
 fn bundle_validate_operatorframework_suite() {
     let sdk = tool("operator-sdk");
@@ -128,58 +127,13 @@ fn bundle_validate_operatorframework_suite() {
         errors.join("\n")
     );
 
-    // operator-framework/api v0.34 (the version operator-sdk v1.42.2 uses)
-    // flags any RBAC rule on `events` in events.k8s.io as "removed in v1.25":
-    // RBAC rules carry no version, and only events.k8s.io/v1beta1 was
-    // removed; events.k8s.io/v1 is the stable API the operator's event
-    // recorder uses. Later versions of that library dropped the check for
-    // this reason. Accept exactly that warning, and only when every rule it
-    // points at really is events.k8s.io/events; anything else fails.
-    let csv = bundle_csv();
-    let unexpected: Vec<&String> = warnings
-        .iter()
-        .filter(|w| !is_events_false_positive(w, &csv))
-        .collect();
+    // tools/operator-sdk pins operator-framework/api v0.43, which no longer
+    // reports RBAC rules on events.k8s.io/events as a removed API.
     assert!(
-        unexpected.is_empty(),
-        "unexpected validation warnings:\n{unexpected:#?}"
+        warnings.is_empty(),
+        "validation warnings (aim: none):\n{}",
+        warnings.join("\n")
     );
-}
-
-/// True when `warning` is the removed-API warning for events and every rule
-/// it names is `events` in events.k8s.io.
-fn is_events_false_positive(warning: &str, csv: &Value) -> bool {
-    if !warning.contains("deprecated and removed in v1.25") || !warning.contains("for events:") {
-        return false;
-    }
-    let mut named = 0;
-    for part in warning
-        .split("ClusterServiceVersion.Spec.InstallStrategy.StrategySpec.")
-        .skip(1)
-    {
-        let Some(end) = part.find('"') else { continue };
-        let path = &part[..end];
-        // e.g. ClusterPermissions[0].Rules[7]
-        let idx: Vec<usize> = path
-            .split('[')
-            .skip(1)
-            .filter_map(|s| s.split(']').next()?.parse().ok())
-            .collect();
-        let field = if path.starts_with("ClusterPermissions") {
-            "clusterPermissions"
-        } else if path.starts_with("Permissions") {
-            "permissions"
-        } else {
-            return false;
-        };
-        let [p, r] = idx[..] else { return false };
-        let rule = &csv["spec"]["install"]["spec"][field][p]["rules"][r];
-        if rule["apiGroups"] != json!(["events.k8s.io"]) || rule["resources"] != json!(["events"]) {
-            return false;
-        }
-        named += 1;
-    }
-    named > 0
 }
 
 /// The six tests of the scorecard's basic and olm suites, run with the

@@ -83,6 +83,14 @@ if [[ -z ${names+x} ]]; then
 fi
 
 dest=$cache/$group-$version
+case $group in
+operator-sdk | opm | olm)
+	# These wrappers may pin more than the main module (tools/operator-sdk
+	# pins a newer validator library), so their builds are keyed by go.mod
+	# and go.sum as well: a changed pin rebuilds.
+	dest+=-$(cat "$here/$dir/go.mod" "$here/$dir/go.sum" | sha256sum | cut -c1-8)
+	;;
+esac
 link() {
 	mkdir -p "$bin"
 	for n in "${names[@]}"; do ln -sfn "$dest/$n" "$bin/$n"; done
