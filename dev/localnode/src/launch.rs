@@ -2,8 +2,8 @@
 //! program runs. It is started as
 //! `ip netns exec <pod-netns> unshare --mount --uts --propagation private localnode exec-container SPEC`,
 //! so it already sits in the pod's network namespace and in fresh mount and
-//! UTS namespaces. It builds the container's root on a tmpfs mounted over
-//! `/tmp` (only visible in this mount namespace): every top-level host
+//! UTS namespaces. It builds the container's root on a tmpfs mounted at
+//! `/run/redpilot-localnode-root` (only visible in this mount namespace): every top-level host
 //! directory becomes an overlay with the host directory as the read-only
 //! lower layer and a per-container upper layer (the host's programs and
 //! libraries are the "image"; what the container writes stays in its
@@ -60,7 +60,10 @@ pub struct MountSpec {
     pub read_only: bool,
 }
 
-const ROOT: &str = "/tmp";
+/// Mount point of the new root's tmpfs. Outside `/tmp`, so that host paths
+/// under `/tmp` (a repository checked out there, its state directory, the
+/// image programs) still resolve while the root is assembled.
+const ROOT: &str = "/run/redpilot-localnode-root";
 /// Where volume sources wait inside the new root until they are mounted.
 const STAGING: &str = "/.localnode-volumes";
 
@@ -83,6 +86,7 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     let text = std::fs::read_to_string(spec_path).at(spec_path)?;
     let spec: LaunchSpec = serde_json::from_str(&text)?;
     let root = Path::new(ROOT);
+    std::fs::create_dir_all(root).at(root)?;
 
     // Host directory entries to carry into the new root (read before /tmp is covered).
     let mut entries: Vec<OsString> = Vec::new();
