@@ -216,6 +216,12 @@ impl Reconciler {
     }
 
     async fn run(&mut self) -> Result<Action, Error> {
+        // The watch cache can lag behind our own status writes; decisions
+        // about the primary must start from the recorded truth.
+        match self.get::<Redis>(&self.redis.name_any()).await? {
+            Some(fresh) => self.redis = Arc::new(fresh),
+            None => return Ok(Action::await_change()),
+        }
         let spec = self.redis.spec.clone();
         let paused = spec.paused;
 
@@ -307,6 +313,14 @@ impl Reconciler {
             self.progressing
                 .push("reconciliation is paused (spec.paused)".into());
             return self.finish(&facts, primary.as_deref(), desired, true).await;
+        }
+
+        // Record a new primary before anything else changes, so the status
+        // never lags behind a scale-down or a restart that depends on it.
+        if let Some(p) = &primary
+            && previous_primary.as_deref() != Some(p.as_str())
+        {
+            self.record_primary(p).await?;
         }
 
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
@@ -429,21 +443,12 @@ impl Reconciler {
         };
         let pep = Endpoint::new(&pip, build::REDIS_PORT);
         if pf.role == Some(Role::Replica) {
-            match crate::redis::actions::make_primary(&pep, opts).await {
-                Ok(()) => {
-                    self.event(
-                        EventType::Normal,
-                        "PrimaryElected",
-                        "Promote",
-                        format!("{primary} promoted to primary"),
-                    )
-                    .await
-                }
-                Err(e) => {
-                    self.progressing.push(format!("promoting {primary}: {e}"));
-                    return;
-                }
-            }
+            // Promoting a replica while any server still acts as primary
+            // would make two primaries: wait for the servers to settle.
+            // Only when no reachable server is primary (everyone follows an
+            // address that is gone) is the replica furthest ahead promoted.
+            self.recover_primary(facts, opts).await;
+            return;
         }
         for f in facts {
             if f.name == primary || !f.reachable {
@@ -501,16 +506,54 @@ impl Reconciler {
         }
     }
 
-    /// Records `primary` in the ConfigMap (read by instances at start-up) and
-    /// in the status, right after a switchover.
-    async fn publish_primary(&mut self, facts: &[PodFacts], primary: &str) -> Result<(), Error> {
-        let ip = facts
+    /// When no reachable server is primary and none of the replicas has a
+    /// live link, promotes the reachable replica with the highest offset
+    /// (ties: lowest ordinal) and publishes it.
+    async fn recover_primary(&mut self, facts: &[PodFacts], opts: &ConnectOptions) {
+        let any_primary = facts
             .iter()
-            .find(|f| f.name == primary)
-            .and_then(|f| f.ip.clone());
-        let live: Option<ConfigMap> = self.get(&self.names.config()).await?;
-        let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
-        self.apply("ConfigMap", &cm, live.as_ref()).await?;
+            .any(|f| f.reachable && f.role == Some(Role::Primary));
+        let any_linked = facts.iter().any(|f| f.link_up == Some(true));
+        if any_primary || any_linked {
+            self.progressing
+                .push("waiting for the replication topology to settle".into());
+            return;
+        }
+        let Some(best) = plan::most_advanced(facts) else {
+            self.progressing
+                .push("no reachable instance to promote".into());
+            return;
+        };
+        let Some(ip) = facts
+            .iter()
+            .find(|f| f.name == best)
+            .and_then(|f| f.ip.clone())
+        else {
+            return;
+        };
+        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        match crate::redis::actions::make_primary(&ep, opts).await {
+            Ok(()) => {
+                self.event(
+                    EventType::Warning,
+                    "PrimaryRecovered",
+                    "Promote",
+                    format!(
+                        "no instance was primary; promoted {best}, the instance furthest ahead"
+                    ),
+                )
+                .await;
+                if let Err(e) = self.publish_primary(facts, &best).await {
+                    self.progressing
+                        .push(format!("recording new primary {best}: {e}"));
+                }
+            }
+            Err(e) => self.progressing.push(format!("promoting {best}: {e}")),
+        }
+    }
+
+    /// Writes only `status.primary`.
+    async fn record_primary(&mut self, primary: &str) -> Result<(), Error> {
         self.ctx.metrics.kube("patch_status");
         let patch = serde_json::json!({"status": {"primary": primary}});
         self.api::<Redis>()
@@ -522,6 +565,19 @@ impl Reconciler {
             .await?;
         self.moved_primary = Some(primary.to_string());
         Ok(())
+    }
+
+    /// Records `primary` in the ConfigMap (read by instances at start-up) and
+    /// in the status, right after a switchover.
+    async fn publish_primary(&mut self, facts: &[PodFacts], primary: &str) -> Result<(), Error> {
+        let ip = facts
+            .iter()
+            .find(|f| f.name == primary)
+            .and_then(|f| f.ip.clone());
+        let live: Option<ConfigMap> = self.get(&self.names.config()).await?;
+        let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
+        self.apply("ConfigMap", &cm, live.as_ref()).await?;
+        self.record_primary(primary).await
     }
 
     async fn switchover(

@@ -207,6 +207,21 @@ pub fn best_replica(facts: &[PodFacts], eligible: impl Fn(&PodFacts) -> bool) ->
         .map(|f| f.name.clone())
 }
 
+/// The reachable instance with the highest replication offset (ties: lowest
+/// ordinal): the one that has lost the least when no primary is left.
+pub fn most_advanced(facts: &[PodFacts]) -> Option<String> {
+    facts
+        .iter()
+        .filter(|f| f.reachable)
+        .max_by_key(|f| {
+            (
+                f.offset.unwrap_or(0),
+                std::cmp::Reverse(ordinal_of(&f.name).unwrap_or(0)),
+            )
+        })
+        .map(|f| f.name.clone())
+}
+
 /// What to restart next in a rolling restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Restart {
@@ -402,6 +417,18 @@ mod tests {
             best_replica(&facts, |f| f.name == "cache-1"),
             Some("cache-1".into())
         );
+    }
+
+    #[test]
+    fn most_advanced_prefers_offset_then_lowest_ordinal() {
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("10.9.9.9"), 40),
+            pod(1, Some(Role::Replica), Some("10.9.9.9"), 70),
+            pod(2, Some(Role::Replica), Some("10.9.9.9"), 70),
+        ];
+        assert_eq!(most_advanced(&facts), Some("cache-1".into()));
+        facts[1].reachable = false;
+        assert_eq!(most_advanced(&facts), Some("cache-2".into()));
     }
 
     #[test]
