@@ -282,50 +282,54 @@ impl Provisioner {
     pub async fn run(self) {
         let claims = {
             let p = self.clone();
-            async move {
-                let api: Api<PersistentVolumeClaim> = Api::all(p.client.clone());
-                let stream = watcher(api, watcher::Config::default());
-                futures::pin_mut!(stream);
-                loop {
-                    match stream.try_next().await {
-                        Ok(Some(watcher::Event::Apply(pvc) | watcher::Event::InitApply(pvc))) => {
-                            if let Err(e) = p.provision(&pvc).await {
-                                tracing::warn!(error = %e, "provisioning failed");
-                            }
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "claim watch error");
-                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                        }
-                    }
-                }
-            }
+            watch_each(
+                Api::<PersistentVolumeClaim>::all(self.client.clone()),
+                "claim",
+                move |pvc| {
+                    let p = p.clone();
+                    async move { p.provision(&pvc).await }
+                },
+            )
         };
         let volumes = {
             let p = self.clone();
-            async move {
-                let api: Api<PersistentVolume> = Api::all(p.client.clone());
-                let stream = watcher(api, watcher::Config::default());
-                futures::pin_mut!(stream);
-                loop {
-                    match stream.try_next().await {
-                        Ok(Some(watcher::Event::Apply(pv) | watcher::Event::InitApply(pv))) => {
-                            if let Err(e) = p.reclaim(&pv).await {
-                                tracing::warn!(error = %e, "reclaim failed");
-                            }
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "volume watch error");
-                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                        }
-                    }
-                }
-            }
+            watch_each(
+                Api::<PersistentVolume>::all(self.client.clone()),
+                "volume",
+                move |pv| {
+                    let p = p.clone();
+                    async move { p.reclaim(&pv).await }
+                },
+            )
         };
         tokio::join!(claims, volumes);
+    }
+}
+
+/// Runs `handle` on every object the watch reports as present (initial list
+/// and later changes), logging failures and retrying the watch after errors.
+async fn watch_each<K, F, Fut>(api: Api<K>, what: &'static str, handle: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+    F: Fn(K) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let stream = watcher(api, watcher::Config::default());
+    futures::pin_mut!(stream);
+    loop {
+        match stream.try_next().await {
+            Ok(Some(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
+                if let Err(e) = handle(obj).await {
+                    tracing::warn!(error = %e, what, "handling failed");
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, what, "watch error");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
     }
 }
