@@ -411,17 +411,14 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
     }
 
     async fn write(&mut self, data: &[u8]) -> Result<()> {
-        tokio::time::timeout(self.idle, self.out.write_all(data))
-            .await
-            .map_err(|_| Error::Timeout {
-                endpoint: self.label.clone(),
-                operation: "snapshot write",
-                after: self.idle,
-            })?
-            .map_err(|e| Error::Io {
-                context: format!("writing snapshot of {}", self.label),
-                source: e,
-            })
+        bounded_io(
+            self.idle,
+            &self.label,
+            "snapshot write",
+            "writing",
+            self.out.write_all(data),
+        )
+        .await
     }
 
     async fn push(&mut self, data: &[u8]) -> Result<()> {
@@ -473,17 +470,14 @@ impl<'a, W: AsyncWrite + Unpin> Sink<'a, W> {
         if self.last.len() < 9 || self.last[0] != 0xFF {
             return Err(protocol("RDB payload does not end with the EOF opcode"));
         }
-        tokio::time::timeout(self.idle, self.out.flush())
-            .await
-            .map_err(|_| Error::Timeout {
-                endpoint: self.label.clone(),
-                operation: "snapshot flush",
-                after: self.idle,
-            })?
-            .map_err(|e| Error::Io {
-                context: format!("flushing snapshot of {}", self.label),
-                source: e,
-            })?;
+        bounded_io(
+            self.idle,
+            &self.label,
+            "snapshot flush",
+            "flushing",
+            self.out.flush(),
+        )
+        .await?;
         let header = parse_rdb_header(&self.head).ok_or_else(|| protocol("bad RDB header"))?;
         Ok((header, self.size))
     }
@@ -710,6 +704,28 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
         offset,
         duration: start.elapsed(),
     })
+}
+
+/// Runs one write-side I/O step within `idle`, mapping a timeout and an I/O
+/// failure to the library's errors (`verb` reads "writing", "flushing").
+async fn bounded_io(
+    idle: Duration,
+    label: &str,
+    operation: &'static str,
+    verb: &str,
+    step: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<()> {
+    tokio::time::timeout(idle, step)
+        .await
+        .map_err(|_| Error::Timeout {
+            endpoint: label.to_string(),
+            operation,
+            after: idle,
+        })?
+        .map_err(|e| Error::Io {
+            context: format!("{verb} snapshot of {label}"),
+            source: e,
+        })
 }
 
 #[cfg(test)]
