@@ -201,14 +201,38 @@ impl Network {
     }
 }
 
-/// SIGKILLs every process in a network namespace.
+/// SIGKILLs every process in a network namespace and waits (up to five
+/// seconds) until none is left. SIGKILL is delivered asynchronously, and an
+/// orphaned child (a server started by a shell that already exited) is not
+/// ours to wait on, so the namespace is polled: a process that has exited no
+/// longer belongs to it, even before its parent reaps it.
 pub async fn kill_netns_processes(netns: &str) {
-    if let Ok(out) = run("ip", &["netns", "pids", netns]).await {
-        for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let Ok(out) = run("ip", &["netns", "pids", netns]).await else {
+            return;
+        };
+        let pids: Vec<i32> = out
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                netns,
+                ?pids,
+                "processes still in the namespace after SIGKILL"
+            );
+            return;
+        }
+        for pid in pids {
             if let Some(pid) = rustix::process::Pid::from_raw(pid) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
