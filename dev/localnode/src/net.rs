@@ -146,7 +146,7 @@ impl Network {
             ip,
         };
         if let Err(e) = self.setup(&net).await {
-            self.destroy(&net).await;
+            self.destroy(&net, &[]).await;
             return Err(e);
         }
         Ok(net)
@@ -189,8 +189,8 @@ impl Network {
 
     /// Kills whatever still runs in the namespace, then removes it with its
     /// veth. Never fails: teardown is best effort and logged.
-    pub async fn destroy(&self, net: &PodNet) {
-        kill_netns_processes(&net.netns).await;
+    pub async fn destroy(&self, net: &PodNet, groups: &[i32]) {
+        kill_netns_processes(&net.netns, groups).await;
         if let Err(e) = run("ip", &["link", "del", &net.veth]).await {
             tracing::debug!(error = %e, "veth already gone");
         }
@@ -201,30 +201,33 @@ impl Network {
     }
 }
 
-/// SIGKILLs every process in a network namespace and waits (up to five
-/// seconds) until none is left. SIGKILL is delivered asynchronously, and an
-/// orphaned child (a server started by a shell that already exited) is not
-/// ours to wait on, so the namespace is polled: a process that has exited no
-/// longer belongs to it, even before its parent reaps it.
-pub async fn kill_netns_processes(netns: &str) {
+/// SIGKILLs every process in a network namespace or in one of `groups`
+/// (process groups of the pod's containers) and waits, up to five seconds,
+/// until none of them is left.
+///
+/// Both lists are needed. SIGKILL is delivered asynchronously, and a server
+/// started in the background by a shell is orphaned when the shell exits, so
+/// nothing waits for it as a child. A process on its way out leaves the
+/// network namespace before it releases its mount namespace (the container's
+/// overlays, which takes a while), so an empty namespace alone does not mean
+/// its processes are gone; the process group still names them until they are
+/// zombies.
+pub async fn kill_netns_processes(netns: &str, groups: &[i32]) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let Ok(out) = run("ip", &["netns", "pids", netns]).await else {
-            return;
+        let mut pids: BTreeSet<i32> = match run("ip", &["netns", "pids", netns]).await {
+            Ok(out) => out
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect(),
+            Err(_) => BTreeSet::new(),
         };
-        let pids: Vec<i32> = out
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .collect();
+        pids.extend(live_members(groups));
         if pids.is_empty() {
             return;
         }
         if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(
-                netns,
-                ?pids,
-                "processes still in the namespace after SIGKILL"
-            );
+            tracing::warn!(netns, ?pids, "pod processes still there after SIGKILL");
             return;
         }
         for pid in pids {
@@ -236,6 +239,36 @@ pub async fn kill_netns_processes(netns: &str) {
     }
 }
 
+/// Processes (not yet zombies) whose process group is one of `groups`.
+fn live_members(groups: &[i32]) -> Vec<i32> {
+    if groups.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parse_stat(&stat))
+                .is_some_and(|(state, pgid)| state != 'Z' && state != 'X' && groups.contains(&pgid))
+        })
+        .collect()
+}
+
+/// State and process group from a `/proc/<pid>/stat` line. The command
+/// name may contain spaces and parentheses, so fields are counted after the
+/// last `)`.
+fn parse_stat(stat: &str) -> Option<(char, i32)> {
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let _ppid = rest.next()?;
+    let pgid = rest.next()?.parse().ok()?;
+    Some((state, pgid))
+}
+
 /// Removes every namespace, veth and the bridge this node ever created
 /// (start-up and `localnode cleanup`).
 pub async fn cleanup_all(names: &Names) {
@@ -245,7 +278,7 @@ pub async fn cleanup_all(names: &Names) {
             .filter_map(|l| l.split_whitespace().next())
             .filter(|n| n.starts_with(&names.netns_prefix))
         {
-            kill_netns_processes(ns).await;
+            kill_netns_processes(ns, &[]).await;
             let _ = run("ip", &["netns", "del", ns]).await;
         }
     }
@@ -281,5 +314,27 @@ mod tests {
         n.release(a);
         let c = n.allocate().unwrap_or(Ipv4Addr::UNSPECIFIED);
         assert_eq!(c, Ipv4Addr::new(10, 244, 0, 4));
+    }
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        let line = "4242 (redis (x) srv) S 1 4240 4240 0 -1 4194560 0 0";
+        assert_eq!(parse_stat(line), Some(('S', 4240)));
+        assert_eq!(parse_stat("7 (sh) Z 1 7 7"), Some(('Z', 7)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_process_group_is_seen_and_an_unknown_one_is_not() {
+        let me = std::process::id() as i32;
+        let Some((_, group)) = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|s| parse_stat(&s))
+        else {
+            panic!("/proc/self/stat is readable")
+        };
+        assert!(live_members(&[group]).contains(&me));
+        assert!(live_members(&[]).is_empty());
+        assert!(live_members(&[i32::MAX]).is_empty());
     }
 }

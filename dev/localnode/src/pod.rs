@@ -182,6 +182,9 @@ pub struct Worker {
     gone: bool,
     /// The pod address; kept in the status after teardown, like the kubelet.
     status_ip: String,
+    /// Process group of every container started in this pod (each is led by
+    /// the container's first process); teardown waits until all are empty.
+    groups: Vec<i32>,
 }
 
 fn now() -> Timestamp {
@@ -251,6 +254,7 @@ impl Worker {
             last_event: BTreeMap::new(),
             gone: false,
             status_ip: String::new(),
+            groups: Vec::new(),
         }
     }
 
@@ -741,6 +745,11 @@ impl Worker {
         let pid = child
             .id()
             .ok_or_else(|| Error::Setup("container exited before it got a pid".into()))?;
+        if let Ok(group) = i32::try_from(pid)
+            && !self.groups.contains(&group)
+        {
+            self.groups.push(group);
+        }
         let tx = self.ev_tx.clone();
         tokio::spawn(async move {
             let status = match child.wait().await {
@@ -1148,7 +1157,7 @@ impl Worker {
             }
         }
         if let Some(n) = self.net.take() {
-            self.ctx.net.destroy(&n).await;
+            self.ctx.net.destroy(&n, &self.groups).await;
         }
         if self.run_dir.exists()
             && let Err(e) = std::fs::remove_dir_all(&self.run_dir)
