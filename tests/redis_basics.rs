@@ -139,19 +139,21 @@ async fn connections_and_info(engine: Engine) {
     .expect_err("unknown ACL user");
     assert_eq!(err.category(), ErrorCategory::Auth, "{engine:?}: {err}");
 
-    // Command timeout: DEBUG SLEEP outlasts a 200 ms bound.
+    // Command timeout: DEBUG SLEEP (2 s) outlasts a 200 ms bound; the client
+    // gives up long before the server answers (the margin absorbs scheduling
+    // noise on a loaded 2-core machine).
     let short = opts
         .clone()
         .with_timeouts(Duration::from_secs(2), Duration::from_millis(200));
     let mut n = Node::connect(&ep, &short).await.unwrap();
     let t = Instant::now();
     let err = n
-        .query::<redis::Value>("DEBUG SLEEP", redis::cmd("DEBUG").arg("SLEEP").arg("0.6"))
+        .query::<redis::Value>("DEBUG SLEEP", redis::cmd("DEBUG").arg("SLEEP").arg("2"))
         .await
         .expect_err("DEBUG SLEEP must time out");
     assert_eq!(err.category(), ErrorCategory::Timeout, "{engine:?}: {err}");
     assert!(
-        t.elapsed() < Duration::from_millis(450),
+        t.elapsed() < Duration::from_millis(1000),
         "{:?}",
         t.elapsed()
     );
@@ -309,6 +311,9 @@ async fn silent_host_times_out_within_the_bound() {
         }
     });
     let bound = Duration::from_millis(300);
+    // Giving up within the bound plus scheduling slack; a missing timeout
+    // would hang for the OS's TCP retries (minutes).
+    let slack = Duration::from_millis(700);
     let opts = ConnectOptions::default()
         .with_password(PASSWORD)
         .with_timeouts(bound, bound);
@@ -317,10 +322,7 @@ async fn silent_host_times_out_within_the_bound() {
     let err = Node::connect(&ep, &opts).await.expect_err("silent host");
     let took = t.elapsed();
     assert_eq!(err.category(), ErrorCategory::Timeout, "{err}");
-    assert!(
-        took >= bound && took < bound + Duration::from_millis(200),
-        "{took:?}"
-    );
+    assert!(took >= bound && took < bound + slack, "{took:?}");
     assert!(!err.to_string().contains(PASSWORD));
 
     let t = Instant::now();
@@ -329,11 +331,11 @@ async fn silent_host_times_out_within_the_bound() {
         .expect_err("silent host");
     let took = t.elapsed();
     assert_eq!(err.category(), ErrorCategory::Timeout, "{err}");
-    assert!(took < bound + Duration::from_millis(200), "{took:?}");
+    assert!(took < bound + slack, "{took:?}");
 
     let t = Instant::now();
     let topo = redpilot::redis::topology::observe(std::slice::from_ref(&ep), &opts).await;
-    assert!(t.elapsed() < bound + Duration::from_millis(200));
+    assert!(t.elapsed() < bound + slack);
     assert_eq!(
         topo.nodes[0].error.as_ref().map(|e| e.category),
         Some(ErrorCategory::Timeout)
