@@ -102,6 +102,8 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     use redpilot::controller::{self, leader};
 
+    // A bad RELATED_IMAGE_* fails the start, before any lease is taken.
+    let images = controller::images::Images::from_env()?;
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(telemetry::Metrics::new()?);
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await?;
@@ -125,10 +127,11 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(
         version = redpilot::VERSION,
         namespaces = ?namespaces,
+        related_images = images.len(),
         "starting controllers (all namespaces when empty)"
     );
     let result = tokio::select! {
-        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone()) => Ok(()),
+        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images) => Ok(()),
         _ = leader::keep(&client, &lease) => Err("lost leadership".into()),
     };
     metrics.leader.set(0);

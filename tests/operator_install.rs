@@ -540,3 +540,69 @@ async fn only_watched_namespaces_are_reconciled() {
         "a Redis outside WATCH_NAMESPACE got children: {children:?}"
     );
 }
+
+/// Without `spec.image`, the server image comes from the operator's
+/// `RELATED_IMAGE_<ENGINE>_<VERSION>` variable (what OLM mirrors for a
+/// disconnected cluster), and runs.
+#[tokio::test]
+async fn related_image_variable_sets_the_server_image() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-related", &[]).await;
+    let mirrored = "docker.io/valkey/valkey:8.1";
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env
+        .push(("RELATED_IMAGE_VALKEY_8_1".into(), mirrored.into()));
+    let _op = start_operator(&client, opts).await;
+
+    let (name, mut spec) = sample_spec("redpilot_v1alpha1_redis_standalone.yaml");
+    spec["engine"] = json!("Valkey");
+    spec["version"] = json!("8.1");
+    apply_redis(&client, &ns.name, &name, spec).await;
+    let redis = wait_ready(&client, &ns.name, &name, READY).await;
+    let sts: StatefulSet = Api::namespaced(client.clone(), &ns.name)
+        .get(&name)
+        .await
+        .expect("statefulset");
+    let image = sts
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.image);
+    assert_eq!(image.as_deref(), Some(mirrored));
+    let version = redis.status.and_then(|s| s.current_version);
+    assert!(
+        version.as_deref().is_some_and(|v| v.starts_with("8.1.")),
+        "currentVersion {version:?}"
+    );
+}
+
+/// A `RELATED_IMAGE_*` that cannot be an image stops the operator at start,
+/// naming the variable (no cluster needed: it fails before connecting).
+#[test]
+fn unusable_related_image_variable_fails_the_start_by_name() {
+    let out = std::process::Command::new(support::operator::operator_binary())
+        .args([
+            "run",
+            "--log-format",
+            "text",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env_clear()
+        .env("RELATED_IMAGE_REDIS_7_0", "redis: 7.0")
+        .env("KUBECONFIG", "/nonexistent")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running the operator");
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("RELATED_IMAGE_REDIS_7_0") && text.contains("whitespace"),
+        "{text}"
+    );
+}

@@ -1,5 +1,6 @@
 //! The operator: controllers, their shared context, leader election.
 
+pub mod images;
 pub mod leader;
 pub mod redis;
 
@@ -91,13 +92,15 @@ pub struct Context {
     pub recorder: Recorder,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Engine images from `RELATED_IMAGE_*`.
+    pub images: images::Images,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Redis>, u32>>,
 }
 
 impl Context {
     /// A context for `client`.
-    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, metrics: Arc<Metrics>, images: images::Images) -> Self {
         let reporter = Reporter {
             controller: "redpilot".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -106,6 +109,7 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
+            images,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -185,8 +189,13 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
 
 /// Runs the Redis controller over `namespaces` (all when empty) until the
 /// process is asked to stop.
-pub async fn run_controllers(client: Client, namespaces: Vec<String>, metrics: Arc<Metrics>) {
-    let ctx = Arc::new(Context::new(client.clone(), metrics));
+pub async fn run_controllers(
+    client: Client,
+    namespaces: Vec<String>,
+    metrics: Arc<Metrics>,
+    images: images::Images,
+) {
+    let ctx = Arc::new(Context::new(client.clone(), metrics, images));
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {

@@ -425,8 +425,15 @@ fn probe_script(cli: &str) -> String {
 
 /// The StatefulSet. Updates use `OnDelete`: the operator restarts pods itself,
 /// replicas first and the primary last after a switchover, so no
-/// acknowledged write is lost to a restart.
-pub fn statefulset(redis: &Redis, names: &Names, secret_name: &str, restart: &str) -> StatefulSet {
+/// acknowledged write is lost to a restart. `image` is the server image
+/// (see [`crate::controller::images::Images::image_for`]).
+pub fn statefulset(
+    redis: &Redis,
+    names: &Names,
+    secret_name: &str,
+    restart: &str,
+    image: &str,
+) -> StatefulSet {
     let spec = &redis.spec;
     let (server, cli) = match spec.engine {
         Engine::Redis => ("redis-server", "redis-cli"),
@@ -489,7 +496,7 @@ pub fn statefulset(redis: &Redis, names: &Names, secret_name: &str, restart: &st
     ];
     let container = Container {
         name: "redis".into(),
-        image: Some(spec.image()),
+        image: Some(image.to_string()),
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["sh".into(), "-c".into(), start_script(server)]),
         env: Some(env),
@@ -773,7 +780,7 @@ mod tests {
             ..Default::default()
         });
         let names = Names::new("cache");
-        let sts = statefulset(&r, &names, "cache-auth", "h");
+        let sts = statefulset(&r, &names, "cache-auth", "h", "mirror.local/redis:7.0");
         let owner = &sts.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!(owner.controller, Some(true));
         assert_eq!(owner.kind, "Redis");
@@ -790,6 +797,10 @@ mod tests {
             Some("Retain")
         );
         let pod = spec.template.spec.expect("pod spec");
+        assert_eq!(
+            pod.containers[0].image.as_deref(),
+            Some("mirror.local/redis:7.0")
+        );
         let sc = pod.containers[0].security_context.clone().expect("sc");
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(
@@ -802,7 +813,6 @@ mod tests {
                 .map(|p| p.type_),
             Some("RuntimeDefault".to_string())
         );
-        assert_eq!(pod.containers[0].image.as_deref(), Some("redis:7.0"));
     }
 
     #[test]

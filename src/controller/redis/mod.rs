@@ -356,7 +356,8 @@ impl Reconciler {
         let restart = build::restart_hash(&self.redis, |k| {
             crate::redis::config::is_dynamic(k, engine, version)
         });
-        let mut sts = build::statefulset(&self.redis, &self.names, &secret_name, &restart);
+        let image = self.ctx.images.image_for(&self.redis.spec);
+        let mut sts = build::statefulset(&self.redis, &self.names, &secret_name, &restart, &image);
         // Never let a scale-down remove the primary: hold the size until the
         // primary has moved to a surviving ordinal.
         let current_replicas = live_sts
