@@ -63,7 +63,8 @@ struct Reconciler {
     notes: Vec<String>,
     /// Work in progress, reported as Progressing.
     progressing: Vec<String>,
-    /// The primary after a switchover made by this reconcile.
+    /// The primary last recorded by this reconcile (`record_primary`): the
+    /// chosen one, or the target of a switchover or recovery made here.
     moved_primary: Option<String>,
 }
 
@@ -393,6 +394,15 @@ impl Reconciler {
                     .await;
             }
         }
+        // A switchover or recovery in step 5 made another instance primary:
+        // what was observed is stale, so labels, restarts and the status
+        // wait for the next pass, which observes the new topology. Only the
+        // new primary is reported now (it is already recorded).
+        if let Some(moved) = self.moved_primary.clone()
+            && primary.as_deref() != Some(moved.as_str())
+        {
+            return self.finish(&facts, Some(&moved), desired, false).await;
+        }
 
         // 6. Role labels (the Services select on them).
         self.label_roles(&facts, primary.as_deref()).await?;
@@ -405,6 +415,8 @@ impl Reconciler {
             self.roll(&facts, p, desired, &opts).await?;
         }
 
+        // A switchover in step 8 moved the primary: report the new one.
+        let primary = self.moved_primary.clone().or(primary);
         self.finish(&facts, primary.as_deref(), desired, false)
             .await
     }
@@ -544,9 +556,13 @@ impl Reconciler {
                     ),
                 )
                 .await;
-                if let Err(e) = self.publish_primary(facts, &best).await {
-                    self.progressing
-                        .push(format!("recording new primary {best}: {e}"));
+                match self.publish_primary(facts, &best).await {
+                    Ok(()) => self
+                        .progressing
+                        .push(format!("promoted {best}; the others follow it next")),
+                    Err(e) => self
+                        .progressing
+                        .push(format!("recording new primary {best}: {e}")),
                 }
             }
             Err(e) => self.progressing.push(format!("promoting {best}: {e}")),
@@ -649,7 +665,15 @@ impl Reconciler {
                 .await
             {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // An apply to a pod deleted since the list would create it
+                // and is refused as invalid (or not found): a pod that is
+                // gone needs no label.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 => {
+                    let live: Option<Pod> = self.get(&f.name).await?;
+                    if live.is_some() {
+                        return Err(kube::Error::Api(s).into());
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -904,7 +928,7 @@ impl Reconciler {
             return Ok(requeue(all_ready && !degraded));
         }
         self.ctx.metrics.kube("patch_status");
-        let patch = serde_json::json!({"status": status});
+        let patch = serde_json::json!({"status": merge_patch_value(&old, &status)?});
         self.api::<Redis>()
             .patch_status(
                 &self.redis.name_any(),
@@ -936,31 +960,51 @@ fn requeue(steady: bool) -> Action {
     })
 }
 
-/// Offsets are refreshed in the status once one has moved this far, so a busy
-/// Redis does not cost a status write per reconcile.
-const OFFSET_REFRESH_BYTES: i64 = 1 << 20;
+/// Offsets and lags are refreshed in the status once one has moved this far,
+/// so a busy Redis does not cost a status write per reconcile.
+const OFFSET_REFRESH_BYTES: u64 = 1 << 20;
 
 /// Whether the status changed in a way worth a write: anything but the
-/// replication offsets, or an offset that moved by more than
-/// [`OFFSET_REFRESH_BYTES`].
+/// replication offsets and lags, or one of those that moved by at least
+/// [`OFFSET_REFRESH_BYTES`] (or appeared, or went away).
 fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
     let strip = |s: &RedisStatus| {
         let mut s = s.clone();
         for i in &mut s.instances {
             i.offset = None;
+            i.lag_bytes = None;
         }
         s
     };
     if strip(old) != strip(new) {
         return true;
     }
+    let moved = |a: Option<i64>, b: Option<i64>| match (a, b) {
+        (Some(x), Some(y)) => x.abs_diff(y) >= OFFSET_REFRESH_BYTES,
+        (x, y) => x.is_some() != y.is_some(),
+    };
     old.instances
         .iter()
         .zip(&new.instances)
-        .any(|(a, b)| match (a.offset, b.offset) {
-            (Some(x), Some(y)) => (x - y).abs() >= OFFSET_REFRESH_BYTES,
-            (x, y) => x.is_some() != y.is_some(),
-        })
+        .any(|(a, b)| moved(a.offset, b.offset) || moved(a.lag_bytes, b.lag_bytes))
+}
+
+/// The status as a JSON merge patch: `new`, plus an explicit `null` for
+/// every field the old status had and `new` leaves out (an omitted field
+/// would keep its old value on the server).
+fn merge_patch_value(old: &RedisStatus, new: &RedisStatus) -> Result<serde_json::Value, Error> {
+    let json = |s: &RedisStatus| serde_json::to_value(s).map_err(|e| Error::Serialize("status", e));
+    let mut value = json(new)?;
+    if let (serde_json::Value::Object(map), serde_json::Value::Object(old_map)) =
+        (&mut value, json(old)?)
+    {
+        for key in old_map.keys() {
+            if !map.contains_key(key) {
+                map.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+    Ok(value)
 }
 
 fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
@@ -991,4 +1035,61 @@ fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
         });
     }
     Ok(pw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::InstanceStatus;
+
+    fn with_instance(offset: i64, lag: i64) -> RedisStatus {
+        RedisStatus {
+            primary: Some("cache-0".into()),
+            instances: vec![InstanceStatus {
+                name: "cache-1".into(),
+                role: "replica".into(),
+                ready: true,
+                offset: Some(offset),
+                lag_bytes: Some(lag),
+                link_up: Some(true),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn small_offset_and_lag_moves_are_not_worth_a_write() {
+        let old = with_instance(1_000, 10);
+        assert!(!status_differs(&old, &with_instance(1_000, 10)));
+        assert!(!status_differs(&old, &with_instance(500_000, 90_000)));
+        assert!(status_differs(&old, &with_instance(3_000_000, 10)));
+        assert!(status_differs(&old, &with_instance(1_000, 2_000_000)));
+        let mut gone = with_instance(1_000, 10);
+        gone.instances[0].lag_bytes = None;
+        assert!(status_differs(&old, &gone));
+        let mut other = with_instance(1_000, 10);
+        other.instances[0].ready = false;
+        assert!(status_differs(&old, &other));
+        // Extreme values from a misbehaving server do not overflow.
+        assert!(status_differs(
+            &with_instance(i64::MIN, 0),
+            &with_instance(i64::MAX, 0)
+        ));
+    }
+
+    #[test]
+    fn fields_that_went_away_are_nulled_in_the_patch() {
+        let old = with_instance(1, 0);
+        let new = RedisStatus::default();
+        let Ok(patch) = merge_patch_value(&old, &new) else {
+            panic!("status serialises")
+        };
+        assert_eq!(patch["primary"], serde_json::Value::Null);
+        assert!(patch.as_object().is_some_and(|m| m.contains_key("primary")));
+        let Ok(same) = merge_patch_value(&old, &old) else {
+            panic!("status serialises")
+        };
+        assert_eq!(same["primary"], "cache-0");
+        assert_eq!(same["instances"][0]["name"], "cache-1");
+    }
 }
