@@ -55,11 +55,32 @@ fn jiff_secs(secs: i64) -> k8s_openapi::jiff::SignedDuration {
     k8s_openapi::jiff::SignedDuration::from_secs(secs)
 }
 
+/// Field manager of the empty Lease written when none exists. It is not
+/// [`FIELD_MANAGER`]: an apply by that manager without the holder fields
+/// would remove the holder another process has just written.
+const INIT_FIELD_MANAGER: &str = "redpilot-leader-init";
+
 /// One try to acquire or renew the lease.
 pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<Attempt, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+    let mut current = api.get_opt(&cfg.name).await?;
+    if current.is_none() {
+        // An apply without a resourceVersion creates or leaves as is, so two
+        // candidates could both "create" the holder. First make sure an
+        // empty Lease exists (a no-op if someone was quicker), then take it
+        // by compare-and-swap on its resourceVersion like any other.
+        let empty = Lease {
+            metadata: ObjectMeta {
+                name: Some(cfg.name.clone()),
+                namespace: Some(cfg.namespace.clone()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        let pp = PatchParams::apply(INIT_FIELD_MANAGER);
+        current = Some(api.patch(&cfg.name, &pp, &Patch::Apply(&empty)).await?);
+    }
     let now = Timestamp::now();
-    let current = api.get_opt(&cfg.name).await?;
     if let Some(holder) = current
         .as_ref()
         .and_then(|l| held_by_other_and_live(l, &cfg.identity, now))
@@ -123,26 +144,59 @@ pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
     }
 }
 
-/// Renews the lease until renewal fails for longer than the lease lasts;
-/// returns then (leadership lost).
+/// How long before the lease would expire a holder that cannot renew stops
+/// (room for clock skew between this process and the other candidates).
+const STEP_DOWN_MARGIN: Duration = Duration::from_secs(2);
+
+/// Pause between renewal attempts after a failed one.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+/// Renews the lease; returns (leadership lost) when another process holds
+/// it, or when renewal keeps failing and the lease is about to expire. Each
+/// attempt is bounded by the time left, so a hanging API server cannot keep
+/// this process reconciling after another one has taken over.
 pub async fn keep(client: &Client, cfg: &LeaseConfig) {
     let mut last_ok = std::time::Instant::now();
+    let mut wait = cfg.renew_every;
     loop {
-        tokio::time::sleep(cfg.renew_every).await;
-        match try_acquire(client, cfg).await {
-            Ok(Attempt::Held) => last_ok = std::time::Instant::now(),
-            Ok(Attempt::HeldBy(holder)) => {
+        tokio::time::sleep(wait).await;
+        let Some(budget) = renewal_budget(last_ok.elapsed(), cfg) else {
+            tracing::error!(
+                since = ?last_ok.elapsed(),
+                "lease not renewed in time; stepping down before it can expire"
+            );
+            return;
+        };
+        let started = std::time::Instant::now();
+        let attempt = tokio::time::timeout(budget.min(cfg.renew_every), try_acquire(client, cfg));
+        let failure = match attempt.await {
+            Ok(Ok(Attempt::Held)) => {
+                // The lease counts from the renewTime written, taken after
+                // `started`.
+                last_ok = started;
+                wait = cfg.renew_every;
+                continue;
+            }
+            Ok(Ok(Attempt::HeldBy(holder))) => {
                 tracing::error!(holder = %holder, "leadership taken by another process");
                 return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "renewing the lease failed");
-                if last_ok.elapsed() >= cfg.duration {
-                    return;
-                }
-            }
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer in time".to_string(),
+        };
+        tracing::warn!(error = %failure, "renewing the lease failed");
+        wait = RETRY_AFTER_FAILURE;
     }
+}
+
+/// How long a renewal attempt may take when the last successful one started
+/// `since_renewal` ago; `None` once the holder must step down.
+fn renewal_budget(since_renewal: Duration, cfg: &LeaseConfig) -> Option<Duration> {
+    let left = cfg
+        .duration
+        .saturating_sub(since_renewal)
+        .saturating_sub(STEP_DOWN_MARGIN);
+    (!left.is_zero()).then_some(left)
 }
 
 #[cfg(test)]
@@ -159,6 +213,29 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    #[test]
+    fn holder_steps_down_before_the_lease_can_expire() {
+        let cfg = LeaseConfig {
+            namespace: "ns".into(),
+            name: "l".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        };
+        // One failed attempt leaves room for more, each bounded by what is
+        // left of the lease minus the margin.
+        assert_eq!(
+            renewal_budget(Duration::from_secs(5), &cfg),
+            Some(Duration::from_secs(8))
+        );
+        assert_eq!(
+            renewal_budget(Duration::from_millis(12_500), &cfg),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(renewal_budget(Duration::from_secs(13), &cfg), None);
+        assert_eq!(renewal_budget(Duration::from_secs(60), &cfg), None);
     }
 
     #[test]
