@@ -291,6 +291,12 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             vec!["spec.storage.size", "cannot shrink"],
         ),
         (
+            "grow storage",
+            "stored",
+            json!({"spec": {"storage": {"size": "3Gi"}}}),
+            vec!["spec.storage.size", "immutable", "not supported yet"],
+        ),
+        (
             "remove storage",
             "stored",
             json!({"spec": {"storage": null}}),
@@ -334,9 +340,9 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
     // The same objects accept the changes that are allowed.
     let allowed: Vec<(&str, &str, Value)> = vec![
         (
-            "grow storage",
+            "same storage size, spelled differently",
             "stored",
-            json!({"spec": {"storage": {"size": "3Gi"}}}),
+            json!({"spec": {"storage": {"size": "2048Mi"}}}),
         ),
         (
             "upgrade version",

@@ -441,6 +441,16 @@ impl Reconciler {
                 self.notes.push(msg);
                 Ok(false)
             }
+            // The API server refuses the object as invalid (e.g. a change to
+            // a field it keeps immutable): retrying cannot help, so say so.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 422 => {
+                let name = desired.meta().name.clone().unwrap_or_default();
+                let msg = format!("{kind} {name} was refused: {}", s.message);
+                self.event(EventType::Warning, "Invalid", "Apply", msg.clone())
+                    .await;
+                self.notes.push(msg);
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
