@@ -291,6 +291,11 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
     futures::pin_mut!(stream);
     let mut workers: BTreeMap<String, mpsc::UnboundedSender<PodMsg>> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
+    // Pods whose worker has finished (terminated and deleted them). Events
+    // about them can still arrive (the deletion itself is a modification);
+    // they must not start a second worker. Forgotten once the API reports
+    // the pod deleted, or a re-list no longer has it.
+    let mut finished: BTreeSet<String> = BTreeSet::new();
     loop {
         let ev = match stream.try_next().await {
             Ok(Some(ev)) => ev,
@@ -301,7 +306,13 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
                 continue;
             }
         };
-        workers.retain(|_, tx| !tx.is_closed());
+        workers.retain(|uid, tx| {
+            let open = !tx.is_closed();
+            if !open {
+                finished.insert(uid.clone());
+            }
+            open
+        });
         match ev {
             watcher::Event::Init => seen.clear(),
             watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
@@ -309,6 +320,9 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
                     continue;
                 };
                 seen.insert(uid.clone());
+                if finished.contains(&uid) {
+                    continue;
+                }
                 match workers.get(&uid) {
                     Some(tx) => {
                         let _ = tx.send(PodMsg::Update(Box::new(pod)));
@@ -327,10 +341,14 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
                         let _ = tx.send(PodMsg::Gone);
                     }
                 }
+                finished.retain(|uid| seen.contains(uid));
             }
             watcher::Event::Delete(pod) => {
-                if let Some(tx) = pod.metadata.uid.as_ref().and_then(|u| workers.get(u)) {
-                    let _ = tx.send(PodMsg::Gone);
+                if let Some(uid) = pod.metadata.uid.as_ref() {
+                    if let Some(tx) = workers.get(uid) {
+                        let _ = tx.send(PodMsg::Gone);
+                    }
+                    finished.remove(uid);
                 }
             }
         }

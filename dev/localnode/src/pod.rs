@@ -1325,7 +1325,10 @@ impl Worker {
             return;
         }
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let patch = json!({"status": st});
+        // The UID makes the patch a precondition: once this pod is gone and a
+        // new one has its name (a StatefulSet re-creating it), the write is
+        // refused as a UID change instead of landing on the new pod.
+        let patch = json!({"metadata": {"uid": self.uid}, "status": st});
         match api
             .patch_status(
                 &self.name,
@@ -1336,6 +1339,9 @@ impl Worker {
         {
             Ok(_) => self.last_pushed = Some(st),
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("metadata.uid") => {
+                tracing::debug!(pod = %self.name, "pod replaced by a new one; status not written");
+            }
             Err(e) => tracing::warn!(pod = %self.name, error = %e, "status update failed"),
         }
     }
