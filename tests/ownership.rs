@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -40,6 +40,13 @@ async fn orphaned_children_are_adopted_without_restart() {
         .filter_map(|p| p.metadata.uid.clone())
         .collect();
     assert_eq!(uids_before.len(), 1);
+    let password_before = Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .get("keep-auth")
+        .await
+        .expect("generated Secret")
+        .data
+        .and_then(|d| d.get("password").cloned());
+    assert!(password_before.is_some());
 
     // Delete the Redis but orphan its children: the garbage collector strips
     // their owner references and leaves them running.
@@ -82,6 +89,23 @@ async fn orphaned_children_are_adopted_without_restart() {
         Some(owner.uid),
         second.metadata.uid,
         "owned by the new Redis"
+    );
+
+    // The generated password Secret is adopted too, password unchanged.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    let secret = wait_for("the Secret to be owned again", READY, || async {
+        let s = secrets.get("keep-auth").await.ok()?;
+        let owned =
+            s.metadata.owner_references.iter().flatten().any(|o| {
+                o.controller == Some(true) && Some(&o.uid) == second.metadata.uid.as_ref()
+            });
+        owned.then_some(s)
+    })
+    .await;
+    assert_eq!(
+        secret.data.and_then(|d| d.get("password").cloned()),
+        password_before,
+        "adoption kept the password"
     );
 
     let pods_after = redis_pods(&client, &ns.name, "keep").await;

@@ -252,7 +252,15 @@ impl Reconciler {
                         })
                         .await;
                 }
-                read_password(&s, &secret_name)?
+                let pw = read_password(&s, &secret_name)?;
+                if !controlled_by(&s.metadata, self.uid()) && !paused {
+                    // Adopt it: the same password, now owned by this Redis
+                    // (so it goes with it). The data is applied too, so the
+                    // apply can never drop the password.
+                    let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                    self.apply("Secret", &secret, Some(&s)).await?;
+                }
+                pw
             }
             (None, None) if paused => String::new(),
             (None, None) => {
