@@ -394,13 +394,18 @@ impl Reconciler {
                 .await;
         }
 
-        // 5. Replication wiring.
-        if let (Some(p), Some(_)) = (&primary, &topology) {
-            self.wire(&facts, p, &opts).await;
-            if hold {
-                self.move_primary_for_scale_down(&facts, p, desired, &opts)
-                    .await;
+        // 5. Replication wiring; with no primary to choose, recovery decides
+        // (it promotes only when no server is primary and no link is up).
+        match (&primary, &topology) {
+            (Some(p), Some(_)) => {
+                self.wire(&facts, p, &opts).await;
+                if hold {
+                    self.move_primary_for_scale_down(&facts, p, desired, &opts)
+                        .await;
+                }
             }
+            (None, Some(_)) if !facts.is_empty() => self.recover_primary(&facts, &opts).await,
+            _ => {}
         }
         // A switchover or recovery in step 5 made another instance primary:
         // what was observed is stale, so labels, restarts and the status
@@ -472,6 +477,14 @@ impl Reconciler {
                 .push(format!("waiting for primary {primary} to get an address"));
             return;
         };
+        if pf.terminating {
+            // Wiring waits for the primary's pod to stop; then the recorded
+            // primary comes back and recovery decides.
+            self.progressing.push(format!(
+                "primary {primary} is being deleted; waiting for it to stop"
+            ));
+            return;
+        }
         let pep = Endpoint::new(&pip, build::REDIS_PORT);
         if pf.role == Some(Role::Replica) {
             // Promoting a replica while any server still acts as primary
@@ -482,7 +495,7 @@ impl Reconciler {
             return;
         }
         for f in facts {
-            if f.name == primary || !f.reachable {
+            if f.name == primary || !f.reachable || f.terminating {
                 continue;
             }
             let Some(ip) = &f.ip else { continue };

@@ -27,6 +27,8 @@ pub struct PodFacts {
     pub ready: bool,
     /// Running an older template revision than the StatefulSet's.
     pub outdated: bool,
+    /// The pod is being deleted (it may still serve until it stops).
+    pub terminating: bool,
     /// Current value of the role label.
     pub role_label: Option<String>,
     /// The server answered INFO.
@@ -45,11 +47,12 @@ pub struct PodFacts {
     pub version: Option<String>,
 }
 
-/// Facts from the pod objects alone, sorted by ordinal.
+/// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
+/// are kept (marked `terminating`): a primary that is shutting down is still
+/// the primary until it stops, and must not be mistaken for a missing one.
 pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
     let mut out: Vec<PodFacts> = pods
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(|p| {
             let status = p.status.as_ref();
             let ready = status
@@ -67,6 +70,7 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
                     _ => false,
                 },
                 role_label: p.labels().get(ROLE_LABEL).cloned(),
+                terminating: p.metadata.deletion_timestamp.is_some(),
                 ..Default::default()
             }
         })
@@ -120,8 +124,10 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
 /// 2. else the recorded primary, while its pod exists (a restarting primary
 ///    is waited for, not replaced: failover is a separate decision);
 /// 3. else the reachable primary with data and the highest offset (ties:
-///    lowest ordinal);
-/// 4. else ordinal 0, once it exists.
+///    lowest ordinal), not being deleted;
+/// 4. else ordinal 0, once it exists, is not being deleted and is not a
+///    replica (a replica is never made primary by default: only recovery
+///    promotes one, deliberately).
 ///
 /// A replica whose link is down never decides anything: it may follow an
 /// address that no longer exists.
@@ -136,7 +142,7 @@ pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names)
     }
     let mut primaries: Vec<&PodFacts> = facts
         .iter()
-        .filter(|f| f.reachable && f.role == Some(Role::Primary))
+        .filter(|f| f.reachable && f.role == Some(Role::Primary) && !f.terminating)
         .collect();
     primaries.sort_by_key(|f| {
         (
@@ -150,7 +156,10 @@ pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names)
         return Some(best.name.clone());
     }
     let first = names.pod(0);
-    facts.iter().any(|f| f.name == first).then_some(first)
+    facts
+        .iter()
+        .any(|f| f.name == first && !f.terminating && f.role != Some(Role::Replica))
+        .then_some(first)
 }
 
 /// The reachable primary followed by linked replicas, when exactly one
@@ -195,7 +204,11 @@ pub fn best_replica(facts: &[PodFacts], eligible: impl Fn(&PodFacts) -> bool) ->
     facts
         .iter()
         .filter(|f| {
-            f.ready && f.reachable && f.role == Some(Role::Replica) && f.link_up == Some(true)
+            f.ready
+                && f.reachable
+                && !f.terminating
+                && f.role == Some(Role::Replica)
+                && f.link_up == Some(true)
         })
         .filter(|f| eligible(f))
         .max_by_key(|f| {
@@ -212,7 +225,7 @@ pub fn best_replica(facts: &[PodFacts], eligible: impl Fn(&PodFacts) -> bool) ->
 pub fn most_advanced(facts: &[PodFacts]) -> Option<String> {
     facts
         .iter()
-        .filter(|f| f.reachable)
+        .filter(|f| f.reachable && !f.terminating)
         .max_by_key(|f| {
             (
                 f.offset.unwrap_or(0),
@@ -357,6 +370,36 @@ mod tests {
             choose_primary(&facts, None, &names()),
             Some("cache-1".into())
         );
+    }
+
+    #[test]
+    fn a_primary_being_deleted_stays_primary_and_is_never_replaced_by_default() {
+        // cache-1 leads and its pod is being deleted: still the primary while
+        // replicas follow it, and while the record names it.
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("10.0.0.1"), 70),
+            pod(1, Some(Role::Primary), None, 70),
+            pod(2, Some(Role::Replica), Some("10.0.0.1"), 70),
+        ];
+        facts[1].terminating = true;
+        assert_eq!(
+            choose_primary(&facts, Some("cache-1"), &names()),
+            Some("cache-1".into())
+        );
+        // Stopped, links down, no record: ordinal 0 is a replica and is not
+        // chosen by default; nothing is.
+        facts[1].reachable = false;
+        facts[1].role = None;
+        for i in [0, 2] {
+            facts[i].link_up = Some(false);
+        }
+        assert_eq!(choose_primary(&facts, None, &names()), None);
+        // Neither promotion nor switchover picks a pod being deleted.
+        facts[0].terminating = true;
+        assert_eq!(most_advanced(&facts), Some("cache-2".into()));
+        facts[2].link_up = Some(true);
+        facts[0].link_up = Some(true);
+        assert_eq!(best_replica(&facts, |_| true), Some("cache-2".into()));
     }
 
     #[test]
