@@ -434,8 +434,9 @@ impl Reconciler {
             .await
     }
 
-    /// Applies a child; a conflict with a foreign object becomes a Degraded
-    /// note and an event instead of an error (retrying would not help).
+    /// Applies a child; a conflict with a foreign object, or an object the API
+    /// server refuses as invalid, becomes a Degraded note and an event instead
+    /// of an error (retrying would not help).
     async fn apply_or_degrade<K>(
         &mut self,
         kind: &'static str,
@@ -445,27 +446,24 @@ impl Reconciler {
     where
         K: Child,
     {
-        match self.apply(kind, desired, live).await {
-            Ok(w) => Ok(w),
-            Err(e @ Error::Conflict { .. }) => {
-                let msg = e.to_string();
-                self.event(EventType::Warning, "Conflict", "Apply", msg.clone())
-                    .await;
-                self.notes.push(msg);
-                Ok(false)
-            }
+        let (reason, msg) = match self.apply(kind, desired, live).await {
+            Ok(w) => return Ok(w),
+            Err(e @ Error::Conflict { .. }) => ("Conflict", e.to_string()),
             // The API server refuses the object as invalid (e.g. a change to
             // a field it keeps immutable): retrying cannot help, so say so.
             Err(Error::Kube(kube::Error::Api(s))) if s.code == 422 => {
                 let name = desired.meta().name.clone().unwrap_or_default();
-                let msg = format!("{kind} {name} was refused: {}", s.message);
-                self.event(EventType::Warning, "Invalid", "Apply", msg.clone())
-                    .await;
-                self.notes.push(msg);
-                Ok(false)
+                (
+                    "Invalid",
+                    format!("{kind} {name} was refused: {}", s.message),
+                )
             }
-            Err(e) => Err(e),
-        }
+            Err(e) => return Err(e),
+        };
+        self.event(EventType::Warning, reason, "Apply", msg.clone())
+            .await;
+        self.notes.push(msg);
+        Ok(false)
     }
 
     async fn wire(&mut self, facts: &[PodFacts], primary: &str, opts: &ConnectOptions) {
