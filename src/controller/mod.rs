@@ -8,15 +8,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::v1alpha1::Redis;
 use crate::telemetry::Metrics;
@@ -84,6 +84,44 @@ impl Error {
     }
 }
 
+/// The watch caches of one controller: every child kind and the pods, each
+/// fed by a watch restricted to objects labelled
+/// `app.kubernetes.io/managed-by=redpilot` in the watched namespaces, so
+/// memory grows with what the operator manages, not with the cluster.
+/// Secrets the user names (`spec.auth.secretName`) are read by name, never
+/// watched. `managedFields` are dropped on the way in.
+#[derive(Clone)]
+pub struct Stores {
+    /// StatefulSets.
+    pub statefulsets: Store<StatefulSet>,
+    /// Services.
+    pub services: Store<Service>,
+    /// ConfigMaps.
+    pub config_maps: Store<ConfigMap>,
+    /// The generated auth Secrets.
+    pub secrets: Store<Secret>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Store<PodDisruptionBudget>,
+    /// The Redis pods.
+    pub pods: Store<Pod>,
+}
+
+impl Stores {
+    /// Waits until every cache holds its initial list (bounded: the caller
+    /// retries later when it is not).
+    pub async fn ready(&self, within: Duration) -> bool {
+        let all = async {
+            self.statefulsets.wait_until_ready().await.is_ok()
+                && self.services.wait_until_ready().await.is_ok()
+                && self.config_maps.wait_until_ready().await.is_ok()
+                && self.secrets.wait_until_ready().await.is_ok()
+                && self.pdbs.wait_until_ready().await.is_ok()
+                && self.pods.wait_until_ready().await.is_ok()
+        };
+        tokio::time::timeout(within, all).await.unwrap_or(false)
+    }
+}
+
 /// Shared by every reconcile.
 pub struct Context {
     /// The API client.
@@ -94,13 +132,26 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Engine images from `RELATED_IMAGE_*`.
     pub images: images::Images,
+    /// The watch caches.
+    pub stores: Stores,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Redis>, u32>>,
+    /// Resource version of this operator's last status write per object,
+    /// until the watch cache has caught up with it.
+    written: Mutex<HashMap<ObjectRef<Redis>, String>>,
+    /// Per object that is not ready: a fingerprint of what the last pass saw
+    /// and how many passes in a row saw it without writing anything.
+    stuck: Mutex<HashMap<ObjectRef<Redis>, (String, u32)>>,
 }
 
 impl Context {
     /// A context for `client`.
-    pub fn new(client: Client, metrics: Arc<Metrics>, images: images::Images) -> Self {
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        images: images::Images,
+        stores: Stores,
+    ) -> Self {
         let reporter = Reporter {
             controller: "redpilot".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -110,7 +161,52 @@ impl Context {
             client,
             metrics,
             images,
+            stores,
             failures: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
+            stuck: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The resource version of our last status write to `obj` that the
+    /// cache may not have seen yet.
+    pub fn written_version(&self, obj: &ObjectRef<Redis>) -> Option<String> {
+        self.written.lock().ok()?.get(obj).cloned()
+    }
+
+    /// Records a status write to `obj`.
+    pub fn remember_written(&self, obj: &ObjectRef<Redis>, rv: String) {
+        if let Ok(mut w) = self.written.lock() {
+            w.insert(obj.clone(), rv);
+        }
+    }
+
+    /// The cache has caught up with our writes to `obj`.
+    pub fn forget_written(&self, obj: &ObjectRef<Redis>) {
+        if let Ok(mut w) = self.written.lock() {
+            w.remove(obj);
+        }
+    }
+
+    /// Counts a pass of `obj` that is not ready: returns how many passes in
+    /// a row (before this one) saw the same `fingerprint` without writing.
+    pub fn stuck_passes(&self, obj: &ObjectRef<Redis>, fingerprint: String, wrote: bool) -> u32 {
+        let Ok(mut m) = self.stuck.lock() else {
+            return 0;
+        };
+        let entry = m.entry(obj.clone()).or_insert_with(|| (String::new(), 0));
+        if wrote || entry.0 != fingerprint {
+            *entry = (fingerprint, 0);
+            return 0;
+        }
+        entry.1 = entry.1.saturating_add(1);
+        entry.1
+    }
+
+    /// `obj` is ready (or gone): no backoff is remembered for it.
+    pub fn forget_stuck(&self, obj: &ObjectRef<Redis>) {
+        if let Ok(mut m) = self.stuck.lock() {
+            m.remove(obj);
         }
     }
 
@@ -171,6 +267,16 @@ fn error_policy(obj: Arc<Redis>, err: &Error, ctx: Arc<Context>) -> Action {
 
 async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> {
     let oref = ObjectRef::from_obj(obj.as_ref());
+    // Decisions need complete caches: a child missing from a cache that is
+    // still listing would look deleted.
+    if !ctx.stores.ready(Duration::from_secs(30)).await {
+        tracing::warn!(redis = %oref, "watch caches not synced yet; retrying");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    if obj.meta().deletion_timestamp.is_some() {
+        ctx.forget_written(&oref);
+        ctx.forget_stuck(&oref);
+    }
     let timer = std::time::Instant::now();
     let result = redis::reconcile(obj, ctx.clone()).await;
     ctx.metrics
@@ -187,6 +293,33 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
     result
 }
 
+/// A watch of `K` restricted by `cfg`, feeding a reflector store; returns
+/// the store and the stream of changed objects that drives the controller.
+fn cached_watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, cfg)
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
 /// Runs the Redis controller over `namespaces` (all when empty) until the
 /// process is asked to stop.
 pub async fn run_controllers(
@@ -195,15 +328,15 @@ pub async fn run_controllers(
     metrics: Arc<Metrics>,
     images: images::Images,
 ) {
-    let ctx = Arc::new(Context::new(client.clone(), metrics, images));
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
         namespaces.into_iter().map(Some).collect()
     };
     let runs = scopes.into_iter().map(|ns| {
-        let ctx = ctx.clone();
         let client = client.clone();
+        let metrics = metrics.clone();
+        let images = images.clone();
         async move {
             fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
             where
@@ -217,16 +350,30 @@ pub async fn run_controllers(
             }
             let managed =
                 watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
-            let pods: Api<Pod> = api(&client, &ns);
+            let (statefulsets, sts_changes) = cached_watch(api(&client, &ns), managed.clone());
+            let (services, svc_changes) = cached_watch(api(&client, &ns), managed.clone());
+            let (config_maps, cm_changes) = cached_watch(api(&client, &ns), managed.clone());
+            let (secrets, secret_changes) = cached_watch(api(&client, &ns), managed.clone());
+            let (pdbs, pdb_changes) = cached_watch(api(&client, &ns), managed.clone());
+            let (pods, pod_changes) = cached_watch::<Pod>(api(&client, &ns), managed);
+            let stores = Stores {
+                statefulsets,
+                services,
+                config_maps,
+                secrets,
+                pdbs,
+                pods,
+            };
+            let ctx = Arc::new(Context::new(client.clone(), metrics, images, stores));
             Controller::new(api::<Redis>(&client, &ns), watcher::Config::default())
-                .owns(api::<StatefulSet>(&client, &ns), managed.clone())
-                .owns(api::<Service>(&client, &ns), managed.clone())
-                .owns(api::<ConfigMap>(&client, &ns), managed.clone())
-                .owns(api::<Secret>(&client, &ns), managed.clone())
-                .owns(api::<PodDisruptionBudget>(&client, &ns), managed.clone())
+                .owns_stream(sts_changes)
+                .owns_stream(svc_changes)
+                .owns_stream(cm_changes)
+                .owns_stream(secret_changes)
+                .owns_stream(pdb_changes)
                 // Pods belong to the StatefulSet; map them to their Redis by
                 // the instance label so readiness changes trigger a reconcile.
-                .watches(pods, managed, |pod: Pod| {
+                .watches_stream(pod_changes, |pod: Pod| {
                     let name = pod.labels().get(redis::build::INSTANCE_LABEL)?.clone();
                     let ns = pod.namespace()?;
                     Some(ObjectRef::<Redis>::new(&name).within(&ns))
@@ -237,7 +384,11 @@ pub async fn run_controllers(
                 .for_each(|res| async move {
                     match res {
                         Ok((obj, _)) => tracing::debug!(redis = %obj, "reconciled"),
-                        Err(e) => tracing::debug!(error = %e, "controller event"),
+                        // Failed reconciles were logged by error_policy.
+                        Err(e @ kube::runtime::controller::Error::ReconcilerFailed(..)) => {
+                            tracing::debug!(error = %e, "reconcile failed")
+                        }
+                        Err(e) => tracing::warn!(error = %e, "controller stream error"),
                     }
                 })
                 .await;

@@ -3,17 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{
-    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
-    StatefulSetUpdateStrategy,
-};
-use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -137,7 +127,7 @@ pub fn owner_reference(redis: &Redis) -> Option<OwnerReference> {
     redis.controller_owner_ref(&())
 }
 
-fn meta(redis: &Redis, name: String) -> ObjectMeta {
+pub(crate) fn meta(redis: &Redis, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: redis.namespace(),
@@ -186,9 +176,11 @@ pub fn stamped_hash<K: Resource>(obj: &K) -> Option<&str> {
 pub fn auth_secret(redis: &Redis, names: &Names, password: &str) -> Secret {
     Secret {
         metadata: meta(redis, names.generated_secret()),
-        string_data: Some(BTreeMap::from([(
+        // `data`, not `stringData`: the API server stores and returns
+        // `data`, so drift detection can compare it with the live Secret.
+        data: Some(BTreeMap::from([(
             PASSWORD_KEY.to_string(),
-            password.to_string(),
+            k8s_openapi::ByteString(password.as_bytes().to_vec()),
         )])),
         type_: Some("Opaque".into()),
         ..Default::default()
@@ -197,7 +189,13 @@ pub fn auth_secret(redis: &Redis, names: &Names, password: &str) -> Secret {
 
 /// Parses a Kubernetes quantity of bytes ("1Gi", "512M", "1e9", "100").
 pub fn quantity_bytes(q: &Quantity) -> Option<u64> {
-    let s = q.0.trim();
+    quantity_value(&q.0).map(|v| v as u64)
+}
+
+/// The value of a Kubernetes quantity ("1Gi", "512M", "1e9", "100m"), when
+/// it is one and is finite and not negative.
+pub fn quantity_value(s: &str) -> Option<f64> {
+    let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
@@ -221,8 +219,8 @@ pub fn quantity_bytes(q: &Quantity) -> Option<u64> {
         s if s.starts_with('e') || s.starts_with('E') => 10f64.powi(s[1..].parse().ok()?),
         _ => return None,
     };
-    let bytes = value * mult;
-    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
+    let v = value * mult;
+    (v.is_finite() && v >= 0.0).then_some(v)
 }
 
 /// `maxmemory` for the server: 75% of the memory limit (or request), leaving
@@ -398,300 +396,6 @@ pub fn pdb(redis: &Redis, names: &Names) -> PodDisruptionBudget {
     })
 }
 
-/// The start-up script. The password comes from the environment (never from
-/// the ConfigMap); an instance that is not the current primary starts as a
-/// replica of it, so a restarted former primary cannot take writes.
-fn start_script(server: &str) -> String {
-    format!(
-        r#"set -eu
-primary=$(cat /etc/redpilot/{PRIMARY_KEY} 2>/dev/null || true)
-set -- /etc/redis/{CONFIG_KEY} --replica-announce-ip "$POD_IP"
-if [ -n "$REDIS_PASSWORD" ]; then
-  set -- "$@" --requirepass "$REDIS_PASSWORD" --masterauth "$REDIS_PASSWORD"
-fi
-if [ -n "$primary" ] && [ "${{primary%% *}}" != "$POD_IP" ]; then
-  set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}
-fi
-exec {server} "$@"
-"#
-    )
-}
-
-fn probe_script(cli: &str) -> String {
-    format!(
-        r#"REDISCLI_AUTH="$REDIS_PASSWORD" VALKEYCLI_AUTH="$REDIS_PASSWORD" {cli} -h 127.0.0.1 -p {REDIS_PORT} ping | grep -q PONG"#
-    )
-}
-
-/// The StatefulSet. Updates use `OnDelete`: the operator restarts pods itself,
-/// replicas first and the primary last after a switchover, so no
-/// acknowledged write is lost to a restart. `image` is the server image
-/// (see [`crate::controller::images::Images::image_for`]).
-pub fn statefulset(
-    redis: &Redis,
-    names: &Names,
-    secret_name: &str,
-    restart: &str,
-    image: &str,
-) -> StatefulSet {
-    let spec = &redis.spec;
-    let (server, cli) = match spec.engine {
-        Engine::Redis => ("redis-server", "redis-cli"),
-        Engine::Valkey => ("valkey-server", "valkey-cli"),
-    };
-    let tmpl = spec.pod_template.clone().unwrap_or_default();
-    let mut pod_labels = tmpl.labels.clone();
-    pod_labels.extend(labels(redis));
-    let mut annotations = tmpl.annotations.clone();
-    annotations.insert(RESTART_HASH_ANNOTATION.into(), restart.to_string());
-
-    let env = vec![
-        EnvVar {
-            name: "POD_IP".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "status.podIP".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        EnvVar {
-            name: "REDIS_PASSWORD".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret_name.to_string(),
-                    key: PASSWORD_KEY.into(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    ];
-    let mounts = vec![
-        VolumeMount {
-            name: "config".into(),
-            mount_path: "/etc/redis".into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: "topology".into(),
-            mount_path: "/etc/redpilot".into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: "data".into(),
-            mount_path: "/data".into(),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        },
-    ];
-    let container = Container {
-        name: "redis".into(),
-        image: Some(image.to_string()),
-        image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["sh".into(), "-c".into(), start_script(server)]),
-        env: Some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("redis".into()),
-            container_port: i32::from(REDIS_PORT),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        resources: spec.resources.clone(),
-        volume_mounts: Some(mounts),
-        readiness_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec!["sh".into(), "-c".into(), probe_script(cli)]),
-            }),
-            period_seconds: Some(2),
-            timeout_seconds: Some(2),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
-        liveness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("redis".into()),
-                ..Default::default()
-            }),
-            initial_delay_seconds: Some(15),
-            period_seconds: Some(10),
-            failure_threshold: Some(6),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-
-    let mut volumes = vec![
-        Volume {
-            name: "config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config(),
-                items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
-                    key: CONFIG_KEY.into(),
-                    path: CONFIG_KEY.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: "topology".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config(),
-                items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
-                    key: PRIMARY_KEY.into(),
-                    path: PRIMARY_KEY.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: "tmp".into(),
-            empty_dir: Some(Default::default()),
-            ..Default::default()
-        },
-    ];
-    let mut claims = None;
-    let mut retention = None;
-    match &spec.storage {
-        Some(storage) => {
-            claims = Some(vec![PersistentVolumeClaim {
-                metadata: ObjectMeta {
-                    name: Some("data".into()),
-                    labels: Some(selector_labels(redis)),
-                    ..Default::default()
-                },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: storage.storage_class_name.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([(
-                            "storage".to_string(),
-                            storage.size.clone(),
-                        )])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]);
-            let policy = if storage.retain_on_delete {
-                "Retain"
-            } else {
-                "Delete"
-            };
-            retention = Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
-                when_deleted: Some(policy.into()),
-                when_scaled: Some(policy.into()),
-            });
-        }
-        None => volumes.push(Volume {
-            name: "data".into(),
-            empty_dir: Some(Default::default()),
-            ..Default::default()
-        }),
-    }
-
-    let affinity = tmpl.affinity.clone().or_else(|| {
-        Some(k8s_openapi::api::core::v1::Affinity {
-            pod_anti_affinity: Some(PodAntiAffinity {
-                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                    WeightedPodAffinityTerm {
-                        weight: 100,
-                        pod_affinity_term: PodAffinityTerm {
-                            label_selector: Some(LabelSelector {
-                                match_labels: Some(selector_labels(redis)),
-                                ..Default::default()
-                            }),
-                            topology_key: "kubernetes.io/hostname".into(),
-                            ..Default::default()
-                        },
-                    },
-                ]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-    });
-
-    let pod_spec = PodSpec {
-        containers: vec![container],
-        volumes: Some(volumes),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(999),
-            run_as_group: Some(999),
-            fs_group: Some(999),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        affinity,
-        node_selector: (!tmpl.node_selector.is_empty()).then(|| tmpl.node_selector.clone()),
-        tolerations: (!tmpl.tolerations.is_empty()).then(|| tmpl.tolerations.clone()),
-        topology_spread_constraints: (!tmpl.topology_spread_constraints.is_empty())
-            .then(|| tmpl.topology_spread_constraints.clone()),
-        priority_class_name: tmpl.priority_class_name.clone(),
-        termination_grace_period_seconds: Some(30),
-        enable_service_links: Some(false),
-        automount_service_account_token: Some(false),
-        ..Default::default()
-    };
-
-    stamp_hash(StatefulSet {
-        metadata: meta(redis, names.statefulset()),
-        spec: StatefulSetSpec {
-            replicas: Some(spec.desired_instances()),
-            service_name: Some(names.headless()),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(redis)),
-                ..Default::default()
-            },
-            pod_management_policy: Some("Parallel".into()),
-            update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("OnDelete".into()),
-                ..Default::default()
-            }),
-            persistent_volume_claim_retention_policy: retention,
-            volume_claim_templates: claims,
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(annotations),
-                    ..Default::default()
-                }),
-                spec: Some(pod_spec),
-            },
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-}
-
 /// A strong random password: 32 bytes from the OS, hex-encoded.
 pub fn generate_password() -> Result<String, getrandom::Error> {
     let mut buf = [0u8; 32];
@@ -702,7 +406,7 @@ pub fn generate_password() -> Result<String, getrandom::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{RedisSpec, StorageSpec};
+    use crate::api::v1alpha1::RedisSpec;
 
     fn redis(spec: RedisSpec) -> Redis {
         let mut r = Redis::new("cache", spec);
@@ -767,52 +471,6 @@ mod tests {
         assert_eq!(restart_hash(&redis(spec.clone()), dynamic), h0);
         spec.config.insert("databases".into(), "32".into());
         assert_ne!(restart_hash(&redis(spec), dynamic), h0);
-    }
-
-    #[test]
-    fn statefulset_is_restricted_and_owned() {
-        let r = redis(RedisSpec {
-            storage: Some(StorageSpec {
-                size: Quantity("1Gi".into()),
-                storage_class_name: None,
-                retain_on_delete: true,
-            }),
-            ..Default::default()
-        });
-        let names = Names::new("cache");
-        let sts = statefulset(&r, &names, "cache-auth", "h", "mirror.local/redis:7.0");
-        let owner = &sts.metadata.owner_references.as_ref().expect("owner")[0];
-        assert_eq!(owner.controller, Some(true));
-        assert_eq!(owner.kind, "Redis");
-        assert!(stamped_hash(&sts).is_some());
-        let spec = sts.spec;
-        assert_eq!(
-            spec.update_strategy.and_then(|u| u.type_).as_deref(),
-            Some("OnDelete")
-        );
-        assert_eq!(
-            spec.persistent_volume_claim_retention_policy
-                .and_then(|p| p.when_deleted)
-                .as_deref(),
-            Some("Retain")
-        );
-        let pod = spec.template.spec.expect("pod spec");
-        assert_eq!(
-            pod.containers[0].image.as_deref(),
-            Some("mirror.local/redis:7.0")
-        );
-        let sc = pod.containers[0].security_context.clone().expect("sc");
-        assert_eq!(sc.allow_privilege_escalation, Some(false));
-        assert_eq!(
-            sc.capabilities.and_then(|c| c.drop),
-            Some(vec!["ALL".to_string()])
-        );
-        assert_eq!(
-            pod.security_context
-                .and_then(|s| s.seccomp_profile)
-                .map(|p| p.type_),
-            Some("RuntimeDefault".to_string())
-        );
     }
 
     #[test]

@@ -1,8 +1,46 @@
-//! Status conditions: built from the reconcile outcome, with transition times
-//! preserved when a condition keeps its status.
+//! Status: conditions (transition times kept while a condition keeps its
+//! status), the phase and its event, one merge patch written only when
+//! something worth a write changed, and the requeue with its per-object
+//! backoff while nothing moves.
+
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::observe::PodFacts;
+use super::{Error, Reconciler, build, plan};
+use crate::api::v1alpha1::{InstanceStatus, Mode, Phase, Redis, RedisStatus};
+
+/// How long to wait before looking again while something is in progress.
+pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
+/// How often a healthy Redis is re-observed to keep status fresh.
+pub const STEADY_REQUEUE: Duration = Duration::from_secs(60);
+/// The longest wait between passes of a Redis that is stuck (servers that
+/// cannot be reached, a topology that does not settle).
+pub const STUCK_REQUEUE_MAX: Duration = Duration::from_secs(120);
+/// Identical passes at [`PROGRESS_REQUEUE`] before the backoff starts
+/// (a replica's full sync has no Kubernetes event to wake the operator).
+const PATIENT_PASSES: u32 = 5;
+
+/// The wait before the next pass of a Redis that is not ready, after `n`
+/// passes in a row that observed the same state and wrote nothing: the
+/// progress interval at first, then doubling up to [`STUCK_REQUEUE_MAX`].
+/// Any watch event (a pod becoming ready, a spec change) still starts a
+/// pass at once; the backoff only spaces out the passes nothing asked for.
+pub fn stuck_backoff(n: u32) -> Duration {
+    if n < PATIENT_PASSES {
+        return PROGRESS_REQUEUE;
+    }
+    let doublings = (n - PATIENT_PASSES + 1).min(16);
+    PROGRESS_REQUEUE
+        .saturating_mul(2u32.saturating_pow(doublings))
+        .min(STUCK_REQUEUE_MAX)
+}
 
 /// One condition as the reconciler sees it, before times are attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +101,243 @@ pub fn merge(
         .collect()
 }
 
+impl Reconciler {
+    pub(super) async fn fail_status(&mut self, err: Error) -> Result<Action, Error> {
+        let msg = err.to_string();
+        self.event(EventType::Warning, "InvalidAuth", "Reconcile", msg.clone())
+            .await;
+        self.notes.push(msg);
+        let desired = self.redis.spec.desired_instances();
+        self.finish(&[], None, desired, false).await?;
+        Err(err)
+    }
+
+    /// Computes the status, patches it when it changed, and picks the requeue.
+    pub(super) async fn finish(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+        desired: i32,
+        paused: bool,
+    ) -> Result<Action, Error> {
+        let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
+        let replicas_linked = facts
+            .iter()
+            .filter(|f| Some(f.name.as_str()) != primary)
+            .all(|f| f.link_up == Some(true));
+        let all_ready = ready_count == desired
+            && facts.len() as i32 == desired
+            && primary.is_some()
+            && replicas_linked
+            && facts.iter().all(|f| !f.outdated);
+        let degraded = !self.notes.is_empty();
+        let progressing = !self.progressing.is_empty() || !all_ready;
+
+        let mut conds = Vec::new();
+        conds.push(if all_ready && !degraded {
+            Cond::new(
+                "Ready",
+                true,
+                "AllInstancesReady",
+                format!("{ready_count}/{desired} instances ready, replication healthy"),
+            )
+        } else {
+            Cond::new(
+                "Ready",
+                false,
+                if degraded {
+                    "Degraded"
+                } else {
+                    "NotAllInstancesReady"
+                },
+                format!("{ready_count}/{desired} instances ready"),
+            )
+        });
+        conds.push(if paused {
+            Cond::new(
+                "Progressing",
+                false,
+                "Paused",
+                "spec.paused is true: children are not changed",
+            )
+        } else if progressing {
+            let msg = if self.progressing.is_empty() {
+                format!("waiting for instances: {ready_count}/{desired} ready")
+            } else {
+                self.progressing.join("; ")
+            };
+            Cond::new("Progressing", true, "Reconciling", msg)
+        } else {
+            Cond::new("Progressing", false, "Reconciled", "nothing to do")
+        });
+        conds.push(if degraded {
+            Cond::new("Degraded", true, "ReconcileBlocked", self.notes.join("; "))
+        } else {
+            Cond::new("Degraded", false, "AsExpected", "no problems found")
+        });
+
+        let old = self.redis.status.clone().unwrap_or_default();
+        let phase = if paused {
+            Phase::Paused
+        } else if degraded {
+            Phase::Degraded
+        } else if all_ready {
+            Phase::Ready
+        } else if facts.is_empty() {
+            Phase::Pending
+        } else {
+            Phase::Creating
+        };
+        let instances: Vec<InstanceStatus> = facts
+            .iter()
+            .map(|f| InstanceStatus {
+                name: f.name.clone(),
+                role: plan::role_label(f, primary).to_string(),
+                ready: f.ready,
+                offset: f.offset,
+                lag_bytes: f.lag_bytes,
+                link_up: f.link_up,
+            })
+            .collect();
+        let current_version = facts
+            .iter()
+            .find(|f| Some(f.name.as_str()) == primary)
+            .and_then(|f| f.version.clone())
+            .or(old.current_version.clone());
+        let user_secret = self
+            .redis
+            .spec
+            .auth
+            .as_ref()
+            .and_then(|a| a.secret_name.clone());
+        let mut status = RedisStatus {
+            observed_generation: self.redis.metadata.generation,
+            phase: Some(phase),
+            conditions: Vec::new(),
+            primary: primary.map(String::from),
+            current_version,
+            ready: Some(format!("{ready_count}/{desired}")),
+            ready_instances: ready_count,
+            instances,
+            write_service: Some(self.names.write_service()),
+            read_service: (self.redis.spec.mode == Mode::Replication)
+                .then(|| self.names.read_service()),
+            auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
+        };
+        status.conditions = merge(
+            &old.conditions,
+            &conds,
+            self.redis.metadata.generation,
+            Timestamp::now(),
+        );
+        // Offsets move with every write; compare without them so a busy but
+        // healthy Redis does not cause a status write per reconcile.
+        let steady = all_ready && !degraded;
+        if !status_differs(&old, &status) {
+            return Ok(self.requeue(steady, &status));
+        }
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({"status": merge_patch_value(&old, &status)?});
+        let updated = self
+            .api::<Redis>()
+            .patch_status(
+                &self.redis.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.wrote_status(updated);
+        if old.phase != status.phase
+            && let Some(p) = status.phase
+        {
+            {
+                let (t, note) = match p {
+                    Phase::Ready => (EventType::Normal, format!("all {desired} instances ready")),
+                    Phase::Degraded => (EventType::Warning, self.notes.join("; ")),
+                    _ => (EventType::Normal, format!("phase {p:?}")),
+                };
+                self.event(t, &format!("{p:?}"), "Reconcile", note).await;
+            }
+        }
+        Ok(self.requeue(steady, &status))
+    }
+
+    /// Remembers a status this pass wrote: the next pass reads the Redis
+    /// fresh until the watch cache has caught up with it.
+    pub(super) fn wrote_status(&mut self, updated: Redis) {
+        self.wrote = true;
+        if let Some(rv) = updated.metadata.resource_version.clone() {
+            self.ctx.remember_written(&self.oref, rv);
+        }
+        self.redis = std::sync::Arc::new(updated);
+    }
+
+    /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
+    /// interval with a per-object backoff while passes keep seeing the same
+    /// state (see [`stuck_backoff`]).
+    fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
+        if steady {
+            self.ctx.forget_stuck(&self.oref);
+            return Action::requeue(STEADY_REQUEUE);
+        }
+        let seen = serde_json::to_string(&strip_offsets(status)).unwrap_or_default();
+        let fingerprint =
+            build::stable_hash(&[&seen, &self.progressing.join("\n"), &self.notes.join("\n")]);
+        let n = self.ctx.stuck_passes(&self.oref, fingerprint, self.wrote);
+        Action::requeue(stuck_backoff(n))
+    }
+}
+
+/// The status without replication offsets and lags (they move with every
+/// write).
+fn strip_offsets(s: &RedisStatus) -> RedisStatus {
+    let mut s = s.clone();
+    for i in &mut s.instances {
+        i.offset = None;
+        i.lag_bytes = None;
+    }
+    s
+}
+
+/// Offsets and lags are refreshed in the status once one has moved this far,
+/// so a busy Redis does not cost a status write per reconcile.
+const OFFSET_REFRESH_BYTES: u64 = 1 << 20;
+
+/// Whether the status changed in a way worth a write: anything but the
+/// replication offsets and lags, or one of those that moved by at least
+/// [`OFFSET_REFRESH_BYTES`] (or appeared, or went away).
+fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
+    if strip_offsets(old) != strip_offsets(new) {
+        return true;
+    }
+    let moved = |a: Option<i64>, b: Option<i64>| match (a, b) {
+        (Some(x), Some(y)) => x.abs_diff(y) >= OFFSET_REFRESH_BYTES,
+        (x, y) => x.is_some() != y.is_some(),
+    };
+    old.instances
+        .iter()
+        .zip(&new.instances)
+        .any(|(a, b)| moved(a.offset, b.offset) || moved(a.lag_bytes, b.lag_bytes))
+}
+
+/// The status as a JSON merge patch: `new`, plus an explicit `null` for
+/// every field the old status had and `new` leaves out (an omitted field
+/// would keep its old value on the server).
+fn merge_patch_value(old: &RedisStatus, new: &RedisStatus) -> Result<serde_json::Value, Error> {
+    let json = |s: &RedisStatus| serde_json::to_value(s).map_err(|e| Error::Serialize("status", e));
+    let mut value = json(new)?;
+    if let (serde_json::Value::Object(map), serde_json::Value::Object(old_map)) =
+        (&mut value, json(old)?)
+    {
+        for key in old_map.keys() {
+            if !map.contains_key(key) {
+                map.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +370,63 @@ mod tests {
         assert_eq!(flipped[0].last_transition_time, Time(t1));
         assert_eq!(flipped[0].status, "True");
         assert_eq!(flipped[0].observed_generation, Some(2));
+    }
+
+    fn with_instance(offset: i64, lag: i64) -> RedisStatus {
+        RedisStatus {
+            primary: Some("cache-0".into()),
+            instances: vec![InstanceStatus {
+                name: "cache-1".into(),
+                role: "replica".into(),
+                ready: true,
+                offset: Some(offset),
+                lag_bytes: Some(lag),
+                link_up: Some(true),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn small_offset_and_lag_moves_are_not_worth_a_write() {
+        let old = with_instance(1_000, 10);
+        assert!(!status_differs(&old, &with_instance(1_000, 10)));
+        assert!(!status_differs(&old, &with_instance(500_000, 90_000)));
+        assert!(status_differs(&old, &with_instance(3_000_000, 10)));
+        assert!(status_differs(&old, &with_instance(1_000, 2_000_000)));
+        let mut gone = with_instance(1_000, 10);
+        gone.instances[0].lag_bytes = None;
+        assert!(status_differs(&old, &gone));
+        let mut other = with_instance(1_000, 10);
+        other.instances[0].ready = false;
+        assert!(status_differs(&old, &other));
+        // Extreme values from a misbehaving server do not overflow.
+        assert!(status_differs(
+            &with_instance(i64::MIN, 0),
+            &with_instance(i64::MAX, 0)
+        ));
+    }
+
+    #[test]
+    fn fields_that_went_away_are_nulled_in_the_patch() {
+        let old = with_instance(1, 0);
+        let new = RedisStatus::default();
+        let Ok(patch) = merge_patch_value(&old, &new) else {
+            panic!("status serialises")
+        };
+        assert_eq!(patch["primary"], serde_json::Value::Null);
+        assert!(patch.as_object().is_some_and(|m| m.contains_key("primary")));
+        let Ok(same) = merge_patch_value(&old, &old) else {
+            panic!("status serialises")
+        };
+        assert_eq!(same["primary"], "cache-0");
+        assert_eq!(same["instances"][0]["name"], "cache-1");
+    }
+
+    #[test]
+    fn stuck_backoff_is_patient_then_doubles_and_caps() {
+        let waits: Vec<u64> = (0..12).map(|n| stuck_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [2, 2, 2, 2, 2, 4, 8, 16, 32, 64, 120, 120]);
+        assert_eq!(stuck_backoff(u32::MAX), STUCK_REQUEUE_MAX);
     }
 }

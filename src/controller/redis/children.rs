@@ -1,0 +1,239 @@
+//! Children: server-side apply in a fixed order (ConfigMap, Services, PDB,
+//! StatefulSet), ownership, and drift repair.
+//!
+//! A child is written only when it is missing or when a field this
+//! operator owns differs on the live object ([`super::drift::covers`]):
+//! a spec change (new desired content) and a hand edit (`kubectl scale`, an
+//! edited selector) take the same path, and a pass with nothing changed
+//! writes nothing. Every child watch triggers a reconcile of its owner, so a
+//! hand edit or a deleted child is repaired within the controller's debounce.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::build::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use super::observe::PodFacts;
+use super::{Error, Reconciler, drift, plan, statefulset};
+use crate::controller::{FIELD_MANAGER, Stores};
+
+/// A namespaced child object the reconciler reads (from its watch cache)
+/// and applies.
+pub trait Child:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The cache holding objects of this kind.
+    fn store(stores: &Stores) -> &Store<Self>;
+}
+
+macro_rules! child {
+    ($kind:ty, $field:ident) => {
+        impl Child for $kind {
+            fn store(stores: &Stores) -> &Store<Self> {
+                &stores.$field
+            }
+        }
+    };
+}
+child!(StatefulSet, statefulsets);
+child!(Service, services);
+child!(ConfigMap, config_maps);
+child!(Secret, secrets);
+child!(PodDisruptionBudget, pdbs);
+child!(Pod, pods);
+
+/// Whether `obj` is controlled by the Redis with `uid`.
+pub fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Whether an object without our owner reference may be adopted: it carries
+/// our instance and managed-by labels (left by an earlier install).
+pub fn adoptable(meta: &kube::api::ObjectMeta, instance: &str) -> bool {
+    let labels = meta.labels.as_ref();
+    let has = |k: &str, v: &str| labels.and_then(|l| l.get(k)).map(String::as_str) == Some(v);
+    let has_other_controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true));
+    !has_other_controller && has(INSTANCE_LABEL, instance) && has(MANAGED_BY_LABEL, MANAGED_BY)
+}
+
+/// Whether `live` still holds every field of `desired`.
+pub fn in_sync<K: Serialize>(live: &K, desired: &K) -> Result<bool, Error> {
+    let json = |o: &K| serde_json::to_value(o).map_err(|e| Error::Serialize("child", e));
+    Ok(drift::covers(&json(live)?, &json(desired)?))
+}
+
+impl Reconciler {
+    /// Applies `desired` unless the live object already holds every field
+    /// of it. Refuses objects that belong to someone else; adopts ones that
+    /// carry our labels. Returns whether it wrote.
+    pub(super) async fn apply<K: Child>(
+        &mut self,
+        kind: &'static str,
+        desired: &K,
+        live: Option<&K>,
+    ) -> Result<bool, Error> {
+        let name = desired
+            .meta()
+            .name
+            .clone()
+            .ok_or(Error::Incomplete("name"))?;
+        if let Some(live) = live {
+            let meta = live.meta();
+            let ours = controlled_by(meta, self.uid());
+            if !ours && !adoptable(meta, &self.redis.name_any()) {
+                return Err(Error::Conflict { kind, name });
+            }
+            if ours && in_sync(live, desired)? {
+                return Ok(false);
+            }
+            if !ours {
+                self.event(
+                    EventType::Normal,
+                    "Adopted",
+                    "Adopt",
+                    format!("{kind} {name} carries this Redis's labels and was adopted"),
+                )
+                .await;
+            } else if build::stamped_hash(live) == build::stamped_hash(desired) {
+                // Same desired content as last applied, yet the live object
+                // differs: someone changed a field the operator owns.
+                tracing::info!(redis = %self.oref, kind, child = %name, "repairing drift");
+                self.event(
+                    EventType::Normal,
+                    "DriftRepaired",
+                    "Apply",
+                    format!(
+                        "{kind} {name} was changed outside the operator; its fields were put back"
+                    ),
+                )
+                .await;
+            }
+        }
+        self.ctx.metrics.kube("apply");
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        self.api::<K>()
+            .patch(&name, &pp, &Patch::Apply(desired))
+            .await?;
+        self.wrote = true;
+        Ok(true)
+    }
+
+    /// Applies a child; a conflict with a foreign object, or an object the API
+    /// server refuses as invalid, becomes a Degraded note and an event instead
+    /// of an error (retrying would not help).
+    pub(super) async fn apply_or_degrade<K: Child>(
+        &mut self,
+        kind: &'static str,
+        desired: &K,
+        live: Option<&K>,
+    ) -> Result<bool, Error> {
+        let (reason, msg) = match self.apply(kind, desired, live).await {
+            Ok(w) => return Ok(w),
+            Err(e @ Error::Conflict { .. }) => ("Conflict", e.to_string()),
+            // The API server refuses the object as invalid (e.g. a change to
+            // a field it keeps immutable): retrying cannot help, so say so.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 422 => {
+                let name = desired.meta().name.clone().unwrap_or_default();
+                (
+                    "Invalid",
+                    format!("{kind} {name} was refused: {}", s.message),
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        self.event(EventType::Warning, reason, "Apply", msg.clone())
+            .await;
+        self.notes.push(msg);
+        Ok(false)
+    }
+
+    /// Applies the ConfigMap, the Services, the PDB and the StatefulSet, in
+    /// that order. Returns whether the StatefulSet's size is held above the
+    /// spec because the primary sits on an ordinal a scale-down removes.
+    pub(super) async fn apply_children(
+        &mut self,
+        live_sts: &Option<StatefulSet>,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+        secret_name: &str,
+    ) -> Result<bool, Error> {
+        let primary_ip = primary
+            .and_then(|p| facts.iter().find(|f| f.name == p))
+            .and_then(|f| f.ip.clone());
+        let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
+        // Keep the last known primary address while the primary has none
+        // (restarting), so a restarting replica still finds it.
+        let cm_primary = primary_ip.or_else(|| {
+            live_cm
+                .as_ref()
+                .and_then(|c| c.data.as_ref()?.get(build::PRIMARY_KEY).cloned())
+                .and_then(|v| v.split_whitespace().next().map(String::from))
+        });
+        let cm = build::config_map(&self.redis, &self.names, cm_primary.as_deref());
+        self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
+            .await?;
+
+        for svc in build::services(&self.redis, &self.names) {
+            let name = svc.metadata.name.clone().unwrap_or_default();
+            let live: Option<Service> = self.lookup(&name).await?;
+            self.apply_or_degrade("Service", &svc, live.as_ref())
+                .await?;
+        }
+        let pdb = build::pdb(&self.redis, &self.names);
+        let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
+        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+            .await?;
+
+        let (engine, version) = self.engine_version();
+        let restart = build::restart_hash(&self.redis, |k| {
+            crate::redis::config::is_dynamic(k, engine, version)
+        });
+        let image = self.ctx.images.image_for(&self.redis.spec);
+        let mut sts =
+            statefulset::statefulset(&self.redis, &self.names, secret_name, &restart, &image);
+        let live_sts = match live_sts {
+            Some(s) => Some(s.clone()),
+            None => self.lookup(&self.names.statefulset()).await?,
+        };
+        // Never let a scale-down remove the primary: hold the size until the
+        // primary has moved to a surviving ordinal.
+        let desired = self.redis.spec.desired_instances();
+        let current_replicas = live_sts
+            .as_ref()
+            .and_then(|s| s.spec.replicas)
+            .unwrap_or(desired);
+        let primary_ordinal = primary.and_then(|p| plan::ordinal(p, &self.names));
+        let hold = matches!(primary_ordinal, Some(o) if o >= desired) && current_replicas > desired;
+        if hold {
+            sts.spec.replicas = Some(current_replicas);
+            sts = build::stamp_hash(sts);
+        }
+        let sts_written = self
+            .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())
+            .await?;
+        if sts_written && live_sts.is_some() {
+            self.progressing.push("StatefulSet updated".into());
+        }
+        Ok(hold)
+    }
+}

@@ -1,0 +1,405 @@
+//! Observation: the only reads of a reconcile. Children and pods come from
+//! the watch caches (reflector stores fed by label-selected watches, see
+//! [`crate::controller::Stores`]); the API is read only where a cache cannot
+//! answer:
+//! - the `Redis` itself, right after this operator wrote its status and
+//!   before the watch delivered that write (a scale-down records the new
+//!   primary, then the next pass must not start from the old one);
+//! - a user-named auth Secret (`spec.auth.secretName`): it carries none of
+//!   our labels, and the operator never watches Secrets it does not own;
+//! - a child missing from its cache, before it is created: an object in the
+//!   way that is not ours carries none of our labels either, and must be
+//!   found and refused rather than overwritten.
+//!
+//! In the steady state a pass makes no read at all with a generated
+//! password, one (the Secret) with a user-named one.
+//!
+//! The live servers are observed through [`crate::redis::topology`].
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+
+use super::build::{self, Names, ROLE_LABEL};
+use super::children::{Child, adoptable, controlled_by};
+use super::{Error, Reconciler};
+use crate::api::v1alpha1::Redis;
+use crate::redis::topology::Topology;
+use crate::redis::{ConnectOptions, Endpoint, info};
+
+/// The password, or why there is none.
+pub enum Auth {
+    /// The Secret to mount and the password in it (empty while paused
+    /// before a Secret exists).
+    Ok {
+        /// Name of the Secret.
+        secret_name: String,
+        /// The password (never logged).
+        password: String,
+    },
+    /// The Secret is unusable: reported in the status, then returned.
+    Failed(Error),
+}
+
+/// What one pass saw.
+pub struct Observed {
+    /// Per pod, sorted by ordinal.
+    pub facts: Vec<PodFacts>,
+    /// The StatefulSet, from the cache.
+    pub live_sts: Option<StatefulSet>,
+    /// Whether the servers were asked (there were addresses and a password).
+    pub servers_observed: bool,
+}
+
+/// Whether resource version `seen` is at least `wrote`. Resource versions
+/// are opaque by contract; the API server backed by etcd hands out its
+/// revision, a growing integer, and that is what this relies on. When
+/// either does not parse, only equality counts.
+pub fn caught_up(seen: Option<&str>, wrote: &str) -> bool {
+    match (
+        seen.and_then(|s| s.parse::<u64>().ok()),
+        wrote.parse::<u64>(),
+    ) {
+        (Some(s), Ok(w)) => s >= w,
+        _ => seen == Some(wrote),
+    }
+}
+
+impl Reconciler {
+    /// A child of this Redis from its watch cache.
+    pub(super) fn cached<K: Child>(&self, name: &str) -> Option<K> {
+        K::store(&self.ctx.stores)
+            .get(&ObjectRef::new(name).within(&self.ns))
+            .map(|o| K::clone(&o))
+    }
+
+    /// A child from its cache, or from the API when the cache has none.
+    pub(super) async fn lookup<K: Child>(&self, name: &str) -> Result<Option<K>, Error> {
+        match self.cached(name) {
+            Some(o) => Ok(Some(o)),
+            None => self.fetch(name).await,
+        }
+    }
+
+    /// A child read from the API, past the cache.
+    pub(super) async fn fetch<K: Child>(&self, name: &str) -> Result<Option<K>, Error> {
+        self.ctx.metrics.kube("get");
+        Ok(self.api::<K>().get_opt(name).await?)
+    }
+
+    /// Replaces the cached `Redis` with a fresh read when the cache has not
+    /// yet seen this operator's last status write. Returns false when the
+    /// Redis is gone.
+    pub(super) async fn refresh(&mut self) -> Result<bool, Error> {
+        let Some(wrote) = self.ctx.written_version(&self.oref) else {
+            return Ok(true);
+        };
+        if caught_up(self.redis.metadata.resource_version.as_deref(), &wrote) {
+            self.ctx.forget_written(&self.oref);
+            return Ok(true);
+        }
+        self.ctx.metrics.kube("get");
+        match self.api::<Redis>().get_opt(&self.redis.name_any()).await? {
+            Some(fresh) => {
+                self.redis = Arc::new(fresh);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The auth Secret and its password; generates (or adopts) the
+    /// operator's own Secret when the spec names none.
+    pub(super) async fn auth(&mut self, paused: bool) -> Result<Auth, Error> {
+        let user_secret = self
+            .redis
+            .spec
+            .auth
+            .as_ref()
+            .and_then(|a| a.secret_name.clone());
+        if let Some(name) = user_secret {
+            self.ctx.metrics.kube("get");
+            let live: Option<Secret> = self.api::<Secret>().get_opt(&name).await?;
+            return Ok(match live {
+                Some(s) => match read_password(&s, &name) {
+                    Ok(password) => Auth::Ok {
+                        secret_name: name,
+                        password,
+                    },
+                    Err(e) => Auth::Failed(e),
+                },
+                None => Auth::Failed(Error::Secret {
+                    name,
+                    reason: "not found (spec.auth.secretName)".into(),
+                }),
+            });
+        }
+        let name = self.names.generated_secret();
+        let password = match self.lookup::<Secret>(&name).await? {
+            Some(s) => {
+                let meta = &s.metadata;
+                if !controlled_by(meta, self.uid()) && !adoptable(meta, &self.redis.name_any()) {
+                    return Ok(Auth::Failed(Error::Conflict {
+                        kind: "Secret",
+                        name,
+                    }));
+                }
+                let pw = match read_password(&s, &name) {
+                    Ok(pw) => pw,
+                    Err(e) => return Ok(Auth::Failed(e)),
+                };
+                if !controlled_by(&s.metadata, self.uid()) && !paused {
+                    // Adopt it: the same password, now owned by this Redis
+                    // (so it goes with it). The data is applied too, so the
+                    // apply can never drop the password.
+                    let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                    self.apply("Secret", &secret, Some(&s)).await?;
+                }
+                pw
+            }
+            None if paused => String::new(),
+            None => {
+                let pw = build::generate_password().map_err(|e| Error::Random(e.to_string()))?;
+                let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                self.apply("Secret", &secret, None).await?;
+                self.event(
+                    EventType::Normal,
+                    "SecretCreated",
+                    "Create",
+                    format!("generated a password in Secret {name}"),
+                )
+                .await;
+                pw
+            }
+        };
+        Ok(Auth::Ok {
+            secret_name: name,
+            password,
+        })
+    }
+
+    /// Pods of this Redis from the cache, the StatefulSet's revision, and
+    /// what the servers report.
+    pub(super) async fn observe_servers(&self, opts: &ConnectOptions, ask: bool) -> Observed {
+        let selector = build::selector_labels(&self.redis);
+        let pods: Vec<Pod> = self
+            .ctx
+            .stores
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(self.ns.as_str()))
+            .filter(|p| {
+                let labels = p.labels();
+                selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            })
+            .map(|p| Pod::clone(&p))
+            .collect();
+        let live_sts: Option<StatefulSet> = self.cached(&self.names.statefulset());
+        let update_revision = live_sts
+            .as_ref()
+            .filter(|s| {
+                s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
+            })
+            .and_then(|s| s.status.as_ref()?.update_revision.clone());
+        let mut facts = pod_facts(&pods, update_revision.as_deref());
+        let endpoints: Vec<Endpoint> = facts
+            .iter()
+            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .collect();
+        let servers_observed = ask && !endpoints.is_empty();
+        if servers_observed {
+            let topo = crate::redis::topology::observe(&endpoints, opts).await;
+            merge_topology(&mut facts, &topo);
+        }
+        Observed {
+            facts,
+            live_sts,
+            servers_observed,
+        }
+    }
+}
+
+fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(build::PASSWORD_KEY))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(build::PASSWORD_KEY))
+                .map(|s| s.clone().into_bytes())
+        })
+        .ok_or_else(|| Error::Secret {
+            name: name.to_string(),
+            reason: format!("has no '{}' key", build::PASSWORD_KEY),
+        })?;
+    let pw = String::from_utf8(bytes).map_err(|_| Error::Secret {
+        name: name.to_string(),
+        reason: format!("key '{}' is not UTF-8", build::PASSWORD_KEY),
+    })?;
+    if pw.is_empty() || pw.contains(['\n', '\r']) {
+        return Err(Error::Secret {
+            name: name.to_string(),
+            reason: format!("key '{}' is empty or spans lines", build::PASSWORD_KEY),
+        });
+    }
+    Ok(pw)
+}
+
+/// Replication role as observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Accepts writes.
+    Primary,
+    /// Follows a primary.
+    Replica,
+}
+
+/// What the reconciler knows about one pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodFacts {
+    /// Pod name.
+    pub name: String,
+    /// Pod IP, once assigned.
+    pub ip: Option<String>,
+    /// Pod Ready condition.
+    pub ready: bool,
+    /// Running an older template revision than the StatefulSet's.
+    pub outdated: bool,
+    /// The pod is being deleted (it may still serve until it stops).
+    pub terminating: bool,
+    /// Current value of the role label.
+    pub role_label: Option<String>,
+    /// The server answered INFO.
+    pub reachable: bool,
+    /// Observed role.
+    pub role: Option<Role>,
+    /// For replicas: the primary address (IP) they follow.
+    pub following: Option<String>,
+    /// For replicas: link to the primary is up.
+    pub link_up: Option<bool>,
+    /// Replication offset.
+    pub offset: Option<i64>,
+    /// For replicas: bytes behind.
+    pub lag_bytes: Option<i64>,
+    /// Server version.
+    pub version: Option<String>,
+}
+
+/// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
+/// are kept (marked `terminating`): a primary that is shutting down is still
+/// the primary until it stops, and must not be mistaken for a missing one.
+pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
+    let mut out: Vec<PodFacts> = pods
+        .iter()
+        .map(|p| {
+            let status = p.status.as_ref();
+            let ready = status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let revision = p.labels().get("controller-revision-hash").cloned();
+            PodFacts {
+                name: p.name_any(),
+                ip: status
+                    .and_then(|s| s.pod_ip.clone())
+                    .filter(|s| !s.is_empty()),
+                ready,
+                outdated: match (update_revision, revision.as_deref()) {
+                    (Some(want), Some(have)) => want != have,
+                    _ => false,
+                },
+                role_label: p.labels().get(ROLE_LABEL).cloned(),
+                terminating: p.metadata.deletion_timestamp.is_some(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
+    out
+}
+
+pub(crate) fn ordinal_of(name: &str) -> Option<i32> {
+    name.rsplit_once('-')?.1.parse().ok()
+}
+
+/// The StatefulSet ordinal of a pod of this Redis.
+pub fn ordinal(pod: &str, names: &Names) -> Option<i32> {
+    pod.strip_prefix(&names.statefulset())?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
+}
+
+/// Adds what the servers reported.
+pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
+    for f in facts.iter_mut() {
+        let Some(ip) = &f.ip else { continue };
+        let Some(node) = topo.nodes.iter().find(|n| n.endpoint.host() == ip) else {
+            continue;
+        };
+        f.reachable = node.reachable();
+        f.role = match node.role {
+            Some(info::Role::Primary) => Some(Role::Primary),
+            Some(info::Role::Replica) => Some(Role::Replica),
+            _ => None,
+        };
+        f.following = node.primary.as_ref().map(|e| e.host().to_string());
+        f.link_up = match f.role {
+            Some(Role::Replica) => {
+                Some(node.link == Some(info::LinkStatus::Up) && !node.sync_in_progress)
+            }
+            _ => None,
+        };
+        f.offset = node.offset;
+        f.lag_bytes = node.lag_bytes;
+        f.version = node.version.map(|v| v.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caught_up_compares_revisions_as_numbers() {
+        assert!(caught_up(Some("120"), "99"));
+        assert!(caught_up(Some("99"), "99"));
+        assert!(!caught_up(Some("98"), "99"));
+        assert!(!caught_up(None, "99"));
+        assert!(caught_up(Some("abc"), "abc"));
+        assert!(!caught_up(Some("abd"), "abc"));
+    }
+
+    #[test]
+    fn pod_facts_sort_by_ordinal_and_read_revisions() {
+        let pod = |name: &str, rev: &str, ip: &str| {
+            serde_json::from_value::<Pod>(serde_json::json!({
+                "metadata": {"name": name, "labels": {"controller-revision-hash": rev, ROLE_LABEL: "replica"}},
+                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap_or_default()
+        };
+        let pods = vec![
+            pod("cache-10", "a", "10.0.0.10"),
+            pod("cache-2", "b", ""),
+            pod("cache-0", "a", "10.0.0.1"),
+        ];
+        let facts = pod_facts(&pods, Some("a"));
+        let names: Vec<&str> = facts.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["cache-0", "cache-2", "cache-10"]);
+        assert!(!facts[0].outdated && facts[1].outdated);
+        assert_eq!(facts[1].ip, None);
+        assert!(facts[0].ready);
+        assert_eq!(facts[0].role_label.as_deref(), Some("replica"));
+        assert_eq!(ordinal("cache-10", &Names::new("cache")), Some(10));
+        assert_eq!(ordinal("cachex-1", &Names::new("cache")), None);
+    }
+}

@@ -1,0 +1,126 @@
+//! Rollout: pods running an outdated template restart one at a time,
+//! replicas first (highest ordinal first), then the primary after a
+//! switchover to an up-to-date replica that loses no acknowledged write.
+//! Level 2 version upgrades and their rollback build here.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use kube::runtime::events::EventType;
+
+use super::build;
+use super::observe::PodFacts;
+use super::{Error, Reconciler, plan};
+use crate::redis::{ConnectOptions, Endpoint};
+
+impl Reconciler {
+    /// Restarts pods running an outdated template, one at a time: replicas
+    /// first (highest ordinal first), then the primary after a switchover to
+    /// an up-to-date replica. Only when every instance is ready and caught up.
+    pub(super) async fn roll(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        desired: i32,
+        opts: &ConnectOptions,
+    ) -> Result<(), Error> {
+        let outdated: Vec<&PodFacts> = facts.iter().filter(|f| f.outdated).collect();
+        if outdated.is_empty() {
+            return Ok(());
+        }
+        let all_ready = facts.len() as i32 == desired
+            && facts.iter().all(|f| f.ready && f.reachable)
+            && facts
+                .iter()
+                .filter(|f| f.name != primary)
+                .all(|f| f.link_up == Some(true));
+        self.progressing.push(format!(
+            "rolling restart: {} of {} instances outdated",
+            outdated.len(),
+            facts.len()
+        ));
+        if !all_ready {
+            return Ok(());
+        }
+        let victim = match plan::next_to_restart(facts, primary, &self.names) {
+            Some(plan::Restart::Replica(name)) => name,
+            Some(plan::Restart::PrimaryAfterSwitchover { target }) => {
+                if !self
+                    .switchover(facts, primary, &target, opts, "rolling restart")
+                    .await
+                {
+                    return Ok(());
+                }
+                // The old primary must restart as a replica of the new one:
+                // publish the new primary before deleting it.
+                self.publish_primary(facts, &target).await?;
+                primary.to_string()
+            }
+            Some(plan::Restart::Primary) => primary.to_string(),
+            None => return Ok(()),
+        };
+        self.ctx.metrics.kube("delete");
+        self.wrote = true;
+        match self
+            .api::<Pod>()
+            .delete(&victim, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.event(
+            EventType::Normal,
+            "RollingRestart",
+            "Restart",
+            format!("restarted {victim} to apply settings that need a restart"),
+        )
+        .await;
+        Ok(())
+    }
+
+    pub(super) async fn switchover(
+        &mut self,
+        facts: &[PodFacts],
+        from: &str,
+        to: &str,
+        opts: &ConnectOptions,
+        why: &str,
+    ) -> bool {
+        let members: Vec<Endpoint> = facts
+            .iter()
+            .filter(|f| f.reachable)
+            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .collect();
+        let Some(target) = facts
+            .iter()
+            .find(|f| f.name == to)
+            .and_then(|f| f.ip.as_ref())
+            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))
+        else {
+            return false;
+        };
+        let sw = crate::redis::actions::SwitchoverOptions::default();
+        match crate::redis::actions::switchover(&members, &target, opts, &sw).await {
+            Ok(report) => {
+                self.event(
+                    EventType::Normal,
+                    "SwitchedOver",
+                    "Switchover",
+                    format!(
+                        "primary {from} → {to}: {why} (writes paused {} ms)",
+                        report.write_pause.as_millis()
+                    ),
+                )
+                .await;
+                self.progressing.push(format!("primary moved to {to}"));
+                true
+            }
+            Err(e) => {
+                self.progressing
+                    .push(format!("switchover {from} → {to} failed: {e}"));
+                false
+            }
+        }
+    }
+}

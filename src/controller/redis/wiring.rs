@@ -1,0 +1,173 @@
+//! Replication wiring: every replica follows the chosen primary, the pods'
+//! role labels (which the Services select on) match the servers, and the
+//! primary is published (ConfigMap for instances that start, status for
+//! the operator's next pass) whenever it moves.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+
+use super::build::{self, ROLE_LABEL};
+use super::observe::{PodFacts, Role};
+use super::{Error, Reconciler, plan};
+use crate::api::v1alpha1::Redis;
+use crate::controller::FIELD_MANAGER;
+use crate::redis::{ConnectOptions, Endpoint};
+
+impl Reconciler {
+    pub(super) async fn wire(&mut self, facts: &[PodFacts], primary: &str, opts: &ConnectOptions) {
+        let Some(pf) = facts.iter().find(|f| f.name == primary) else {
+            return;
+        };
+        let Some(pip) = pf.ip.clone() else {
+            self.progressing
+                .push(format!("waiting for primary {primary} to get an address"));
+            return;
+        };
+        if pf.terminating {
+            // Wiring waits for the primary's pod to stop; then the recorded
+            // primary comes back and recovery decides.
+            self.progressing.push(format!(
+                "primary {primary} is being deleted; waiting for it to stop"
+            ));
+            return;
+        }
+        let pep = Endpoint::new(&pip, build::REDIS_PORT);
+        if pf.role == Some(Role::Replica) {
+            // Promoting a replica while any server still acts as primary
+            // would make two primaries: wait for the servers to settle.
+            // Only when no reachable server is primary (everyone follows an
+            // address that is gone) is the replica furthest ahead promoted.
+            self.recover_primary(facts, opts).await;
+            return;
+        }
+        for f in facts {
+            if f.name == primary || !f.reachable || f.terminating {
+                continue;
+            }
+            let Some(ip) = &f.ip else { continue };
+            let follows =
+                f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
+            if follows {
+                continue;
+            }
+            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            match crate::redis::actions::make_replica_of(&ep, &pep, opts).await {
+                Ok(()) => {
+                    self.event(
+                        EventType::Normal,
+                        "ReplicaConfigured",
+                        "Replicate",
+                        format!("{} now replicates from primary {primary}", f.name),
+                    )
+                    .await;
+                    self.progressing
+                        .push(format!("{} is synchronising from {primary}", f.name));
+                }
+                Err(e) => self
+                    .progressing
+                    .push(format!("configuring {} as replica: {e}", f.name)),
+            }
+        }
+    }
+
+    /// Before a scale-down that would remove the primary, switch over to the
+    /// surviving replica that is furthest ahead.
+    pub(super) async fn move_primary_for_scale_down(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        desired: i32,
+        opts: &ConnectOptions,
+    ) {
+        let Some(target) = plan::best_replica(facts, |f| {
+            plan::ordinal(&f.name, &self.names).is_some_and(|o| o < desired)
+        }) else {
+            self.progressing
+                .push("scale-down waits for a surviving replica to take over as primary".into());
+            return;
+        };
+        if self
+            .switchover(facts, primary, &target, opts, "scale-down")
+            .await
+            && let Err(e) = self.publish_primary(facts, &target).await
+        {
+            self.progressing
+                .push(format!("recording new primary {target}: {e}"));
+        }
+    }
+
+    /// Writes only `status.primary`.
+    pub(super) async fn record_primary(&mut self, primary: &str) -> Result<(), Error> {
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({"status": {"primary": primary}});
+        let updated = self
+            .api::<Redis>()
+            .patch_status(
+                &self.redis.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.wrote_status(updated);
+        self.moved_primary = Some(primary.to_string());
+        Ok(())
+    }
+
+    /// Records `primary` in the ConfigMap (read by instances at start-up) and
+    /// in the status, right after a switchover.
+    pub(super) async fn publish_primary(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+    ) -> Result<(), Error> {
+        let ip = facts
+            .iter()
+            .find(|f| f.name == primary)
+            .and_then(|f| f.ip.clone());
+        let live: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
+        let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
+        self.apply("ConfigMap", &cm, live.as_ref()).await?;
+        self.record_primary(primary).await
+    }
+
+    pub(super) async fn label_roles(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+    ) -> Result<(), Error> {
+        for f in facts {
+            let want = plan::role_label(f, primary);
+            if f.role_label.as_deref() == Some(want) {
+                continue;
+            }
+            let patch = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f.name, "labels": {ROLE_LABEL: want}},
+            });
+            self.ctx.metrics.kube("apply");
+            self.wrote = true;
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            match self
+                .api::<Pod>()
+                .patch(&f.name, &pp, &Patch::Apply(&patch))
+                .await
+            {
+                Ok(_) => {}
+                // An apply to a pod deleted since the list would create it
+                // and is refused as invalid (or not found): a pod that is
+                // gone needs no label.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 => {
+                    let live: Option<Pod> = self.fetch(&f.name).await?;
+                    if live.is_some() {
+                        return Err(kube::Error::Api(s).into());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
