@@ -24,6 +24,8 @@ export KWOK_KUBECTL_BINARY=$bin/kubectl
 kube_version=$("$bin/kube-apiserver" --version 2>/dev/null | awk '{print $2}' || true)
 
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+# Pod addresses of the kwok fake node (dev/kwok-node.yaml) and kwok's default.
+fake_cidrs="10.250.0.0/16 10.0.0.0/24"
 
 need() {
 	local missing=0
@@ -61,9 +63,12 @@ up() {
 		fi
 		if ! answers; then
 			echo "cluster: creating $name (kube $kube_version)"
+			cp "$root/dev/audit-policy.yaml" "$state/audit-policy.yaml"
+			rm -f "$state/audit.log"
+			sed "s|@STATE@|$state|g" "$root/dev/kwokctl.yaml" >"$state/kwokctl.yaml"
 			kwokctl create cluster \
 				--runtime binary \
-				--config "$root/dev/kwokctl.yaml" \
+				--config "$state/kwokctl.yaml" \
 				--kube-apiserver-binary "$bin/kube-apiserver" \
 				--kube-controller-manager-binary "$bin/kube-controller-manager" \
 				--kube-scheduler-binary "$bin/kube-scheduler" \
@@ -88,6 +93,9 @@ up() {
 		echo "cluster: the apiserver did not become ready; logs in $KWOK_WORKDIR/clusters/$name/logs" >&2
 		exit 1
 	}
+	# Fake pods' addresses (the fake node's podCIDR, and kwok's default pool)
+	# lead nowhere: connections to them fail at once, on this machine.
+	for cidr in $fake_cidrs; do ip route replace blackhole "$cidr"; done
 	kubectl apply --server-side --field-manager redpilot-dev -f "$root/dev/kwok-node.yaml" >/dev/null
 	kubectl wait --for=condition=Ready node/kwok-node-0 --timeout=60s >/dev/null
 	if [[ -f $root/dev/localnode.sh ]]; then
@@ -104,6 +112,7 @@ down() {
 	if exists; then
 		kwokctl delete cluster || true
 	fi
+	for cidr in $fake_cidrs; do ip route del blackhole "$cidr" 2>/dev/null || true; done
 	rm -f "$kubeconfig"
 	# kwokctl stops the processes it started; make sure none outlived it.
 	local left

@@ -9,6 +9,7 @@
 //! Include it from a test crate with `mod support;`.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod operator;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,340 @@
+//! Drift repair and the steady state, against the dev cluster with real
+//! servers and the API server's audit log:
+//! - a StatefulSet scaled by hand, a Service selector edited by hand, a
+//!   deleted Service and a deleted ConfigMap are each put back within 5 s;
+//!   a user's annotation on the StatefulSet survives every repair; a replica
+//!   pod deleted by hand comes back re-wired;
+//! - a Ready Redis costs no write and at most one read per reconcile, as
+//!   the API server counted them (none with a generated password, the auth
+//!   Secret with a user-named one).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+use support::audit::{operator_requests, tally};
+use support::operator::{
+    Operator, OperatorOptions, apply_redis, kubectl, poke, recent_events, redis_pods,
+    settled_children, start_operator, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+
+const READY: Duration = Duration::from_secs(120);
+/// What the issue promises for a repair.
+const REPAIR_BOUND: Duration = Duration::from_secs(5);
+
+fn run_kubectl(args: &[&str]) {
+    let out = kubectl(args);
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls every 100 ms until `check` holds; returns how long it took. Fails
+/// past `REPAIR_BOUND` with `what`.
+async fn repaired<F, Fut>(what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() <= REPAIR_BOUND,
+            "{what} was not repaired within {REPAIR_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sts_replicas(client: &Client, ns: &str, name: &str) -> Option<i32> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.spec.replicas)
+}
+
+async fn service_selector_role(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<Service>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .selector?
+        .get("redpilot.io/role")
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_edits_and_deleted_children_are_repaired_within_5s() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drift", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+
+    // A user's annotation, under another field manager: never removed.
+    run_kubectl(&[
+        "-n",
+        &ns.name,
+        "annotate",
+        "statefulset/cache",
+        "team.example.com/owner=payments",
+    ]);
+
+    // 1. kubectl scale.
+    run_kubectl(&["-n", &ns.name, "scale", "statefulset/cache", "--replicas=1"]);
+    let scaled = repaired("the StatefulSet scaled to 1 by hand", || async {
+        sts_replicas(&client, &ns.name, "cache").await == Some(2)
+    })
+    .await;
+
+    // 2. An edited selector: the read-only Service pointed at the primary.
+    run_kubectl(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "service/cache-ro",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"selector":{"redpilot.io/role":"primary"}}}"#,
+    ]);
+    let selector = repaired("the cache-ro selector edited by hand", || async {
+        service_selector_role(&client, &ns.name, "cache-ro")
+            .await
+            .as_deref()
+            == Some("replica")
+    })
+    .await;
+
+    // 3. A deleted Service.
+    run_kubectl(&["-n", &ns.name, "delete", "service/cache", "--wait=false"]);
+    let service = repaired("the deleted read-write Service", || async {
+        service_selector_role(&client, &ns.name, "cache")
+            .await
+            .as_deref()
+            == Some("primary")
+    })
+    .await;
+
+    // 4. A deleted ConfigMap (redis.conf and the current primary).
+    run_kubectl(&[
+        "-n",
+        &ns.name,
+        "delete",
+        "configmap/cache-config",
+        "--wait=false",
+    ]);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let config = repaired("the deleted ConfigMap", || async {
+        cms.get_opt("cache-config")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .is_some_and(|d| {
+                d.contains_key("redis.conf")
+                    && d.get("primary").is_some_and(|p| !p.trim().is_empty())
+            })
+    })
+    .await;
+
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get("cache")
+        .await
+        .expect("statefulset");
+    assert_eq!(
+        sts.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("team.example.com/owner"))
+            .map(String::as_str),
+        Some("payments"),
+        "the user's annotation survived the repairs"
+    );
+    let events = recent_events(&client, &ns.name, 50).await;
+    assert!(
+        events.contains("DriftRepaired"),
+        "a DriftRepaired event is recorded; events:\n{events}"
+    );
+
+    // 5. A replica pod deleted by hand: re-created by the StatefulSet and
+    // re-wired by the operator.
+    let pods = redis_pods(&client, &ns.name, "cache").await;
+    let replica = pods
+        .iter()
+        .find(|(_, p)| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("redpilot.io/role"))
+                .map(String::as_str)
+                == Some("replica")
+        })
+        .map(|(n, p)| (n.clone(), p.metadata.uid.clone()))
+        .expect("a replica pod");
+    run_kubectl(&["-n", &ns.name, "delete", "pod", &replica.0, "--wait=false"]);
+    wait_for(
+        "the deleted replica pod to be re-created",
+        READY,
+        || async {
+            let p = redis_pods(&client, &ns.name, "cache").await;
+            (p.get(&replica.0).and_then(|p| p.metadata.uid.clone()) != replica.1
+                && p.contains_key(&replica.0))
+            .then_some(())
+        },
+    )
+    .await;
+    let back = wait_ready(&client, &ns.name, "cache", READY).await;
+    let status = back.status.expect("status");
+    let linked = status
+        .instances
+        .iter()
+        .find(|i| i.name == replica.0)
+        .and_then(|i| i.link_up);
+    assert_eq!(linked, Some(true), "the new replica replicates: {status:?}");
+
+    println!(
+        "drift repaired: scale {:.2}s, selector {:.2}s, deleted Service {:.2}s, deleted ConfigMap {:.2}s",
+        scaled.as_secs_f64(),
+        selector.as_secs_f64(),
+        service.as_secs_f64(),
+        config.as_secs_f64()
+    );
+}
+
+/// Pokes each Redis `n` times and returns the reconciles the operator made
+/// in that window, with the window's bounds.
+async fn poke_window(
+    client: &Client,
+    op: &Operator,
+    ns: &str,
+    names: &[&str],
+    n: usize,
+) -> (
+    f64,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+) {
+    let before = op.counters().await.reconciles;
+    let from = chrono::Utc::now();
+    for i in 0..n {
+        for name in names {
+            poke(client, ns, name, 100 + i).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let want = before + (n * names.len()) as f64;
+    wait_for(
+        "the operator to reconcile every poke",
+        Duration::from_secs(30),
+        || async { (op.counters().await.reconciles >= want).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let to = chrono::Utc::now();
+    (op.counters().await.reconciles - before, from, to)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_costs_no_write_and_at_most_one_read_per_reconcile() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "steady", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    // One Redis with a generated password, one with a user-named Secret.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "app-password"},
+        "stringData": {"password": "a-user-chosen-password"}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the user's Secret");
+    apply_redis(
+        &client,
+        &ns.name,
+        "gen",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "own",
+        json!({"mode": "Standalone", "auth": {"secretName": "app-password"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "gen", READY).await;
+    wait_ready(&client, &ns.name, "own", READY).await;
+    for name in ["gen", "own"] {
+        settled_children(
+            &client,
+            &ns.name,
+            name,
+            Duration::from_secs(4),
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+
+    let (reconciles, from, to) = poke_window(&client, &op, &ns.name, &["gen", "own"], 5).await;
+    let requests = operator_requests(&ns.name, from, to);
+    let writes: Vec<_> = requests.iter().filter(|r| r.is_write()).collect();
+    let reads: Vec<_> = requests.iter().filter(|r| r.is_read()).collect();
+    let gen_reads = reads
+        .iter()
+        .filter(|r| r.name == "gen" || r.name.starts_with("gen-"))
+        .count();
+    println!(
+        "steady state (API server audit log): {reconciles} reconciles, {} reads, {} writes; {:?}",
+        reads.len(),
+        writes.len(),
+        tally(&requests)
+    );
+    assert!(reconciles >= 10.0, "every poke reconciled: {reconciles}");
+    assert!(
+        writes.is_empty(),
+        "a Ready Redis is reconciled without writes; the API server saw {:?}",
+        tally(&requests)
+    );
+    assert_eq!(
+        gen_reads,
+        0,
+        "with a generated password a reconcile reads nothing; the API server saw {:?}",
+        tally(&requests)
+    );
+    assert!(
+        reads.len() as f64 <= reconciles,
+        "at most one read per reconcile: {} reads for {reconciles} reconciles ({:?})",
+        reads.len(),
+        tally(&requests)
+    );
+    assert!(
+        reads
+            .iter()
+            .all(|r| r.resource == "secrets" && r.name == "app-password"),
+        "the only read is the user-named Secret: {:?}",
+        tally(&requests)
+    );
+}
