@@ -2,6 +2,7 @@
 #
 #   make run     bring up the dev cluster if no cluster is configured, run the operator
 #   make test    everything: fmt, clippy, unit tests, tools, cluster, integration suites
+#   make bench   scale measurements on the dev cluster (not part of make test)
 #
 # Tool binaries are built once per pinned version into ~/.cache/redpilot (or
 # $REDPILOT_CACHE) and linked into bin/.
@@ -20,7 +21,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down test integration run run-stop version clean help
+	cluster-up cluster-down test integration bench run run-stop version clean help
 
 all: build
 
@@ -71,6 +72,13 @@ test: lint unit tools cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
+
+# Scale measurements (benches/scale.rs): 100 real and 1,000 fake Redis on one
+# operator; prints a table. Knobs: BENCH_REAL, BENCH_FAKE, BENCH_IDLE_SECS;
+# BENCH_PROFILE=dev skips the optimised build (slower operator, quicker build).
+BENCH_PROFILE ?= release
+bench: cluster-up
+	$(CARGO) bench --profile $(BENCH_PROFILE) --bench scale
 
 run: tools-cluster engines
 	bash dev/run.sh
