@@ -124,11 +124,14 @@ async fn main() {
         .collect();
     let t = Instant::now();
     apply_all(&client, &real_ns.name, specs).await;
-    let mut per_object = until_all_ready(&client, &real_ns.name, real, Duration::from_secs(900)).await;
+    let mut per_object =
+        until_all_ready(&client, &real_ns.name, real, Duration::from_secs(900)).await;
     let p1a_total = t.elapsed().as_secs_f64();
     let p1a_p50 = percentile(&mut per_object, 50.0);
     let p1a_p99 = percentile(&mut per_object, 99.0);
-    println!("P1a: {real} Standalone Ready in {p1a_total:.1}s (p50 {p1a_p50:.1}s, p99 {p1a_p99:.1}s)");
+    println!(
+        "P1a: {real} Standalone Ready in {p1a_total:.1}s (p50 {p1a_p50:.1}s, p99 {p1a_p99:.1}s)"
+    );
 
     // P1b.
     let on_fake = json!({
@@ -170,7 +173,9 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let p1b_total = t.elapsed().as_secs_f64();
-    println!("P1b: {fake} Redis applied in {applied:.1}s; {want_pods} pods Running after {p1b_total:.1}s");
+    println!(
+        "P1b: {fake} Redis applied in {applied:.1}s; {want_pods} pods Running after {p1b_total:.1}s"
+    );
 
     // Idle window: CPU, requests, writes.
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -190,15 +195,31 @@ async fn main() {
     println!();
     println!("| measure | value |");
     println!("|---|---|");
-    println!("| P1a {real} Standalone (real processes) → all Ready | {p1a_total:.1} s (per object p50 {p1a_p50:.1} s, p99 {p1a_p99:.1} s) |");
-    println!("| P1b {fake} Redis on the fake node → children applied, {want_pods} pods Running | {p1b_total:.1} s |");
-    println!("| operator CPU over {:.0} idle min | {cpu:.1} s ({:.2} s/min) |", minutes, cpu / minutes);
-    println!("| API requests per idle minute (leases and watches excluded) | {:.1} |", requests.len() as f64 / minutes);
+    println!(
+        "| P1a {real} Standalone (real processes) → all Ready | {p1a_total:.1} s (per object p50 {p1a_p50:.1} s, p99 {p1a_p99:.1} s) |"
+    );
+    println!(
+        "| P1b {fake} Redis on the fake node → children applied, {want_pods} pods Running | {p1b_total:.1} s |"
+    );
+    println!(
+        "| operator CPU over {:.0} idle min | {cpu:.1} s ({:.2} s/min) |",
+        minutes,
+        cpu / minutes
+    );
+    println!(
+        "| API requests per idle minute (leases and watches excluded) | {:.1} |",
+        requests.len() as f64 / minutes
+    );
     println!("| P2 operator RSS, {real} real + {fake} fake Redis | {rss_mib:.1} MiB |");
-    println!("| P3 API writes per idle minute | {:.1} |", writes as f64 / minutes);
+    println!(
+        "| P3 API writes per idle minute | {:.1} |",
+        writes as f64 / minutes
+    );
     let mut verbs: BTreeMap<String, usize> = BTreeMap::new();
     for r in &requests {
-        *verbs.entry(format!("{} {}", r.verb, r.resource)).or_default() += 1;
+        *verbs
+            .entry(format!("{} {}", r.verb, r.resource))
+            .or_default() += 1;
     }
     println!("idle requests by verb and resource: {verbs:?}");
     drop(op);

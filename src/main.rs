@@ -41,8 +41,11 @@ struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "redpilot-leader")]
     lease_name: String,
-    /// Seconds a lease lasts without renewal.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds a lease lasts without renewal (5 to 3600; the holder renews
+    /// every third of it and steps down 2 s before it could expire, so a
+    /// shorter lease would leave no time to renew).
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(5..=3600))]
     lease_duration: u64,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -108,7 +111,12 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = Arc::new(telemetry::Metrics::new()?);
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-    let http = tokio::spawn(telemetry::serve_http(listener, metrics.clone()));
+    let health = Arc::new(telemetry::Health::default());
+    let http = tokio::spawn(telemetry::serve_http(
+        listener,
+        metrics.clone(),
+        health.clone(),
+    ));
 
     let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -118,10 +126,10 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         namespace: args.leader_election_namespace.clone(),
         name: args.lease_name.clone(),
         identity,
-        duration: Duration::from_secs(args.lease_duration.max(2)),
+        duration: Duration::from_secs(args.lease_duration),
         renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
     };
-    leader::acquire(&client, &lease).await;
+    leader::acquire(&client, &lease, &health).await;
     metrics.leader.set(1);
     let namespaces = controller::watch_namespaces(Some(&args.watch_namespace));
     tracing::info!(
@@ -131,8 +139,8 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         "starting controllers (all namespaces when empty)"
     );
     let result = tokio::select! {
-        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images) => Ok(()),
-        _ = leader::keep(&client, &lease) => Err("lost leadership".into()),
+        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images, health.clone()) => Ok(()),
+        _ = leader::keep(&client, &lease, &health) => Err("lost leadership".into()),
     };
     metrics.leader.set(0);
     http.abort();

@@ -118,12 +118,57 @@ impl Metrics {
     }
 }
 
+/// What `/readyz` answers from: ready means the API server answered the
+/// last leader-election attempt, and, once this process leads, every watch
+/// cache holds its initial list. A standby that reaches the API is ready
+/// (it can take over at once).
+#[derive(Debug, Default)]
+pub struct Health {
+    api_reachable: std::sync::atomic::AtomicBool,
+    leading: std::sync::atomic::AtomicBool,
+    caches_pending: std::sync::atomic::AtomicUsize,
+}
+
+impl Health {
+    /// Records whether the last request to the API server got an answer.
+    pub fn set_api_reachable(&self, ok: bool) {
+        self.api_reachable
+            .store(ok, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// This process now leads, with `scopes` sets of watch caches to sync.
+    pub fn start_leading(&self, scopes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.caches_pending.store(scopes, Relaxed);
+        self.leading.store(true, Relaxed);
+    }
+    /// One set of watch caches holds its initial list.
+    pub fn caches_synced(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self
+            .caches_pending
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+    }
+    /// `Ok` when ready, else why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.api_reachable.load(Relaxed) {
+            return Err("the API server did not answer the last leader-election request");
+        }
+        if self.leading.load(Relaxed) && self.caches_pending.load(Relaxed) > 0 {
+            return Err("leading, but the watch caches are not synced yet");
+        }
+        Ok(())
+    }
+}
+
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is
 /// dropped.
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     metrics: std::sync::Arc<Metrics>,
+    health: std::sync::Arc<Health>,
 ) -> std::io::Result<()> {
+    use axum::http::StatusCode;
     use axum::routing::get;
     let app = axum::Router::new()
         .route(
@@ -134,6 +179,38 @@ pub async fn serve_http(
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+        .route(
+            "/readyz",
+            get(move || {
+                let h = health.clone();
+                async move {
+                    match h.readiness() {
+                        Ok(()) => (StatusCode::OK, "ok".to_string()),
+                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Health;
+
+    #[test]
+    fn readiness_needs_the_api_and_synced_caches_when_leading() {
+        let h = Health::default();
+        assert!(h.readiness().is_err(), "no API answer yet");
+        h.set_api_reachable(true);
+        assert_eq!(h.readiness(), Ok(()), "a standby that reaches the API");
+        h.start_leading(2);
+        assert!(h.readiness().is_err());
+        h.caches_synced();
+        assert!(h.readiness().is_err(), "one of two scopes synced");
+        h.caches_synced();
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_api_reachable(false);
+        assert!(h.readiness().is_err());
+    }
 }

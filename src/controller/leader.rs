@@ -39,20 +39,47 @@ pub enum Attempt {
     HeldBy(String),
 }
 
-fn held_by_other_and_live(lease: &Lease, me: &str, now: Timestamp) -> Option<String> {
-    let spec = lease.spec.as_ref()?;
-    let holder = spec.holder_identity.clone()?;
-    if holder == me || holder.is_empty() {
-        return None;
-    }
-    let renewed = spec.renew_time.as_ref()?.0;
-    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-    let expires = renewed.checked_add(jiff_secs(secs)).ok()?;
-    (expires > now).then_some(holder)
+/// What a candidate last saw of a lease held by someone else, and when (by
+/// its own monotonic clock). Expiry is judged from the moment the lease was
+/// last seen to change, as client-go does, never from the holder's
+/// `renewTime`: the two machines' clocks may disagree by any amount.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// Holder, renew time and resource version of the last version seen.
+    record: Option<(String, Option<String>, Option<String>)>,
+    /// When that version was first seen.
+    since: Option<std::time::Instant>,
 }
 
-fn jiff_secs(secs: i64) -> k8s_openapi::jiff::SignedDuration {
-    k8s_openapi::jiff::SignedDuration::from_secs(secs)
+impl Observed {
+    /// Records `lease` as seen at `now`; returns the other holder while its
+    /// lease is live, `None` when it is ours, free, or has not changed for
+    /// its whole duration.
+    pub fn held_by_other(
+        &mut self,
+        lease: &Lease,
+        me: &str,
+        now: std::time::Instant,
+    ) -> Option<String> {
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.clone()?;
+        if holder == me || holder.is_empty() {
+            return None;
+        }
+        let record = (
+            holder.clone(),
+            spec.renew_time.as_ref().map(|t| t.0.to_string()),
+            lease.metadata.resource_version.clone(),
+        );
+        if self.record.as_ref() != Some(&record) {
+            self.record = Some(record);
+            self.since = Some(now);
+        }
+        let secs = spec.lease_duration_seconds.unwrap_or(15).max(1);
+        let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(15));
+        let since = self.since.unwrap_or(now);
+        (now.saturating_duration_since(since) < duration).then_some(holder)
+    }
 }
 
 /// Field manager of the empty Lease written when none exists. It is not
@@ -60,8 +87,13 @@ fn jiff_secs(secs: i64) -> k8s_openapi::jiff::SignedDuration {
 /// would remove the holder another process has just written.
 const INIT_FIELD_MANAGER: &str = "redpilot-leader-init";
 
-/// One try to acquire or renew the lease.
-pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<Attempt, kube::Error> {
+/// One try to acquire or renew the lease; `seen` carries what earlier tries
+/// observed of another holder.
+pub async fn try_acquire(
+    client: &Client,
+    cfg: &LeaseConfig,
+    seen: &mut Observed,
+) -> Result<Attempt, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let mut current = api.get_opt(&cfg.name).await?;
     if current.is_none() {
@@ -80,13 +112,13 @@ pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<Attempt, 
         let pp = PatchParams::apply(INIT_FIELD_MANAGER);
         current = Some(api.patch(&cfg.name, &pp, &Patch::Apply(&empty)).await?);
     }
-    let now = Timestamp::now();
     if let Some(holder) = current
         .as_ref()
-        .and_then(|l| held_by_other_and_live(l, &cfg.identity, now))
+        .and_then(|l| seen.held_by_other(l, &cfg.identity, std::time::Instant::now()))
     {
         return Ok(Attempt::HeldBy(holder));
     }
+    let now = Timestamp::now();
     let previous_spec = current
         .as_ref()
         .and_then(|l| l.spec.clone())
@@ -123,11 +155,15 @@ pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<Attempt, 
     }
 }
 
-/// Blocks until this process holds the lease.
-pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
+/// Blocks until this process holds the lease; records in `health` whether
+/// the API server answers.
+pub async fn acquire(client: &Client, cfg: &LeaseConfig, health: &crate::telemetry::Health) {
     let mut last_holder = String::new();
+    let mut seen = Observed::default();
     loop {
-        match try_acquire(client, cfg).await {
+        let attempt = try_acquire(client, cfg, &mut seen).await;
+        health.set_api_reachable(attempt.is_ok());
+        match attempt {
             Ok(Attempt::Held) => {
                 tracing::info!(lease = %cfg.name, identity = %cfg.identity, "acquired leadership");
                 return;
@@ -155,11 +191,14 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// it, or when renewal keeps failing and the lease is about to expire. Each
 /// attempt is bounded by the time left, so a hanging API server cannot keep
 /// this process reconciling after another one has taken over.
-pub async fn keep(client: &Client, cfg: &LeaseConfig) {
+pub async fn keep(client: &Client, cfg: &LeaseConfig, health: &crate::telemetry::Health) {
     let mut last_ok = std::time::Instant::now();
     let mut wait = cfg.renew_every;
+    let mut seen = Observed::default();
     loop {
-        tokio::time::sleep(wait).await;
+        // Never sleep past the moment to step down.
+        let left = renewal_budget(last_ok.elapsed(), cfg).unwrap_or_default();
+        tokio::time::sleep(wait.min(left)).await;
         let Some(budget) = renewal_budget(last_ok.elapsed(), cfg) else {
             tracing::error!(
                 since = ?last_ok.elapsed(),
@@ -168,8 +207,13 @@ pub async fn keep(client: &Client, cfg: &LeaseConfig) {
             return;
         };
         let started = std::time::Instant::now();
-        let attempt = tokio::time::timeout(budget.min(cfg.renew_every), try_acquire(client, cfg));
-        let failure = match attempt.await {
+        let attempt = tokio::time::timeout(
+            budget.min(cfg.renew_every),
+            try_acquire(client, cfg, &mut seen),
+        );
+        let outcome = attempt.await;
+        health.set_api_reachable(matches!(outcome, Ok(Ok(_))));
+        let failure = match outcome {
             Ok(Ok(Attempt::Held)) => {
                 // The lease counts from the renewTime written, taken after
                 // `started`.
@@ -239,23 +283,30 @@ mod tests {
     }
 
     #[test]
-    fn live_lease_of_another_blocks_until_expiry() {
-        let now = Timestamp::from_second(1_010).expect("ts");
-        assert_eq!(
-            held_by_other_and_live(&lease("a", 1_000, 15), "b", now),
-            Some("a".into())
-        );
-        assert_eq!(
-            held_by_other_and_live(&lease("a", 1_000, 5), "b", now),
-            None
-        );
-        assert_eq!(
-            held_by_other_and_live(&lease("b", 1_000, 15), "b", now),
-            None
-        );
-        assert_eq!(
-            held_by_other_and_live(&lease("", 1_000, 15), "b", now),
-            None
-        );
+    fn expiry_follows_the_local_clock_not_the_holders() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut seen = Observed::default();
+        // A holder whose clock is an hour behind, renewing: live as long as
+        // the lease keeps changing.
+        let mut l = lease("a", 1_000, 6);
+        l.metadata.resource_version = Some("1".into());
+        assert_eq!(seen.held_by_other(&l, "b", at(0)), Some("a".into()));
+        l.metadata.resource_version = Some("2".into());
+        if let Some(spec) = l.spec.as_mut() {
+            spec.renew_time = Some(MicroTime(Timestamp::from_second(1_004).expect("ts")));
+        }
+        assert_eq!(seen.held_by_other(&l, "b", at(5)), Some("a".into()));
+        assert_eq!(seen.held_by_other(&l, "b", at(10)), Some("a".into()));
+        // No change for the lease's whole duration: expired, whatever its
+        // renewTime says (here far in the future).
+        assert_eq!(seen.held_by_other(&l, "b", at(11)), None);
+        let mut future = lease("a", 4_000_000_000, 6);
+        future.metadata.resource_version = Some("3".into());
+        assert_eq!(seen.held_by_other(&future, "b", at(12)), Some("a".into()));
+        assert_eq!(seen.held_by_other(&future, "b", at(18)), None);
+        // Ours, or nobody's: never blocks.
+        assert_eq!(seen.held_by_other(&lease("b", 1_000, 15), "b", at(0)), None);
+        assert_eq!(seen.held_by_other(&lease("", 1_000, 15), "b", at(0)), None);
     }
 }

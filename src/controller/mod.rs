@@ -327,16 +327,19 @@ pub async fn run_controllers(
     namespaces: Vec<String>,
     metrics: Arc<Metrics>,
     images: images::Images,
+    health: Arc<crate::telemetry::Health>,
 ) {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
         namespaces.into_iter().map(Some).collect()
     };
+    health.start_leading(scopes.len());
     let runs = scopes.into_iter().map(|ns| {
         let client = client.clone();
         let metrics = metrics.clone();
         let images = images.clone();
+        let health = health.clone();
         async move {
             fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
             where
@@ -364,6 +367,13 @@ pub async fn run_controllers(
                 pdbs,
                 pods,
             };
+            let synced = stores.clone();
+            tokio::spawn(async move {
+                while !synced.ready(Duration::from_secs(60)).await {
+                    tracing::warn!("watch caches still not synced after 60 s");
+                }
+                health.caches_synced();
+            });
             let ctx = Arc::new(Context::new(client.clone(), metrics, images, stores));
             Controller::new(api::<Redis>(&client, &ns), watcher::Config::default())
                 .owns_stream(sts_changes)

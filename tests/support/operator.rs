@@ -493,6 +493,32 @@ impl Drop for Operator {
     }
 }
 
+/// A minimal HTTP/1.0 GET on loopback; the status code and the body.
+pub async fn http_status(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let code = head
+            .lines()
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some((code, body.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// A minimal HTTP/1.0 GET on loopback; the body on a 200.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
