@@ -207,3 +207,106 @@ async fn valkey_81_switchover_loses_no_acknowledged_write() {
 async fn valkey_91_switchover_loses_no_acknowledged_write() {
     switchover_runs(Engine::Valkey91).await;
 }
+
+/// A switchover whose old primary cannot be demoted (here it refuses
+/// REPLICAOF to the operator's user; a server frozen mid-switchover fails
+/// the same way) must fail and leave exactly one writable primary, the old
+/// one, with the target following it again, and no acknowledged write lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_whose_old_primary_cannot_be_demoted_is_rolled_back() {
+    let _serial = SERIAL.lock().await;
+    let servers = RedisServer::start_group(
+        Engine::Redis70,
+        2,
+        ServerConfig::default().password("sw-pw"),
+    );
+    let opts = servers[0].connect_options();
+    let members: Vec<Endpoint> = servers.iter().map(|s| s.endpoint()).collect();
+    let (old, target) = (members[0].clone(), members[1].clone());
+    wait_caught_up(&target, &old, &opts, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut admin = Node::connect(&old, &opts).await.unwrap();
+    let _: redis::Value = admin
+        .query(
+            "ACL",
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg("-replicaof")
+                .arg("-slaveof"),
+        )
+        .await
+        .unwrap();
+
+    let (_tx, rx) = watch::channel(old.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let writer_opts = opts
+        .clone()
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(10));
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|id| {
+            tokio::spawn(writer(
+                id,
+                rx.clone(),
+                writer_opts.clone(),
+                stop.clone(),
+                acked.clone(),
+                errors.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let sw = SwitchoverOptions {
+        max_write_pause: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let err = switchover(&members, &target, &opts, &sw)
+        .await
+        .expect_err("a switchover that cannot demote the old primary must fail");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("could not be demoted") && msg.contains("follows"),
+        "the error says what happened: {msg}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = observe(&members, &opts).await;
+    assert_eq!(
+        t.primary.as_ref(),
+        Some(&old),
+        "one primary, the old one: {:?}",
+        t.anomalies
+    );
+    let tn = t.node(&target).expect("target observed");
+    assert_eq!(
+        tn.primary.as_ref(),
+        Some(&old),
+        "the target follows the old primary again"
+    );
+
+    let before = acked.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all = acked.lock().unwrap().clone();
+    assert!(all.len() > before, "the old primary takes writes again");
+    assert!(missing_on(&old, &opts, &all).await.is_empty());
+    wait_caught_up(&target, &old, &opts, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let lost = missing_on(&target, &opts, &all).await;
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes missing on the target",
+        lost.len()
+    );
+    println!(
+        "failed demotion: switchover refused ({msg}); {} acknowledged writes, 0 lost",
+        all.len()
+    );
+}

@@ -323,22 +323,47 @@ pub async fn switchover(
     };
 
     // The target is primary now: demote the old one before releasing writes.
+    // A failure on the connection in hand is retried on fresh connections
+    // (pausing again, so the pause cannot lapse in between) while the pause
+    // still holds.
     let mut repointed = Vec::new();
     let mut repoint_failures = Vec::new();
-    let mut demoted = Err(Error::State("not attempted".into()));
-    for _ in 0..3 {
-        demoted = repoint(&mut p, target).await;
-        if demoted.is_ok() || paused_at.elapsed() >= sw.max_write_pause.mul_f64(0.8) {
-            break;
-        }
+    let retry_until = paused_at + sw.max_write_pause.mul_f64(0.8);
+    let mut demoted = repoint(&mut p, target).await;
+    while demoted.is_err() && Instant::now() < retry_until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let again = async {
+            let mut fresh = Node::connect(&old, opts).await?;
+            fresh.pause_writes(sw.max_write_pause).await?;
+            repoint(&mut fresh, target).await?;
+            Ok::<Node, Error>(fresh)
+        };
+        demoted = match again.await {
+            Ok(fresh) => {
+                p = fresh;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
     }
-    match demoted {
-        Ok(()) => repointed.push(old.clone()),
-        Err(e) => {
-            tracing::error!(endpoint = %old, error = %e, "could not demote the old primary during switchover");
-            repoint_failures.push((old.clone(), e));
+    if let Err(e) = demoted {
+        // Two writable primaries must never outlive the pause: put the target
+        // back under the old primary, then release writes there. The
+        // switchover has not happened.
+        tracing::error!(endpoint = %old, error = %e, "could not demote the old primary; rolling the switchover back");
+        let rollback = make_replica_of(target, &old, opts).await;
+        if let Err(unpause) = p.client_unpause().await {
+            tracing::warn!(endpoint = %old, error = %unpause, "CLIENT UNPAUSE failed; the pause expires by itself");
         }
+        let back = match rollback {
+            Ok(()) => format!("{target} follows {old} again"),
+            Err(r) => format!("returning {target} under {old} failed too: {r}"),
+        };
+        return Err(Error::State(format!(
+            "switchover {old} → {target} aborted: the old primary could not be demoted ({e}); {back}"
+        )));
     }
+    repointed.push(old.clone());
     if let Err(e) = p.client_unpause().await {
         tracing::warn!(endpoint = %old, error = %e, "CLIENT UNPAUSE failed; the pause expires by itself");
     }

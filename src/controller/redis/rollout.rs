@@ -117,8 +117,17 @@ impl Reconciler {
                 true
             }
             Err(e) => {
-                self.progressing
-                    .push(format!("switchover {from} → {to} failed: {e}"));
+                // Nothing moved (a switchover that cannot demote the old
+                // primary is rolled back): say so, and try again next pass.
+                let msg = format!("switchover {from} → {to} ({why}) failed: {e}");
+                self.event(
+                    EventType::Warning,
+                    "SwitchoverFailed",
+                    "Switchover",
+                    msg.clone(),
+                )
+                .await;
+                self.notes.push(msg);
                 false
             }
         }
