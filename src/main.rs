@@ -47,6 +47,11 @@ struct RunArgs {
     #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15,
           value_parser = clap::value_parser!(u64).range(5..=3600))]
     lease_duration: u64,
+    /// Reconciles running at once per watched namespace (1 to 1000); more
+    /// wait in the controller's queue.
+    #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_concurrent_reconciles: u16,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
@@ -129,7 +134,10 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         duration: Duration::from_secs(args.lease_duration),
         renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
     };
-    leader::acquire(&client, &lease, &health).await;
+    // Leader election has a client (and connections) of its own, so lease
+    // renewals never queue behind the reconcilers' requests.
+    let lease_client = kube::Client::try_default().await?;
+    leader::acquire(&lease_client, &lease, &health).await;
     metrics.leader.set(1);
     let namespaces = controller::watch_namespaces(Some(&args.watch_namespace));
     tracing::info!(
@@ -139,8 +147,8 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         "starting controllers (all namespaces when empty)"
     );
     let result = tokio::select! {
-        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images, health.clone()) => Ok(()),
-        _ = leader::keep(&client, &lease, &health) => Err("lost leadership".into()),
+        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images, health.clone(), args.max_concurrent_reconciles) => Ok(()),
+        _ = leader::keep(&lease_client, &lease, &health) => Err("lost leadership".into()),
     };
     metrics.leader.set(0);
     http.abort();

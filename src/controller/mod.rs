@@ -328,6 +328,7 @@ pub async fn run_controllers(
     metrics: Arc<Metrics>,
     images: images::Images,
     health: Arc<crate::telemetry::Health>,
+    concurrency: u16,
 ) {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
@@ -388,7 +389,13 @@ pub async fn run_controllers(
                     let ns = pod.namespace()?;
                     Some(ObjectRef::<Redis>::new(&name).within(&ns))
                 })
-                .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
+                // Bounded: a thousand Redis appearing at once must queue here,
+                // not as thousands of requests in flight at the API server.
+                .with_config(
+                    ControllerConfig::default()
+                        .debounce(Duration::from_millis(500))
+                        .concurrency(concurrency),
+                )
                 .shutdown_on_signal()
                 .run(reconcile, error_policy, ctx)
                 .for_each(|res| async move {
