@@ -147,7 +147,42 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
         (
             "Redis 9.1 without an image",
             json!({"engine": "Redis", "version": "9.1"}),
-            vec!["spec.version", "Redis supports versions 6.x and 7.x"],
+            vec!["spec.version", "Redis supports versions 6.2 and 7.x"],
+        ),
+        (
+            "Redis 6.0 (no write pause for a switchover)",
+            json!({"engine": "Redis", "version": "6.0"}),
+            vec!["spec.version", "6.0 lacks the write pause"],
+        ),
+        (
+            "an ACL user in config",
+            json!({"config": {"user": "app on >pw ~* +@all"}}),
+            vec!["spec.config", "user", "managed by the operator"],
+        ),
+        (
+            "replica-priority in config",
+            json!({"config": {"replica-priority": "0"}}),
+            vec!["spec.config", "replica-priority", "managed by the operator"],
+        ),
+        (
+            "slave-read-only in config",
+            json!({"config": {"slave-read-only": "no"}}),
+            vec!["spec.config", "slave-read-only", "managed by the operator"],
+        ),
+        (
+            "the role label in podTemplate.labels",
+            json!({"podTemplate": {"labels": {"redpilot.io/role": "primary"}}}),
+            vec!["spec.podTemplate.labels", "redpilot.io/role is set by the operator"],
+        ),
+        (
+            "a Secret name that is no object name",
+            json!({"auth": {"secretName": "My_Secret"}}),
+            vec!["spec.auth.secretName", "valid Secret name"],
+        ),
+        (
+            "a StorageClass name that is no object name",
+            json!({"storage": {"size": "1Gi", "storageClassName": "Fast SSD"}}),
+            vec!["spec.storage.storageClassName", "valid StorageClass name"],
         ),
         (
             "Valkey 6.2 without an image",

@@ -59,7 +59,17 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
     "save",
     "appendonly",
     "appendfsync",
+    // ACL users would bypass the operator's password; replicas must stay
+    // read-only and the operator alone chooses which one is promoted.
+    "user",
+    "replica-read-only",
+    "slave-read-only",
+    "replica-priority",
+    "slave-priority",
 ];
+
+/// CEL: the value is a DNS subdomain, the format of most object names.
+const DNS_SUBDOMAIN: &str = "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
 
 /// One CEL rule per operator-owned key, so the message names exactly the
 /// key that was set (`spec.config.port is managed by the operator ...`).
@@ -130,8 +140,8 @@ fn config_value_line_rule() -> Rule {
     validation = Rule::new("self.mode == oldSelf.mode")
         .message("spec.mode is immutable")
         .field_path(".mode"),
-    validation = Rule::new("has(self.image) || (self.engine == 'Redis' ? self.version.matches('^[67][.]') : self.version.matches('^[789][.]'))")
-        .message("spec.version: Redis supports versions 6.x and 7.x, Valkey 7.x to 9.x (or set spec.image)")
+    validation = Rule::new("has(self.image) || (self.engine == 'Redis' ? self.version.matches('^(6[.]2([.]|$)|7[.])') : self.version.matches('^[789][.]'))")
+        .message("spec.version: Redis supports versions 6.2 and 7.x (6.0 lacks the write pause a switchover needs), Valkey 7.x to 9.x (or set spec.image)")
         .field_path(".version"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -256,6 +266,7 @@ pub struct AuthSpec {
     /// When absent the operator generates one in `<name>-auth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message("spec.auth.secretName must be a valid Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub secret_name: Option<String>,
 }
 
@@ -280,6 +291,7 @@ pub struct StorageSpec {
     /// StorageClass of the volumes; the cluster default when absent. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message("spec.storage.storageClassName must be a valid StorageClass name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub storage_class_name: Option<String>,
     /// Keep the volumes when the Redis is deleted (default true).
     #[serde(default = "default_true")]
@@ -352,6 +364,12 @@ pub enum AofPolicy {
 /// Pod scheduling and metadata.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.labels) || !('redpilot.io/role' in self.labels)")
+        .message("spec.podTemplate.labels: redpilot.io/role is set by the operator (the read-write and read-only Services select on it)")
+        .field_path(".labels")
+        .reason(Reason::FieldValueForbidden),
+)]
 pub struct PodTemplateSpec {
     /// Extra labels on the pods (operator labels win on conflict).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
