@@ -205,7 +205,7 @@ impl Reconciler {
             .await?;
 
         let (engine, version) = self.engine_version();
-        let restart = build::restart_hash(&self.redis, |k| {
+        let restart = super::config::restart_hash(&self.redis, |k| {
             crate::redis::config::is_dynamic(k, engine, version)
         });
         let image = self.ctx.images.image_for(&self.redis.spec);

@@ -1,15 +1,143 @@
-//! Live configuration: parameters the running engine can change without a
-//! restart are applied with `CONFIG SET` on every reachable instance.
-//! Parameters that need a restart change the pod template instead (see
-//! [`super::build::restart_hash`] and [`super::rollout`]).
+//! Configuration: the redis.conf the operator writes (its own lines, then
+//! `spec.config`), `maxmemory` from the memory limit, which parameters need
+//! a restart ([`restart_hash`], rolled out by [`super::rollout`]), and the
+//! live application of the others with `CONFIG SET` on every reachable
+//! instance.
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build;
 use super::observe::PodFacts;
+use crate::api::v1alpha1::{AofPolicy, Redis};
 use crate::redis::info::{EngineKind, Version};
 use crate::redis::{ConnectOptions, Endpoint};
+
+/// Parses a Kubernetes quantity of bytes ("1Gi", "512M", "1e9", "100").
+pub fn quantity_bytes(q: &Quantity) -> Option<u64> {
+    quantity_value(&q.0).map(|v| v as u64)
+}
+
+/// The value of a Kubernetes quantity ("1Gi", "512M", "1e9", "100m"), when
+/// it is one and is finite and not negative.
+pub fn quantity_value(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let mult: f64 = match suffix {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0f64.powi(4),
+        "Pi" => 1024.0f64.powi(5),
+        "Ei" => 1024.0f64.powi(6),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "m" => 1e-3,
+        s if s.starts_with('e') || s.starts_with('E') => 10f64.powi(s[1..].parse().ok()?),
+        _ => return None,
+    };
+    let v = value * mult;
+    (v.is_finite() && v >= 0.0).then_some(v)
+}
+
+/// `maxmemory` for the server: 75% of the memory limit (or request), leaving
+/// room for replication buffers and copy-on-write during snapshots. `None`
+/// when the pod has no memory bound.
+pub fn maxmemory_bytes(redis: &Redis) -> Option<u64> {
+    let res = redis.spec.resources.as_ref()?;
+    let q = res
+        .limits
+        .as_ref()
+        .and_then(|l| l.get("memory"))
+        .or_else(|| res.requests.as_ref().and_then(|r| r.get("memory")))?;
+    quantity_bytes(q).map(|b| b / 4 * 3)
+}
+
+/// redis.conf lines the operator owns.
+fn base_config(redis: &Redis) -> Vec<String> {
+    let p = redis.spec.persistence();
+    let mut lines = vec![
+        "# Managed by Redpilot. Change spec.config of the Redis resource instead.".to_string(),
+        format!("port {}", build::REDIS_PORT),
+        "bind * -::*".to_string(),
+        "protected-mode no".to_string(),
+        "dir /data".to_string(),
+        "daemonize no".to_string(),
+        "logfile \"\"".to_string(),
+    ];
+    if p.rdb {
+        lines.push("save 3600 1 300 100 60 10000".to_string());
+    } else {
+        lines.push("save \"\"".to_string());
+    }
+    match p.aof {
+        AofPolicy::Disabled => lines.push("appendonly no".to_string()),
+        AofPolicy::EverySec => {
+            lines.push("appendonly yes".to_string());
+            lines.push("appendfsync everysec".to_string());
+        }
+        AofPolicy::Always => {
+            lines.push("appendonly yes".to_string());
+            lines.push("appendfsync always".to_string());
+        }
+    }
+    if let Some(bytes) = maxmemory_bytes(redis) {
+        lines.push(format!("maxmemory {bytes}"));
+    }
+    lines
+}
+
+/// Quotes a redis.conf value when it has spaces or quotes.
+fn conf_value(v: &str) -> String {
+    if !v.is_empty() && !v.contains([' ', '"', '\'', '\\', '\t']) {
+        return v.to_string();
+    }
+    let mut out = String::from("\"");
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            _ => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The whole redis.conf.
+pub fn redis_conf(redis: &Redis) -> String {
+    let mut lines = base_config(redis);
+    if !redis.spec.config.is_empty() {
+        lines.push("# spec.config".to_string());
+        for (k, v) in &redis.spec.config {
+            lines.push(format!("{k} {}", conf_value(v)));
+        }
+    }
+    lines.join("\n") + "\n"
+}
+
+/// Hash of everything that needs a restart to take effect: the operator's
+/// own lines and every user key that `is_dynamic` says cannot change live.
+pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String {
+    let mut parts = base_config(redis);
+    for (k, v) in &redis.spec.config {
+        if !is_dynamic(k) {
+            parts.push(format!("{k}={v}"));
+        }
+    }
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    build::stable_hash(&refs)
+}
 
 impl Reconciler {
     pub(super) async fn apply_live_config(
@@ -59,5 +187,77 @@ impl Reconciler {
                     .push(format!("applying config on {}: {e}", f.name)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::RedisSpec;
+    use std::collections::BTreeMap;
+
+    fn redis(spec: RedisSpec) -> Redis {
+        let mut r = Redis::new("cache", spec);
+        r.metadata.namespace = Some("shop".into());
+        r.metadata.uid = Some("uid-1".into());
+        r
+    }
+
+    #[test]
+    fn quantities_parse() {
+        assert_eq!(quantity_bytes(&Quantity("1Gi".into())), Some(1 << 30));
+        assert_eq!(quantity_bytes(&Quantity("512Mi".into())), Some(512 << 20));
+        assert_eq!(quantity_bytes(&Quantity("1G".into())), Some(1_000_000_000));
+        assert_eq!(quantity_bytes(&Quantity("1e3".into())), Some(1000));
+        assert_eq!(quantity_bytes(&Quantity("12345".into())), Some(12345));
+        assert_eq!(quantity_bytes(&Quantity("1Xi".into())), None);
+        assert_eq!(quantity_bytes(&Quantity("".into())), None);
+    }
+
+    #[test]
+    fn maxmemory_is_three_quarters_of_the_limit() {
+        let r = redis(RedisSpec {
+            resources: Some(memory_limit("1Gi")),
+            ..Default::default()
+        });
+        assert_eq!(maxmemory_bytes(&r), Some((1u64 << 30) / 4 * 3));
+        assert!(redis_conf(&r).contains(&format!("maxmemory {}", (1u64 << 30) / 4 * 3)));
+    }
+
+    fn memory_limit(q: &str) -> k8s_openapi::api::core::v1::ResourceRequirements {
+        k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(BTreeMap::from([("memory".to_string(), Quantity(q.into()))])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn config_values_are_quoted_when_needed() {
+        let mut spec = RedisSpec::default();
+        spec.config
+            .insert("maxmemory-policy".into(), "allkeys-lru".into());
+        spec.config
+            .insert("notify-keyspace-events".into(), "".into());
+        spec.config.insert(
+            "client-output-buffer-limit".into(),
+            "pubsub 32mb 8mb 60".into(),
+        );
+        let conf = redis_conf(&redis(spec));
+        assert!(conf.contains("\nmaxmemory-policy allkeys-lru\n"));
+        assert!(conf.contains("\nnotify-keyspace-events \"\"\n"));
+        assert!(conf.contains("\nclient-output-buffer-limit \"pubsub 32mb 8mb 60\"\n"));
+    }
+
+    #[test]
+    fn restart_hash_ignores_dynamic_keys_only() {
+        let base = redis(RedisSpec::default());
+        let dynamic = |k: &str| k == "maxmemory-policy";
+        let h0 = restart_hash(&base, dynamic);
+        let mut spec = RedisSpec::default();
+        spec.config
+            .insert("maxmemory-policy".into(), "allkeys-lru".into());
+        assert_eq!(restart_hash(&redis(spec.clone()), dynamic), h0);
+        spec.config.insert("databases".into(), "32".into());
+        assert_ne!(restart_hash(&redis(spec), dynamic), h0);
     }
 }
