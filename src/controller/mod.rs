@@ -293,11 +293,27 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
     result
 }
 
+/// Drops what the reconciler never reads from a cached pod: the spec (the
+/// StatefulSet holds the template) and container statuses. It reads the
+/// labels, the deletion timestamp, the pod IP and the conditions.
+fn slim_pod(pod: &mut Pod) {
+    pod.spec = None;
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+        status.resource_claim_statuses = None;
+    }
+}
+
 /// A watch of `K` restricted by `cfg`, feeding a reflector store; returns
 /// the store and the stream of changed objects that drives the controller.
+/// `managedFields` are dropped, and `slim` removes whatever else the
+/// reconciler does not read, before an object is stored.
 fn cached_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    slim: fn(&mut K),
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -314,7 +330,10 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, cfg)
         .default_backoff()
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            slim(o);
+        })
         .reflect(writer)
         .touched_objects();
     (reader, stream)
@@ -354,12 +373,14 @@ pub async fn run_controllers(
             }
             let managed =
                 watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
-            let (statefulsets, sts_changes) = cached_watch(api(&client, &ns), managed.clone());
-            let (services, svc_changes) = cached_watch(api(&client, &ns), managed.clone());
-            let (config_maps, cm_changes) = cached_watch(api(&client, &ns), managed.clone());
-            let (secrets, secret_changes) = cached_watch(api(&client, &ns), managed.clone());
-            let (pdbs, pdb_changes) = cached_watch(api(&client, &ns), managed.clone());
-            let (pods, pod_changes) = cached_watch::<Pod>(api(&client, &ns), managed);
+            fn keep<K>(_: &mut K) {}
+            let (statefulsets, sts_changes) =
+                cached_watch(api(&client, &ns), managed.clone(), keep);
+            let (services, svc_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
+            let (config_maps, cm_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
+            let (secrets, secret_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
+            let (pdbs, pdb_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
+            let (pods, pod_changes) = cached_watch::<Pod>(api(&client, &ns), managed, slim_pod);
             let stores = Stores {
                 statefulsets,
                 services,
@@ -376,7 +397,13 @@ pub async fn run_controllers(
                 health.caches_synced();
             });
             let ctx = Arc::new(Context::new(client.clone(), metrics, images, stores));
-            Controller::new(api::<Redis>(&client, &ns), watcher::Config::default())
+            let (redis_store, redis_writer) = reflector::store();
+            let redis_changes = watcher(api::<Redis>(&client, &ns), watcher::Config::default())
+                .default_backoff()
+                .modify(|r: &mut Redis| r.metadata.managed_fields = None)
+                .reflect(redis_writer)
+                .applied_objects();
+            Controller::for_stream(redis_changes, redis_store)
                 .owns_stream(sts_changes)
                 .owns_stream(svc_changes)
                 .owns_stream(cm_changes)
