@@ -172,7 +172,10 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
         (
             "the role label in podTemplate.labels",
             json!({"podTemplate": {"labels": {"redpilot.io/role": "primary"}}}),
-            vec!["spec.podTemplate.labels", "redpilot.io/role is set by the operator"],
+            vec![
+                "spec.podTemplate.labels",
+                "redpilot.io/role is set by the operator",
+            ],
         ),
         (
             "a Secret name that is no object name",

@@ -69,7 +69,8 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
 ];
 
 /// CEL: the value is a DNS subdomain, the format of most object names.
-const DNS_SUBDOMAIN: &str = "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
+const DNS_SUBDOMAIN: &str =
+    "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
 
 /// One CEL rule per operator-owned key, so the message names exactly the
 /// key that was set (`spec.config.port is managed by the operator ...`).
@@ -209,6 +210,14 @@ pub struct RedisSpec {
     /// replication changes) but keeps the status up to date.
     #[serde(default)]
     pub paused: bool,
+
+    /// A single instance without `spec.storage` keeps its data only in
+    /// memory and in a pod-lifetime directory: restarting it (a version
+    /// change, a parameter that cannot change live) empties it. The operator
+    /// holds such a restart (condition Progressing, reason
+    /// `RestartWouldLoseData`) until this is true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_data_loss_on_restart: bool,
 }
 
 impl Default for RedisSpec {
@@ -226,6 +235,7 @@ impl Default for RedisSpec {
             persistence: None,
             pod_template: None,
             paused: false,
+            allow_data_loss_on_restart: false,
         }
     }
 }

@@ -60,6 +60,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         progressing: Vec::new(),
         moved_primary: None,
         wrote: false,
+        progress_reason: None,
     };
     r.run().await
 }
@@ -80,6 +81,9 @@ pub struct Reconciler {
     moved_primary: Option<String>,
     /// Whether this pass wrote anything to the API (resets the backoff).
     wrote: bool,
+    /// The Progressing reason when a step waits on purpose (default
+    /// `Reconciling`).
+    progress_reason: Option<&'static str>,
 }
 
 impl Reconciler {

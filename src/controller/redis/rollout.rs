@@ -12,6 +12,10 @@ use super::observe::PodFacts;
 use super::{Error, Reconciler, plan};
 use crate::redis::{ConnectOptions, Endpoint};
 
+/// Progressing reason while a restart that would empty the only instance
+/// waits for `spec.allowDataLossOnRestart`.
+pub const RESTART_WOULD_LOSE_DATA: &str = "RestartWouldLoseData";
+
 impl Reconciler {
     /// Restarts pods running an outdated template, one at a time: replicas
     /// first (highest ordinal first), then the primary after a switchover to
@@ -55,7 +59,14 @@ impl Reconciler {
                 self.publish_primary(facts, &target).await?;
                 primary.to_string()
             }
-            Some(plan::Restart::Primary) => primary.to_string(),
+            Some(plan::Restart::Primary) => {
+                if self.redis.spec.storage.is_none() && !self.redis.spec.allow_data_loss_on_restart
+                {
+                    self.hold_restart_that_loses_data(primary).await;
+                    return Ok(());
+                }
+                primary.to_string()
+            }
             None => return Ok(()),
         };
         self.ctx.metrics.kube("delete");
@@ -77,6 +88,33 @@ impl Reconciler {
         )
         .await;
         Ok(())
+    }
+
+    /// The only instance has no volume: a restart would empty it. Say so
+    /// (the event once, when the hold starts) and wait for the user.
+    async fn hold_restart_that_loses_data(&mut self, instance: &str) {
+        let msg = format!(
+            "{instance} must restart to apply the new spec, and without spec.storage that \
+             empties it; set spec.allowDataLossOnRestart: true to restart anyway, or create \
+             a Redis with storage and move the data"
+        );
+        let already = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Progressing"))
+            .is_some_and(|c| c.reason == RESTART_WOULD_LOSE_DATA);
+        if !already {
+            self.event(
+                EventType::Warning,
+                RESTART_WOULD_LOSE_DATA,
+                "Restart",
+                msg.clone(),
+            )
+            .await;
+        }
+        self.progress_reason = Some(RESTART_WOULD_LOSE_DATA);
+        self.progressing.push(msg);
     }
 
     pub(super) async fn switchover(

@@ -166,7 +166,12 @@ impl Reconciler {
             } else {
                 self.progressing.join("; ")
             };
-            Cond::new("Progressing", true, "Reconciling", msg)
+            Cond::new(
+                "Progressing",
+                true,
+                self.progress_reason.unwrap_or("Reconciling"),
+                msg,
+            )
         } else {
             Cond::new("Progressing", false, "Reconciled", "nothing to do")
         });
