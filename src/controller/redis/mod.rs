@@ -61,6 +61,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         moved_primary: None,
         wrote: false,
         progress_reason: None,
+        servers_observed: false,
     };
     r.run().await
 }
@@ -84,6 +85,9 @@ pub struct Reconciler {
     /// The Progressing reason when a step waits on purpose (default
     /// `Reconciling`).
     progress_reason: Option<&'static str>,
+    /// Whether this pass asked the servers (so an instance that did not
+    /// answer is a finding, not a gap in the observation).
+    servers_observed: bool,
 }
 
 impl Reconciler {
@@ -157,6 +161,7 @@ impl Reconciler {
 
         // 2. Observe pods and the live servers.
         let obs = self.observe_servers(&opts, !password.is_empty()).await;
+        self.servers_observed = obs.servers_observed;
         let facts = obs.facts;
 
         // 3. Decide the primary.

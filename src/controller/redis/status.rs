@@ -125,11 +125,26 @@ impl Reconciler {
             .iter()
             .filter(|f| Some(f.name.as_str()) != primary)
             .all(|f| f.link_up == Some(true));
+        // A pod Kubernetes calls Ready whose server does not answer the
+        // operator is not fine, whatever its probe says.
+        let unreachable: Vec<&str> = facts
+            .iter()
+            .filter(|f| f.ready && f.ip.is_some() && !f.reachable && !f.terminating)
+            .map(|f| f.name.as_str())
+            .collect();
+        let only_unreachable = self.notes.is_empty();
+        let unreachable_note = self.servers_observed && !unreachable.is_empty();
+        if unreachable_note {
+            self.notes.push(format!(
+                "{} not answering the operator although Ready (network, password or server problem)",
+                unreachable.join(", ")
+            ));
+        }
         let all_ready = ready_count == desired
             && facts.len() as i32 == desired
             && primary.is_some()
             && replicas_linked
-            && facts.iter().all(|f| !f.outdated);
+            && facts.iter().all(|f| !f.outdated && f.reachable);
         let degraded = !self.notes.is_empty();
         let progressing = !self.progressing.is_empty() || !all_ready;
 
@@ -176,7 +191,12 @@ impl Reconciler {
             Cond::new("Progressing", false, "Reconciled", "nothing to do")
         });
         conds.push(if degraded {
-            Cond::new("Degraded", true, "ReconcileBlocked", self.notes.join("; "))
+            let reason = if unreachable_note && only_unreachable {
+                "InstancesUnreachable"
+            } else {
+                "ReconcileBlocked"
+            };
+            Cond::new("Degraded", true, reason, self.notes.join("; "))
         } else {
             Cond::new("Degraded", false, "AsExpected", "no problems found")
         });
