@@ -63,6 +63,39 @@ async fn writer(
     }
 }
 
+/// Starts [`WRITERS`] writers following `primary`: the stop switch, the
+/// acknowledged keys, the count of failed writes and the tasks.
+#[allow(clippy::type_complexity)]
+fn spawn_writers(
+    primary: &watch::Receiver<Endpoint>,
+    opts: &ConnectOptions,
+) -> (
+    Arc<AtomicBool>,
+    Arc<Mutex<Vec<String>>>,
+    Arc<AtomicU64>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let writer_opts = opts
+        .clone()
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(10));
+    let tasks = (0..WRITERS)
+        .map(|id| {
+            tokio::spawn(writer(
+                id,
+                primary.clone(),
+                writer_opts.clone(),
+                stop.clone(),
+                acked.clone(),
+                errors.clone(),
+            ))
+        })
+        .collect();
+    (stop, acked, errors, tasks)
+}
+
 /// Returns the acknowledged keys missing on `ep`.
 async fn missing_on(ep: &Endpoint, opts: &ConnectOptions, keys: &[String]) -> Vec<String> {
     let client = redpilot::redis::redis_client(ep, opts).unwrap();
@@ -91,24 +124,7 @@ async fn switchover_runs(engine: Engine) {
     let opts = servers[0].connect_options();
     let members: Vec<Endpoint> = servers.iter().map(|s| s.endpoint()).collect();
     let (tx, rx) = watch::channel(members[0].clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(AtomicU64::new(0));
-    let writer_opts = opts
-        .clone()
-        .with_timeouts(Duration::from_secs(2), Duration::from_secs(10));
-    let tasks: Vec<_> = (0..WRITERS)
-        .map(|id| {
-            tokio::spawn(writer(
-                id,
-                rx.clone(),
-                writer_opts.clone(),
-                stop.clone(),
-                acked.clone(),
-                errors.clone(),
-            ))
-        })
-        .collect();
+    let (stop, acked, errors, tasks) = spawn_writers(&rx, &opts);
 
     let sw = SwitchoverOptions::default();
     let mut durations = Vec::new();
@@ -240,24 +256,7 @@ async fn a_switchover_whose_old_primary_cannot_be_demoted_is_rolled_back() {
         .unwrap();
 
     let (_tx, rx) = watch::channel(old.clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(AtomicU64::new(0));
-    let writer_opts = opts
-        .clone()
-        .with_timeouts(Duration::from_secs(2), Duration::from_secs(10));
-    let tasks: Vec<_> = (0..WRITERS)
-        .map(|id| {
-            tokio::spawn(writer(
-                id,
-                rx.clone(),
-                writer_opts.clone(),
-                stop.clone(),
-                acked.clone(),
-                errors.clone(),
-            ))
-        })
-        .collect();
+    let (stop, acked, _errors, tasks) = spawn_writers(&rx, &opts);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let sw = SwitchoverOptions {

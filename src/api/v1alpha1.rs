@@ -481,6 +481,11 @@ pub struct InstanceStatus {
 }
 
 impl RedisSpec {
+    /// The Secret named by `spec.auth.secretName`, if any.
+    pub fn auth_secret_name(&self) -> Option<&str> {
+        self.auth.as_ref()?.secret_name.as_deref()
+    }
+
     /// The number of instances, with the mode's default applied.
     pub fn desired_instances(&self) -> i32 {
         match (self.instances, self.mode) {

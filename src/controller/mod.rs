@@ -1,5 +1,6 @@
 //! The operator: controllers, their shared context, leader election.
 
+pub mod cache;
 pub mod images;
 pub mod leader;
 pub mod redis;
@@ -8,15 +9,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+
+pub use self::cache::Stores;
+use self::cache::{cached_watch, slim_pod};
 
 use crate::api::v1alpha1::Redis;
 use crate::telemetry::Metrics;
@@ -81,44 +83,6 @@ impl Error {
             Error::Random(_) => "internal",
             Error::Incomplete(_) => "internal",
         }
-    }
-}
-
-/// The watch caches of one controller: every child kind and the pods, each
-/// fed by a watch restricted to objects labelled
-/// `app.kubernetes.io/managed-by=redpilot` in the watched namespaces, so
-/// memory grows with what the operator manages, not with the cluster.
-/// Secrets the user names (`spec.auth.secretName`) are read by name, never
-/// watched. `managedFields` are dropped on the way in.
-#[derive(Clone)]
-pub struct Stores {
-    /// StatefulSets.
-    pub statefulsets: Store<StatefulSet>,
-    /// Services.
-    pub services: Store<Service>,
-    /// ConfigMaps.
-    pub config_maps: Store<ConfigMap>,
-    /// The generated auth Secrets.
-    pub secrets: Store<Secret>,
-    /// PodDisruptionBudgets.
-    pub pdbs: Store<PodDisruptionBudget>,
-    /// The Redis pods.
-    pub pods: Store<Pod>,
-}
-
-impl Stores {
-    /// Waits until every cache holds its initial list (bounded: the caller
-    /// retries later when it is not).
-    pub async fn ready(&self, within: Duration) -> bool {
-        let all = async {
-            self.statefulsets.wait_until_ready().await.is_ok()
-                && self.services.wait_until_ready().await.is_ok()
-                && self.config_maps.wait_until_ready().await.is_ok()
-                && self.secrets.wait_until_ready().await.is_ok()
-                && self.pdbs.wait_until_ready().await.is_ok()
-                && self.pods.wait_until_ready().await.is_ok()
-        };
-        tokio::time::timeout(within, all).await.unwrap_or(false)
     }
 }
 
@@ -291,52 +255,6 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
         ctx.record_success(&oref);
     }
     result
-}
-
-/// Drops what the reconciler never reads from a cached pod: the spec (the
-/// StatefulSet holds the template) and container statuses. It reads the
-/// labels, the deletion timestamp, the pod IP and the conditions.
-fn slim_pod(pod: &mut Pod) {
-    pod.spec = None;
-    if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-        status.ephemeral_container_statuses = None;
-        status.resource_claim_statuses = None;
-    }
-}
-
-/// A watch of `K` restricted by `cfg`, feeding a reflector store; returns
-/// the store and the stream of changed objects that drives the controller.
-/// `managedFields` are dropped, and `slim` removes whatever else the
-/// reconciler does not read, before an object is stored.
-fn cached_watch<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    slim: fn(&mut K),
-) -> (
-    Store<K>,
-    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, cfg)
-        .default_backoff()
-        .modify(move |o: &mut K| {
-            o.meta_mut().managed_fields = None;
-            slim(o);
-        })
-        .reflect(writer)
-        .touched_objects();
-    (reader, stream)
 }
 
 /// Runs the Redis controller over `namespaces` (all when empty) until the

@@ -521,25 +521,10 @@ pub async fn http_status(addr: SocketAddr, path: &str) -> Option<(u16, String)> 
 
 /// A minimal HTTP/1.0 GET on loopback; the body on a 200.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fut = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let status_ok = head
-            .lines()
-            .next()
-            .is_some_and(|l| l.split_whitespace().nth(1) == Some("200"));
-        status_ok.then(|| body.to_string())
-    };
-    tokio::time::timeout(Duration::from_secs(3), fut)
-        .await
-        .ok()
-        .flatten()
+    match http_status(addr, path).await? {
+        (200, body) => Some(body),
+        _ => None,
+    }
 }
 
 /// Sums the samples of a Prometheus text-format family (`name` and

@@ -277,17 +277,21 @@ pub fn generate_password() -> Result<String, getrandom::Error> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A Redis `cache` in namespace `shop`, as the builders' tests use it.
+#[cfg(test)]
+pub(crate) fn test_redis(spec: crate::api::v1alpha1::RedisSpec) -> Redis {
+    let mut r = Redis::new("cache", spec);
+    r.metadata.namespace = Some("shop".into());
+    r.metadata.uid = Some("uid-1".into());
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::v1alpha1::RedisSpec;
 
-    fn redis(spec: RedisSpec) -> Redis {
-        let mut r = Redis::new("cache", spec);
-        r.metadata.namespace = Some("shop".into());
-        r.metadata.uid = Some("uid-1".into());
-        r
-    }
+    use super::test_redis as redis;
 
     #[test]
     fn hash_changes_with_content_and_is_stable() {

@@ -196,12 +196,7 @@ mod tests {
     use crate::api::v1alpha1::RedisSpec;
     use std::collections::BTreeMap;
 
-    fn redis(spec: RedisSpec) -> Redis {
-        let mut r = Redis::new("cache", spec);
-        r.metadata.namespace = Some("shop".into());
-        r.metadata.uid = Some("uid-1".into());
-        r
-    }
+    use crate::controller::redis::build::test_redis as redis;
 
     #[test]
     fn quantities_parse() {

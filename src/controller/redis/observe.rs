@@ -115,13 +115,7 @@ impl Reconciler {
     /// The auth Secret and its password; generates (or adopts) the
     /// operator's own Secret when the spec names none.
     pub(super) async fn auth(&mut self, paused: bool) -> Result<Auth, Error> {
-        let user_secret = self
-            .redis
-            .spec
-            .auth
-            .as_ref()
-            .and_then(|a| a.secret_name.clone());
-        if let Some(name) = user_secret {
+        if let Some(name) = self.redis.spec.auth_secret_name().map(String::from) {
             self.ctx.metrics.kube("get");
             let live: Option<Secret> = self.api::<Secret>().get_opt(&name).await?;
             return Ok(match live {

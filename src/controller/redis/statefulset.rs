@@ -324,12 +324,7 @@ mod tests {
     use crate::controller::redis::build::stamped_hash;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    fn redis(spec: RedisSpec) -> Redis {
-        let mut r = Redis::new("cache", spec);
-        r.metadata.namespace = Some("shop".into());
-        r.metadata.uid = Some("uid-1".into());
-        r
-    }
+    use crate::controller::redis::build::test_redis as redis;
 
     #[test]
     fn statefulset_is_restricted_and_owned() {

@@ -229,12 +229,7 @@ impl Reconciler {
             .find(|f| Some(f.name.as_str()) == primary)
             .and_then(|f| f.version.clone())
             .or(old.current_version.clone());
-        let user_secret = self
-            .redis
-            .spec
-            .auth
-            .as_ref()
-            .and_then(|a| a.secret_name.clone());
+        let user_secret = self.redis.spec.auth_secret_name().map(String::from);
         let mut status = RedisStatus {
             observed_generation: self.redis.metadata.generation,
             phase: Some(phase),
@@ -261,17 +256,7 @@ impl Reconciler {
         if !status_differs(&old, &status) {
             return Ok(self.requeue(steady, &status));
         }
-        self.ctx.metrics.kube("patch_status");
-        let patch = serde_json::json!({"status": merge_patch_value(&old, &status)?});
-        let updated = self
-            .api::<Redis>()
-            .patch_status(
-                &self.redis.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        self.wrote_status(updated);
+        self.patch_status(merge_patch_value(&old, &status)?).await?;
         if old.phase != status.phase
             && let Some(p) = status.phase
         {
@@ -287,9 +272,26 @@ impl Reconciler {
         Ok(self.requeue(steady, &status))
     }
 
+    /// Merge-patches the status with `value` (the `status` object), and
+    /// remembers the write.
+    pub(super) async fn patch_status(&mut self, value: serde_json::Value) -> Result<(), Error> {
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({ "status": value });
+        let updated = self
+            .api::<Redis>()
+            .patch_status(
+                &self.redis.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.wrote_status(updated);
+        Ok(())
+    }
+
     /// Remembers a status this pass wrote: the next pass reads the Redis
     /// fresh until the watch cache has caught up with it.
-    pub(super) fn wrote_status(&mut self, updated: Redis) {
+    fn wrote_status(&mut self, updated: Redis) {
         self.wrote = true;
         if let Some(rv) = updated.metadata.resource_version.clone() {
             self.ctx.remember_written(&self.oref, rv);

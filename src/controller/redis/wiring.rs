@@ -4,14 +4,12 @@
 //! the operator's next pass) whenever it moves.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::build::{self, ROLE_LABEL};
 use super::observe::{PodFacts, Role};
 use super::{Error, Reconciler, plan};
-use crate::api::v1alpha1::Redis;
 use crate::controller::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint};
 
@@ -100,17 +98,8 @@ impl Reconciler {
 
     /// Writes only `status.primary`.
     pub(super) async fn record_primary(&mut self, primary: &str) -> Result<(), Error> {
-        self.ctx.metrics.kube("patch_status");
-        let patch = serde_json::json!({"status": {"primary": primary}});
-        let updated = self
-            .api::<Redis>()
-            .patch_status(
-                &self.redis.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+        self.patch_status(serde_json::json!({ "primary": primary }))
             .await?;
-        self.wrote_status(updated);
         self.moved_primary = Some(primary.to_string());
         Ok(())
     }
