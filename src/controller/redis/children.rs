@@ -177,8 +177,12 @@ impl Reconciler {
         primary: Option<&str>,
         secret_name: &str,
     ) -> Result<bool, Error> {
+        // Only an instance seen acting as primary is published: instances
+        // that start read the address and follow it, and an empty pod
+        // re-created under the recorded primary's name must not be it.
         let primary_ip = primary
             .and_then(|p| facts.iter().find(|f| f.name == p))
+            .filter(|f| f.reachable && f.role == Some(super::observe::Role::Primary))
             .and_then(|f| f.ip.clone());
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         // Keep the last known primary address while the primary has none

@@ -40,6 +40,16 @@ impl Reconciler {
             self.recover_primary(facts, opts).await;
             return;
         }
+        if !(pf.reachable && pf.role == Some(Role::Primary)) {
+            // Never point replicas that hold the data at an instance that has
+            // not been seen acting as primary: a pod re-created under the
+            // recorded name starts empty, and a replica that synchronised
+            // from it would lose everything.
+            self.progressing.push(format!(
+                "waiting for primary {primary} to answer as primary"
+            ));
+            return;
+        }
         for f in facts {
             if f.name == primary || !f.reachable || f.terminating {
                 continue;
