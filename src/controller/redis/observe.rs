@@ -116,9 +116,7 @@ impl Reconciler {
     /// operator's own Secret when the spec names none.
     pub(super) async fn auth(&mut self, paused: bool) -> Result<Auth, Error> {
         if let Some(name) = self.redis.spec.auth_secret_name().map(String::from) {
-            self.ctx.metrics.kube("get");
-            let live: Option<Secret> = self.api::<Secret>().get_opt(&name).await?;
-            return Ok(match live {
+            return Ok(match self.fetch::<Secret>(&name).await? {
                 Some(s) => match read_password(&s, &name) {
                     Ok(password) => Auth::Ok {
                         secret_name: name,
