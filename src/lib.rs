@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod controller;
+pub mod failpoint;
 pub mod redis;
 pub mod telemetry;
 

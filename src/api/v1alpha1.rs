@@ -421,6 +421,11 @@ pub struct RedisStatus {
     /// Pod name of the current primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary: Option<String>,
+    /// The instance the operator is making primary (recorded before the
+    /// promotion, cleared once it is published as `primary`): an operator
+    /// that stops in between finds the promotion from the servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
     /// Engine version reported by the running servers (`INFO server`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,

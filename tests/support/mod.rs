@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod operator;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::future::Future;

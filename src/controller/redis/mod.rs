@@ -166,7 +166,17 @@ impl Reconciler {
 
         // 3. Decide the primary.
         let previous_primary = self.redis.status.as_ref().and_then(|s| s.primary.clone());
-        let primary = plan::choose_primary(&facts, previous_primary.as_deref(), &self.names);
+        let target = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.target_primary.clone());
+        let primary = plan::choose_primary(
+            &facts,
+            previous_primary.as_deref(),
+            target.as_deref(),
+            &self.names,
+        );
 
         if paused {
             self.progressing
@@ -177,7 +187,8 @@ impl Reconciler {
         // Record a new primary before anything else changes, so the status
         // never lags behind a scale-down or a restart that depends on it.
         if let Some(p) = &primary
-            && previous_primary.as_deref() != Some(p.as_str())
+            && (previous_primary.as_deref() != Some(p.as_str())
+                || target.as_deref() == Some(p.as_str()))
         {
             self.record_primary(p).await?;
         }

@@ -8,19 +8,35 @@ pub use super::observe::{PodFacts, Role, ordinal};
 /// 1. what the servers say: the one reachable primary that linked replicas
 ///    follow (after a switchover this is the new primary, whatever the
 ///    record says);
-/// 2. else the recorded primary, while its pod exists (a restarting primary
+/// 2. else the recorded intent (`status.targetPrimary`) when that server
+///    answers as primary: a promotion happened but its publication did not
+///    (the operator stopped in between);
+/// 3. else the recorded primary, while its pod exists (a restarting primary
 ///    is waited for, not replaced: failover is a separate decision);
-/// 3. else the reachable primary with data and the highest offset (ties:
+/// 4. else the reachable primary with data and the highest offset (ties:
 ///    lowest ordinal), not being deleted;
-/// 4. else ordinal 0, once it exists, is not being deleted and is not a
+/// 5. else ordinal 0, once it exists, is not being deleted and is not a
 ///    replica (a replica is never made primary by default: only recovery
-///    promotes one, deliberately).
+///    promotes one, deliberately; Replication instances boot as replicas, so
+///    a new Redis gets its first primary from recovery too).
 ///
 /// A replica whose link is down never decides anything: it may follow an
 /// address that no longer exists.
-pub fn choose_primary(facts: &[PodFacts], recorded: Option<&str>, names: &Names) -> Option<String> {
+pub fn choose_primary(
+    facts: &[PodFacts],
+    recorded: Option<&str>,
+    target: Option<&str>,
+    names: &Names,
+) -> Option<String> {
     if let Some(p) = followed_primary(facts) {
         return Some(p);
+    }
+    if let Some(t) = target
+        && facts
+            .iter()
+            .any(|f| f.name == t && f.reachable && f.role == Some(Role::Primary) && !f.terminating)
+    {
+        return Some(t.to_string());
     }
     if let Some(r) = recorded
         && facts.iter().any(|f| f.name == r)
@@ -122,6 +138,29 @@ pub fn most_advanced(facts: &[PodFacts]) -> Option<String> {
         .map(|f| f.name.clone())
 }
 
+/// Whom recovery promotes when no server is primary and no replica has a
+/// live link: the reachable instance furthest ahead ([`most_advanced`]). A
+/// Redis that never had a primary (`recorded` is `None`: it is being
+/// created, every instance booted as a replica) waits for ordinal 0, so a
+/// new Redis always starts with the same primary. `Err` names what recovery
+/// waits for.
+pub fn promotion_candidate(
+    facts: &[PodFacts],
+    recorded: Option<&str>,
+    names: &Names,
+) -> Result<String, String> {
+    if recorded.is_none() {
+        let first = names.pod(0);
+        if !facts
+            .iter()
+            .any(|f| f.name == first && f.reachable && !f.terminating)
+        {
+            return Err(format!("waiting for {first} to start"));
+        }
+    }
+    most_advanced(facts).ok_or_else(|| "no reachable instance to promote".to_string())
+}
+
 /// What to restart next in a rolling restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Restart {
@@ -185,7 +224,7 @@ mod tests {
             pod(2, Some(Role::Primary), None, 0),
         ];
         assert_eq!(
-            choose_primary(&facts, None, &names()),
+            choose_primary(&facts, None, None, &names()),
             Some("cache-0".into())
         );
     }
@@ -201,7 +240,7 @@ mod tests {
         ];
         facts[0].link_up = Some(false);
         assert_eq!(
-            choose_primary(&facts, Some("cache-0"), &names()),
+            choose_primary(&facts, Some("cache-0"), None, &names()),
             Some("cache-1".into())
         );
     }
@@ -215,7 +254,7 @@ mod tests {
             pod(3, Some(Role::Replica), Some("10.0.0.2"), 10),
         ];
         assert_eq!(
-            choose_primary(&facts, Some("cache-2"), &names()),
+            choose_primary(&facts, Some("cache-2"), None, &names()),
             Some("cache-2".into())
         );
     }
@@ -229,7 +268,7 @@ mod tests {
         facts[1].reachable = false;
         facts[0].reachable = false;
         assert_eq!(
-            choose_primary(&facts, Some("cache-1"), &names()),
+            choose_primary(&facts, Some("cache-1"), None, &names()),
             Some("cache-1".into())
         );
     }
@@ -242,8 +281,66 @@ mod tests {
             pod(2, Some(Role::Primary), None, 50),
         ];
         assert_eq!(
-            choose_primary(&facts, Some("cache-0"), &names()),
+            choose_primary(&facts, Some("cache-0"), None, &names()),
             Some("cache-2".into())
+        );
+    }
+
+    #[test]
+    fn an_unpublished_promotion_is_found_from_the_recorded_intent() {
+        // cache-1 was promoted, then the operator stopped before publishing
+        // it: the record still names cache-0, which restarted fenced, and
+        // cache-2 still follows cache-0's address with its link down.
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("127.0.0.1"), 0),
+            pod(1, Some(Role::Primary), None, 500),
+            pod(2, Some(Role::Replica), Some("10.0.0.0"), 500),
+        ];
+        facts[0].link_up = Some(false);
+        facts[2].link_up = Some(false);
+        assert_eq!(
+            choose_primary(&facts, Some("cache-0"), Some("cache-1"), &names()),
+            Some("cache-1".into())
+        );
+        // Without the intent the record wins and nothing moves.
+        assert_eq!(
+            choose_primary(&facts, Some("cache-0"), None, &names()),
+            Some("cache-0".into())
+        );
+        // An intent whose server never became primary changes nothing.
+        assert_eq!(
+            choose_primary(&facts, Some("cache-0"), Some("cache-2"), &names()),
+            Some("cache-0".into())
+        );
+    }
+
+    #[test]
+    fn a_new_redis_promotes_ordinal_zero_once_it_answers() {
+        let mut facts = vec![
+            pod(0, Some(Role::Replica), Some("127.0.0.1"), 0),
+            pod(1, Some(Role::Replica), Some("127.0.0.1"), 0),
+        ];
+        for f in &mut facts {
+            f.link_up = Some(false);
+        }
+        assert_eq!(choose_primary(&facts, None, None, &names()), None);
+        facts[0].reachable = false;
+        assert_eq!(
+            promotion_candidate(&facts, None, &names()),
+            Err("waiting for cache-0 to start".into())
+        );
+        facts[0].reachable = true;
+        assert_eq!(
+            promotion_candidate(&facts, None, &names()),
+            Ok("cache-0".into())
+        );
+        // After the first primary, the instance furthest ahead wins, even
+        // when ordinal 0 is not there.
+        facts[1].offset = Some(40);
+        facts[0].reachable = false;
+        assert_eq!(
+            promotion_candidate(&facts, Some("cache-0"), &names()),
+            Ok("cache-1".into())
         );
     }
 
@@ -254,7 +351,7 @@ mod tests {
             pod(1, Some(Role::Primary), None, 900),
         ];
         assert_eq!(
-            choose_primary(&facts, None, &names()),
+            choose_primary(&facts, None, None, &names()),
             Some("cache-1".into())
         );
     }
@@ -270,7 +367,7 @@ mod tests {
         ];
         facts[1].terminating = true;
         assert_eq!(
-            choose_primary(&facts, Some("cache-1"), &names()),
+            choose_primary(&facts, Some("cache-1"), None, &names()),
             Some("cache-1".into())
         );
         // Stopped, links down, no record: ordinal 0 is a replica and is not
@@ -280,7 +377,7 @@ mod tests {
         for i in [0, 2] {
             facts[i].link_up = Some(false);
         }
-        assert_eq!(choose_primary(&facts, None, &names()), None);
+        assert_eq!(choose_primary(&facts, None, None, &names()), None);
         // Neither promotion nor switchover picks a pod being deleted.
         facts[0].terminating = true;
         assert_eq!(most_advanced(&facts), Some("cache-2".into()));
@@ -291,7 +388,7 @@ mod tests {
 
     #[test]
     fn no_pods_no_primary() {
-        assert_eq!(choose_primary(&[], None, &names()), None);
+        assert_eq!(choose_primary(&[], None, None, &names()), None);
     }
 
     #[test]

@@ -12,8 +12,10 @@ use crate::redis::{ConnectOptions, Endpoint};
 
 impl Reconciler {
     /// When no reachable server is primary and none of the replicas has a
-    /// live link, promotes the reachable replica with the highest offset
-    /// (ties: lowest ordinal) and publishes it.
+    /// live link, promotes the instance furthest ahead
+    /// ([`plan::promotion_candidate`]) and publishes it. The intent is
+    /// recorded first, so an operator stopped between the promotion and
+    /// the publication finds the promoted server on its next pass.
     pub(super) async fn recover_primary(&mut self, facts: &[PodFacts], opts: &ConnectOptions) {
         let any_primary = facts
             .iter()
@@ -24,30 +26,46 @@ impl Reconciler {
                 .push("waiting for the replication topology to settle".into());
             return;
         }
-        let Some(best) = plan::most_advanced(facts) else {
+        let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
+        let best = match plan::promotion_candidate(facts, recorded.as_deref(), &self.names) {
+            Ok(best) => best,
+            Err(why) => {
+                self.progressing.push(why);
+                return;
+            }
+        };
+        let Some(chosen) = facts.iter().find(|f| f.name == best) else {
+            return;
+        };
+        let Some(ip) = chosen.ip.clone() else {
+            return;
+        };
+        let offset = chosen.offset.unwrap_or(0);
+        if let Err(e) = self.record_intent(&best).await {
             self.progressing
-                .push("no reachable instance to promote".into());
+                .push(format!("recording the promotion of {best}: {e}"));
             return;
-        };
-        let Some(ip) = facts
-            .iter()
-            .find(|f| f.name == best)
-            .and_then(|f| f.ip.clone())
-        else {
-            return;
-        };
+        }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
         match crate::redis::actions::make_primary(&ep, opts).await {
             Ok(()) => {
-                self.event(
-                    EventType::Warning,
-                    "PrimaryRecovered",
-                    "Promote",
-                    format!(
-                        "no instance was primary; promoted {best}, the instance furthest ahead"
+                crate::failpoint::hit("after-promote");
+                let (type_, reason, note) = match &recorded {
+                    None => (
+                        EventType::Normal,
+                        "PrimaryElected",
+                        format!("{best} is the first primary"),
                     ),
-                )
-                .await;
+                    Some(old) => (
+                        EventType::Warning,
+                        "PrimaryRecovered",
+                        format!(
+                            "no instance was primary (last primary {old}); promoted {best}, \
+                             the instance furthest ahead (offset {offset})"
+                        ),
+                    ),
+                };
+                self.event(type_, reason, "Promote", note).await;
                 match self.publish_primary(facts, &best).await {
                     Ok(()) => self
                         .progressing

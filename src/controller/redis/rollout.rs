@@ -138,6 +138,11 @@ impl Reconciler {
         else {
             return false;
         };
+        if let Err(e) = self.record_intent(to).await {
+            self.notes
+                .push(format!("recording the switchover target {to}: {e}"));
+            return false;
+        }
         let sw = crate::redis::actions::SwitchoverOptions::default();
         match crate::redis::actions::switchover(&members, &target, opts, &sw).await {
             Ok(report) => {

@@ -21,12 +21,34 @@ use super::build::{
     CONFIG_KEY, Names, PASSWORD_KEY, PRIMARY_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, labels,
     meta, selector_labels, stamp_hash,
 };
-use crate::api::v1alpha1::{Engine, Redis};
+use crate::api::v1alpha1::{Engine, Mode, Redis};
+
+/// The address a Replication instance follows when it boots with no other
+/// primary to follow: nothing listens there, so the server stays a replica
+/// whose link never comes up. A replica without a link refuses to serve a
+/// sync (`NOMASTERLINK`), so an instance that restarted empty can never wipe
+/// the replicas that hold the data; the operator decides who is primary.
+pub const BOOT_FENCE_HOST: &str = "127.0.0.1";
+/// The port of [`BOOT_FENCE_HOST`].
+pub const BOOT_FENCE_PORT: u16 = 1;
 
 /// The start-up script. The password comes from the environment (never from
-/// the ConfigMap); an instance that is not the current primary starts as a
-/// replica of it, so a restarted former primary cannot take writes.
-fn start_script(server: &str) -> String {
+/// the ConfigMap). No Replication instance makes itself primary at boot: one
+/// that is not the published primary follows it, and the published primary
+/// itself (restarting in place, or back under the same address) or any
+/// instance of a new Redis boots fenced (see [`BOOT_FENCE_HOST`]) until the
+/// operator compares offsets and promotes one. A Standalone instance has no
+/// replica to wipe and boots writable.
+fn start_script(server: &str, fence_at_boot: bool) -> String {
+    let own = if fence_at_boot {
+        format!(
+            r#"
+else
+  set -- "$@" --replicaof {BOOT_FENCE_HOST} {BOOT_FENCE_PORT}"#
+        )
+    } else {
+        String::new()
+    };
     format!(
         r#"set -eu
 primary=$(cat /etc/redpilot/{PRIMARY_KEY} 2>/dev/null || true)
@@ -35,16 +57,24 @@ if [ -n "$REDIS_PASSWORD" ]; then
   set -- "$@" --requirepass "$REDIS_PASSWORD" --masterauth "$REDIS_PASSWORD"
 fi
 if [ -n "$primary" ] && [ "${{primary%% *}}" != "$POD_IP" ]; then
-  set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}
+  set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}{own}
 fi
 exec {server} "$@"
 "#
     )
 }
 
+/// Readiness: the server answers, is not loading a dataset, and — for a
+/// replica — has a live link to its primary and is not in a full sync. The
+/// read-only Service selects ready replicas, so reads never land on an
+/// instance that is empty, stale or still loading.
 fn probe_script(cli: &str) -> String {
     format!(
-        r#"REDISCLI_AUTH="$REDIS_PASSWORD" VALKEYCLI_AUTH="$REDIS_PASSWORD" {cli} -h 127.0.0.1 -p {REDIS_PORT} ping | grep -q PONG"#
+        r#"i=$(REDISCLI_AUTH="$REDIS_PASSWORD" VALKEYCLI_AUTH="$REDIS_PASSWORD" {cli} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
+echo "$i" | grep -qx 'loading:0' || exit 1
+echo "$i" | grep -qx 'role:slave' || exit 0
+echo "$i" | grep -qx 'master_link_status:up' || exit 1
+! echo "$i" | grep -qx 'master_sync_in_progress:1'"#
     )
 }
 
@@ -123,7 +153,11 @@ pub fn statefulset(
         name: "redis".into(),
         image: Some(image.to_string()),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["sh".into(), "-c".into(), start_script(server)]),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            start_script(server, spec.mode == Mode::Replication),
+        ]),
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("redis".into()),
@@ -370,5 +404,52 @@ mod tests {
                 .map(|p| p.type_),
             Some("RuntimeDefault".to_string())
         );
+    }
+
+    /// Runs the start script with `echo` as the server and returns the
+    /// arguments it would start the server with.
+    fn boot_args(fence: bool, published: Option<&str>, pod_ip: &str) -> String {
+        let dir = std::env::temp_dir().join(format!(
+            "redpilot-boot-{}-{}",
+            std::process::id(),
+            pod_ip.replace('.', "-")
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join(PRIMARY_KEY);
+        match published {
+            Some(p) => std::fs::write(&file, p).expect("write primary"),
+            None => {
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+        let script = start_script("echo", fence).replace(
+            &format!("/etc/redpilot/{PRIMARY_KEY}"),
+            &file.display().to_string(),
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("POD_IP", pod_ip)
+            .env("REDIS_PASSWORD", "")
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn replication_instances_never_boot_writable() {
+        let fence = format!("--replicaof {BOOT_FENCE_HOST} {BOOT_FENCE_PORT}");
+        // A new Redis: nothing published yet.
+        assert!(boot_args(true, None, "10.0.0.5").ends_with(&fence));
+        // The published primary restarting in place (same address).
+        assert!(boot_args(true, Some("10.0.0.5 6379"), "10.0.0.5").ends_with(&fence));
+        // Any other instance follows the published primary.
+        assert!(
+            boot_args(true, Some("10.0.0.5 6379"), "10.0.0.6")
+                .ends_with("--replicaof 10.0.0.5 6379")
+        );
+        // Standalone: no replica to wipe, boots writable.
+        let standalone = boot_args(false, Some("10.0.0.7 6379"), "10.0.0.7");
+        assert!(!standalone.contains("--replicaof"), "{standalone}");
     }
 }

@@ -12,7 +12,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::observe::PodFacts;
+use super::observe::{PodFacts, Role};
 use super::{Error, Reconciler, build, plan};
 use crate::api::v1alpha1::{InstanceStatus, Mode, Phase, Redis, RedisStatus};
 
@@ -230,11 +230,22 @@ impl Reconciler {
             .and_then(|f| f.version.clone())
             .or(old.current_version.clone());
         let user_secret = self.redis.spec.auth_secret_name().map(String::from);
+        // The intent to move the primary stays until the move is published,
+        // or until the recorded primary is seen serving (the move did not
+        // happen and is no longer wanted).
+        let primary_serving = facts.iter().any(|f| {
+            Some(f.name.as_str()) == primary && f.reachable && f.role == Some(Role::Primary)
+        });
+        let target_primary = old
+            .target_primary
+            .clone()
+            .filter(|t| !primary_serving && Some(t.as_str()) != primary);
         let mut status = RedisStatus {
             observed_generation: self.redis.metadata.generation,
             phase: Some(phase),
             conditions: Vec::new(),
             primary: primary.map(String::from),
+            target_primary,
             current_version,
             ready: Some(format!("{ready_count}/{desired}")),
             ready_instances: ready_count,

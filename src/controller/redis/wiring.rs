@@ -106,12 +106,30 @@ impl Reconciler {
         }
     }
 
-    /// Writes only `status.primary`.
+    /// Writes only `status.primary`, and clears the intent
+    /// (`status.targetPrimary`): the move is done.
     pub(super) async fn record_primary(&mut self, primary: &str) -> Result<(), Error> {
-        self.patch_status(serde_json::json!({ "primary": primary }))
+        self.patch_status(serde_json::json!({ "primary": primary, "targetPrimary": null }))
             .await?;
         self.moved_primary = Some(primary.to_string());
         Ok(())
+    }
+
+    /// Records the intent to make `target` primary before any server is
+    /// told: if the operator stops after the promotion and before
+    /// [`Self::publish_primary`], the next pass finds the promoted server
+    /// from this record (see [`plan::choose_primary`]).
+    pub(super) async fn record_intent(&mut self, target: &str) -> Result<(), Error> {
+        let recorded = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.target_primary.as_deref());
+        if recorded == Some(target) {
+            return Ok(());
+        }
+        self.patch_status(serde_json::json!({ "targetPrimary": target }))
+            .await
     }
 
     /// Records `primary` in the ConfigMap (read by instances at start-up) and

@@ -1,0 +1,182 @@
+//! A writer that goes through whatever the operator does to a Redis and
+//! counts what it was promised. It writes unique keys to the primary named
+//! in `status.primary` (re-read from the API on every reconnect), and counts
+//! a write as acknowledged only when the server answered OK *and* `WAIT`
+//! reported at least one replica holding it (`min_replicas`; 0 for a
+//! Standalone): with asynchronous replication, that is the promise a
+//! primary's crash must not break. Writes answered OK but not yet replicated
+//! are counted apart.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+
+use super::operator::{pod_ip, redis_api};
+
+/// What the writer saw.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// Keys acknowledged (OK and replicated to `min_replicas`).
+    pub acked: Vec<String>,
+    /// Writes answered OK that `WAIT` did not confirm in time.
+    pub unreplicated: u64,
+    /// Writes refused or failed (no promise made).
+    pub failed: u64,
+}
+
+/// A running writer; [`Writer::stop`] returns its tally.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+    written: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    /// Starts writing `prefix:N` keys to Redis `name` in `ns`.
+    pub fn start(
+        client: &Client,
+        ns: &str,
+        name: &str,
+        password: &str,
+        prefix: &str,
+        min_replicas: i64,
+    ) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let written = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(run(
+            client.clone(),
+            ns.to_string(),
+            name.to_string(),
+            password.to_string(),
+            prefix.to_string(),
+            min_replicas,
+            stop.clone(),
+            tally.clone(),
+            written.clone(),
+        ));
+        Writer {
+            stop,
+            tally,
+            written,
+            task,
+        }
+    }
+
+    /// Acknowledged writes so far.
+    pub fn acked(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more writes than now were acknowledged (the writer
+    /// is making progress), or panics after `timeout`.
+    pub async fn wait_progress(&self, n: u64, timeout: Duration) {
+        let start = self.acked();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.acked() < start + n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the writer acknowledged {} writes in {timeout:?}, wanted {n}",
+                self.acked() - start
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the writer and returns what it saw.
+    pub async fn stop(self) -> Tally {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        self.tally.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    client: Client,
+    ns: String,
+    name: String,
+    password: String,
+    prefix: String,
+    min_replicas: i64,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+    written: Arc<AtomicU64>,
+) {
+    let opts = ConnectOptions::default()
+        .with_password(password)
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let mut i: u64 = 0;
+    let mut conn: Option<Node> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let Some(node) = conn.as_mut() else {
+            let primary = redis_api(&client, &ns)
+                .get(&name)
+                .await
+                .ok()
+                .and_then(|r| r.status)
+                .and_then(|s| s.primary);
+            if let Some(p) = primary {
+                let ip = pod_ip(&client, &ns, &p).await;
+                conn = Node::connect(&Endpoint::new(ip, 6379), &opts).await.ok();
+            }
+            if conn.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            continue;
+        };
+        i += 1;
+        let key = format!("{prefix}:{i}");
+        let set: redpilot::redis::Result<redis::Value> =
+            node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+        if set.is_err() {
+            if let Ok(mut t) = tally.lock() {
+                t.failed += 1;
+            }
+            conn = None;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let replicated = if min_replicas == 0 {
+            Ok(0)
+        } else {
+            node.query::<i64>("WAIT", redis::cmd("WAIT").arg(min_replicas).arg(500))
+                .await
+        };
+        let Ok(mut t) = tally.lock() else { return };
+        match replicated {
+            Ok(n) if n >= min_replicas => {
+                t.acked.push(key);
+                written.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(_) => t.unreplicated += 1,
+            Err(_) => {
+                t.unreplicated += 1;
+                conn = None;
+            }
+        }
+    }
+}
+
+/// The keys of `keys` missing on the server at `ip`.
+pub async fn missing_keys(ip: &str, password: &str, keys: &[String]) -> Vec<String> {
+    let opts = ConnectOptions::default().with_password(password);
+    let mut node = Node::connect(&Endpoint::new(ip, 6379), &opts)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {ip}: {e}"));
+    let mut missing = Vec::new();
+    for k in keys {
+        let n: i64 = node
+            .query("EXISTS", redis::cmd("EXISTS").arg(k))
+            .await
+            .unwrap_or_else(|e| panic!("EXISTS on {ip}: {e}"));
+        if n == 0 {
+            missing.push(k.clone());
+        }
+    }
+    missing
+}
