@@ -67,14 +67,15 @@ exec {server} "$@"
 /// Readiness: the server answers, is not loading a dataset, and — for a
 /// replica — has a live link to its primary and is not in a full sync. The
 /// read-only Service selects ready replicas, so reads never land on an
-/// instance that is empty, stale or still loading.
+/// instance that is empty, stale or still loading. Valkey 8.1+ names the
+/// fields `role:replica` and `primary_*`.
 fn probe_script(cli: &str) -> String {
     format!(
         r#"i=$(REDISCLI_AUTH="$REDIS_PASSWORD" VALKEYCLI_AUTH="$REDIS_PASSWORD" {cli} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
 echo "$i" | grep -qx 'loading:0' || exit 1
-echo "$i" | grep -qx 'role:slave' || exit 0
-echo "$i" | grep -qx 'master_link_status:up' || exit 1
-! echo "$i" | grep -qx 'master_sync_in_progress:1'"#
+echo "$i" | grep -Eqx 'role:(slave|replica)' || exit 0
+echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
+! echo "$i" | grep -Eqx '(master|primary)_sync_in_progress:1'"#
     )
 }
 
@@ -451,5 +452,51 @@ mod tests {
         // Standalone: no replica to wipe, boots writable.
         let standalone = boot_args(false, Some("10.0.0.7 6379"), "10.0.0.7");
         assert!(!standalone.contains("--replicaof"), "{standalone}");
+    }
+
+    /// Runs the readiness probe against a fake client printing `info`
+    /// (with the server's CRLF line ends); true when it passes.
+    fn probe_passes(info: &str) -> bool {
+        let dir = std::env::temp_dir().join(format!(
+            "redpilot-probe-{}-{}",
+            std::process::id(),
+            crate::controller::redis::build::stable_hash(&[info])
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let info_file = dir.join("info");
+        std::fs::write(&info_file, info.replace('\n', "\r\n")).expect("write info");
+        let cli = dir.join("cli");
+        std::fs::write(&cli, format!("cat {}\n", info_file.display())).expect("write cli");
+        let script = probe_script(&format!("sh {}", cli.display()));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("REDIS_PASSWORD", "")
+            .output()
+            .expect("run sh");
+        out.status.success()
+    }
+
+    #[test]
+    fn only_loaded_primaries_and_linked_replicas_are_ready() {
+        assert!(probe_passes(
+            "# Persistence\nloading:0\n# Replication\nrole:master\n"
+        ));
+        assert!(!probe_passes("loading:1\nrole:master\n"));
+        assert!(!probe_passes("")); // no answer
+        let replica = |link: &str, sync: &str| {
+            format!(
+                "loading:0\nrole:slave\nmaster_link_status:{link}\nmaster_sync_in_progress:{sync}\n"
+            )
+        };
+        assert!(probe_passes(&replica("up", "0")));
+        assert!(!probe_passes(&replica("down", "0")));
+        assert!(!probe_passes(&replica("down", "1")));
+        // Valkey 8.1+ field names.
+        assert!(probe_passes(
+            "loading:0\nrole:replica\nprimary_link_status:up\nprimary_sync_in_progress:0\n"
+        ));
+        assert!(!probe_passes(
+            "loading:0\nrole:replica\nprimary_link_status:down\nprimary_sync_in_progress:0\n"
+        ));
     }
 }
