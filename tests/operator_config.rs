@@ -19,8 +19,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Client};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, config_get, connect_pod, patch_redis, pod_ready, pod_uids,
-    redis_api, redis_password, redis_pods, start_operator, wait_ready,
+    OperatorOptions, apply_redis, config_get, connect_pod, is_ready, patch_redis, pod_ready,
+    pod_uids, recent_events, redis_api, redis_password, redis_pods, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -292,4 +292,65 @@ async fn non_dynamic_config_rolls_pods_one_at_a_time() {
         .await
         .expect("the primary takes writes after the roll");
     println!("primary before the roll {old_primary}, after {new_primary}");
+}
+
+#[tokio::test]
+async fn a_live_key_removed_from_the_spec_returns_to_the_default() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-config-rm", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    replication_ready(&client, &ns.name).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let uids = pod_uids(&client, &ns.name, "cache").await;
+    for pod in uids.keys() {
+        let mut n = connect_pod(&client, &ns.name, pod, &password)
+            .await
+            .expect("connect");
+        assert_eq!(
+            config_get(&mut n, "maxmemory-policy").await.as_deref(),
+            Some("allkeys-lru"),
+            "{pod}"
+        );
+    }
+    let recorded = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("get")
+        .status
+        .and_then(|s| s.live_config_keys);
+    assert_eq!(recorded, Some(vec!["maxmemory-policy".to_string()]));
+
+    // Remove the key: the servers cannot be told "back to the default" live.
+    let t = Instant::now();
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"config": {"maxmemory-policy": null}}}),
+    )
+    .await;
+    wait_for("every pod restarted and Ready", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let after = pod_uids(&client, &ns.name, "cache").await;
+        let replaced = uids.iter().all(|(n, uid)| after.get(n) != Some(uid));
+        (replaced && is_ready(&r) && r.status?.config_resets == 1).then_some(())
+    })
+    .await;
+    for pod in uids.keys() {
+        let mut n = connect_pod(&client, &ns.name, pod, &password)
+            .await
+            .expect("connect");
+        assert_eq!(
+            config_get(&mut n, "maxmemory-policy").await.as_deref(),
+            Some("noeviction"),
+            "{pod} is back at the server default"
+        );
+    }
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("ConfigKeysRemoved"), "{events}");
+    println!(
+        "maxmemory-policy removed: back at the default on every pod after an ordered restart \
+         in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
 }

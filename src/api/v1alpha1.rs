@@ -447,6 +447,20 @@ pub struct RedisStatus {
     /// Secret holding the password (the name only, never the value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_secret: Option<String>,
+    /// The `spec.config` keys applied live with `CONFIG SET` (names only).
+    /// A key that leaves `spec.config` cannot be set back live (the server's
+    /// default is not known to the operator): it counts in `configResets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_config_keys: Option<Vec<String>>,
+    /// How many times live keys were removed from `spec.config`; part of the
+    /// restart hash, so each removal restarts the instances in order (zero
+    /// loss) and they come back with the removed keys at their defaults.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub config_resets: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// Summary phase.

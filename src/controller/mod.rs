@@ -70,19 +70,24 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kubernetes",
-            Error::Redis(e) => match e.category() {
-                crate::redis::ErrorCategory::Auth => "redis_auth",
-                crate::redis::ErrorCategory::Timeout | crate::redis::ErrorCategory::Connection => {
-                    "redis_unreachable"
-                }
-                _ => "redis",
-            },
+            Error::Redis(e) => redis_category(e),
             Error::Conflict { .. } => "conflict",
             Error::Secret { .. } => "secret",
             Error::Serialize(..) => "internal",
             Error::Random(_) => "internal",
             Error::Incomplete(_) => "internal",
         }
+    }
+}
+
+/// The bounded category of a data-plane error, for metrics and conditions.
+pub fn redis_category(e: &crate::redis::Error) -> &'static str {
+    match e.category() {
+        crate::redis::ErrorCategory::Auth => "redis_auth",
+        crate::redis::ErrorCategory::Timeout | crate::redis::ErrorCategory::Connection => {
+            "redis_unreachable"
+        }
+        _ => "redis",
     }
 }
 

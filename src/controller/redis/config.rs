@@ -127,9 +127,14 @@ pub fn redis_conf(redis: &Redis) -> String {
 }
 
 /// Hash of everything that needs a restart to take effect: the operator's
-/// own lines and every user key that `is_dynamic` says cannot change live.
+/// own lines, every user key that `is_dynamic` says cannot change live, and
+/// the count of live keys removed from the spec (`status.configResets`).
 pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String {
     let mut parts = base_config(redis);
+    let resets = redis.status.as_ref().map_or(0, |s| s.config_resets);
+    if resets > 0 {
+        parts.push(format!("config-resets={resets}"));
+    }
     for (k, v) in &redis.spec.config {
         if !is_dynamic(k) {
             parts.push(format!("{k}={v}"));
@@ -139,27 +144,106 @@ pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String 
     build::stable_hash(&refs)
 }
 
+/// The keys of `spec.config` that change live on `engine` `version`, sorted.
+pub fn live_keys(redis: &Redis, engine: EngineKind, version: Version) -> Vec<String> {
+    redis
+        .spec
+        .config
+        .keys()
+        .filter(|k| crate::redis::config::is_dynamic(k, engine, version))
+        .cloned()
+        .collect()
+}
+
+/// What to record after comparing the live keys with the last record:
+/// `None` when nothing changed; else the new key list, the new reset count,
+/// and the keys removed (which need a restart to return to their defaults).
+pub fn track_live_keys(
+    recorded: Option<&[String]>,
+    resets: i64,
+    now: &[String],
+) -> Option<(Vec<String>, i64, Vec<String>)> {
+    if recorded == Some(now) {
+        return None;
+    }
+    let removed: Vec<String> = recorded
+        .unwrap_or_default()
+        .iter()
+        .filter(|k| !now.contains(k))
+        .cloned()
+        .collect();
+    let resets = if removed.is_empty() {
+        resets
+    } else {
+        resets + 1
+    };
+    Some((now.to_vec(), resets, removed))
+}
+
 impl Reconciler {
+    /// Records which keys are applied live. Removing one cannot be undone
+    /// live, so it bumps `status.configResets` (part of the restart hash):
+    /// the instances then restart in order and come back at the default.
+    pub(super) async fn track_live_config(&mut self) -> Result<(), super::Error> {
+        let (engine, version) = self.engine_version();
+        let now = live_keys(&self.redis, engine, version);
+        let status = self.redis.status.clone().unwrap_or_default();
+        let Some((keys, resets, removed)) = track_live_keys(
+            status.live_config_keys.as_deref(),
+            status.config_resets,
+            &now,
+        ) else {
+            return Ok(());
+        };
+        self.patch_status(serde_json::json!({
+            "liveConfigKeys": keys,
+            "configResets": resets,
+        }))
+        .await?;
+        if !removed.is_empty() {
+            self.event(
+                EventType::Normal,
+                "ConfigKeysRemoved",
+                "Configure",
+                format!(
+                    "{} left spec.config; instances restart in order to return to the \
+                     server defaults",
+                    removed.join(", ")
+                ),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// Applies the live keys with `CONFIG SET` on every reachable instance,
+    /// each judged by the version that server reports (during an upgrade a
+    /// key may be live on the new version and restart-only on the old).
     pub(super) async fn apply_live_config(
         &mut self,
         facts: &[PodFacts],
         opts: &ConnectOptions,
         engine: EngineKind,
-        version: Version,
     ) {
-        let dynamic: Vec<(&str, &str)> = self
-            .redis
-            .spec
-            .config
-            .iter()
-            .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        if dynamic.is_empty() {
+        if self.redis.spec.config.is_empty() {
             return;
         }
         for f in facts.iter().filter(|f| f.reachable) {
             let Some(ip) = &f.ip else { continue };
+            let Some(version) = f.version.as_deref().and_then(|v| v.parse::<Version>().ok()) else {
+                continue;
+            };
+            let dynamic: Vec<(&str, &str)> = self
+                .redis
+                .spec
+                .config
+                .iter()
+                .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            if dynamic.is_empty() {
+                continue;
+            }
             let ep = Endpoint::new(ip, build::REDIS_PORT);
             let result = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;
@@ -182,9 +266,10 @@ impl Reconciler {
                     .await;
                 }
                 Ok(_) => {}
-                Err(e) => self
-                    .progressing
-                    .push(format!("applying config on {}: {e}", f.name)),
+                Err(e) => {
+                    self.data_plane_failed(format!("applying config on {}", f.name), &e)
+                        .await
+                }
             }
         }
     }
@@ -254,5 +339,37 @@ mod tests {
         assert_eq!(restart_hash(&redis(spec.clone()), dynamic), h0);
         spec.config.insert("databases".into(), "32".into());
         assert_ne!(restart_hash(&redis(spec), dynamic), h0);
+    }
+
+    #[test]
+    fn removing_a_live_key_counts_a_reset_and_nothing_else_does() {
+        let keys = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // First record: no reset.
+        assert_eq!(
+            track_live_keys(None, 0, &keys(&["hz"])),
+            Some((keys(&["hz"]), 0, vec![]))
+        );
+        // Unchanged: nothing to write.
+        assert_eq!(
+            track_live_keys(Some(&keys(&["hz"])), 0, &keys(&["hz"])),
+            None
+        );
+        // Added: recorded, no restart.
+        assert_eq!(
+            track_live_keys(Some(&keys(&["hz"])), 2, &keys(&["hz", "timeout"])),
+            Some((keys(&["hz", "timeout"]), 2, vec![]))
+        );
+        // Removed: one more reset, and the restart hash moves with it.
+        assert_eq!(
+            track_live_keys(Some(&keys(&["hz", "timeout"])), 2, &keys(&["timeout"])),
+            Some((keys(&["timeout"]), 3, keys(&["hz"])))
+        );
+        let mut r = redis(RedisSpec::default());
+        let h0 = restart_hash(&r, |_| true);
+        r.status = Some(crate::api::v1alpha1::RedisStatus {
+            config_resets: 1,
+            ..Default::default()
+        });
+        assert_ne!(restart_hash(&r, |_| true), h0);
     }
 }

@@ -61,6 +61,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         moved_primary: None,
         wrote: false,
         progress_reason: None,
+        degraded_reason: None,
         servers_observed: false,
     };
     r.run().await
@@ -85,6 +86,8 @@ pub struct Reconciler {
     /// The Progressing reason when a step waits on purpose (default
     /// `Reconciling`).
     progress_reason: Option<&'static str>,
+    /// The Degraded reason of the first data-plane failure of this pass.
+    degraded_reason: Option<&'static str>,
     /// Whether this pass asked the servers (so an instance that did not
     /// answer is a finding, not a gap in the observation).
     servers_observed: bool,
@@ -120,6 +123,28 @@ impl Reconciler {
         {
             tracing::warn!(error = %e, reason, "publishing an event failed");
         }
+    }
+
+    /// A data-plane action failed: Degraded with a reason by category, a
+    /// Warning event, and `reconcile_errors_total{category}`. The pass goes
+    /// on with the other instances; the next pass retries.
+    async fn data_plane_failed(&mut self, what: String, e: &crate::redis::Error) {
+        let category = super::redis_category(e);
+        self.ctx
+            .metrics
+            .reconcile_errors
+            .with_label_values(&[category])
+            .inc();
+        let reason = match category {
+            "redis_auth" => "RedisAuthFailed",
+            "redis_unreachable" => "RedisUnreachable",
+            _ => "RedisCommandFailed",
+        };
+        self.degraded_reason.get_or_insert(reason);
+        let msg = format!("{what}: {e}");
+        self.event(EventType::Warning, reason, "Reconcile", msg.clone())
+            .await;
+        self.notes.push(msg);
     }
 
     fn connect_options(&self, password: &str) -> ConnectOptions {
@@ -193,6 +218,9 @@ impl Reconciler {
             self.record_primary(p).await?;
         }
 
+        // Which config keys are live; a removed one restarts the instances.
+        self.track_live_config().await?;
+
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
         let hold = self
             .apply_children(&obs.live_sts, &facts, primary.as_deref(), &secret_name)
@@ -230,8 +258,8 @@ impl Reconciler {
         self.label_roles(&facts, primary.as_deref()).await?;
 
         // 7. Live configuration.
-        let (engine, version) = self.engine_version();
-        self.apply_live_config(&facts, &opts, engine, version).await;
+        let (engine, _) = self.engine_version();
+        self.apply_live_config(&facts, &opts, engine).await;
 
         // 8. Restarts for settings that cannot change live.
         if let Some(p) = &primary {

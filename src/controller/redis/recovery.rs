@@ -75,7 +75,10 @@ impl Reconciler {
                         .push(format!("recording new primary {best}: {e}")),
                 }
             }
-            Err(e) => self.progressing.push(format!("promoting {best}: {e}")),
+            Err(e) => {
+                self.data_plane_failed(format!("promoting {best}"), &e)
+                    .await
+            }
         }
     }
 }

@@ -108,7 +108,11 @@ impl Reconciler {
             .await;
         self.notes.push(msg);
         let desired = self.redis.spec.desired_instances();
-        self.finish(&[], None, desired, false).await?;
+        // Nothing was observed: keep the recorded primary (a failed pass
+        // says so in the conditions, it does not forget the topology).
+        let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
+        self.finish(&[], recorded.as_deref(), desired, false)
+            .await?;
         Err(err)
     }
 
@@ -194,7 +198,7 @@ impl Reconciler {
             let reason = if unreachable_note && only_unreachable {
                 "InstancesUnreachable"
             } else {
-                "ReconcileBlocked"
+                self.degraded_reason.unwrap_or("ReconcileBlocked")
             };
             Cond::new("Degraded", true, reason, self.notes.join("; "))
         } else {
@@ -254,6 +258,8 @@ impl Reconciler {
             read_service: (self.redis.spec.mode == Mode::Replication)
                 .then(|| self.names.read_service()),
             auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
+            live_config_keys: old.live_config_keys.clone(),
+            config_resets: old.config_resets,
         };
         status.conditions = merge(
             &old.conditions,

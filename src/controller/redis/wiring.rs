@@ -73,9 +73,10 @@ impl Reconciler {
                     self.progressing
                         .push(format!("{} is synchronising from {primary}", f.name));
                 }
-                Err(e) => self
-                    .progressing
-                    .push(format!("configuring {} as replica: {e}", f.name)),
+                Err(e) => {
+                    self.data_plane_failed(format!("configuring {} as replica", f.name), &e)
+                        .await
+                }
             }
         }
     }
