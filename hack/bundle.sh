@@ -12,10 +12,19 @@
 #   config/manifests/icon/redpilot.svg    the icon (embedded as base64)
 #   config/manifests/created-at           createdAt per version
 #   crds/*.yaml                           owned CRDs
-#   config/rbac/*.yaml                    permissions and clusterPermissions
+#   config/rbac/*.yaml                    permissions (see below)
 #   config/samples/*.yaml                 alm-examples
 #   scorecard/config.yaml                 the scorecard configuration
-# operator-sdk (bin/, `make tools-operator-sdk`) does the assembling. The output
+# operator-sdk (bin/, `make tools-operator-sdk`) does the assembling. It turns
+# the rules of config/rbac/ bound to the ServiceAccount into the CSV's
+# install strategy by how they are bound: by a RoleBinding (a Role, or a
+# ClusterRole used as a template) into `permissions`, which OLM grants only in
+# the OperatorGroup's target namespaces (cluster-wide only for an
+# AllNamespaces install); by a ClusterRoleBinding into `clusterPermissions`,
+# granted in every namespace whatever the install mode. Everything the
+# operator does is namespaced, so config/rbac/ has no ClusterRoleBinding and
+# the CSV no clusterPermissions; the script refuses a CSV that grants access
+# to Secrets cluster-wide. The output
 # is deterministic: createdAt comes from config/manifests/created-at, and a
 # version generated for the first time gets a line there.
 #
@@ -103,6 +112,22 @@ csv=$work/bundle/manifests/redpilot.clusterserviceversion.yaml
 # operator-sdk stamps createdAt with the current time; use the recorded one.
 sed -i -E "s|^(    createdAt: ).*|\1\"$created_at\"|" "$csv"
 grep -q "createdAt: \"$created_at\"" "$csv" || fail "could not set createdAt in the CSV"
+
+# Least privilege: no Secret access in clusterPermissions, which
+# would let an operator installed for one namespace read every Secret of the
+# cluster. Bind the rules with a RoleBinding instead (config/rbac/role_binding.yaml).
+cluster_secrets=$(awk '
+	/^      clusterPermissions:/ {in_cp = 1; next}
+	in_cp && /^      [^ -]/ {in_cp = 0}
+	in_cp {
+		item = $0
+		gsub(/["\047]/, "", item)
+		if (item ~ /^ *- *(secrets|\*) *$/) print NR": "$0
+	}
+' "$csv")
+[[ -z $cluster_secrets ]] || fail "the CSV grants Secrets (or a wildcard) in clusterPermissions:
+$cluster_secrets
+bind config/rbac/'s rules with a RoleBinding so that they become permissions"
 
 # bundle.Dockerfile names the bundle directory relative to the repository.
 sed -e "s|bundle/|$bundle_dir/|g" "$work/bundle.Dockerfile" >"$work/Dockerfile.out"

@@ -2,7 +2,8 @@
 //! without drift, valid for operator-sdk's operatorframework suite, passing
 //! the scorecard's basic and olm suites, and saying what the repository says
 //! (permissions = config/rbac/, alm-examples = config/samples/, owned CRD =
-//! crds/, descriptors for the CRD's fields).
+//! crds/, descriptors for the CRD's fields), with nothing granted
+//! cluster-wide (no clusterPermissions, above all not on Secrets).
 
 mod olm_common;
 
@@ -285,8 +286,13 @@ fn csv_permissions_are_config_rbac() {
     let mut namespaced = bound_rules(&objects, "RoleBinding", "Role", &sa);
     namespaced.extend(bound_rules(&objects, "RoleBinding", "ClusterRole", &sa));
     assert!(
-        !cluster.is_empty(),
-        "config/rbac/ binds no ClusterRole to {sa}"
+        cluster.is_empty(),
+        "config/rbac/ binds a ClusterRole to {sa} cluster-wide (a ClusterRoleBinding): \
+         its rules are namespaced and must be bound per namespace"
+    );
+    assert!(
+        !namespaced.is_empty(),
+        "config/rbac/ binds no Role or ClusterRole to {sa} with a RoleBinding"
     );
 
     let expected = |rules: Vec<Value>| -> BTreeMap<String, Vec<Value>> {
@@ -311,6 +317,19 @@ fn csv_permissions_are_config_rbac() {
         deployment["template"]["spec"]["serviceAccountName"],
         json!(sa),
         "the Deployment must run as config/rbac/'s ServiceAccount"
+    );
+}
+
+/// Issue #10: the CSV grants nothing cluster-wide; the operator's rules
+/// (Secrets included) are `permissions`, which OLM scopes to the
+/// OperatorGroup's target namespaces.
+#[test]
+fn csv_grants_nothing_cluster_wide() {
+    let csv = bundle_csv();
+    assert_least_privilege(&csv, "bundle/manifests/redpilot.clusterserviceversion.yaml");
+    assert!(
+        csv["spec"]["install"]["spec"]["clusterPermissions"].is_null(),
+        "the CSV should have no clusterPermissions field at all"
     );
 }
 

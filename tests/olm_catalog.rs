@@ -86,7 +86,8 @@ fn releases() -> Vec<(String, Vec<String>)> {
 /// and stable; in each channel every entry replaces the one before and skips
 /// back to the channel's first release; every entry is a bundle whose
 /// manifests are embedded (olm.bundle.object), so OLM installs it from the
-/// catalog without pulling a bundle image; the bundle in bundle/ is in it.
+/// catalog without pulling a bundle image; the bundle in bundle/ is in it;
+/// every embedded CSV keeps its rules namespaced (no clusterPermissions).
 #[test]
 fn catalog_package_channels_and_upgrade_graph() {
     let metas = rendered();
@@ -127,6 +128,13 @@ fn catalog_package_channels_and_upgrade_graph() {
             kinds.contains("ClusterServiceVersion") && kinds.contains("CustomResourceDefinition"),
             "{name} does not embed its CSV and CRD (kinds: {kinds:?})"
         );
+        // Issue #10: what OLM installs from the catalog grants nothing
+        // cluster-wide.
+        let csv = objects
+            .iter()
+            .find(|o| o["kind"] == "ClusterServiceVersion")
+            .expect("a CSV");
+        assert_least_privilege(csv, &format!("the CSV of {name} in catalog/"));
         let pkg_prop = props
             .iter()
             .find(|p| p["type"] == "olm.package")

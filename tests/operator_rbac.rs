@@ -3,17 +3,19 @@
 //! apiserver's own authorizer is asked, through SubjectAccessReviews, after
 //! applying the files). The other operator suites run the operator under this
 //! ServiceAccount and fail on any RBAC refusal in its log.
+//!
+//! Issue #10: nothing is granted cluster-wide. The ClusterRole is bound by a
+//! RoleBinding per watched namespace, so the operator cannot read Secrets (or
+//! anything else) in a namespace it does not watch.
 
 mod support;
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
-use kube::api::PostParams;
-use kube::{Api, Client};
 use serde_json::Value;
-use support::operator::{OPERATOR_NAMESPACE, RBAC_FILES, SERVICE_ACCOUNT, apply_rbac};
-use support::{client, repo_root};
+use support::operator::{
+    OPERATOR_NAMESPACE, RBAC_FILES, SERVICE_ACCOUNT, apply_rbac, bind_watched_namespaces,
+    operator_may,
+};
+use support::{TestNamespace, client, repo_root};
 
 fn rbac_docs() -> Vec<(String, Value)> {
     RBAC_FILES
@@ -45,11 +47,32 @@ fn rbac_files_have_no_wildcards_and_name_the_service_account() {
         [
             "ServiceAccount",
             "ClusterRole",
-            "ClusterRoleBinding",
+            "RoleBinding",
             "Role",
             "RoleBinding"
         ],
-        "config/rbac/ holds the ServiceAccount, the ClusterRole and its binding, and the leader-election Role and binding"
+        "config/rbac/ holds the ServiceAccount, the ClusterRole and the RoleBinding that grants it \
+         per namespace, and the leader-election Role and binding (no ClusterRoleBinding: nothing \
+         is granted cluster-wide)"
+    );
+    // The ClusterRole is a template of namespaced rules: role_binding.yaml
+    // grants it in one namespace, as a RoleBinding.
+    let (_, binding) = docs
+        .iter()
+        .find(|(f, _)| f == "role_binding.yaml")
+        .expect("config/rbac/role_binding.yaml");
+    let (_, cluster_role) = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole");
+    assert_eq!(binding["kind"], "RoleBinding", "role_binding.yaml");
+    assert_eq!(
+        binding["roleRef"]["kind"], "ClusterRole",
+        "role_binding.yaml"
+    );
+    assert_eq!(
+        binding["roleRef"]["name"], cluster_role["metadata"]["name"],
+        "role_binding.yaml binds the ClusterRole of role.yaml"
     );
     for (file, doc) in &docs {
         for rule in doc["rules"].as_array().into_iter().flatten() {
@@ -80,46 +103,16 @@ fn rbac_files_have_no_wildcards_and_name_the_service_account() {
     assert_eq!(sa["metadata"]["namespace"], OPERATOR_NAMESPACE);
 }
 
-async fn allowed(client: &Client, ns: &str, verb: &str, group: &str, resource: &str) -> bool {
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((r, s)) => (r, Some(s.to_string())),
-        None => (resource, None),
-    };
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(format!(
-                "system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
-            )),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{OPERATOR_NAMESPACE}"),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                namespace: (!ns.is_empty()).then(|| ns.to_string()),
-                verb: Some(verb.into()),
-                group: Some(group.into()),
-                resource: Some(resource.into()),
-                subresource,
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .expect("SubjectAccessReview")
-        .status
-        .is_some_and(|s| s.allowed)
-}
-
 #[tokio::test]
 async fn the_service_account_may_do_what_the_operator_needs_and_no_more() {
     let client = client().await;
     apply_rbac(&client).await;
-    let ns = "any-app-namespace";
+    // A namespace the operator watches (bound as role_binding.yaml says) and
+    // one it does not.
+    let watched = TestNamespace::new(&client, "rbac-watched", &[]).await;
+    bind_watched_namespaces(&client, std::slice::from_ref(&watched.name)).await;
+    let ns = watched.name.as_str();
+    let other = "any-other-namespace";
     let must: &[(&str, &str, &str, &str)] = &[
         (ns, "watch", "redpilot.io", "redis"),
         (ns, "patch", "redpilot.io", "redis/status"),
@@ -131,6 +124,8 @@ async fn the_service_account_may_do_what_the_operator_needs_and_no_more() {
         (ns, "patch", "", "configmaps"),
         (ns, "patch", "", "secrets"),
         (ns, "get", "", "secrets"),
+        (ns, "list", "", "secrets"),
+        (ns, "watch", "", "secrets"),
         (ns, "patch", "policy", "poddisruptionbudgets"),
         (ns, "patch", "", "pods"),
         (ns, "delete", "", "pods"),
@@ -160,6 +155,23 @@ async fn the_service_account_may_do_what_the_operator_needs_and_no_more() {
         (ns, "create", "apps", "deployments"),
         (ns, "create", "rbac.authorization.k8s.io", "roles"),
         (ns, "create", "rbac.authorization.k8s.io", "rolebindings"),
+        // Issue #10: nothing outside the watched namespaces, and nothing
+        // cluster-wide; above all no Secret.
+        (other, "get", "", "secrets"),
+        (other, "list", "", "secrets"),
+        (other, "watch", "", "secrets"),
+        (other, "patch", "", "secrets"),
+        (other, "list", "", "configmaps"),
+        (other, "list", "", "pods"),
+        (other, "delete", "", "pods"),
+        (other, "watch", "redpilot.io", "redis"),
+        (other, "create", "events.k8s.io", "events"),
+        ("", "get", "", "secrets"),
+        ("", "list", "", "secrets"),
+        ("", "watch", "", "secrets"),
+        ("", "list", "redpilot.io", "redis"),
+        ("", "list", "apps", "statefulsets"),
+        ("", "list", "", "pods"),
         ("", "list", "", "nodes"),
         ("", "delete", "", "namespaces"),
         (
@@ -183,14 +195,14 @@ async fn the_service_account_may_do_what_the_operator_needs_and_no_more() {
     ];
     let mut wrong = Vec::new();
     for &(ns, verb, group, resource) in must {
-        if !allowed(&client, ns, verb, group, resource).await {
+        if !operator_may(&client, ns, verb, group, resource).await {
             wrong.push(format!(
                 "denied but needed: {verb} {group}/{resource} in {ns:?}"
             ));
         }
     }
     for &(ns, verb, group, resource) in must_not {
-        if allowed(&client, ns, verb, group, resource).await {
+        if operator_may(&client, ns, verb, group, resource).await {
             wrong.push(format!(
                 "allowed but not needed: {verb} {group}/{resource} in {ns:?}"
             ));

@@ -241,3 +241,83 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
     }
     Some(out)
 }
+
+/// Whether `rules` (RBAC PolicyRules as JSON) grant `verb` on
+/// `group`/`resource`, wildcards included.
+pub fn grants(rules: &[Value], verb: &str, group: &str, resource: &str) -> bool {
+    rules.iter().any(|r| {
+        let has = |field: &str, want: &str| {
+            r[field]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == want || x == "*"))
+        };
+        has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
+    })
+}
+
+/// Every rule of a CSV's `spec.install.spec.<field>` (`permissions` or
+/// `clusterPermissions`), whatever the ServiceAccount.
+pub fn csv_rules(csv: &Value, field: &str) -> Vec<Value> {
+    csv["spec"]["install"]["spec"][field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["rules"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// What the operator must be granted in the namespaces it watches (and in
+/// its own, for leader election): `(verb, group, resource)`.
+pub const NAMESPACED_NEEDS: &[(&str, &str, &str)] = &[
+    ("watch", "redpilot.io", "redis"),
+    ("patch", "redpilot.io", "redis/status"),
+    ("watch", "apps", "statefulsets"),
+    ("patch", "apps", "statefulsets"),
+    ("get", "", "secrets"),
+    ("list", "", "secrets"),
+    ("watch", "", "secrets"),
+    ("patch", "", "secrets"),
+    ("watch", "", "configmaps"),
+    ("watch", "", "services"),
+    ("watch", "policy", "poddisruptionbudgets"),
+    ("delete", "", "pods"),
+    ("create", "events.k8s.io", "events"),
+    ("patch", "coordination.k8s.io", "leases"),
+];
+
+/// Issue #10, least privilege. Everything the operator does is namespaced,
+/// so a CSV declares it all in `permissions`, which OLM grants only in the
+/// OperatorGroup's target namespaces (and makes cluster-wide itself only for
+/// an AllNamespaces install). `clusterPermissions` would grant it in every
+/// namespace whatever the install mode: an operator installed for one
+/// namespace could read every Secret of the cluster. So: no cluster-wide
+/// rule on Secrets (or on anything else), and the namespaced rules in
+/// `permissions`.
+pub fn assert_least_privilege(csv: &Value, what: &str) {
+    let cluster = csv_rules(csv, "clusterPermissions");
+    for verb in [
+        "get", "list", "watch", "create", "patch", "update", "delete",
+    ] {
+        assert!(
+            !grants(&cluster, verb, "", "secrets"),
+            "{what}: clusterPermissions grant `{verb}` on Secrets in every namespace; \
+             the operator's rules belong in permissions (bind the ClusterRole of \
+             config/rbac/role.yaml with a RoleBinding, then `make bundle catalog`): {cluster:#?}"
+        );
+    }
+    assert!(
+        cluster.is_empty(),
+        "{what}: clusterPermissions hold rules, but the operator needs nothing \
+         cluster-scoped: {cluster:#?}"
+    );
+    let namespaced = csv_rules(csv, "permissions");
+    let missing: Vec<String> = NAMESPACED_NEEDS
+        .iter()
+        .filter(|(verb, group, resource)| !grants(&namespaced, verb, group, resource))
+        .map(|(verb, group, resource)| format!("{verb} {group}/{resource}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{what}: permissions lack {missing:?}: {namespaced:#?}"
+    );
+}

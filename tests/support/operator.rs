@@ -1,9 +1,11 @@
 //! Runs the operator as the suites' system under test: installs the CRDs and
-//! `config/rbac/`, then starts `redpilot run` as a child process that
-//! authenticates as the ServiceAccount `redpilot-system/redpilot-operator`
-//! (a TokenRequest token in a kubeconfig of its own), so the suites prove the
-//! operator works with exactly the permissions of `config/rbac/` and not as
-//! cluster admin.
+//! `config/rbac/`, binds the operator's ClusterRole in each namespace it
+//! watches (the RoleBinding of `config/rbac/role_binding.yaml`, one per
+//! namespace: nothing is granted cluster-wide), then starts `redpilot run` as
+//! a child process that authenticates as the ServiceAccount
+//! `redpilot-system/redpilot-operator` (a TokenRequest token in a kubeconfig
+//! of its own), so the suites prove the operator works with exactly the
+//! permissions of `config/rbac/` and not as cluster admin.
 //!
 //! Also: helpers for `Redis` objects (apply, wait for Ready with diagnostics),
 //! the generated password, connections to pod IPs, `bin/kubectl`, the
@@ -17,11 +19,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use redpilot::api::v1alpha1::Redis;
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
@@ -129,8 +134,15 @@ where
         .unwrap_or_else(|e| panic!("applying {} {name}: {e}", doc["kind"]));
 }
 
-/// Creates the operator namespace and applies every file of `config/rbac/`
-/// with the admin client.
+/// The ClusterRoleBinding `config/rbac/` had in earlier releases (the ClusterRole
+/// bound cluster-wide). A cluster that still has it grants the operator every
+/// namespace, which would hide a missing per-namespace RoleBinding.
+const LEGACY_CLUSTER_ROLE_BINDING: &str = "redpilot-operator";
+
+/// Creates the operator namespace, applies every file of `config/rbac/` with
+/// the admin client and deletes the legacy ClusterRoleBinding if a cluster
+/// still has it. The operator may then act in its own namespace only; see
+/// [`bind_watched_namespaces`] for the namespaces it watches.
 pub async fn apply_rbac(client: &Client) {
     let ns: Api<Namespace> = Api::all(client.clone());
     ns.patch(
@@ -173,6 +185,126 @@ pub async fn apply_rbac(client: &Client) {
             }
         }
     }
+    match Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(LEGACY_CLUSTER_ROLE_BINDING, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            panic!("deleting the legacy ClusterRoleBinding {LEGACY_CLUSTER_ROLE_BINDING}: {e}")
+        }
+    }
+}
+
+/// The RoleBinding of `config/rbac/role_binding.yaml`: the operator's
+/// ClusterRole granted in one namespace.
+fn watched_namespace_binding() -> Value {
+    let path = repo_root().join("config/rbac/role_binding.yaml");
+    let docs = read_yaml_docs(&path);
+    assert!(
+        docs.len() == 1 && docs[0]["kind"] == "RoleBinding",
+        "{}: one RoleBinding expected (the operator is granted per namespace)",
+        path.display()
+    );
+    docs[0].clone()
+}
+
+/// Applies the RoleBinding of `config/rbac/role_binding.yaml` in each of
+/// `namespaces` (which must exist), as a user binds a namespace the operator
+/// is to watch (`WATCH_NAMESPACE`). The bindings go with the namespaces.
+pub async fn bind_watched_namespaces(client: &Client, namespaces: &[String]) {
+    assert!(
+        !namespaces.is_empty(),
+        "the suites run the operator with explicit WATCH_NAMESPACE namespaces: \
+         config/rbac/ grants it namespace by namespace, never cluster-wide"
+    );
+    let template = watched_namespace_binding();
+    for ns in namespaces {
+        let mut doc = template.clone();
+        doc["metadata"]["namespace"] = json!(ns);
+        apply_typed::<RoleBinding>(Api::namespaced(client.clone(), ns), &doc).await;
+    }
+    // The apiserver's authorizer learns of a new binding from a watch; wait
+    // until it grants it, so the operator's first requests are not refused.
+    for ns in namespaces {
+        wait_for(
+            &format!("the authorizer to let {SERVICE_ACCOUNT} watch Secrets in {ns}"),
+            Duration::from_secs(30),
+            || async {
+                operator_may(client, ns, "watch", "", "secrets")
+                    .await
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// Whether the apiserver's authorizer lets the operator's ServiceAccount do
+/// `verb` on `group`/`resource` (`resource/subresource` allowed) in `ns`
+/// (cluster-wide when empty): a SubjectAccessReview, as the admin client.
+pub async fn operator_may(
+    client: &Client,
+    ns: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) -> bool {
+    service_account_may(
+        client,
+        OPERATOR_NAMESPACE,
+        SERVICE_ACCOUNT,
+        ns,
+        verb,
+        group,
+        resource,
+    )
+    .await
+}
+
+/// Whether ServiceAccount `sa_namespace/sa` may do `verb` on
+/// `group`/`resource` (`resource/subresource` allowed) in `ns` (cluster-wide
+/// when empty), by a SubjectAccessReview with the ServiceAccount's groups.
+pub async fn service_account_may(
+    client: &Client,
+    sa_namespace: &str,
+    sa: &str,
+    ns: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_string())),
+        None => (resource, None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{sa_namespace}:{sa}")),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{sa_namespace}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: (!ns.is_empty()).then(|| ns.to_string()),
+                verb: Some(verb.into()),
+                group: Some(group.into()),
+                resource: Some(resource.into()),
+                subresource,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SubjectAccessReview for {sa_namespace}/{sa}: {e}"))
+        .status
+        .is_some_and(|s| s.allowed)
 }
 
 /// Writes a kubeconfig that authenticates as the operator's ServiceAccount
@@ -305,8 +437,10 @@ pub async fn start_operator(client: &Client, opts: OperatorOptions) -> Operator 
     spawn_operator(client, opts).await
 }
 
-/// Starts one operator as the ServiceAccount (CRDs and RBAC must be in place).
+/// Starts one operator as the ServiceAccount (CRDs and RBAC must be in place;
+/// its watched namespaces are bound here).
 pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator {
+    bind_watched_namespaces(client, &opts.watch_namespaces).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = service_account_kubeconfig(client, dir.path()).await;
     let log_path = log_dir().join(format!("{}.log", opts.name));
