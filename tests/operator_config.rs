@@ -354,3 +354,55 @@ async fn a_live_key_removed_from_the_spec_returns_to_the_default() {
         t.elapsed().as_secs_f64()
     );
 }
+
+#[tokio::test]
+async fn a_value_the_server_refuses_is_reported_as_degraded_with_its_category() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-config-bad", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(&client, &ns.name, "solo", json!({"mode": "Standalone"})).await;
+    wait_ready(&client, &ns.name, "solo", READY).await;
+    // Well-formed for admission, refused by the server's CONFIG SET.
+    patch_redis(
+        &client,
+        &ns.name,
+        "solo",
+        json!({"spec": {"config": {"maxmemory-policy": "most-recently-liked"}}}),
+    )
+    .await;
+    let degraded = wait_for("Degraded with a data-plane reason", READY, || async {
+        let r = redis_api(&client, &ns.name).get("solo").await.ok()?;
+        let s = r.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Degraded")?;
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (c.status == "True" && c.reason == "RedisCommandFailed" && ready.status == "False")
+            .then(|| c.message.clone())
+    })
+    .await;
+    assert!(
+        degraded.contains("applying config on solo-0"),
+        "the message names the action and the instance: {degraded}"
+    );
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(events.contains("Warning Redis/solo RedisCommandFailed"), "{events}");
+    let page = op.metrics().await.expect("metrics");
+    let count = page
+        .lines()
+        .find(|l| {
+            l.starts_with("redpilot_reconcile_errors_total")
+                && l.contains("category=\"redis\"")
+        })
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(count.is_some_and(|n| n >= 1.0), "{page}");
+
+    // Fixed in the spec: Ready again, the error gone from the status.
+    patch_redis(
+        &client,
+        &ns.name,
+        "solo",
+        json!({"spec": {"config": {"maxmemory-policy": "allkeys-lru"}}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "solo", READY).await;
+}

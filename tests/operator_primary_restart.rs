@@ -21,10 +21,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, is_ready, pod_ip, recent_events, redis_api,
-    redis_password, redis_pods, spawn_operator, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, is_ready, recent_events, redis_api, redis_password,
+    redis_pods, spawn_operator, start_operator, wait_ready,
 };
-use support::writer::{Writer, missing_keys};
+use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
 
 const READY: Duration = Duration::from_secs(180);
@@ -57,32 +57,6 @@ fn restarts(p: &Pod) -> i32 {
         .and_then(|s| s.container_statuses.as_ref())
         .map(|cs| cs.iter().map(|c| c.restart_count).sum())
         .unwrap_or(0)
-}
-
-/// Every acknowledged key is on every instance (replicas are given time to
-/// catch up; nothing acknowledged may be missing anywhere).
-async fn assert_everywhere(client: &kube::Client, ns: &str, name: &str, pw: &str, keys: &[String]) {
-    let pods = redis_pods(client, ns, name).await;
-    assert_eq!(pods.len(), 3);
-    for pod in pods.keys() {
-        let ip = pod_ip(client, ns, pod).await;
-        // Replicas get time to catch up; whatever is still missing then is lost.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let missing = loop {
-            let m = missing_keys(&ip, pw, keys).await;
-            if m.is_empty() || Instant::now() > deadline {
-                break m;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
-        assert!(
-            missing.is_empty(),
-            "{pod}: {} of {} acknowledged writes lost, e.g. {:?}",
-            missing.len(),
-            keys.len(),
-            &missing[..missing.len().min(5)]
-        );
-    }
 }
 
 async fn primary_restarts_in_place(prefix: &str, spec: Value) {
@@ -132,7 +106,7 @@ async fn primary_restarts_in_place(prefix: &str, spec: Value) {
         tally.failed
     );
     // Nothing acknowledged is lost: checked first, as it is the promise.
-    assert_everywhere(&client, &ns.name, "cache", &pw, &tally.acked).await;
+    assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.acked).await;
     assert_ne!(new, old, "a replica furthest ahead took over");
     assert_eq!(status.target_primary, None, "the intent is cleared");
     let role = |n: &str| {
@@ -260,5 +234,5 @@ async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_opera
         .as_ref()
         .and_then(|l| l.get("redpilot.io/role").cloned());
     assert_eq!(label.as_deref(), Some("primary"));
-    assert_everywhere(&client, &ns.name, "cache", &pw, &tally.acked).await;
+    assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.acked).await;
 }

@@ -9,12 +9,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::Client;
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 
-use super::operator::{pod_ip, redis_api};
+use super::operator::{pod_ip, redis_api, redis_pods};
 
 /// What the writer saw.
 #[derive(Debug, Default, Clone)]
@@ -179,4 +179,37 @@ pub async fn missing_keys(ip: &str, password: &str, keys: &[String]) -> Vec<Stri
         }
     }
     missing
+}
+
+/// Every acknowledged key is on every instance (replicas are given time to
+/// catch up; nothing acknowledged may be missing anywhere).
+pub async fn assert_everywhere(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    instances: usize,
+    pw: &str,
+    keys: &[String],
+) {
+    let pods = redis_pods(client, ns, name).await;
+    assert_eq!(pods.len(), instances, "{:?}", pods.keys());
+    for pod in pods.keys() {
+        let ip = pod_ip(client, ns, pod).await;
+        // Replicas get time to catch up; whatever is still missing then is lost.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let missing = loop {
+            let m = missing_keys(&ip, pw, keys).await;
+            if m.is_empty() || Instant::now() > deadline {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert!(
+            missing.is_empty(),
+            "{pod}: {} of {} acknowledged writes lost, e.g. {:?}",
+            missing.len(),
+            keys.len(),
+            &missing[..missing.len().min(5)]
+        );
+    }
 }
