@@ -388,3 +388,36 @@ async fn create_to_ready_latency() {
         "median create->Ready {median:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_root_keeps_volumes_mounted_on_top_dirs_writable() {
+    let client = client().await;
+    require_localnode(&client).await;
+    let ns = TestNamespace::new(&client, "ln-rofs", &[]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut c = server("redis:7.0");
+    // Writes to the emptyDir at /tmp must work; the root itself must not be
+    // writable; then the server runs (and the probe sees the file).
+    c["command"] = json!([
+        "sh",
+        "-c",
+        "echo x > /tmp/written && if touch /etc/nope 2>/dev/null; then exit 3; fi; \
+         exec redis-server --save ''"
+    ]);
+    c["args"] = json!([]);
+    c["securityContext"] = json!({"readOnlyRootFilesystem": true});
+    c["volumeMounts"] = json!([{"name": "tmp", "mountPath": "/tmp"}]);
+    c["readinessProbe"] = json!({
+        "exec": {"command": ["sh", "-c", "test -s /tmp/written"]},
+        "periodSeconds": 1,
+    });
+    let mut p = pod("rofs", c);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.volumes = Some(vec![
+            serde_json::from_value(json!({"name": "tmp", "emptyDir": {}})).expect("volume"),
+        ]);
+    }
+    create(&pods, &p).await;
+    let p = wait_ready(&pods, "rofs", None, READY).await;
+    assert_eq!(restart_count(&p), 0, "the container never failed");
+}

@@ -235,6 +235,11 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     if spec.read_only_root {
         for name in &top_dirs {
             let inside = Path::new("/").join(name);
+            // A volume mounted right there (an emptyDir at /tmp) keeps its
+            // own mode, as with a kubelet: only the root itself is read-only.
+            if mounts.iter().any(|m| Path::new(&m.target) == inside) {
+                continue;
+            }
             rustix::mount::mount_remount(&inside, MountFlags::BIND | MountFlags::RDONLY, c"")
                 .map_err(|e| mount_err("remount read-only", &inside, e))?;
         }
