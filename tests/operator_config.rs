@@ -384,13 +384,15 @@ async fn a_value_the_server_refuses_is_reported_as_degraded_with_its_category() 
         "the message names the action and the instance: {degraded}"
     );
     let events = recent_events(&client, &ns.name, 40).await;
-    assert!(events.contains("Warning Redis/solo RedisCommandFailed"), "{events}");
+    assert!(
+        events.contains("Warning Redis/solo RedisCommandFailed"),
+        "{events}"
+    );
     let page = op.metrics().await.expect("metrics");
     let count = page
         .lines()
         .find(|l| {
-            l.starts_with("redpilot_reconcile_errors_total")
-                && l.contains("category=\"redis\"")
+            l.starts_with("redpilot_reconcile_errors_total") && l.contains("category=\"redis\"")
         })
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse::<f64>().ok());

@@ -321,6 +321,18 @@ pub async fn run_controllers(
             });
             let ctx = Arc::new(Context::new(client.clone(), metrics, images, stores));
             let (redis_store, redis_writer) = reflector::store();
+            // Secrets a Redis names (spec.auth.secretName) are the user's:
+            // watched by metadata only (no data in memory), so a changed
+            // password starts its rotation at once.
+            let named_secrets = watcher(
+                api::<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>(
+                    &client, &ns,
+                ),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .touched_objects();
+            let referrers = redis_store.clone();
             let redis_changes = watcher(api::<Redis>(&client, &ns), watcher::Config::default())
                 .default_backoff()
                 .modify(|r: &mut Redis| r.metadata.managed_fields = None)
@@ -332,6 +344,16 @@ pub async fn run_controllers(
                 .owns_stream(cm_changes)
                 .owns_stream(secret_changes)
                 .owns_stream(pdb_changes)
+                .watches_stream(named_secrets, move |secret| {
+                    let (name, ns) = (secret.name_any(), secret.namespace());
+                    referrers
+                        .state()
+                        .iter()
+                        .filter(|r| r.namespace() == ns)
+                        .filter(|r| r.spec.auth_secret_name() == Some(name.as_str()))
+                        .map(|r| ObjectRef::from_obj(r.as_ref()))
+                        .collect::<Vec<_>>()
+                })
                 // Pods belong to the StatefulSet; map them to their Redis by
                 // the instance label so readiness changes trigger a reconcile.
                 .watches_stream(pod_changes, |pod: Pod| {

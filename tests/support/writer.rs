@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 
 use super::operator::{pod_ip, redis_api, redis_pods};
@@ -45,6 +46,45 @@ impl Writer {
         prefix: &str,
         min_replicas: i64,
     ) -> Writer {
+        Self::spawn(
+            client,
+            ns,
+            name,
+            Password::Fixed(password.to_string()),
+            prefix,
+            min_replicas,
+        )
+    }
+
+    /// As [`Writer::start`], reading the password from key `password` of
+    /// Secret `secret` on every (re)connect, as an application following a
+    /// password rotation does.
+    pub fn start_with_secret(
+        client: &Client,
+        ns: &str,
+        name: &str,
+        secret: &str,
+        prefix: &str,
+        min_replicas: i64,
+    ) -> Writer {
+        Self::spawn(
+            client,
+            ns,
+            name,
+            Password::Secret(secret.to_string()),
+            prefix,
+            min_replicas,
+        )
+    }
+
+    fn spawn(
+        client: &Client,
+        ns: &str,
+        name: &str,
+        password: Password,
+        prefix: &str,
+        min_replicas: i64,
+    ) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Mutex::new(Tally::default()));
         let written = Arc::new(AtomicU64::new(0));
@@ -52,7 +92,7 @@ impl Writer {
             client.clone(),
             ns.to_string(),
             name.to_string(),
-            password.to_string(),
+            password,
             prefix.to_string(),
             min_replicas,
             stop.clone(),
@@ -95,21 +135,40 @@ impl Writer {
     }
 }
 
+/// Where the writer gets its password.
+enum Password {
+    Fixed(String),
+    Secret(String),
+}
+
+impl Password {
+    async fn get(&self, client: &Client, ns: &str) -> Option<String> {
+        match self {
+            Password::Fixed(p) => Some(p.clone()),
+            Password::Secret(name) => {
+                let s = Api::<Secret>::namespaced(client.clone(), ns)
+                    .get(name)
+                    .await
+                    .ok()?;
+                let bytes = s.data?.get("password")?.0.clone();
+                String::from_utf8(bytes).ok()
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     client: Client,
     ns: String,
     name: String,
-    password: String,
+    password: Password,
     prefix: String,
     min_replicas: i64,
     stop: Arc<AtomicBool>,
     tally: Arc<Mutex<Tally>>,
     written: Arc<AtomicU64>,
 ) {
-    let opts = ConnectOptions::default()
-        .with_password(password)
-        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
     let mut i: u64 = 0;
     let mut conn: Option<Node> = None;
     while !stop.load(Ordering::SeqCst) {
@@ -120,8 +179,11 @@ async fn run(
                 .ok()
                 .and_then(|r| r.status)
                 .and_then(|s| s.primary);
-            if let Some(p) = primary {
+            if let (Some(p), Some(pw)) = (primary, password.get(&client, &ns).await) {
                 let ip = pod_ip(&client, &ns, &p).await;
+                let opts = ConnectOptions::default()
+                    .with_password(pw)
+                    .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
                 conn = Node::connect(&Endpoint::new(ip, 6379), &opts).await.ok();
             }
             if conn.is_none() {

@@ -27,6 +27,15 @@ pub const HASH_ANNOTATION: &str = "redpilot.io/desired-hash";
 pub const RESTART_HASH_ANNOTATION: &str = "redpilot.io/restart-hash";
 /// Key of the password in an auth Secret.
 pub const PASSWORD_KEY: &str = "password";
+/// Server-auth Secret key: the redis.conf lines with the password
+/// (`requirepass`, `masterauth`), included by redis.conf at start-up.
+pub const AUTH_CONF_KEY: &str = "auth.conf";
+/// Server-auth Secret key: the password being retired during a rotation.
+pub const PREVIOUS_KEY: &str = "previous";
+/// Where the start script writes `auth.conf` (from the environment, which
+/// the kubelet resolves at every container start: a mounted file can lag
+/// behind a rotation) for redis.conf to include.
+pub const AUTH_CONF_PATH: &str = "/tmp/redpilot-auth.conf";
 /// ConfigMap key holding redis.conf.
 pub const CONFIG_KEY: &str = "redis.conf";
 /// ConfigMap key holding the current primary as `ip port` (read at start-up
@@ -70,6 +79,11 @@ impl Names {
     /// The generated auth Secret.
     pub fn generated_secret(&self) -> String {
         format!("{}-auth", self.base)
+    }
+    /// The operator-owned Secret with the password the servers run (pods
+    /// start from it; see [`super::credentials`]).
+    pub fn server_auth(&self) -> String {
+        format!("{}-server-auth", self.base)
     }
     /// The PodDisruptionBudget.
     pub fn pdb(&self) -> String {
@@ -181,6 +195,57 @@ pub fn auth_secret(redis: &Redis, names: &Names, password: &str) -> Secret {
             PASSWORD_KEY.to_string(),
             k8s_openapi::ByteString(password.as_bytes().to_vec()),
         )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// A redis.conf value in double quotes, with the escapes the server's
+/// parser understands (any byte is safe: passwords are user input).
+pub fn conf_quoted(v: &str) -> String {
+    let mut out = String::from("\"");
+    for b in v.bytes() {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The server-auth Secret: the password the servers run (`password`, also
+/// read by the readiness probe), the same as redis.conf lines (`auth.conf`,
+/// so it never appears on a command line), and during a rotation the
+/// password being retired (`previous`).
+pub fn server_auth_secret(
+    redis: &Redis,
+    names: &Names,
+    password: &str,
+    previous: Option<&str>,
+) -> Secret {
+    let conf = if password.is_empty() {
+        String::new()
+    } else {
+        let q = conf_quoted(password);
+        format!("requirepass {q}\nmasterauth {q}\n")
+    };
+    let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
+    let mut data = BTreeMap::from([
+        (PASSWORD_KEY.to_string(), bytes(password)),
+        (AUTH_CONF_KEY.to_string(), bytes(&conf)),
+    ]);
+    if let Some(p) = previous {
+        data.insert(PREVIOUS_KEY.to_string(), bytes(p));
+    }
+    Secret {
+        metadata: meta(redis, names.server_auth()),
+        data: Some(data),
         type_: Some("Opaque".into()),
         ..Default::default()
     }

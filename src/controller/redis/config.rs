@@ -94,6 +94,8 @@ fn base_config(redis: &Redis) -> Vec<String> {
     if let Some(bytes) = maxmemory_bytes(redis) {
         lines.push(format!("maxmemory {bytes}"));
     }
+    // The password (requirepass, masterauth) from the server-auth Secret.
+    lines.push(format!("include {}", build::AUTH_CONF_PATH));
     lines
 }
 

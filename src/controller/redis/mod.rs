@@ -5,6 +5,7 @@
 //! | observe | [`observe`] | the only reads: children and pods from the watch caches, the password, the live servers |
 //! | decide | [`plan`] | pure: who is primary, what restarts next (table-tested) |
 //! | children | [`children`] (+ pure builders [`build`], [`statefulset`], [`drift`]) | server-side apply in a fixed order, drift repair, ownership |
+//! | credentials | [`credentials`] | the password the servers run; live rotation in steps |
 //! | wiring | [`wiring`] | replication topology, role labels, publishing the primary |
 //! | recovery | [`recovery`] | no primary left: promote the instance furthest ahead |
 //! | config | [`config`] | parameters that change live, with `CONFIG SET` |
@@ -16,6 +17,7 @@
 pub mod build;
 pub mod children;
 pub mod config;
+pub mod credentials;
 pub mod drift;
 pub mod observe;
 pub mod plan;
@@ -130,6 +132,13 @@ impl Reconciler {
     /// on with the other instances; the next pass retries.
     async fn data_plane_failed(&mut self, what: String, e: &crate::redis::Error) {
         let category = super::redis_category(e);
+        self.data_plane_category(format!("{what}: {e}"), category)
+            .await;
+    }
+
+    /// As [`Self::data_plane_failed`], with the message given (for errors
+    /// whose text must not be passed on).
+    async fn data_plane_category(&mut self, msg: String, category: &'static str) {
         self.ctx
             .metrics
             .reconcile_errors
@@ -141,7 +150,6 @@ impl Reconciler {
             _ => "RedisCommandFailed",
         };
         self.degraded_reason.get_or_insert(reason);
-        let msg = format!("{what}: {e}");
         self.event(EventType::Warning, reason, "Reconcile", msg.clone())
             .await;
         self.notes.push(msg);
@@ -174,18 +182,25 @@ impl Reconciler {
         let paused = self.redis.spec.paused;
         let desired = self.redis.spec.desired_instances();
 
-        // 1. The password.
-        let (secret_name, password) = match self.auth(paused).await? {
-            Auth::Ok {
-                secret_name,
-                password,
-            } => (secret_name, password),
+        // 1. The password: the desired one (the user's Secret or the
+        // generated one) and the one the servers run (server-auth Secret).
+        let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
+            self.lookup(&self.names.server_auth()).await?;
+        let running = server_auth
+            .as_ref()
+            .and_then(credentials::read_server_auth)
+            .map(|a| a.current);
+        let wanted_password = match self.auth(paused, running.as_deref()).await? {
+            Auth::Ok { password, .. } => password,
             Auth::Failed(e) => return self.fail_status(e).await,
         };
-        let opts = self.connect_options(&password);
+        let auth = self
+            .server_auth(server_auth.as_ref(), &wanted_password, paused)
+            .await?;
+        let opts = self.connect_options(&auth.current);
 
         // 2. Observe pods and the live servers.
-        let obs = self.observe_servers(&opts, !password.is_empty()).await;
+        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
         self.servers_observed = obs.servers_observed;
         let facts = obs.facts;
 
@@ -223,12 +238,23 @@ impl Reconciler {
 
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
         let hold = self
-            .apply_children(&obs.live_sts, &facts, primary.as_deref(), &secret_name)
+            .apply_children(
+                &obs.live_sts,
+                &facts,
+                primary.as_deref(),
+                &self.names.server_auth(),
+            )
             .await?;
         if !self.notes.is_empty() {
             return self
                 .finish(&facts, primary.as_deref(), desired, false)
                 .await;
+        }
+
+        // A password change is rolled out live, step by step.
+        if obs.servers_observed {
+            self.rotate_password(&facts, &auth, &wanted_password)
+                .await?;
         }
 
         // 5. Replication wiring; with no primary to choose, recovery decides

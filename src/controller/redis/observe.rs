@@ -114,7 +114,14 @@ impl Reconciler {
 
     /// The auth Secret and its password; generates (or adopts) the
     /// operator's own Secret when the spec names none.
-    pub(super) async fn auth(&mut self, paused: bool) -> Result<Auth, Error> {
+    /// The desired password. `running` is the password the servers run (from
+    /// the server-auth Secret): a deleted generated Secret is re-created with
+    /// it, so clients keep working and nothing needs rotating.
+    pub(super) async fn auth(
+        &mut self,
+        paused: bool,
+        running: Option<&str>,
+    ) -> Result<Auth, Error> {
         if let Some(name) = self.redis.spec.auth_secret_name().map(String::from) {
             return Ok(match self.fetch::<Secret>(&name).await? {
                 Some(s) => match read_password(&s, &name) {
@@ -155,16 +162,20 @@ impl Reconciler {
             }
             None if paused => String::new(),
             None => {
-                let pw = build::generate_password().map_err(|e| Error::Random(e.to_string()))?;
+                let (pw, note) = match running.filter(|p| !p.is_empty()) {
+                    Some(p) => (
+                        p.to_string(),
+                        format!("re-created Secret {name} with the password the servers run"),
+                    ),
+                    None => (
+                        build::generate_password().map_err(|e| Error::Random(e.to_string()))?,
+                        format!("generated a password in Secret {name}"),
+                    ),
+                };
                 let secret = build::auth_secret(&self.redis, &self.names, &pw);
                 self.apply("Secret", &secret, None).await?;
-                self.event(
-                    EventType::Normal,
-                    "SecretCreated",
-                    "Create",
-                    format!("generated a password in Secret {name}"),
-                )
-                .await;
+                self.event(EventType::Normal, "SecretCreated", "Create", note)
+                    .await;
                 pw
             }
         };

@@ -8,18 +8,18 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction, Volume, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Capabilities, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
+    EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction,
+    Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::build::{
-    CONFIG_KEY, Names, PASSWORD_KEY, PRIMARY_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, labels,
-    meta, selector_labels, stamp_hash,
+    AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, Names, PASSWORD_KEY, PRIMARY_KEY, REDIS_PORT,
+    RESTART_HASH_ANNOTATION, labels, meta, selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -32,8 +32,8 @@ pub const BOOT_FENCE_HOST: &str = "127.0.0.1";
 /// The port of [`BOOT_FENCE_HOST`].
 pub const BOOT_FENCE_PORT: u16 = 1;
 
-/// The start-up script. The password comes from the environment (never from
-/// the ConfigMap). No Replication instance makes itself primary at boot: one
+/// The start-up script. The password is never on the command line: redis.conf
+/// includes it from the server-auth Secret. No Replication instance makes itself primary at boot: one
 /// that is not the published primary follows it, and the published primary
 /// itself (restarting in place, or back under the same address) or any
 /// instance of a new Redis boots fenced (see [`BOOT_FENCE_HOST`]) until the
@@ -51,11 +51,10 @@ else
     };
     format!(
         r#"set -eu
-primary=$(cat /etc/redpilot/{PRIMARY_KEY} 2>/dev/null || true)
+umask 077
+printf '%s' "${{REDIS_AUTH_CONF:-}}" > {AUTH_CONF_PATH}
+primary="${{REDPILOT_PRIMARY:-}}"
 set -- /etc/redis/{CONFIG_KEY} --replica-announce-ip "$POD_IP"
-if [ -n "$REDIS_PASSWORD" ]; then
-  set -- "$@" --requirepass "$REDIS_PASSWORD" --masterauth "$REDIS_PASSWORD"
-fi
 if [ -n "$primary" ] && [ "${{primary%% *}}" != "$POD_IP" ]; then
   set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}{own}
 fi
@@ -125,17 +124,36 @@ pub fn statefulset(
             }),
             ..Default::default()
         },
+        EnvVar {
+            name: "REDIS_AUTH_CONF".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret_name.to_string(),
+                    key: AUTH_CONF_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        // Read at every container start (a mounted file can lag behind).
+        EnvVar {
+            name: "REDPILOT_PRIMARY".into(),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: names.config(),
+                    key: PRIMARY_KEY.into(),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     ];
     let mounts = vec![
         VolumeMount {
             name: "config".into(),
             mount_path: "/etc/redis".into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: "topology".into(),
-            mount_path: "/etc/redpilot".into(),
             read_only: Some(true),
             ..Default::default()
         },
@@ -208,19 +226,6 @@ pub fn statefulset(
                 items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
                     key: CONFIG_KEY.into(),
                     path: CONFIG_KEY.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: "topology".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config(),
-                items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
-                    key: PRIMARY_KEY.into(),
-                    path: PRIMARY_KEY.into(),
                     ..Default::default()
                 }]),
                 ..Default::default()
@@ -410,31 +415,28 @@ mod tests {
     /// Runs the start script with `echo` as the server and returns the
     /// arguments it would start the server with.
     fn boot_args(fence: bool, published: Option<&str>, pod_ip: &str) -> String {
-        let dir = std::env::temp_dir().join(format!(
-            "redpilot-boot-{}-{}",
+        let conf = std::env::temp_dir().join(format!(
+            "redpilot-boot-{}-{}.conf",
             std::process::id(),
             pod_ip.replace('.', "-")
         ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let file = dir.join(PRIMARY_KEY);
-        match published {
-            Some(p) => std::fs::write(&file, p).expect("write primary"),
-            None => {
-                let _ = std::fs::remove_file(&file);
-            }
-        }
-        let script = start_script("echo", fence).replace(
-            &format!("/etc/redpilot/{PRIMARY_KEY}"),
-            &file.display().to_string(),
-        );
+        let script =
+            start_script("echo", fence).replace(AUTH_CONF_PATH, &conf.display().to_string());
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("POD_IP", pod_ip)
-            .env("REDIS_PASSWORD", "")
+            .env("REDPILOT_PRIMARY", published.unwrap_or(""))
+            .env("REDIS_AUTH_CONF", "requirepass \"x\"\n")
             .output()
             .expect("run sh");
         assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        // The password went to the file, not to the command line.
+        let written = std::fs::read_to_string(&conf).expect("auth conf");
+        assert_eq!(written, "requirepass \"x\"\n");
+        let _ = std::fs::remove_file(&conf);
+        let args = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(!args.contains("requirepass"), "{args}");
+        args
     }
 
     #[test]
