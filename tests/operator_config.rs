@@ -294,6 +294,26 @@ async fn non_dynamic_config_rolls_pods_one_at_a_time() {
     println!("primary before the roll {old_primary}, after {new_primary}");
 }
 
+/// `maxmemory-policy` is `want` on every pod of `pods`.
+async fn assert_policy(
+    client: &Client,
+    ns: &str,
+    password: &str,
+    pods: impl Iterator<Item = &String>,
+    want: &str,
+) {
+    for pod in pods {
+        let mut n = connect_pod(client, ns, pod, password)
+            .await
+            .expect("connect");
+        assert_eq!(
+            config_get(&mut n, "maxmemory-policy").await.as_deref(),
+            Some(want),
+            "{pod}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_live_key_removed_from_the_spec_returns_to_the_default() {
     let client = client().await;
@@ -302,16 +322,7 @@ async fn a_live_key_removed_from_the_spec_returns_to_the_default() {
     replication_ready(&client, &ns.name).await;
     let password = redis_password(&client, &ns.name, "cache").await;
     let uids = pod_uids(&client, &ns.name, "cache").await;
-    for pod in uids.keys() {
-        let mut n = connect_pod(&client, &ns.name, pod, &password)
-            .await
-            .expect("connect");
-        assert_eq!(
-            config_get(&mut n, "maxmemory-policy").await.as_deref(),
-            Some("allkeys-lru"),
-            "{pod}"
-        );
-    }
+    assert_policy(&client, &ns.name, &password, uids.keys(), "allkeys-lru").await;
     let recorded = redis_api(&client, &ns.name)
         .get("cache")
         .await
@@ -336,16 +347,8 @@ async fn a_live_key_removed_from_the_spec_returns_to_the_default() {
         (replaced && is_ready(&r) && r.status?.config_resets == 1).then_some(())
     })
     .await;
-    for pod in uids.keys() {
-        let mut n = connect_pod(&client, &ns.name, pod, &password)
-            .await
-            .expect("connect");
-        assert_eq!(
-            config_get(&mut n, "maxmemory-policy").await.as_deref(),
-            Some("noeviction"),
-            "{pod} is back at the server default"
-        );
-    }
+    // Back at the server default.
+    assert_policy(&client, &ns.name, &password, uids.keys(), "noeviction").await;
     let events = recent_events(&client, &ns.name, 60).await;
     assert!(events.contains("ConfigKeysRemoved"), "{events}");
     println!(
@@ -407,4 +410,80 @@ async fn a_value_the_server_refuses_is_reported_as_degraded_with_its_category() 
     )
     .await;
     wait_ready(&client, &ns.name, "solo", READY).await;
+}
+
+/// `io-threads` changes live on Valkey 9 and only with a restart on 8.1.
+/// Upgrading 8.1 → 9.1 while setting it: instances still on 8.1 are not sent
+/// a `CONFIG SET` they refuse (which would report the Redis Degraded); each
+/// gets the value when it restarts on 9.1.
+#[tokio::test]
+async fn live_keys_follow_the_version_each_server_runs() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-config-ver", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 2, "engine": "Valkey", "version": "8.1",
+               "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let uids = pod_uids(&client, &ns.name, "cache").await;
+    let changed = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "9.1", "config": {"io-threads": "2"}}}),
+    )
+    .await;
+    let generation = changed.metadata.generation;
+    let mut degraded = Vec::new();
+    let deadline = Instant::now() + READY;
+    loop {
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("get");
+        let s = r.status.clone().unwrap_or_default();
+        if let Some(c) = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+        {
+            degraded.push(format!("{}: {}", c.reason, c.message));
+        }
+        let after = pod_uids(&client, &ns.name, "cache").await;
+        let replaced = uids.iter().all(|(n, uid)| after.get(n) != Some(uid));
+        if replaced
+            && is_ready(&r)
+            && s.observed_generation == generation
+            && s.current_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("9.1"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgrade to 9.1 did not finish: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        degraded.is_empty(),
+        "Degraded during the upgrade: {degraded:?}"
+    );
+    let password = redis_password(&client, &ns.name, "cache").await;
+    for pod in uids.keys() {
+        let mut n = connect_pod(&client, &ns.name, pod, &password)
+            .await
+            .expect("connect");
+        assert_eq!(
+            config_get(&mut n, "io-threads").await.as_deref(),
+            Some("2"),
+            "{pod}"
+        );
+    }
 }

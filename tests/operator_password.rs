@@ -19,8 +19,8 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use redpilot::redis::{ConnectOptions, Endpoint, ErrorCategory, Node};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, is_ready, pod_ip, pod_ready, recent_events, redis_api,
-    redis_password, redis_pods, start_operator, wait_ready,
+    OperatorOptions, apply_redis, container_restarts, is_ready, kill_9, pod_ip, pod_ready,
+    recent_events, redis_api, redis_password, redis_pods, server_pid, start_operator, wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
@@ -33,25 +33,6 @@ async fn connect(ip: &str, password: &str) -> redpilot::redis::Result<Node> {
         &ConnectOptions::default().with_password(password),
     )
     .await
-}
-
-async fn server_pid(node: &mut Node) -> u32 {
-    let info: String = node
-        .query("INFO", redis::cmd("INFO").arg("server"))
-        .await
-        .expect("INFO server");
-    info.lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("process_id")
-}
-
-fn restarts(p: &Pod) -> i32 {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,20 +141,14 @@ async fn a_password_rotated_under_a_writer_locks_nobody_out() {
     let mut n = connect(&ip, new).await.expect("connect to the replica");
     let pid = server_pid(&mut n).await;
     drop(n);
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    kill_9(pid);
     wait_for(
         "the replica to restart and the Redis to be Ready",
         READY,
         || async {
             let p = pod_api.get(&victim).await.ok()?;
             let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-            (restarts(&p) > restarts(&before)
+            (container_restarts(&p) > container_restarts(&before)
                 && pod_ready(&p)
                 && is_ready(&r)
                 && r.status?.ready.as_deref() == Some("3/3"))

@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, is_ready, recent_events, redis_api, redis_password,
-    redis_pods, spawn_operator, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, container_restarts, is_ready, kill_9, recent_events,
+    redis_api, redis_password, redis_pods, server_pid, spawn_operator, start_operator, wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
@@ -34,29 +34,9 @@ async fn kill_server(client: &kube::Client, ns: &str, pod: &str, password: &str)
     let mut node = connect_pod(client, ns, pod, password)
         .await
         .unwrap_or_else(|e| panic!("connecting to {pod}: {e}"));
-    let info: String = node
-        .query("INFO", redis::cmd("INFO").arg("server"))
-        .await
-        .expect("INFO server");
-    let pid: u32 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("process_id in INFO");
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -9 {pid}");
+    let pid = server_pid(&mut node).await;
+    kill_9(pid);
     pid
-}
-
-fn restarts(p: &Pod) -> i32 {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
-        .unwrap_or(0)
 }
 
 async fn primary_restarts_in_place(prefix: &str, spec: Value) {
@@ -80,8 +60,9 @@ async fn primary_restarts_in_place(prefix: &str, spec: Value) {
         READY,
         || async {
             let p = pods.get(&old).await.ok()?;
-            (p.metadata.uid == before.metadata.uid && restarts(&p) > restarts(&before))
-                .then_some(())
+            (p.metadata.uid == before.metadata.uid
+                && container_restarts(&p) > container_restarts(&before))
+            .then_some(())
         },
     )
     .await;

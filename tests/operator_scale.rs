@@ -14,8 +14,8 @@ use redpilot::redis::info::Role;
 use redpilot::redis::{ConnectOptions, Endpoint};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, patch_redis, pod_ip, pod_uids, redis_api,
-    redis_password, redis_pods, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, patch_redis, pod_ip, pod_uids, recent_events,
+    redis_api, redis_password, redis_pods, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -256,6 +256,16 @@ async fn scale_3_to_5_to_2_never_removes_the_primary() {
     )
     .await;
     assert_eq!(v, "v2");
+    // The positive witness that cache-4 was demoted before it was removed
+    // (the check in the loop above can only run while its server still
+    // answers): the switchover event of the scale-down.
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(
+        events.lines().any(|l| l.contains("SwitchedOver")
+            && l.contains("primary cache-4 → ")
+            && l.contains("scale-down")),
+        "{events}"
+    );
     println!(
         "scale: operator RSS {} KiB",
         op.rss_kib().unwrap_or_default()

@@ -1072,3 +1072,33 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
         (xs[n / 2 - 1] + xs[n / 2]) / 2.0
     }
 }
+
+/// The server's process id (`INFO server`): pods run as local processes.
+pub async fn server_pid(node: &mut Node) -> u32 {
+    let info: String = node
+        .query("INFO", redis::cmd("INFO").arg("server"))
+        .await
+        .expect("INFO server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("process_id in INFO")
+}
+
+/// `kill -9 pid`: a crash, no shutdown, no save.
+pub fn kill_9(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -9 {pid}");
+}
+
+/// Container restarts of a pod, summed.
+pub fn container_restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0)
+}
