@@ -210,3 +210,62 @@ async fn a_deleted_generated_secret_comes_back_with_the_running_password() {
     let r = wait_ready(&client, &ns.name, "solo", READY).await;
     assert!(is_ready(&r));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_user_secret_is_degraded_and_forgets_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "auth-missing", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "app-pw"},
+        "stringData": {"password": "a-password"}
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the user's Secret");
+    apply_redis(
+        &client,
+        &ns.name,
+        "solo",
+        json!({"mode": "Standalone", "auth": {"secretName": "app-pw"}}),
+    )
+    .await;
+    let ready = wait_ready(&client, &ns.name, "solo", READY).await;
+    let primary = ready.status.and_then(|s| s.primary);
+    assert_eq!(primary.as_deref(), Some("solo-0"));
+
+    secrets
+        .delete("app-pw", &DeleteParams::default())
+        .await
+        .expect("delete the user's Secret");
+    let status = wait_for("Degraded, naming the Secret", READY, || async {
+        let s = redis_api(&client, &ns.name)
+            .get("solo")
+            .await
+            .ok()?
+            .status?;
+        let degraded = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True" && c.message.contains("app-pw"));
+        let ready = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (degraded && !ready).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        status.primary, primary,
+        "a failed pass keeps the recorded primary"
+    );
+
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("re-create the user's Secret");
+    wait_ready(&client, &ns.name, "solo", READY).await;
+}

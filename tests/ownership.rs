@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, patch_redis, recent_events, redis_api, redis_pods,
+    OperatorOptions, apply_redis, patch_redis, poke, recent_events, redis_api, redis_pods,
     start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
@@ -67,6 +67,16 @@ async fn orphaned_children_are_adopted_without_restart() {
                 .then_some(())
         },
     )
+    .await;
+    // The garbage collector strips every child before it lets the Redis go:
+    // applying the new one earlier would patch the one being deleted.
+    wait_for("the deleted Redis to be gone", READY, || async {
+        redis_api(&client, &ns.name)
+            .get_opt("keep")
+            .await
+            .ok()
+            .and_then(|r| r.is_none().then_some(()))
+    })
     .await;
 
     // A new Redis of the same name adopts them.
@@ -175,7 +185,7 @@ async fn foreign_object_in_the_way_is_never_overwritten() {
 async fn paused_redis_leaves_children_alone_and_keeps_status_fresh() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "own-paused", &[]).await;
-    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
     apply_redis(&client, &ns.name, "calm", standalone()).await;
     wait_ready(&client, &ns.name, "calm", READY).await;
 
@@ -207,7 +217,14 @@ async fn paused_redis_leaves_children_alone_and_keeps_status_fresh() {
         Some("1/1"),
         "status still observes the pod"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // One more observed pass of the paused Redis (not a pause): it still
+    // leaves the ConfigMap alone.
+    let seen = op.counters().await.reconciles;
+    poke(&client, &ns.name, "calm", 1).await;
+    wait_for("a reconcile of the paused Redis", READY, || async {
+        (op.counters().await.reconciles > seen).then_some(())
+    })
+    .await;
     let during = cms.get("calm-config").await.expect("configmap");
     assert_eq!(
         during.resource_version(),
