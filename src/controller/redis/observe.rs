@@ -112,11 +112,11 @@ impl Reconciler {
         }
     }
 
-    /// The auth Secret and its password; generates (or adopts) the
-    /// operator's own Secret when the spec names none.
-    /// The desired password. `running` is the password the servers run (from
-    /// the server-auth Secret): a deleted generated Secret is re-created with
-    /// it, so clients keep working and nothing needs rotating.
+    /// The desired password: from the Secret the spec names, or from the
+    /// operator's own Secret, generated (or adopted) when there is none.
+    /// `running` is the password the servers run (from the server-auth
+    /// Secret): a deleted generated Secret is re-created with it, so clients
+    /// keep working and nothing needs rotating.
     pub(super) async fn auth(
         &mut self,
         paused: bool,
