@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -179,6 +179,41 @@ impl Context {
         }
     }
 
+    /// Drops everything remembered about `obj` (it was deleted).
+    pub fn forget(&self, obj: &ObjectRef<Redis>) {
+        self.retain(|o| o != obj);
+    }
+
+    /// Keeps what is remembered only for the objects `keep` names: after a
+    /// re-list, objects deleted while the watch was down are dropped too, so
+    /// the per-object maps never outgrow the Redis that exist.
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
+        if let Ok(mut m) = self.failures.lock() {
+            m.retain(|o, _| keep(o));
+        }
+        if let Ok(mut m) = self.written.lock() {
+            m.retain(|o, _| keep(o));
+        }
+        if let Ok(mut m) = self.stuck.lock() {
+            m.retain(|o, _| keep(o));
+        }
+    }
+
+    /// How many objects have something remembered.
+    pub fn remembered(&self) -> usize {
+        let mut all: std::collections::HashSet<ObjectRef<Redis>> = Default::default();
+        if let Ok(m) = self.failures.lock() {
+            all.extend(m.keys().cloned());
+        }
+        if let Ok(m) = self.written.lock() {
+            all.extend(m.keys().cloned());
+        }
+        if let Ok(m) = self.stuck.lock() {
+            all.extend(m.keys().cloned());
+        }
+        all.len()
+    }
+
     fn record_success(&self, obj: &ObjectRef<Redis>) {
         if let Ok(mut f) = self.failures.lock() {
             f.remove(obj);
@@ -333,10 +368,18 @@ pub async fn run_controllers(
             .default_backoff()
             .touched_objects();
             let referrers = redis_store.clone();
+            // Deleted Redis leave nothing behind in the context's per-object
+            // maps (a delete event, or a re-list that no longer has them).
+            let (forget, listed) = (ctx.clone(), redis_store.clone());
             let redis_changes = watcher(api::<Redis>(&client, &ns), watcher::Config::default())
                 .default_backoff()
                 .modify(|r: &mut Redis| r.metadata.managed_fields = None)
                 .reflect(redis_writer)
+                .inspect_ok(move |event| match event {
+                    watcher::Event::Delete(r) => forget.forget(&ObjectRef::from_obj(r)),
+                    watcher::Event::InitDone => forget.retain(|o| listed.get(o).is_some()),
+                    _ => {}
+                })
                 .applied_objects();
             Controller::for_stream(redis_changes, redis_store)
                 .owns_stream(sts_changes)
@@ -403,5 +446,37 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(4));
         assert_eq!(backoff(5), Duration::from_secs(32));
         assert_eq!(backoff(30), Duration::from_secs(300));
+    }
+
+    #[tokio::test]
+    async fn deleted_redis_leave_nothing_remembered() {
+        let client = Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("uri"),
+        ))
+        .expect("client");
+        let stores = Stores {
+            statefulsets: reflector::store().0,
+            services: reflector::store().0,
+            config_maps: reflector::store().0,
+            secrets: reflector::store().0,
+            pdbs: reflector::store().0,
+            pods: reflector::store().0,
+        };
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let ctx = Context::new(client, metrics, images::Images::default(), stores);
+        let a = ObjectRef::<Redis>::new("a").within("ns");
+        let b = ObjectRef::<Redis>::new("b").within("ns");
+        let c = ObjectRef::<Redis>::new("c").within("ns");
+        ctx.remember_written(&a, "1".into());
+        ctx.stuck_passes(&b, "f".into(), false);
+        ctx.next_backoff(&c);
+        ctx.next_backoff(&a);
+        assert_eq!(ctx.remembered(), 3);
+        ctx.forget(&a);
+        assert_eq!(ctx.remembered(), 2);
+        // A re-list that has only `c`.
+        ctx.retain(|o| *o == c);
+        assert_eq!(ctx.remembered(), 1);
+        assert_eq!(ctx.written_version(&a), None);
     }
 }
