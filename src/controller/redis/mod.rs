@@ -139,18 +139,32 @@ impl Reconciler {
     /// As [`Self::data_plane_failed`], with the message given (for errors
     /// whose text must not be passed on).
     async fn data_plane_category(&mut self, msg: String, category: &'static str) {
-        self.ctx
-            .metrics
-            .reconcile_errors
-            .with_label_values(&[category])
-            .inc();
         let reason = match category {
             "redis_auth" => "RedisAuthFailed",
             "redis_unreachable" => "RedisUnreachable",
             _ => "RedisCommandFailed",
         };
+        self.report_failure(reason, "Reconcile", category, msg)
+            .await;
+    }
+
+    /// A failure the pass goes on after: the Degraded reason (the first of
+    /// the pass wins), a Warning event, `reconcile_errors_total{category}`
+    /// and the message in the Degraded condition.
+    async fn report_failure(
+        &mut self,
+        reason: &'static str,
+        action: &str,
+        category: &'static str,
+        msg: String,
+    ) {
+        self.ctx
+            .metrics
+            .reconcile_errors
+            .with_label_values(&[category])
+            .inc();
         self.degraded_reason.get_or_insert(reason);
-        self.event(EventType::Warning, reason, "Reconcile", msg.clone())
+        self.event(EventType::Warning, reason, action, msg.clone())
             .await;
         self.notes.push(msg);
     }

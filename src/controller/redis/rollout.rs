@@ -163,20 +163,9 @@ impl Reconciler {
                 // Nothing moved (a switchover that cannot demote the old
                 // primary is rolled back): say so, and try again next pass.
                 let msg = format!("switchover {from} → {to} ({why}) failed: {e}");
-                self.ctx
-                    .metrics
-                    .reconcile_errors
-                    .with_label_values(&[crate::controller::redis_category(&e)])
-                    .inc();
-                self.degraded_reason.get_or_insert("SwitchoverFailed");
-                self.event(
-                    EventType::Warning,
-                    "SwitchoverFailed",
-                    "Switchover",
-                    msg.clone(),
-                )
-                .await;
-                self.notes.push(msg);
+                let category = crate::controller::redis_category(&e);
+                self.report_failure("SwitchoverFailed", "Switchover", category, msg)
+                    .await;
                 false
             }
         }
