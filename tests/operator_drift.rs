@@ -13,14 +13,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::{Api, Client};
 use serde_json::json;
 use support::audit::{operator_requests, tally};
 use support::operator::{
-    Operator, OperatorOptions, apply_redis, kubectl, poke, recent_events, redis_api, redis_pods,
-    settled_children, start_operator, wait_ready,
+    Operator, OperatorOptions, apply_redis, create_user_secret, kubectl, poke, recent_events,
+    redis_api, redis_pods, settled_children, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -262,15 +261,7 @@ async fn steady_state_costs_no_write_and_at_most_one_read_per_reconcile() {
     let ns = TestNamespace::new(&client, "steady", &[]).await;
     let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
     // One Redis with a generated password, one with a user-named Secret.
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "app-password"},
-        "stringData": {"password": "a-user-chosen-password"}
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("creating the user's Secret");
+    create_user_secret(&client, &ns.name, "app-password", "a-user-chosen-password").await;
     apply_redis(
         &client,
         &ns.name,

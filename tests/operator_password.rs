@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use redpilot::redis::{ConnectOptions, Endpoint, ErrorCategory, Node};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, container_restarts, is_ready, kill_9, pod_ip, pod_ready,
-    recent_events, redis_api, redis_password, redis_pods, server_pid, start_operator, wait_ready,
+    OperatorOptions, apply_redis, container_restarts, create_user_secret, is_ready, kill_9, pod_ip,
+    pod_ready, recent_events, redis_api, redis_password, redis_pods, server_pid, start_operator,
+    wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
@@ -43,15 +44,7 @@ async fn a_password_rotated_under_a_writer_locks_nobody_out() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
     let old = "first-password";
     let new = "second \"pass\" \\ word";
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "app-pw"},
-        "stringData": {"password": old}
-    }))
-    .expect("secret");
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the user's Secret");
+    create_user_secret(&client, &ns.name, "app-pw", old).await;
     apply_redis(
         &client,
         &ns.name,
@@ -217,15 +210,7 @@ async fn a_missing_user_secret_is_degraded_and_forgets_nothing() {
     let ns = TestNamespace::new(&client, "auth-missing", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "app-pw"},
-        "stringData": {"password": "a-password"}
-    }))
-    .expect("secret");
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the user's Secret");
+    create_user_secret(&client, &ns.name, "app-pw", "a-password").await;
     apply_redis(
         &client,
         &ns.name,
@@ -263,9 +248,6 @@ async fn a_missing_user_secret_is_degraded_and_forgets_nothing() {
         "a failed pass keeps the recorded primary"
     );
 
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("re-create the user's Secret");
+    create_user_secret(&client, &ns.name, "app-pw", "a-password").await;
     wait_ready(&client, &ns.name, "solo", READY).await;
 }

@@ -1102,3 +1102,17 @@ pub fn container_restarts(p: &Pod) -> i32 {
         .map(|cs| cs.iter().map(|c| c.restart_count).sum())
         .unwrap_or(0)
 }
+
+/// Creates the user's Secret `name` with key `password` (what
+/// `spec.auth.secretName` names).
+pub async fn create_user_secret(client: &Client, ns: &str, name: &str, password: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"password": password}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("creating the user's Secret {ns}/{name}: {e}"));
+}
