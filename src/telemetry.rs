@@ -51,6 +51,8 @@ pub struct Metrics {
     pub kube_requests: prometheus::IntCounterVec,
     /// Whether this process holds the leader lease (0 or 1).
     pub leader: prometheus::IntGauge,
+    /// Automatic failovers by result (`promoted`, `error`).
+    pub failovers: prometheus::IntCounterVec,
 }
 
 impl Metrics {
@@ -91,7 +93,15 @@ impl Metrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(kube_requests.clone()))?;
+        let failovers = IntCounterVec::new(
+            Opts::new(
+                "redpilot_failovers_total",
+                "Automatic failovers of a lost primary, by result",
+            ),
+            &["result"],
+        )?;
         registry.register(Box::new(leader.clone()))?;
+        registry.register(Box::new(failovers.clone()))?;
         Ok(Metrics {
             registry,
             reconciliations,
@@ -99,6 +109,7 @@ impl Metrics {
             reconcile_duration,
             kube_requests,
             leader,
+            failovers,
         })
     }
 

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod images;
 pub mod leader;
+pub mod monitor;
 pub mod redis;
 
 use std::collections::HashMap;
@@ -103,6 +104,10 @@ pub struct Context {
     pub images: images::Images,
     /// The watch caches.
     pub stores: Stores,
+    /// Health of the primaries (failure detection for failover).
+    pub monitor: monitor::Monitor,
+    /// The monitor's reconcile requests, taken once by the controller.
+    triggers: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Redis>>>>,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Redis>, u32>>,
     /// Resource version of this operator's last status write per object,
@@ -125,12 +130,15 @@ impl Context {
             controller: "redpilot".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let (monitor, triggers) = monitor::Monitor::new();
         Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
             images,
             stores,
+            monitor,
+            triggers: Mutex::new(Some(triggers)),
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
             stuck: Mutex::new(HashMap::new()),
@@ -184,10 +192,18 @@ impl Context {
         self.retain(|o| o != obj);
     }
 
+    /// The monitor's reconcile requests (once; later calls get `None`).
+    pub fn take_triggers(
+        &self,
+    ) -> Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Redis>>> {
+        self.triggers.lock().ok()?.take()
+    }
+
     /// Keeps what is remembered only for the objects `keep` names: after a
     /// re-list, objects deleted while the watch was down are dropped too, so
     /// the per-object maps never outgrow the Redis that exist.
     pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
+        self.monitor.retain(&keep);
         if let Ok(mut m) = self.failures.lock() {
             m.retain(|o, _| keep(o));
         }
@@ -211,6 +227,7 @@ impl Context {
         if let Ok(m) = self.stuck.lock() {
             all.extend(m.keys().cloned());
         }
+        all.extend(self.monitor.objects());
         all.len()
     }
 
@@ -381,7 +398,13 @@ pub async fn run_controllers(
                     _ => {}
                 })
                 .applied_objects();
+            let triggers = ctx
+                .take_triggers()
+                .map(futures::StreamExt::boxed)
+                .unwrap_or_else(|| futures::stream::empty().boxed());
             Controller::for_stream(redis_changes, redis_store)
+                // A failing primary (see monitor) is reconciled at once.
+                .reconcile_on(triggers)
                 .owns_stream(sts_changes)
                 .owns_stream(svc_changes)
                 .owns_stream(cm_changes)
@@ -408,7 +431,7 @@ pub async fn run_controllers(
                 // not as thousands of requests in flight at the API server.
                 .with_config(
                     ControllerConfig::default()
-                        .debounce(Duration::from_millis(500))
+                        .debounce(Duration::from_millis(200))
                         .concurrency(concurrency),
                 )
                 .shutdown_on_signal()
