@@ -66,6 +66,13 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
     "slave-read-only",
     "replica-priority",
     "slave-priority",
+    // Fencing for failover (spec.failover): the operator sets these live.
+    "min-replicas-to-write",
+    "min-slaves-to-write",
+    "min-replicas-max-lag",
+    "min-slaves-max-lag",
+    "repl-ping-replica-period",
+    "repl-ping-slave-period",
 ];
 
 /// CEL: the value is a DNS subdomain, the format of most object names.
@@ -82,7 +89,7 @@ fn config_owned_key_rules() -> Vec<Rule> {
         .map(|k| {
             Rule::new(format!("!('{k}' in self)"))
                 .message(Message::Message(format!(
-                    "spec.config.{k} is managed by the operator and cannot be set here (use the dedicated spec fields: auth, storage, persistence, resources)"
+                    "spec.config.{k} is managed by the operator and cannot be set here (use the dedicated spec fields: auth, storage, persistence, resources, failover)"
                 )))
                 .reason(Reason::FieldValueForbidden)
         })
@@ -218,6 +225,11 @@ pub struct RedisSpec {
     /// `RestartWouldLoseData`) until this is true.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_data_loss_on_restart: bool,
+
+    /// Automatic failover of a Replication Redis, fencing of the primary,
+    /// and planned switchovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverSpec>,
 }
 
 impl Default for RedisSpec {
@@ -236,6 +248,7 @@ impl Default for RedisSpec {
             pod_template: None,
             paused: false,
             allow_data_loss_on_restart: false,
+            failover: None,
         }
     }
 }
@@ -334,6 +347,53 @@ fn quantity_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 fn default_true() -> bool {
     true
+}
+
+/// Failover settings (Replication mode).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverSpec {
+    /// Promote a replica when the primary dies or stops answering (default
+    /// true). When false the operator never promotes a replica on its own:
+    /// a lost primary is reported, and `switchoverTo` promotes by hand.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The primary stops accepting writes by itself once no replica has
+    /// acknowledged the replication stream for `maxLagSeconds` (the
+    /// server's `min-replicas-to-write 1` and `min-replicas-max-lag`), so a
+    /// primary cut off from its replicas cannot take writes that a failover
+    /// would throw away. An unanswering primary is replaced only after it
+    /// must have fenced itself: `maxLagSeconds + 3` seconds of silence.
+    /// Default true; with one replica, writes wait while that replica is
+    /// down.
+    #[serde(default = "default_true")]
+    pub fence: bool,
+    /// See `fence` (default 2, 1 to 60 seconds).
+    #[serde(default = "default_max_lag")]
+    #[schemars(range(min = 1, max = 60))]
+    pub max_lag_seconds: i32,
+    /// An instance (pod name, e.g. `cache-1`) to make primary: a planned
+    /// switchover that loses no acknowledged write, done whenever the
+    /// named instance is a healthy replica. With a lost primary and
+    /// `enabled: false`, the named replica is promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub switchover_to: Option<String>,
+}
+
+impl Default for FailoverSpec {
+    fn default() -> Self {
+        FailoverSpec {
+            enabled: true,
+            fence: true,
+            max_lag_seconds: default_max_lag(),
+            switchover_to: None,
+        }
+    }
+}
+
+fn default_max_lag() -> i32 {
+    2
 }
 
 /// Persistence settings.
@@ -457,6 +517,30 @@ pub struct RedisStatus {
     /// loss) and they come back with the removed keys at their defaults.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub config_resets: i64,
+    /// The last automatic failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverRecord>,
+}
+
+/// What an automatic failover did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    /// When the new primary was promoted (RFC 3339).
+    pub time: String,
+    /// The primary that was lost.
+    pub from: String,
+    /// The instance promoted.
+    pub to: String,
+    /// Why: `PrimaryDown` (nothing listens), `PrimaryRestarted` (it came
+    /// back empty-handed as a replica), `PrimaryGone` (its pod is gone) or
+    /// `PrimaryUnresponsive` (silent past the fencing bound).
+    pub reason: String,
+    /// The promoted replica's replication offset.
+    pub offset: i64,
+    /// The other candidates' offsets, `name=offset`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<String>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -528,5 +612,10 @@ impl RedisSpec {
     /// Persistence settings with defaults applied.
     pub fn persistence(&self) -> PersistenceSpec {
         self.persistence.clone().unwrap_or_default()
+    }
+
+    /// Failover settings with defaults applied.
+    pub fn failover(&self) -> FailoverSpec {
+        self.failover.clone().unwrap_or_default()
     }
 }

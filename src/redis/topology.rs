@@ -43,6 +43,12 @@ pub struct NodeStatus {
     pub loading: bool,
     /// Total keys.
     pub keys: Option<u64>,
+    /// For replicas: seconds since the last byte from the primary
+    /// (`master_last_io_seconds_ago`; -1 when never connected).
+    pub last_io_seconds: Option<i64>,
+    /// For replicas: seconds since the link went down
+    /// (`master_link_down_since_seconds`; -1 when it was never up).
+    pub link_down_seconds: Option<i64>,
 }
 
 /// Why an instance could not be observed (message without secrets).
@@ -81,6 +87,8 @@ impl NodeStatus {
             priority: r.replica_priority,
             loading: info.persistence.loading.unwrap_or(false),
             keys: Some(info.total_keys()),
+            last_io_seconds: r.last_io_seconds_ago,
+            link_down_seconds: r.link_down_since_seconds,
         }
     }
 
@@ -104,6 +112,8 @@ impl NodeStatus {
             priority: None,
             loading: false,
             keys: None,
+            last_io_seconds: None,
+            link_down_seconds: None,
         }
     }
 

@@ -227,21 +227,32 @@ impl Reconciler {
         opts: &ConnectOptions,
         engine: EngineKind,
     ) {
-        if self.redis.spec.config.is_empty() {
+        // The operator's own live parameters (fencing) first; the user's
+        // cannot name them (refused at admission).
+        let fencing = if self.redis.spec.mode == crate::api::v1alpha1::Mode::Replication {
+            super::failover::fencing_config(&self.redis)
+        } else {
+            Vec::new()
+        };
+        if self.redis.spec.config.is_empty() && fencing.is_empty() {
             return;
         }
-        for f in facts.iter().filter(|f| f.reachable) {
+        for f in facts.iter().filter(|f| f.reachable && !f.terminating) {
             let Some(ip) = &f.ip else { continue };
             let Some(version) = f.version.as_deref().and_then(|v| v.parse::<Version>().ok()) else {
                 continue;
             };
-            let dynamic: Vec<(&str, &str)> = self
-                .redis
-                .spec
-                .config
+            let dynamic: Vec<(&str, &str)> = fencing
                 .iter()
-                .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
-                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .map(|(k, v)| (*k, v.as_str()))
+                .chain(
+                    self.redis
+                        .spec
+                        .config
+                        .iter()
+                        .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
+                        .map(|(k, v)| (k.as_str(), v.as_str())),
+                )
                 .collect();
             if dynamic.is_empty() {
                 continue;

@@ -7,7 +7,8 @@
 //! | children | [`children`] (+ pure builders [`build`], [`statefulset`], [`drift`]) | server-side apply in a fixed order, drift repair, ownership |
 //! | credentials | [`credentials`] | the password the servers run; live rotation in steps |
 //! | wiring | [`wiring`] | replication topology, role labels, publishing the primary |
-//! | recovery | [`recovery`] | no primary left: promote the instance furthest ahead |
+//! | failover | [`failover`] | a lost primary replaced (fenced first), planned switchovers on request |
+//! | recovery | [`recovery`] | a new Redis: promote its first primary |
 //! | config | [`config`] | parameters that change live, with `CONFIG SET` |
 //! | rollout | [`rollout`] | ordered restarts, switchovers |
 //! | status | [`status`] | conditions, events, one status patch, the requeue and its backoff |
@@ -19,6 +20,7 @@ pub mod children;
 pub mod config;
 pub mod credentials;
 pub mod drift;
+pub mod failover;
 pub mod observe;
 pub mod plan;
 pub mod recovery;
@@ -38,7 +40,7 @@ use kube::{Api, Resource, ResourceExt};
 use self::build::Names;
 use self::observe::Auth;
 use super::{Context, Error};
-use crate::api::v1alpha1::{Engine, Redis};
+use crate::api::v1alpha1::{Engine, Mode, Redis};
 use crate::redis::ConnectOptions;
 use crate::redis::info::{EngineKind, Version};
 
@@ -238,6 +240,23 @@ impl Reconciler {
             return self.finish(&facts, primary.as_deref(), desired, true).await;
         }
 
+        // A lost primary is replaced before anything else: the monitor
+        // asked for this pass as soon as it stopped answering.
+        self.watch_primary(
+            &facts,
+            previous_primary.as_deref().or(primary.as_deref()),
+            &auth.current,
+        );
+        if self.redis.spec.mode == Mode::Replication
+            && obs.servers_observed
+            && let Some(recorded) = previous_primary.as_deref()
+            && primary.as_deref().is_none_or(|p| p == recorded)
+            && self.fail_over(&facts, recorded, &opts).await
+        {
+            let moved = self.moved_primary.clone();
+            return self.finish(&facts, moved.as_deref(), desired, false).await;
+        }
+
         // Record a new primary before anything else changes, so the status
         // never lags behind a scale-down or a restart that depends on it.
         if let Some(p) = &primary
@@ -301,8 +320,13 @@ impl Reconciler {
         let (engine, _) = self.engine_version();
         self.apply_live_config(&facts, &opts, engine).await;
 
-        // 8. Restarts for settings that cannot change live.
+        // 8. A switchover the user asked for, then restarts for settings
+        // that cannot change live.
         if let Some(p) = &primary {
+            if self.requested_switchover(&facts, p, &opts).await {
+                let moved = self.moved_primary.clone();
+                return self.finish(&facts, moved.as_deref(), desired, false).await;
+            }
             self.roll(&facts, p, desired, &opts).await?;
         }
 

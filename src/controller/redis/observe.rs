@@ -17,6 +17,7 @@
 //! The live servers are observed through [`crate::redis::topology`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -28,6 +29,7 @@ use super::build::{self, Names, ROLE_LABEL};
 use super::children::{Child, adoptable, controlled_by};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::Redis;
+use crate::controller::monitor::Verdict;
 use crate::redis::topology::Topology;
 use crate::redis::{ConnectOptions, Endpoint, info};
 
@@ -210,9 +212,19 @@ impl Reconciler {
             })
             .and_then(|s| s.status.as_ref()?.update_revision.clone());
         let mut facts = pod_facts(&pods, update_revision.as_deref());
+        // A primary the monitor has heard nothing from for a second is not
+        // dialled: its connect timeout would only delay the failover pass.
+        let silent = self
+            .ctx
+            .monitor
+            .health(&self.oref)
+            .filter(|h| h.verdict == Verdict::Silent && h.silent_for >= Duration::from_secs(1))
+            .map(|h| h.ip);
         let endpoints: Vec<Endpoint> = facts
             .iter()
-            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .filter_map(|f| f.ip.as_ref())
+            .filter(|ip| Some(ip.as_str()) != silent.as_deref())
+            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))
             .collect();
         let servers_observed = ask && !endpoints.is_empty();
         if servers_observed {
@@ -295,6 +307,13 @@ pub struct PodFacts {
     pub lag_bytes: Option<i64>,
     /// Server version.
     pub version: Option<String>,
+    /// For replicas: seconds since the primary was last heard from — 0 to
+    /// a few while the link is up, the time since it went down otherwise;
+    /// `None` when the link never came up (or the server did not say).
+    pub link_age: Option<i64>,
+    /// For replicas: a full synchronisation is in progress (the dataset is
+    /// being replaced).
+    pub syncing: bool,
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
@@ -363,6 +382,14 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
         };
         f.offset = node.offset;
         f.lag_bytes = node.lag_bytes;
+        f.syncing = node.sync_in_progress;
+        f.link_age = match (f.role, node.link) {
+            (Some(Role::Replica), Some(info::LinkStatus::Up)) => {
+                node.last_io_seconds.filter(|s| *s >= 0)
+            }
+            (Some(Role::Replica), _) => node.link_down_seconds.filter(|s| *s >= 0),
+            _ => None,
+        };
         f.version = node.version.map(|v| v.to_string());
     }
 }

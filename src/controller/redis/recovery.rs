@@ -1,6 +1,7 @@
-//! Recovery: when no server is primary any more (the primary's pod was
-//! lost and every replica follows an address that is gone), promote the
-//! instance that has lost the least. Level 5 failover builds here.
+//! Recovery of a Redis that has no recorded primary yet (being created:
+//! every instance booted as a replica): promote ordinal 0, or the instance
+//! furthest ahead. A recorded primary that is lost is the failover
+//! module's ([`super::failover`]).
 
 use kube::runtime::events::EventType;
 
@@ -11,9 +12,10 @@ use super::plan;
 use crate::redis::{ConnectOptions, Endpoint};
 
 impl Reconciler {
-    /// When no reachable server is primary and none of the replicas has a
-    /// live link, promotes the instance furthest ahead
-    /// ([`plan::promotion_candidate`]) and publishes it. The intent is
+    /// For a Redis without a recorded primary: when no reachable server is
+    /// primary and none of the replicas has a live link, promotes ordinal 0
+    /// (or the instance furthest ahead, [`plan::promotion_candidate`]) and
+    /// publishes it. The intent is
     /// recorded first, so an operator stopped between the promotion and
     /// the publication finds the promoted server on its next pass.
     pub(super) async fn recover_primary(&mut self, facts: &[PodFacts], opts: &ConnectOptions) {
@@ -26,8 +28,16 @@ impl Reconciler {
                 .push("waiting for the replication topology to settle".into());
             return;
         }
-        let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
-        let best = match plan::promotion_candidate(facts, recorded.as_deref(), &self.names) {
+        if self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.primary.as_ref())
+            .is_some()
+        {
+            return;
+        }
+        let best = match plan::promotion_candidate(facts, None, &self.names) {
             Ok(best) => best,
             Err(why) => {
                 self.progressing.push(why);
@@ -40,7 +50,6 @@ impl Reconciler {
         let Some(ip) = chosen.ip.clone() else {
             return;
         };
-        let offset = chosen.offset.unwrap_or(0);
         if let Err(e) = self.record_intent(&best).await {
             self.progressing
                 .push(format!("recording the promotion of {best}: {e}"));
@@ -50,22 +59,9 @@ impl Reconciler {
         match crate::redis::actions::make_primary(&ep, opts).await {
             Ok(()) => {
                 crate::failpoint::hit("after-promote");
-                let (type_, reason, note) = match &recorded {
-                    None => (
-                        EventType::Normal,
-                        "PrimaryElected",
-                        format!("{best} is the first primary"),
-                    ),
-                    Some(old) => (
-                        EventType::Warning,
-                        "PrimaryRecovered",
-                        format!(
-                            "no instance was primary (last primary {old}); promoted {best}, \
-                             the instance furthest ahead (offset {offset})"
-                        ),
-                    ),
-                };
-                self.event(type_, reason, "Promote", note).await;
+                let note = format!("{best} is the first primary");
+                self.event(EventType::Normal, "PrimaryElected", "Promote", note)
+                    .await;
                 match self.publish_primary(facts, &best).await {
                     Ok(()) => self
                         .progressing

@@ -260,6 +260,7 @@ impl Reconciler {
             auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
             live_config_keys: old.live_config_keys.clone(),
             config_resets: old.config_resets,
+            last_failover: old.last_failover.clone(),
         };
         status.conditions = merge(
             &old.conditions,

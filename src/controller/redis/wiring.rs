@@ -110,8 +110,22 @@ impl Reconciler {
     /// Writes only `status.primary`, and clears the intent
     /// (`status.targetPrimary`): the move is done.
     pub(super) async fn record_primary(&mut self, primary: &str) -> Result<(), Error> {
-        self.patch_status(serde_json::json!({ "primary": primary, "targetPrimary": null }))
-            .await?;
+        self.record_primary_with(primary, serde_json::json!({}))
+            .await
+    }
+
+    /// As [`Self::record_primary`], with more status fields in the same
+    /// write (`extra`, an object).
+    async fn record_primary_with(
+        &mut self,
+        primary: &str,
+        mut extra: serde_json::Value,
+    ) -> Result<(), Error> {
+        if let Some(m) = extra.as_object_mut() {
+            m.insert("primary".into(), primary.into());
+            m.insert("targetPrimary".into(), serde_json::Value::Null);
+        }
+        self.patch_status(extra).await?;
         self.moved_primary = Some(primary.to_string());
         Ok(())
     }
@@ -140,6 +154,28 @@ impl Reconciler {
         facts: &[PodFacts],
         primary: &str,
     ) -> Result<(), Error> {
+        self.publish_primary_with(facts, primary, serde_json::json!({}))
+            .await
+    }
+
+    /// As [`Self::publish_primary`], recording `status.lastFailover` too.
+    pub(super) async fn publish_failover(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        record: &crate::api::v1alpha1::FailoverRecord,
+    ) -> Result<(), Error> {
+        let value = serde_json::to_value(record).map_err(|e| Error::Serialize("status", e))?;
+        self.publish_primary_with(facts, primary, serde_json::json!({ "lastFailover": value }))
+            .await
+    }
+
+    async fn publish_primary_with(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        extra: serde_json::Value,
+    ) -> Result<(), Error> {
         let ip = facts
             .iter()
             .find(|f| f.name == primary)
@@ -147,7 +183,7 @@ impl Reconciler {
         let live: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
         self.apply("ConfigMap", &cm, live.as_ref()).await?;
-        self.record_primary(primary).await
+        self.record_primary_with(primary, extra).await
     }
 
     pub(super) async fn label_roles(

@@ -1,0 +1,463 @@
+//! Failover: replacing a lost primary, and planned switchovers on request
+//! (`spec.failover`).
+//!
+//! Detection is the monitor's ([`crate::controller::monitor`]): it asks for
+//! a reconcile as soon as the primary stops answering, and this module
+//! decides with what the pass observed ([`decide`], pure, table-tested):
+//! - the primary's server is **down** (nothing listens), **restarted**
+//!   (it answers as a replica: instances boot as replicas) or **gone** (its
+//!   pod was deleted or re-created): it is replaced at once;
+//! - it is **silent**: replaced only once it has been silent for
+//!   `maxLagSeconds + 3` s. By then a primary that is alive but cut off has
+//!   fenced itself: with `min-replicas-to-write 1` and
+//!   `min-replicas-max-lag` (set live by [`fencing_config`]) it refuses
+//!   writes once no replica acknowledged for `maxLagSeconds` (the server
+//!   counts whole seconds and refreshes once a second, hence the 2 s
+//!   margin; a third covers the probe interval). A primary that is merely
+//!   slow for less than that is left alone;
+//! - never while a replica still hears from it (a link up with recent
+//!   traffic): then only the operator is cut off, not the clients.
+//!
+//! Promotion takes the replica whose link was up most recently and, among
+//! those, the highest replication offset. The intent is recorded first;
+//! then `REPLICAOF NO ONE`; then the new primary is published (role labels,
+//! which the read-write Service selects on; the ConfigMap instances start
+//! from; `status.primary` and `status.lastFailover`) before the other
+//! replicas are re-pointed. The old primary, when it returns, boots as a
+//! replica and is wired to the new one by [`super::wiring`].
+
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+
+use super::Reconciler;
+use super::build::{self, Names};
+use super::observe::{PodFacts, Role, ordinal};
+use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, Mode, Redis};
+use crate::controller::monitor::{Health, Target, Verdict};
+use crate::redis::{ConnectOptions, Endpoint};
+
+/// A replica whose last byte from the primary is at most this old still
+/// hears from it (the primary pings every second, see [`fencing_config`]).
+pub const LIVE_LINK_SECS: i64 = 3;
+
+/// Replicas whose links went down within this many seconds of the most
+/// recent one count as equally recent.
+const RECENCY_SLACK_SECS: i64 = 2;
+
+/// How long a primary may be silent before it is replaced.
+pub fn silence_bound(spec: &FailoverSpec) -> Duration {
+    Duration::from_secs(spec.max_lag_seconds.clamp(1, 60) as u64 + 3)
+}
+
+/// The parameters the operator keeps on every instance (live, with
+/// `CONFIG SET`): the primary fences itself when no replica acknowledges,
+/// and pings its replicas every second so they can tell a live link from a
+/// dead one. Off (`min-replicas-to-write 0`) for a single instance, with
+/// failover disabled, or with `fence: false`.
+pub fn fencing_config(redis: &Redis) -> Vec<(&'static str, String)> {
+    let f = redis.spec.failover();
+    let on = redis.spec.mode == Mode::Replication
+        && redis.spec.desired_instances() >= 2
+        && f.enabled
+        && f.fence;
+    let mut out = vec![("repl-ping-replica-period", "1".to_string())];
+    if on {
+        out.push(("min-replicas-max-lag", f.max_lag_seconds.to_string()));
+        out.push(("min-replicas-to-write", "1".to_string()));
+    } else {
+        out.push(("min-replicas-to-write", "0".to_string()));
+    }
+    out
+}
+
+/// Why the primary is being replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Nothing listens on its address.
+    Down,
+    /// It answers as a replica (restarted in place).
+    Restarted,
+    /// Its pod is gone, or re-created and not yet serving.
+    Gone,
+    /// Silent for longer than the bound.
+    Unresponsive,
+}
+
+impl Loss {
+    /// The reason recorded in the status and events.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Loss::Down => "PrimaryDown",
+            Loss::Restarted => "PrimaryRestarted",
+            Loss::Gone => "PrimaryGone",
+            Loss::Unresponsive => "PrimaryUnresponsive",
+        }
+    }
+}
+
+/// What to do about the recorded primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// It serves (or nothing can be said yet): nothing to do here.
+    Serving,
+    /// Not serving; waiting, for the reason given.
+    Wait(String),
+    /// Lost and not replaceable: automatic failover is off, or no replica
+    /// can take over. Reported as Degraded.
+    Blocked(String),
+    /// Promote `candidate`.
+    Promote {
+        /// The instance to promote.
+        candidate: String,
+        /// Why the primary is replaced.
+        loss: Loss,
+    },
+}
+
+/// Decides about the recorded `primary`. `health` is the monitor's view of
+/// it (when it watches that pod).
+pub fn decide(
+    facts: &[PodFacts],
+    primary: &str,
+    health: Option<&Health>,
+    spec: &FailoverSpec,
+    names: &Names,
+) -> Decision {
+    let pf = facts.iter().find(|f| f.name == primary);
+    let loss = match pf {
+        Some(f) if f.reachable && f.role == Some(Role::Primary) => {
+            if f.terminating {
+                // A primary shutting down lets its replicas catch up and
+                // then exits; it is replaced once nothing listens.
+                return Decision::Wait(format!("primary {primary} is shutting down"));
+            }
+            return Decision::Serving;
+        }
+        None => Loss::Gone,
+        Some(f) if f.ip.is_none() => Loss::Gone,
+        Some(f) if f.reachable => Loss::Restarted,
+        Some(f) => match health.filter(|h| h.pod == primary && f.ip.as_deref() == Some(&h.ip)) {
+            Some(h) if h.verdict == Verdict::Down => Loss::Down,
+            Some(h) if h.verdict == Verdict::Restarted => Loss::Restarted,
+            Some(h) if h.verdict == Verdict::Healthy => return Decision::Serving,
+            Some(h) if h.silent_for >= silence_bound(spec) => Loss::Unresponsive,
+            Some(h) => {
+                return Decision::Wait(format!(
+                    "primary {primary} has not answered for {:.1}s; it is replaced after {}s \
+                     of silence (spec.failover.maxLagSeconds + 3)",
+                    h.silent_for.as_secs_f64(),
+                    silence_bound(spec).as_secs()
+                ));
+            }
+            None => return Decision::Wait(format!("watching primary {primary}")),
+        },
+    };
+    let primary_ip = pf.and_then(|f| f.ip.as_deref());
+    if let Some(r) = facts.iter().find(|f| {
+        f.reachable
+            && f.role == Some(Role::Replica)
+            && f.link_up == Some(true)
+            && f.link_age.is_some_and(|a| a <= LIVE_LINK_SECS)
+            && primary_ip.is_some()
+            && f.following.as_deref() == primary_ip
+    }) {
+        return Decision::Wait(format!(
+            "primary {primary} does not answer the operator, but replica {} still hears from it",
+            r.name
+        ));
+    }
+    if !spec.enabled {
+        // The user named the instance to promote.
+        if let Some(t) = spec.switchover_to.as_deref()
+            && t != primary
+            && facts.iter().any(|f| {
+                f.name == t && f.reachable && !f.terminating && f.role == Some(Role::Replica)
+            })
+        {
+            return Decision::Promote {
+                candidate: t.to_string(),
+                loss,
+            };
+        }
+        // Bringing the same server back is no failover: allowed when it
+        // lost nothing (its offset is not behind any replica's).
+        if loss == Loss::Restarted
+            && let Some(p) = pf
+            && facts
+                .iter()
+                .filter(|f| f.reachable && f.name != primary)
+                .all(|f| f.offset.unwrap_or(0) <= p.offset.unwrap_or(0))
+        {
+            return Decision::Promote {
+                candidate: primary.to_string(),
+                loss,
+            };
+        }
+        return Decision::Blocked(format!(
+            "primary {primary} is lost ({}) and automatic failover is off \
+             (spec.failover.enabled: false); name the instance to promote in \
+             spec.failover.switchoverTo",
+            loss.reason()
+        ));
+    }
+    match candidate(facts, primary, names) {
+        Some(candidate) => Decision::Promote { candidate, loss },
+        None => Decision::Blocked(format!(
+            "primary {primary} is lost ({}) and no replica can take over \
+             (none answers with a complete dataset)",
+            loss.reason()
+        )),
+    }
+}
+
+/// The replica to promote in place of `primary`: among reachable replicas
+/// not in a full sync, those whose link was up most recently (within
+/// [`RECENCY_SLACK_SECS`] of the most recent), then the highest offset,
+/// then the lowest ordinal. The old primary itself only when no replica
+/// qualifies (it restarted in place, with whatever it persisted).
+pub fn candidate(facts: &[PodFacts], primary: &str, names: &Names) -> Option<String> {
+    let usable = |f: &&PodFacts| {
+        f.reachable && !f.terminating && !f.syncing && f.role == Some(Role::Replica)
+    };
+    let replicas: Vec<&PodFacts> = facts
+        .iter()
+        .filter(usable)
+        .filter(|f| f.name != primary)
+        .collect();
+    let age = |f: &PodFacts| f.link_age.unwrap_or(i64::MAX);
+    let freshest = replicas.iter().map(|f| age(f)).min();
+    let best = replicas
+        .iter()
+        .filter(|f| freshest.is_some_and(|m| age(f) <= m.saturating_add(RECENCY_SLACK_SECS)))
+        .max_by_key(|f| {
+            (
+                f.offset.unwrap_or(0),
+                std::cmp::Reverse(ordinal(&f.name, names).unwrap_or(i32::MAX)),
+            )
+        });
+    match best {
+        Some(f) => Some(f.name.clone()),
+        None => facts
+            .iter()
+            .filter(usable)
+            .find(|f| f.name == primary)
+            .map(|f| f.name.clone()),
+    }
+}
+
+impl Reconciler {
+    /// Keeps the monitor on the recorded primary (Replication with more
+    /// than one instance); stops it otherwise.
+    pub(super) fn watch_primary(&self, facts: &[PodFacts], primary: Option<&str>, password: &str) {
+        let monitor = &self.ctx.monitor;
+        let spec = &self.redis.spec;
+        let watched = spec.mode == Mode::Replication && spec.desired_instances() >= 2;
+        let Some(p) = primary.filter(|_| watched && !password.is_empty()) else {
+            monitor.unwatch(&self.oref);
+            return;
+        };
+        // A primary whose pod lost its address keeps being watched at the
+        // old one (which then reports it down).
+        let Some(ip) = facts
+            .iter()
+            .find(|f| f.name == p)
+            .and_then(|f| f.ip.clone())
+        else {
+            return;
+        };
+        monitor.watch(
+            &self.oref,
+            Target {
+                pod: p.to_string(),
+                ip,
+                silence: silence_bound(&spec.failover()),
+                password: password.to_string(),
+            },
+        );
+    }
+
+    /// Replaces the recorded `primary` when [`decide`] says so. Returns
+    /// true when the pass must end here (a primary was promoted: what was
+    /// observed is stale), false to go on.
+    pub(super) async fn fail_over(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        opts: &ConnectOptions,
+    ) -> bool {
+        let health = self.ctx.monitor.health(&self.oref);
+        let spec = self.redis.spec.failover();
+        match decide(facts, primary, health.as_ref(), &spec, &self.names) {
+            Decision::Serving => false,
+            Decision::Wait(why) => {
+                self.progressing.push(why);
+                self.progress_reason = Some("FailoverPending");
+                false
+            }
+            Decision::Blocked(why) => {
+                self.report_failure("PrimaryLost", "Failover", "failover", why)
+                    .await;
+                false
+            }
+            Decision::Promote { candidate, loss } => {
+                self.promote(facts, primary, &candidate, loss, opts).await;
+                true
+            }
+        }
+    }
+
+    async fn promote(
+        &mut self,
+        facts: &[PodFacts],
+        old: &str,
+        to: &str,
+        loss: Loss,
+        opts: &ConnectOptions,
+    ) {
+        let started = std::time::Instant::now();
+        let Some(chosen) = facts.iter().find(|f| f.name == to) else {
+            return;
+        };
+        let Some(ip) = chosen.ip.clone() else { return };
+        let offset = chosen.offset.unwrap_or(0);
+        let candidates: Vec<String> = facts
+            .iter()
+            .filter(|f| f.reachable && f.name != to)
+            .map(|f| format!("{}={}", f.name, f.offset.unwrap_or(0)))
+            .collect();
+        if let Err(e) = self.record_intent(to).await {
+            self.progressing
+                .push(format!("recording the promotion of {to}: {e}"));
+            return;
+        }
+        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        if let Err(e) = crate::redis::actions::make_primary(&ep, opts).await {
+            self.count_failover("error");
+            self.data_plane_failed(format!("promoting {to}"), &e).await;
+            return;
+        }
+        crate::failpoint::hit("after-promote");
+        // Publish before anything else moves: the role labels (the
+        // read-write Service), the ConfigMap, the status.
+        let mut after: Vec<PodFacts> = facts.to_vec();
+        for f in after.iter_mut() {
+            if f.name == to {
+                f.role = Some(Role::Primary);
+            } else if f.name == old {
+                f.role = None;
+            }
+        }
+        if let Err(e) = self.label_roles(&after, Some(to)).await {
+            self.progressing
+                .push(format!("labelling new primary {to}: {e}"));
+        }
+        let record = FailoverRecord {
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            from: old.to_string(),
+            to: to.to_string(),
+            reason: loss.reason().to_string(),
+            offset,
+            candidates: candidates.clone(),
+        };
+        if let Err(e) = self.publish_failover(&after, to, &record).await {
+            self.progressing
+                .push(format!("recording new primary {to}: {e}"));
+        }
+        let published = started.elapsed();
+        // Then the other replicas follow it.
+        self.wire(&after, to, opts).await;
+        self.count_failover("promoted");
+        let others = if candidates.is_empty() {
+            String::new()
+        } else {
+            format!("; others: {}", candidates.join(", "))
+        };
+        self.event(
+            EventType::Warning,
+            "FailedOver",
+            "Failover",
+            format!(
+                "primary {old} lost ({}); promoted {to} at offset {offset}{others}; \
+                 published in {} ms",
+                loss.reason(),
+                published.as_millis()
+            ),
+        )
+        .await;
+        self.progressing
+            .push(format!("failed over from {old} to {to}"));
+    }
+
+    /// The switchover `spec.failover.switchoverTo` asks for (zero loss),
+    /// once the named instance is a ready replica with a live link. True
+    /// when the primary moved.
+    pub(super) async fn requested_switchover(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        opts: &ConnectOptions,
+    ) -> bool {
+        let Some(to) = self.redis.spec.failover().switchover_to else {
+            return false;
+        };
+        if to == primary {
+            return false;
+        }
+        let desired = self.redis.spec.desired_instances();
+        if !ordinal(&to, &self.names).is_some_and(|o| (0..desired).contains(&o)) {
+            let msg = format!(
+                "spec.failover.switchoverTo: {to} is not an instance of this Redis \
+                 ({} to {})",
+                self.names.pod(0),
+                self.names.pod(desired - 1)
+            );
+            self.report_failure("InvalidSwitchoverTarget", "Switchover", "spec", msg)
+                .await;
+            return false;
+        }
+        let ready = facts.iter().any(|f| {
+            f.name == to
+                && f.ready
+                && f.reachable
+                && !f.terminating
+                && f.role == Some(Role::Replica)
+                && f.link_up == Some(true)
+        });
+        if !ready {
+            self.progressing.push(format!(
+                "switchover to {to} (spec.failover.switchoverTo) waits for it to be a ready \
+                 replica with a live link"
+            ));
+            return false;
+        }
+        if !self
+            .switchover(
+                facts,
+                primary,
+                &to,
+                opts,
+                "requested in spec.failover.switchoverTo",
+            )
+            .await
+        {
+            return false;
+        }
+        if let Err(e) = self.publish_primary(facts, &to).await {
+            self.progressing
+                .push(format!("recording new primary {to}: {e}"));
+        }
+        true
+    }
+
+    fn count_failover(&self, result: &str) {
+        self.ctx
+            .metrics
+            .failovers
+            .with_label_values(&[result])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests;

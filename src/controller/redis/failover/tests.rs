@@ -1,0 +1,303 @@
+use std::time::Duration;
+
+use super::*;
+
+fn names() -> Names {
+    Names::new("c")
+}
+
+fn primary(i: i32) -> PodFacts {
+    PodFacts {
+        name: format!("c-{i}"),
+        ip: Some(format!("10.0.0.{i}")),
+        ready: true,
+        reachable: true,
+        role: Some(Role::Primary),
+        offset: Some(1000),
+        ..Default::default()
+    }
+}
+
+/// A replica of `c-0` whose link is up (`age` seconds since the last byte)
+/// or down for `age` seconds.
+fn replica(i: i32, offset: i64, up: bool, age: i64) -> PodFacts {
+    PodFacts {
+        name: format!("c-{i}"),
+        ip: Some(format!("10.0.0.{i}")),
+        ready: true,
+        reachable: true,
+        role: Some(Role::Replica),
+        following: Some("10.0.0.0".into()),
+        link_up: Some(up),
+        link_age: Some(age),
+        offset: Some(offset),
+        ..Default::default()
+    }
+}
+
+fn lost(mut f: PodFacts) -> PodFacts {
+    f.reachable = false;
+    f.role = None;
+    f.offset = None;
+    f
+}
+
+fn health(verdict: Verdict, silent: u64) -> Health {
+    Health {
+        pod: "c-0".into(),
+        ip: "10.0.0.0".into(),
+        verdict,
+        silent_for: Duration::from_secs(silent),
+    }
+}
+
+fn on() -> FailoverSpec {
+    FailoverSpec::default()
+}
+
+fn promote(c: &str, loss: Loss) -> Decision {
+    Decision::Promote {
+        candidate: c.into(),
+        loss,
+    }
+}
+
+#[test]
+fn a_serving_primary_is_left_alone() {
+    let facts = [primary(0), replica(1, 1000, true, 0)];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        Decision::Serving
+    );
+    // Even when the monitor had doubts: the pass saw it serve.
+    let h = health(Verdict::Silent, 60);
+    assert_eq!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        Decision::Serving
+    );
+}
+
+#[test]
+fn a_dead_primary_is_replaced_by_the_replica_furthest_ahead() {
+    let facts = [
+        lost(primary(0)),
+        replica(1, 900, false, 1),
+        replica(2, 950, false, 1),
+    ];
+    let h = health(Verdict::Down, 0);
+    assert_eq!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        promote("c-2", Loss::Down)
+    );
+}
+
+#[test]
+fn a_primary_restarted_as_a_replica_or_gone_is_replaced_at_once() {
+    let mut restarted = replica(0, 0, false, 0);
+    restarted.link_age = None;
+    restarted.following = Some("127.0.0.1".into());
+    let facts = [
+        restarted,
+        replica(1, 900, false, 0),
+        replica(2, 800, false, 0),
+    ];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        promote("c-1", Loss::Restarted)
+    );
+    let facts = [replica(1, 900, false, 0), replica(2, 800, false, 0)];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        promote("c-1", Loss::Gone)
+    );
+    // Re-created, no address yet.
+    let mut fresh = lost(primary(0));
+    fresh.ip = None;
+    let facts = [fresh, replica(1, 900, false, 0)];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        promote("c-1", Loss::Gone)
+    );
+}
+
+#[test]
+fn a_silent_primary_is_replaced_only_after_the_fencing_bound() {
+    let facts = [
+        lost(primary(0)),
+        replica(1, 900, true, 4),
+        replica(2, 950, true, 4),
+    ];
+    // maxLagSeconds 2: the bound is 5 s.
+    let early = health(Verdict::Silent, 4);
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&early), &on(), &names()),
+        Decision::Wait(w) if w.contains("after 5s")
+    ));
+    let late = health(Verdict::Silent, 5);
+    assert_eq!(
+        decide(&facts, "c-0", Some(&late), &on(), &names()),
+        promote("c-2", Loss::Unresponsive)
+    );
+    let slow = FailoverSpec {
+        max_lag_seconds: 10,
+        ..on()
+    };
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&late), &slow, &names()),
+        Decision::Wait(_)
+    ));
+    // Nothing known yet about an unreachable primary: wait.
+    assert!(matches!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        Decision::Wait(_)
+    ));
+}
+
+#[test]
+fn no_failover_while_a_replica_still_hears_from_the_primary() {
+    // Only the operator is cut off: the replica had a byte a second ago.
+    let facts = [lost(primary(0)), replica(1, 900, true, 1)];
+    let h = health(Verdict::Silent, 30);
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        Decision::Wait(w) if w.contains("c-1 still hears")
+    ));
+}
+
+#[test]
+fn a_health_report_about_another_pod_or_address_is_ignored() {
+    let facts = [lost(primary(0)), replica(1, 900, false, 1)];
+    let mut h = health(Verdict::Down, 0);
+    h.ip = "10.9.9.9".into();
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        Decision::Wait(_)
+    ));
+}
+
+#[test]
+fn the_replica_linked_most_recently_wins_over_a_higher_stale_offset() {
+    // c-1 lost its link 60 s ago (its offset is from another history or
+    // older): c-2, linked until the failure, is promoted.
+    let facts = [
+        lost(primary(0)),
+        replica(1, 5000, false, 60),
+        replica(2, 950, false, 1),
+        replica(3, 940, false, 0),
+    ];
+    assert_eq!(candidate(&facts, "c-0", &names()), Some("c-2".into()));
+    // A replica in a full sync, or being deleted, is never promoted.
+    let mut syncing = replica(2, 950, false, 1);
+    syncing.syncing = true;
+    let mut leaving = replica(3, 940, false, 0);
+    leaving.terminating = true;
+    let facts = [lost(primary(0)), syncing, leaving];
+    assert_eq!(candidate(&facts, "c-0", &names()), None);
+    // Equal offsets: the lowest ordinal.
+    let facts = [replica(2, 950, false, 0), replica(1, 950, false, 0)];
+    assert_eq!(candidate(&facts, "c-0", &names()), Some("c-1".into()));
+}
+
+#[test]
+fn no_candidate_is_reported_not_guessed() {
+    let facts = [lost(primary(0)), lost(replica(1, 0, false, 0))];
+    let h = health(Verdict::Down, 0);
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        Decision::Blocked(w) if w.contains("no replica")
+    ));
+}
+
+#[test]
+fn with_failover_off_only_the_user_or_a_lossless_restart_promotes() {
+    let off = FailoverSpec {
+        enabled: false,
+        ..on()
+    };
+    let h = health(Verdict::Down, 0);
+    let facts = [lost(primary(0)), replica(1, 900, false, 0)];
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &off, &names()),
+        Decision::Blocked(w) if w.contains("spec.failover.switchoverTo")
+    ));
+    let named = FailoverSpec {
+        switchover_to: Some("c-1".into()),
+        ..off.clone()
+    };
+    assert_eq!(
+        decide(&facts, "c-0", Some(&h), &named, &names()),
+        promote("c-1", Loss::Down)
+    );
+    // The primary came back with everything it had: it is primary again.
+    let mut back = replica(0, 900, false, 0);
+    back.link_age = None;
+    let facts = [back.clone(), replica(1, 900, false, 0)];
+    assert_eq!(
+        decide(&facts, "c-0", None, &off, &names()),
+        promote("c-0", Loss::Restarted)
+    );
+    // It came back behind a replica: that would lose writes.
+    back.offset = Some(10);
+    let facts = [back, replica(1, 900, false, 0)];
+    assert!(matches!(
+        decide(&facts, "c-0", None, &off, &names()),
+        Decision::Blocked(_)
+    ));
+}
+
+#[test]
+fn a_primary_shutting_down_is_waited_for() {
+    let mut p = primary(0);
+    p.terminating = true;
+    let facts = [p, replica(1, 1000, true, 0)];
+    assert!(matches!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        Decision::Wait(w) if w.contains("shutting down")
+    ));
+}
+
+#[test]
+fn fencing_is_on_for_replication_with_replicas_only() {
+    use crate::api::v1alpha1::RedisSpec;
+    use crate::controller::redis::build::test_redis;
+    let get = |spec: RedisSpec| {
+        fencing_config(&test_redis(spec))
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let repl = RedisSpec {
+        mode: Mode::Replication,
+        ..Default::default()
+    };
+    assert_eq!(
+        get(repl.clone()),
+        "repl-ping-replica-period=1 min-replicas-max-lag=2 min-replicas-to-write=1"
+    );
+    let single = RedisSpec {
+        instances: Some(1),
+        ..repl.clone()
+    };
+    assert!(get(single).ends_with("min-replicas-to-write=0"));
+    let unfenced = RedisSpec {
+        failover: Some(FailoverSpec {
+            fence: false,
+            ..on()
+        }),
+        ..repl.clone()
+    };
+    assert!(get(unfenced).ends_with("min-replicas-to-write=0"));
+    let lag = RedisSpec {
+        failover: Some(FailoverSpec {
+            max_lag_seconds: 7,
+            ..on()
+        }),
+        ..repl
+    };
+    assert!(get(lag).contains("min-replicas-max-lag=7"));
+    assert_eq!(
+        silence_bound(&FailoverSpec::default()),
+        Duration::from_secs(5)
+    );
+}
