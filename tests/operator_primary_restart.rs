@@ -8,10 +8,11 @@
 //!   with RDB + AOF on a volume (it comes back with its files): it boots as a
 //!   replica that cannot serve a sync, the operator promotes the replica
 //!   furthest ahead, and every acknowledged write is still there;
-//! - the operator is stopped (a failpoint, exit code 86) right after it
-//!   promoted a replica and before it published it: a new operator finds the
-//!   promotion from the recorded intent (`status.targetPrimary`) and the
-//!   servers, publishes it, and the Redis is Ready again with every write.
+//! - the leader of two operators is stopped (a failpoint, exit code 86)
+//!   right after it promoted a replica and before it published it: the
+//!   standby takes the Lease, finds the promotion from the recorded intent
+//!   (`status.targetPrimary`) and the servers, publishes it, and the Redis
+//!   is Ready again with every write.
 
 mod support;
 
@@ -21,8 +22,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, container_restarts, is_ready, kill_9, recent_events,
-    redis_api, redis_password, redis_pods, server_pid, spawn_operator, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, container_restarts, is_ready, kill_9, lease_holder,
+    recent_events, redis_api, redis_password, redis_pods, server_pid, spawn_operator,
+    start_operator, wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
@@ -104,7 +106,7 @@ async fn primary_restarts_in_place(prefix: &str, spec: Value) {
         status.instances
     );
     let events = recent_events(&client, &ns.name, 40).await;
-    assert!(events.contains("PrimaryRecovered"), "{events}");
+    assert!(events.contains("FailedOver"), "{events}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +133,7 @@ async fn primary_killed_with_rdb_and_aof_on_a_volume_loses_no_acknowledged_write
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_operator() {
+async fn a_promotion_interrupted_by_the_leaders_death_is_completed_by_the_standby() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "promote-crash", &[]).await;
     let mut op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
@@ -148,12 +150,22 @@ async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_opera
     let writer = Writer::start(&client, &ns.name, "cache", &pw, "w", 1);
     writer.wait_progress(200, Duration::from_secs(60)).await;
 
-    // The next operator stops right after promoting, before publishing.
+    // Two operators sharing a Lease: the leader stops right after it
+    // promoted a replica, before publishing; the standby takes over.
     op.kill();
     let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-failpoint");
-    opts.env
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut leader = opts.clone();
+    leader
+        .env
         .push(("REDPILOT_FAILPOINTS".into(), "after-promote".into()));
-    let mut crashing = spawn_operator(&client, opts).await;
+    let mut crashing = spawn_operator(&client, leader).await;
+    wait_for("the failpoint operator to lead", READY, || async {
+        (lease_holder(&client, &opts.lease_name).await.as_deref() == Some(&crashing.opts.name))
+            .then_some(())
+    })
+    .await;
+    let standby = spawn_operator(&client, opts.named("op-standby")).await;
     kill_server(&client, &ns.name, &old, &pw).await;
     let deadline = Instant::now() + READY;
     let exit = loop {
@@ -182,7 +194,6 @@ async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_opera
     assert_ne!(target, old);
 
     let t = Instant::now();
-    let _op = spawn_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
     writer.wait_progress(200, READY).await;
     let redis = wait_for(
         "Ready with the promoted primary published",
@@ -199,7 +210,7 @@ async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_opera
     .await;
     let tally = writer.stop().await;
     println!(
-        "interrupted promotion of {target}: resumed by a new operator in {:.1}s; {} writes \
+        "interrupted promotion of {target}: completed by the standby in {:.1}s; {} writes \
          acknowledged, {} unreplicated, {} failed",
         t.elapsed().as_secs_f64(),
         tally.acked.len(),
@@ -216,4 +227,11 @@ async fn a_promotion_interrupted_before_publication_is_resumed_by_the_next_opera
         .and_then(|l| l.get("redpilot.io/role").cloned());
     assert_eq!(label.as_deref(), Some("primary"));
     assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.acked).await;
+    assert_eq!(
+        lease_holder(&client, &standby.opts.lease_name)
+            .await
+            .as_deref(),
+        Some(standby.opts.name.as_str()),
+        "the standby completed it"
+    );
 }

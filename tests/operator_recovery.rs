@@ -97,7 +97,7 @@ async fn deleted_primary_is_replaced_by_the_replica_furthest_ahead() {
         assert_eq!(i.role, want, "{:?}", status.instances);
     }
     let events = recent_events(&client, &ns.name, 30).await;
-    assert!(events.contains("PrimaryRecovered"), "{events}");
+    assert!(events.contains("FailedOver"), "{events}");
 
     // Every key is on the new primary and, via replication, on the
     // recreated pod that came back empty.

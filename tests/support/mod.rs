@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod faults;
 pub mod operator;
 pub mod writer;
 

@@ -1,0 +1,502 @@
+//! Automatic failover against the dev cluster, with real servers and
+//! clients that count what they were promised. Each fault runs under four
+//! writers of plain `SET`s and one writer that counts a write only once
+//! `WAIT 1` confirms a replica holds it, all through the read-write Service
+//! (its ready EndpointSlice endpoint, as kube-proxy routes):
+//!
+//! - the primary's server `kill -9`ed (it restarts in place, as a replica);
+//! - the primary's pod deleted;
+//! - the primary's pod cut off the node's bridge, with a client inside the
+//!   partition still writing to it.
+//!
+//! Measured per run: the time from the fault to the first write
+//! acknowledged by the new primary ("P4"), the writes lost. Asserted: no
+//! `WAIT`-acknowledged write is lost; plain writes lost were all
+//! acknowledged in the last second before the fault (they had not reached
+//! a replica); in the partition, every write the isolated primary accepted
+//! was accepted before the new primary accepted its first (no moment with
+//! two primaries taking writes), and none later than the fencing bound.
+//! A slow primary (a 3 s script, a 3 s SIGSTOP) is not failed over.
+//!
+//! `REDPILOT_FAILOVER_RUNS=N` repeats each fault N times on one Redis and
+//! prints p50/p99 (`make bench-failover`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use serde_json::json;
+use support::faults::{InsideWriter, Partition, ServiceWriter, Tally, missing, percentiles};
+use support::operator::{
+    OperatorOptions, apply_redis, connect_pod, http_get, kill_9, metric_sum, patch_redis, pod_ip,
+    recent_events, redis_api, redis_password, server_pid, start_operator, wait_ready,
+};
+use support::writer::assert_everywhere;
+use support::{TestNamespace, client, wait_for};
+
+const READY: Duration = Duration::from_secs(180);
+const WRITERS: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Kill,
+    Delete,
+    Partition,
+}
+
+/// What one run measured.
+struct Run {
+    p4: f64,
+    plain_acked: usize,
+    plain_lost: usize,
+    wait_acked: usize,
+    inside_after_fault: usize,
+}
+
+fn runs() -> usize {
+    std::env::var("REDPILOT_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+async fn primary_of(client: &kube::Client, ns: &str) -> String {
+    let r = redis_api(client, ns).get("cache").await.expect("redis");
+    r.status.and_then(|s| s.primary).expect("a primary")
+}
+
+/// Waits for the Redis to be Ready with all 3 instances and no intent left.
+async fn settled(client: &kube::Client, ns: &str) {
+    wait_for("Ready 3/3", READY, || async {
+        let r = redis_api(client, ns).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (support::operator::is_ready(&r)
+            && s.ready.as_deref() == Some("3/3")
+            && s.target_primary.is_none())
+        .then_some(())
+    })
+    .await;
+}
+
+async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usize) -> Run {
+    settled(client, ns).await;
+    let old = primary_of(client, ns).await;
+    let old_ip = pod_ip(client, ns, &old).await;
+    let svc = "cache";
+    let plain: Vec<ServiceWriter> = (0..WRITERS)
+        .map(|w| ServiceWriter::start(client, ns, svc, pw, &format!("r{n}w{w}"), 0))
+        .collect();
+    let waiting = ServiceWriter::start(client, ns, svc, pw, &format!("r{n}wait"), 1);
+    let inside = (fault == Fault::Partition)
+        .then(|| InsideWriter::start(&support::faults::pod_netns(&old_ip), pw, &format!("r{n}in")));
+    wait_for("every writer to make progress", READY, || async {
+        (plain.iter().all(|w| w.acked() >= 200) && waiting.acked() >= 100).then_some(())
+    })
+    .await;
+
+    // The fault.
+    let pid = match fault {
+        Fault::Kill => {
+            let mut node = connect_pod(client, ns, &old, pw).await.expect("connect");
+            Some(server_pid(&mut node).await)
+        }
+        _ => None,
+    };
+    let t0 = Instant::now();
+    let mut partition = None;
+    match fault {
+        Fault::Kill => kill_9(pid.expect("pid")),
+        Fault::Delete => {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+            pods.delete(&old, &DeleteParams::default())
+                .await
+                .expect("delete the primary's pod");
+        }
+        Fault::Partition => partition = Some(Partition::cut(&old_ip)),
+    }
+    let new = wait_for("another primary in the status", READY, || async {
+        let p = primary_of(client, ns).await;
+        (p != old).then_some(p)
+    })
+    .await;
+    let new_ip = pod_ip(client, ns, &new).await;
+    wait_for("writes acknowledged by the new primary", READY, || async {
+        let n = plain.iter().map(|w| w.acked()).sum::<usize>();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (plain.iter().map(|w| w.acked()).sum::<usize>() > n + 100).then_some(())
+    })
+    .await;
+    if let Some(p) = partition.as_mut() {
+        // Past the failover: the old primary comes back and must rejoin.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        p.heal();
+    }
+    settled(client, ns).await;
+    let inside = inside.map(InsideWriter::stop);
+    let mut plain_tallies = Vec::new();
+    for w in plain {
+        plain_tallies.push(w.stop().await);
+    }
+    let waited = waiting.stop().await;
+    let elapsed = t0.elapsed();
+
+    // P4: the first write the new primary acknowledged, from any writer.
+    let first = plain_tallies
+        .iter()
+        .chain([&waited])
+        .filter_map(|t| t.first_ack_at(&new_ip, t0))
+        .min()
+        .expect("the new primary acknowledged writes");
+    let p4 = first.duration_since(t0).as_secs_f64();
+
+    // Nothing confirmed by WAIT is lost, anywhere.
+    assert_everywhere(client, ns, "cache", 3, pw, &waited.keys()).await;
+    // Plain writes lost: only those acknowledged just before the fault.
+    let mut plain_lost = 0;
+    let mut plain_acked = 0;
+    for t in &plain_tallies {
+        let lost = missing(&new_ip, pw, &t.keys()).await;
+        for k in &lost {
+            let ack = t.acks.iter().find(|a| &a.key == k).expect("ack");
+            assert!(
+                ack.acked <= t0 && t0.duration_since(ack.acked) <= Duration::from_secs(1),
+                "{fault:?}: lost write {k} was acknowledged {:?} relative to the fault",
+                ack.acked.checked_duration_since(t0)
+            );
+        }
+        plain_lost += lost.len();
+        plain_acked += t.acks.len();
+    }
+    let mut inside_after_fault = 0;
+    if let Some(inside) = &inside {
+        inside_after_fault = split_brain_check(inside, &plain_tallies, &waited, &new_ip, t0);
+    }
+    let events = recent_events(client, ns, 60).await;
+    assert!(events.contains("FailedOver"), "{events}");
+    let r = redis_api(client, ns).get("cache").await.expect("redis");
+    let record = r
+        .status
+        .and_then(|s| s.last_failover)
+        .expect("lastFailover");
+    assert_eq!(
+        (record.from.as_str(), record.to.as_str()),
+        (old.as_str(), new.as_str())
+    );
+    println!(
+        "{fault:?} run {n}: primary {old} -> {new} ({}); P4 {p4:.2}s; plain writes {plain_acked} \
+         acked, {plain_lost} lost; WAIT writes {} acked, 0 lost; inside the partition {} \
+         accepted after the fault (all lost, all before the fence); run took {:.1}s",
+        record.reason,
+        waited.acks.len(),
+        inside_after_fault,
+        elapsed.as_secs_f64()
+    );
+    Run {
+        p4,
+        plain_acked,
+        plain_lost,
+        wait_acked: waited.acks.len(),
+        inside_after_fault,
+    }
+}
+
+/// Every write the isolated primary accepted was accepted before the first
+/// write the new primary accepted was sent, and within the fencing bound
+/// after the cut. Returns how many it accepted after the cut.
+fn split_brain_check(
+    inside: &Tally,
+    outside: &[Tally],
+    waited: &Tally,
+    new_ip: &str,
+    t0: Instant,
+) -> usize {
+    let after: Vec<_> = inside.acks.iter().filter(|a| a.sent >= t0).collect();
+    let last_old = after.iter().map(|a| a.acked).max();
+    let first_new = outside
+        .iter()
+        .chain([waited])
+        .flat_map(|t| t.acks.iter())
+        .filter(|a| a.ip == new_ip)
+        .map(|a| a.sent)
+        .min()
+        .expect("new primary writes");
+    if let Some(last) = last_old {
+        assert!(
+            last < first_new,
+            "split brain: the old primary accepted a write {:?} after the new one accepted its first",
+            last.duration_since(first_new)
+        );
+        // maxLagSeconds 2: the primary fences itself within 2 s + 1 s
+        // (whole-second counting) + 1 s (refresh), after the last
+        // acknowledgement, itself at most a second before the cut.
+        let fenced_after = last.duration_since(t0);
+        assert!(
+            fenced_after <= Duration::from_secs(5),
+            "the isolated primary accepted writes for {fenced_after:?} after the cut"
+        );
+        println!(
+            "partition: the isolated primary accepted its last write {:.2}s after the cut; the \
+             new primary its first {:.2}s after the cut",
+            fenced_after.as_secs_f64(),
+            first_new.duration_since(t0).as_secs_f64()
+        );
+    }
+    after.len()
+}
+
+async fn fault_runs(prefix: &str, fault: Fault) {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, prefix, &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let mut results = Vec::new();
+    for n in 0..runs() {
+        results.push(one_run(&client, &ns.name, &pw, fault, n).await);
+    }
+    let p4s: Vec<f64> = results.iter().map(|r| r.p4).collect();
+    let (p50, p99) = percentiles(&p4s);
+    let lost: usize = results.iter().map(|r| r.plain_lost).sum();
+    let acked: usize = results.iter().map(|r| r.plain_acked).sum();
+    let waited: usize = results.iter().map(|r| r.wait_acked).sum();
+    let inside: usize = results.iter().map(|r| r.inside_after_fault).sum();
+    println!(
+        "{fault:?}: {} runs; P4 p50 {p50:.2}s p99 {p99:.2}s (max {:.2}s); plain writes lost \
+         {lost} of {acked}; WAIT writes lost 0 of {waited}; accepted inside partitions {inside}",
+        results.len(),
+        p4s.iter().cloned().fold(0.0, f64::max)
+    );
+    let metrics = http_get(op.metrics_addr, "/metrics")
+        .await
+        .expect("metrics");
+    assert_eq!(
+        metric_sum(&metrics, "redpilot_failovers_total{result=\"promoted\"}"),
+        Some(results.len() as f64),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_without_losing_an_acknowledged_write() {
+    fault_runs("fo-kill", Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_primary_pod_is_replaced_without_losing_an_acknowledged_write() {
+    fault_runs("fo-delete", Fault::Delete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_primary_fences_itself_before_a_replica_takes_over() {
+    fault_runs("fo-partition", Fault::Partition).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_primary_is_not_failed_over() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fo-slow", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let primary = primary_of(&client, &ns.name).await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "slow", 0);
+    let mut node = connect_pod(&client, &ns.name, &primary, &pw)
+        .await
+        .expect("connect");
+    // A script that keeps the server busy for 3 s (under the 5 s bound).
+    let t = Instant::now();
+    let busy = r#"local t0 = redis.call('TIME') local s = tonumber(t0[1]) + tonumber(t0[2]) / 1e6
+        while true do local t = redis.call('TIME')
+          if tonumber(t[1]) + tonumber(t[2]) / 1e6 - s > 3 then break end end return 1"#;
+    let _: i64 = node
+        .query_within(
+            "EVAL",
+            redis::cmd("EVAL").arg(busy).arg(0),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("a 3 s script");
+    println!(
+        "busy script held the primary for {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    // A stopped process (a CPU stall): 3 s.
+    let pid = server_pid(&mut node).await;
+    let stop = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    stop("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop("-CONT");
+    // Well past the bound: still the same primary, and no failover.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let before = writer.acked();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(writer.acked() > before, "writes flow again");
+    let tally = writer.stop().await;
+    assert_eq!(primary_of(&client, &ns.name).await, primary);
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("redis");
+    assert!(r.status.and_then(|s| s.last_failover).is_none());
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(!events.contains("FailedOver"), "{events}");
+    let metrics = http_get(op.metrics_addr, "/metrics")
+        .await
+        .expect("metrics");
+    assert_eq!(
+        metric_sum(&metrics, "redpilot_failovers_total").unwrap_or(0.0),
+        0.0
+    );
+    println!(
+        "slow primary: kept through a 3 s script and a 3 s SIGSTOP; {} writes acked, {} failed",
+        tally.acks.len(),
+        tally.failed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_failover_off_the_user_promotes_and_switchovers_lose_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fo-manual", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false},
+               "failover": {"enabled": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+
+    // A planned switchover on request: zero loss under a WAIT writer.
+    let old = primary_of(&client, &ns.name).await;
+    let target = if old == "cache-2" {
+        "cache-1"
+    } else {
+        "cache-2"
+    };
+    let waiting = ServiceWriter::start(&client, &ns.name, "cache", &pw, "sw", 1);
+    wait_for("writes", READY, || async {
+        (waiting.acked() > 100).then_some(())
+    })
+    .await;
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"failover": {"enabled": false, "switchoverTo": target}}}),
+    )
+    .await;
+    wait_for("the requested switchover", READY, || async {
+        (primary_of(&client, &ns.name).await == target).then_some(())
+    })
+    .await;
+    settled(&client, &ns.name).await;
+    let before = waiting.acked();
+    wait_for("writes to the new primary", READY, || async {
+        (waiting.acked() > before + 100).then_some(())
+    })
+    .await;
+    let tally = waiting.stop().await;
+    assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.keys()).await;
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("SwitchedOver"), "{events}");
+
+    // The primary killed with failover off: nothing is promoted; the status
+    // says why and what to do.
+    let mut node = connect_pod(&client, &ns.name, target, &pw)
+        .await
+        .expect("connect");
+    kill_9(server_pid(&mut node).await);
+    let r = wait_for("Degraded: primary lost", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let c = r
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")?
+            .clone();
+        (c.reason == "PrimaryLost").then_some(c)
+    })
+    .await;
+    assert!(
+        r.message.contains("spec.failover.switchoverTo"),
+        "{}",
+        r.message
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        primary_of(&client, &ns.name).await,
+        target,
+        "nothing promoted"
+    );
+    // The user names the instance to promote.
+    let chosen = if target == "cache-1" {
+        "cache-2"
+    } else {
+        "cache-1"
+    };
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"failover": {"enabled": false, "switchoverTo": chosen}}}),
+    )
+    .await;
+    wait_for("the named instance promoted", READY, || async {
+        (primary_of(&client, &ns.name).await == chosen).then_some(())
+    })
+    .await;
+    settled(&client, &ns.name).await;
+
+    // A name that is not an instance is refused with the field named.
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"failover": {"switchoverTo": "cache-9"}}}),
+    )
+    .await;
+    let c = wait_for("Degraded: bad switchover target", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        r.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.reason == "InvalidSwitchoverTarget")
+            .cloned()
+    })
+    .await;
+    assert!(
+        c.message.contains("spec.failover.switchoverTo: cache-9"),
+        "{}",
+        c.message
+    );
+}

@@ -1,0 +1,332 @@
+//! Faults for failover tests, and clients that see them as applications do:
+//! - [`ServiceWriter`]: writes through the read-write Service the way a
+//!   client behind kube-proxy does (to the ready endpoint of its
+//!   EndpointSlice, re-resolved on every reconnect), and records when each
+//!   write was sent and acknowledged, and by which address;
+//! - [`InsideWriter`]: a client inside a pod's network namespace, writing to
+//!   the server on 127.0.0.1 (it keeps writing when the pod is cut off);
+//! - [`Partition`]: cuts a pod off the node's bridge (its host-side veth
+//!   down) and heals it when dropped.
+
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+
+/// One acknowledged write.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    /// The key written.
+    pub key: String,
+    /// The server's address.
+    pub ip: String,
+    /// When the write was sent.
+    pub sent: Instant,
+    /// When its acknowledgement arrived.
+    pub acked: Instant,
+}
+
+/// What a writer saw.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// Acknowledged writes (OK, and for a `WAIT` writer held by a replica).
+    pub acks: Vec<Ack>,
+    /// Answered OK but not confirmed by `WAIT` (no promise made).
+    pub unreplicated: u64,
+    /// Refused or failed.
+    pub failed: u64,
+}
+
+impl Tally {
+    /// The first write acknowledged by `ip` that was sent at or after `t`.
+    pub fn first_ack_at(&self, ip: &str, t: Instant) -> Option<Instant> {
+        self.acks
+            .iter()
+            .filter(|a| a.ip == ip && a.sent >= t)
+            .map(|a| a.acked)
+            .min()
+    }
+
+    /// Keys acknowledged.
+    pub fn keys(&self) -> Vec<String> {
+        self.acks.iter().map(|a| a.key.clone()).collect()
+    }
+}
+
+/// A writer through the read-write Service.
+pub struct ServiceWriter {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceWriter {
+    /// Writes `prefix:N` through Service `svc` in `ns`; with `wait` > 0 a
+    /// write counts only once `WAIT wait 500` confirms it.
+    pub fn start(client: &Client, ns: &str, svc: &str, pw: &str, prefix: &str, wait: i64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        let (svc, pw, prefix) = (svc.to_string(), pw.to_string(), prefix.to_string());
+        let (s, t) = (stop.clone(), tally.clone());
+        let task = tokio::spawn(async move {
+            let opts = ConnectOptions::default()
+                .with_password(pw)
+                .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+            let mut i = 0u64;
+            let mut conn: Option<(Node, String)> = None;
+            while !s.load(Ordering::SeqCst) {
+                let Some((node, ip)) = conn.as_mut() else {
+                    if let Some(ip) = ready_endpoint(&slices, &svc).await
+                        && let Ok(n) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await
+                    {
+                        conn = Some((n, ip));
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    continue;
+                };
+                i += 1;
+                let key = format!("{prefix}:{i}");
+                let sent = Instant::now();
+                let set: redpilot::redis::Result<redis::Value> =
+                    node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+                if set.is_err() {
+                    if let Ok(mut t) = t.lock() {
+                        t.failed += 1;
+                    }
+                    conn = None;
+                    continue;
+                }
+                let confirmed = if wait == 0 {
+                    true
+                } else {
+                    matches!(
+                        node.query::<i64>("WAIT", redis::cmd("WAIT").arg(wait).arg(500)).await,
+                        Ok(n) if n >= wait
+                    )
+                };
+                let acked = Instant::now();
+                let Ok(mut tl) = t.lock() else { return };
+                if confirmed {
+                    tl.acks.push(Ack {
+                        key,
+                        ip: ip.clone(),
+                        sent,
+                        acked,
+                    });
+                } else {
+                    tl.unreplicated += 1;
+                }
+            }
+        });
+        ServiceWriter { stop, tally, task }
+    }
+
+    /// Acknowledged writes so far.
+    pub fn acked(&self) -> usize {
+        self.tally.lock().map(|t| t.acks.len()).unwrap_or(0)
+    }
+
+    /// Stops it and returns what it saw.
+    pub async fn stop(self) -> Tally {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        self.tally.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// The address of a ready endpoint of Service `svc`.
+pub async fn ready_endpoint(slices: &Api<EndpointSlice>, svc: &str) -> Option<String> {
+    let list = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={svc}")))
+        .await
+        .ok()?;
+    list.items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .find_map(|e| e.addresses.first().cloned())
+}
+
+fn ip_cmd(args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running ip {args:?}: {e} (install iproute2)"));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The network namespace of the pod with address `ip` (the local node's).
+pub fn pod_netns(ip: &str) -> String {
+    for line in ip_cmd(&["netns", "list"]).lines() {
+        let Some(ns) = line.split_whitespace().next() else {
+            continue;
+        };
+        let addrs = Command::new("ip")
+            .args(["netns", "exec", ns, "ip", "-o", "-4", "addr", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if addrs.contains(&format!("inet {ip}/")) {
+            return ns.to_string();
+        }
+    }
+    panic!("no network namespace holds {ip}");
+}
+
+/// A pod cut off the node's bridge; healed when dropped.
+pub struct Partition {
+    veth: String,
+    healed: bool,
+}
+
+impl Partition {
+    /// Cuts the pod with address `ip` off: its host-side veth goes down, so
+    /// packets to and from it are dropped (no reset: peers time out).
+    pub fn cut(ip: &str) -> Partition {
+        let ns = pod_netns(ip);
+        let iflink = Command::new("ip")
+            .args(["netns", "exec", &ns, "cat", "/sys/class/net/eth0/iflink"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let veth = ip_cmd(&["-o", "link"])
+            .lines()
+            .find_map(|l| {
+                let (idx, rest) = l.split_once(": ")?;
+                (idx == iflink).then(|| rest.split(['@', ':']).next().map(str::to_string))?
+            })
+            .unwrap_or_else(|| panic!("no host veth with index {iflink:?} for {ip}"));
+        ip_cmd(&["link", "set", "dev", &veth, "down"]);
+        Partition {
+            veth,
+            healed: false,
+        }
+    }
+
+    /// Brings the pod back.
+    pub fn heal(&mut self) {
+        if !self.healed {
+            ip_cmd(&["link", "set", "dev", &self.veth, "up"]);
+            self.healed = true;
+        }
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        if !self.healed {
+            let _ = Command::new("ip")
+                .args(["link", "set", "dev", &self.veth, "up"])
+                .status();
+        }
+    }
+}
+
+/// A writer inside a pod's network namespace, writing to 127.0.0.1.
+pub struct InsideWriter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Tally>,
+}
+
+impl InsideWriter {
+    /// Writes `prefix:N` to the server of the pod whose namespace is `netns`.
+    pub fn start(netns: &str, pw: &str, prefix: &str) -> InsideWriter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, netns, pw, prefix) = (
+            stop.clone(),
+            netns.to_string(),
+            pw.to_string(),
+            prefix.to_string(),
+        );
+        let thread = std::thread::spawn(move || {
+            let f = std::fs::File::open(format!("/var/run/netns/{netns}"))
+                .unwrap_or_else(|e| panic!("opening netns {netns}: {e}"));
+            rustix::thread::move_into_link_name_space(
+                f.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap_or_else(|e| panic!("entering netns {netns}: {e}"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let opts = ConnectOptions::default()
+                    .with_password(pw)
+                    .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+                let ep = Endpoint::new("127.0.0.1", 6379);
+                let mut tally = Tally::default();
+                let mut conn: Option<Node> = None;
+                let mut i = 0u64;
+                while !s.load(Ordering::SeqCst) {
+                    let Some(node) = conn.as_mut() else {
+                        conn = Node::connect(&ep, &opts).await.ok();
+                        if conn.is_none() {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        continue;
+                    };
+                    i += 1;
+                    let key = format!("{prefix}:{i}");
+                    let sent = Instant::now();
+                    let set: redpilot::redis::Result<redis::Value> =
+                        node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+                    match set {
+                        Ok(_) => tally.acks.push(Ack {
+                            key,
+                            ip: "127.0.0.1".into(),
+                            sent,
+                            acked: Instant::now(),
+                        }),
+                        Err(_) => {
+                            tally.failed += 1;
+                            // Refused writes (the primary fenced itself)
+                            // keep the connection; pace the retries.
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+                tally
+            })
+        });
+        InsideWriter { stop, thread }
+    }
+
+    /// Stops it and returns what it saw.
+    pub fn stop(self) -> Tally {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The keys of `keys` missing on the server at `ip`.
+pub async fn missing(ip: &str, pw: &str, keys: &[String]) -> Vec<String> {
+    super::writer::missing_keys(ip, pw, keys).await
+}
+
+/// p50 and p99 (nearest rank) of `xs`, in seconds.
+pub fn percentiles(xs: &[f64]) -> (f64, f64) {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| {
+        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+        v[i]
+    };
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    (at(0.5), at(0.99))
+}
