@@ -232,7 +232,18 @@ impl Reconciler {
             previous_primary.as_deref(),
             target.as_deref(),
             &self.names,
-        );
+        )
+        // In Replication mode every instance boots as a replica: a primary
+        // is adopted only once a server answers as one (or it is the one on
+        // record). Recording an instance that never served would make its
+        // first start look like a lost primary.
+        .filter(|p| {
+            self.redis.spec.mode != Mode::Replication
+                || previous_primary.as_deref() == Some(p.as_str())
+                || facts
+                    .iter()
+                    .any(|f| f.name == *p && f.reachable && f.role == Some(observe::Role::Primary))
+        });
 
         if paused {
             self.progressing
