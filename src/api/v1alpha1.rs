@@ -73,6 +73,7 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
     "min-slaves-max-lag",
     "repl-ping-replica-period",
     "repl-ping-slave-period",
+    "repl-timeout",
 ];
 
 /// CEL: the value is a DNS subdomain, the format of most object names.
@@ -360,17 +361,17 @@ pub struct FailoverSpec {
     pub enabled: bool,
     /// The primary stops accepting writes by itself once no replica has
     /// acknowledged the replication stream for `maxLagSeconds` (the
-    /// server's `min-replicas-to-write 1` and `min-replicas-max-lag`), so a
-    /// primary cut off from its replicas cannot take writes that a failover
-    /// would throw away. An unanswering primary is replaced only after it
-    /// must have fenced itself: `maxLagSeconds + 3` seconds of silence.
-    /// Default true; with one replica, writes wait while that replica is
-    /// down.
+    /// server's `min-replicas-to-write 1` and `min-replicas-max-lag`; it
+    /// also drops such replicas, `repl-timeout`), so a primary cut off from
+    /// its replicas cannot take writes that a failover would throw away. An
+    /// unanswering primary is replaced only after it must have fenced
+    /// itself: `maxLagSeconds + 3` seconds of silence. Default true; with
+    /// one replica, writes wait while that replica is down.
     #[serde(default = "default_true")]
     pub fence: bool,
-    /// See `fence` (default 2, 1 to 60 seconds).
+    /// See `fence` (default 2, 2 to 60 seconds).
     #[serde(default = "default_max_lag")]
-    #[schemars(range(min = 1, max = 60))]
+    #[schemars(range(min = 2, max = 60))]
     pub max_lag_seconds: i32,
     /// An instance (pod name, e.g. `cache-1`) to make primary: a planned
     /// switchover that loses no acknowledged write, done whenever the
@@ -475,7 +476,8 @@ pub struct RedisStatus {
     /// Human summary: Pending, Creating, Ready, Degraded, Paused, Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
-    /// Ready, Progressing and Degraded, with transition times preserved.
+    /// Ready, Progressing, Degraded and PrimaryAvailable, with transition
+    /// times preserved.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Pod name of the current primary.

@@ -9,12 +9,11 @@
 //!   pod was deleted or re-created): it is replaced at once;
 //! - it is **silent**: replaced only once it has been silent for
 //!   `maxLagSeconds + 3` s. By then a primary that is alive but cut off has
-//!   fenced itself: with `min-replicas-to-write 1` and
-//!   `min-replicas-max-lag` (set live by [`fencing_config`]) it refuses
-//!   writes once no replica acknowledged for `maxLagSeconds` (the server
-//!   counts whole seconds and refreshes once a second, hence the 2 s
-//!   margin; a third covers the probe interval). A primary that is merely
-//!   slow for less than that is left alone;
+//!   fenced itself ([`fencing_config`]): it refuses writes and has dropped
+//!   its replicas once none acknowledged for `maxLagSeconds` (the server
+//!   counts whole seconds and checks once a second, hence 2 s of margin; a
+//!   third covers the probe interval). A primary that is merely slow for
+//!   less than that is left alone;
 //! - never while a replica still hears from it (a link up with recent
 //!   traffic): then only the operator is cut off, not the clients.
 //!
@@ -47,14 +46,26 @@ const RECENCY_SLACK_SECS: i64 = 2;
 
 /// How long a primary may be silent before it is replaced.
 pub fn silence_bound(spec: &FailoverSpec) -> Duration {
-    Duration::from_secs(spec.max_lag_seconds.clamp(1, 60) as u64 + 3)
+    Duration::from_secs(spec.max_lag_seconds.clamp(2, 60) as u64 + 3)
 }
 
 /// The parameters the operator keeps on every instance (live, with
-/// `CONFIG SET`): the primary fences itself when no replica acknowledges,
-/// and pings its replicas every second so they can tell a live link from a
-/// dead one. Off (`min-replicas-to-write 0`) for a single instance, with
-/// failover disabled, or with `fence: false`.
+/// `CONFIG SET`). The primary pings its replicas every second, so they can
+/// tell a live link from a dead one. With fencing on, a primary that hears
+/// from no replica for `maxLagSeconds`:
+/// - refuses writes (`min-replicas-to-write 1`, `min-replicas-max-lag`);
+/// - drops its replicas' connections (`repl-timeout`). This matters when a
+///   partition heals: the replicas' acknowledgements queued in the network
+///   during the partition would otherwise reach it, count as live replicas
+///   and let it take writes again for a moment, beside the new primary.
+///   Dropped by then, those connections are refused, not counted.
+///
+/// Both happen within `maxLagSeconds + 2` s of the last acknowledgement (the
+/// server counts whole seconds and checks once a second), before a silent
+/// primary is replaced ([`silence_bound`]). Replicas loading a large
+/// dataset keep the connection alive (they send newlines while loading).
+/// Off (`min-replicas-to-write 0`, `repl-timeout 60`, the default) for a
+/// single instance, with failover disabled, or with `fence: false`.
 pub fn fencing_config(redis: &Redis) -> Vec<(&'static str, String)> {
     let f = redis.spec.failover();
     let on = redis.spec.mode == Mode::Replication
@@ -63,9 +74,12 @@ pub fn fencing_config(redis: &Redis) -> Vec<(&'static str, String)> {
         && f.fence;
     let mut out = vec![("repl-ping-replica-period", "1".to_string())];
     if on {
-        out.push(("min-replicas-max-lag", f.max_lag_seconds.to_string()));
+        let lag = f.max_lag_seconds.clamp(2, 60).to_string();
+        out.push(("min-replicas-max-lag", lag.clone()));
+        out.push(("repl-timeout", lag));
         out.push(("min-replicas-to-write", "1".to_string()));
     } else {
+        out.push(("repl-timeout", "60".to_string()));
         out.push(("min-replicas-to-write", "0".to_string()));
     }
     out
@@ -387,67 +401,6 @@ impl Reconciler {
         .await;
         self.progressing
             .push(format!("failed over from {old} to {to}"));
-    }
-
-    /// The switchover `spec.failover.switchoverTo` asks for (zero loss),
-    /// once the named instance is a ready replica with a live link. True
-    /// when the primary moved.
-    pub(super) async fn requested_switchover(
-        &mut self,
-        facts: &[PodFacts],
-        primary: &str,
-        opts: &ConnectOptions,
-    ) -> bool {
-        let Some(to) = self.redis.spec.failover().switchover_to else {
-            return false;
-        };
-        if to == primary {
-            return false;
-        }
-        let desired = self.redis.spec.desired_instances();
-        if !ordinal(&to, &self.names).is_some_and(|o| (0..desired).contains(&o)) {
-            let msg = format!(
-                "spec.failover.switchoverTo: {to} is not an instance of this Redis \
-                 ({} to {})",
-                self.names.pod(0),
-                self.names.pod(desired - 1)
-            );
-            self.report_failure("InvalidSwitchoverTarget", "Switchover", "spec", msg)
-                .await;
-            return false;
-        }
-        let ready = facts.iter().any(|f| {
-            f.name == to
-                && f.ready
-                && f.reachable
-                && !f.terminating
-                && f.role == Some(Role::Replica)
-                && f.link_up == Some(true)
-        });
-        if !ready {
-            self.progressing.push(format!(
-                "switchover to {to} (spec.failover.switchoverTo) waits for it to be a ready \
-                 replica with a live link"
-            ));
-            return false;
-        }
-        if !self
-            .switchover(
-                facts,
-                primary,
-                &to,
-                opts,
-                "requested in spec.failover.switchoverTo",
-            )
-            .await
-        {
-            return false;
-        }
-        if let Err(e) = self.publish_primary(facts, &to).await {
-            self.progressing
-                .push(format!("recording new primary {to}: {e}"));
-        }
-        true
     }
 
     fn count_failover(&self, result: &str) {

@@ -45,7 +45,7 @@ pub fn stuck_backoff(n: u32) -> Duration {
 /// One condition as the reconciler sees it, before times are attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cond {
-    /// `Ready`, `Progressing` or `Degraded`.
+    /// `Ready`, `Progressing`, `Degraded` or `PrimaryAvailable`.
     pub type_: &'static str,
     /// True or false.
     pub status: bool,
@@ -99,6 +99,53 @@ pub fn merge(
             }
         })
         .collect()
+}
+
+/// `PrimaryAvailable`: whether the primary accepts writes, and, after a
+/// failover to it, what happened, when, and the offsets involved.
+fn primary_condition(
+    facts: &[PodFacts],
+    primary: Option<&str>,
+    last: Option<&crate::api::v1alpha1::FailoverRecord>,
+) -> Cond {
+    let Some(p) = primary else {
+        return Cond::new("PrimaryAvailable", false, "NoPrimary", "no primary yet");
+    };
+    let serving = facts
+        .iter()
+        .any(|f| f.name == p && f.reachable && f.role == Some(Role::Primary));
+    if !serving {
+        return Cond::new(
+            "PrimaryAvailable",
+            false,
+            "PrimaryNotServing",
+            format!("primary {p} does not answer as primary"),
+        );
+    }
+    match last.filter(|l| l.to == p) {
+        Some(l) => {
+            let others = if l.candidates.is_empty() {
+                String::new()
+            } else {
+                format!("; other instances then: {}", l.candidates.join(", "))
+            };
+            Cond::new(
+                "PrimaryAvailable",
+                true,
+                "FailedOver",
+                format!(
+                    "{p} was promoted at {} when {} was lost ({}), at replication offset {}{others}",
+                    l.time, l.from, l.reason, l.offset
+                ),
+            )
+        }
+        None => Cond::new(
+            "PrimaryAvailable",
+            true,
+            "PrimaryServing",
+            format!("{p} accepts writes"),
+        ),
+    }
 }
 
 impl Reconciler {
@@ -206,6 +253,11 @@ impl Reconciler {
         });
 
         let old = self.redis.status.clone().unwrap_or_default();
+        conds.push(primary_condition(
+            facts,
+            primary,
+            old.last_failover.as_ref(),
+        ));
         let phase = if paused {
             Phase::Paused
         } else if degraded {

@@ -273,7 +273,7 @@ fn fencing_is_on_for_replication_with_replicas_only() {
     };
     assert_eq!(
         get(repl.clone()),
-        "repl-ping-replica-period=1 min-replicas-max-lag=2 min-replicas-to-write=1"
+        "repl-ping-replica-period=1 min-replicas-max-lag=2 repl-timeout=2 min-replicas-to-write=1"
     );
     let single = RedisSpec {
         instances: Some(1),
@@ -295,7 +295,7 @@ fn fencing_is_on_for_replication_with_replicas_only() {
         }),
         ..repl
     };
-    assert!(get(lag).contains("min-replicas-max-lag=7"));
+    assert!(get(lag).contains("min-replicas-max-lag=7 repl-timeout=7"));
     assert_eq!(
         silence_bound(&FailoverSpec::default()),
         Duration::from_secs(5)
