@@ -94,7 +94,7 @@ async fn acl(node: &mut Node, modifier: String) -> crate::redis::Result<()> {
     Ok(())
 }
 
-async fn set_masterauth(node: &mut Node, password: &str) -> crate::redis::Result<()> {
+pub(super) async fn set_masterauth(node: &mut Node, password: &str) -> crate::redis::Result<()> {
     let _: redis::Value = node
         .query(
             "CONFIG SET",

@@ -13,6 +13,10 @@ use super::{Error, Reconciler, plan};
 use crate::controller::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint};
 
+/// A replica following the primary whose link has been down this long is
+/// repaired (the server itself retries every second).
+pub const STUCK_LINK_SECS: i64 = 10;
+
 impl Reconciler {
     pub(super) async fn wire(&mut self, facts: &[PodFacts], primary: &str, opts: &ConnectOptions) {
         let Some(pf) = facts.iter().find(|f| f.name == primary) else {
@@ -57,10 +61,19 @@ impl Reconciler {
             let Some(ip) = &f.ip else { continue };
             let follows =
                 f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
+            let ep = Endpoint::new(ip, build::REDIS_PORT);
             if follows {
+                // The server retries a broken link every second; one still
+                // down after STUCK_LINK_SECS is repaired.
+                if f.link_up == Some(false)
+                    && !f.syncing
+                    && f.link_age.is_some_and(|a| a >= STUCK_LINK_SECS)
+                {
+                    self.repair_link(f, &ep, primary, opts).await;
+                }
                 continue;
             }
-            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            self.note_diverged(f, primary).await;
             match crate::redis::actions::make_replica_of(&ep, &pep, opts).await {
                 Ok(()) => {
                     self.event(
@@ -79,6 +92,87 @@ impl Reconciler {
                 }
             }
         }
+    }
+
+    /// A replica whose link stays down: its credentials for the primary are
+    /// set again (`masterauth`, in case they were changed on the server)
+    /// and its connection to the primary is dropped, so it reconnects now.
+    async fn repair_link(
+        &mut self,
+        f: &PodFacts,
+        ep: &Endpoint,
+        primary: &str,
+        opts: &ConnectOptions,
+    ) {
+        let result = async {
+            let mut node = crate::redis::Node::connect(ep, opts).await?;
+            if let Some(pw) = &opts.password {
+                super::credentials::set_masterauth(&mut node, pw.expose()).await?;
+            }
+            // No connection to kill is fine: the link is down anyway.
+            let _: crate::redis::Result<redis::Value> = node
+                .query(
+                    "CLIENT KILL",
+                    redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("master"),
+                )
+                .await;
+            Ok::<(), crate::redis::Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let down = f.link_age.unwrap_or(0);
+                self.event(
+                    EventType::Warning,
+                    "ReplicaLinkRepaired",
+                    "Replicate",
+                    format!(
+                        "{}'s link to primary {primary} was down for {down}s; its credentials \
+                         were set again and it reconnects",
+                        f.name
+                    ),
+                )
+                .await;
+                self.progressing
+                    .push(format!("{} is reconnecting to {primary}", f.name));
+            }
+            Err(e) => {
+                self.data_plane_failed(format!("repairing the link of {}", f.name), &e)
+                    .await
+            }
+        }
+    }
+
+    /// A former primary that comes back after a failover with writes past
+    /// the point its successor was promoted at: those writes are discarded
+    /// by the resync it is about to do. Said in an event, with the amount.
+    async fn note_diverged(&mut self, f: &PodFacts, primary: &str) {
+        let Some(last) = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.last_failover.clone())
+        else {
+            return;
+        };
+        if f.role != Some(Role::Primary) || last.from != f.name || last.to != primary {
+            return;
+        }
+        let Some(extra) = f.offset.map(|o| o - last.offset).filter(|b| *b > 0) else {
+            return;
+        };
+        self.event(
+            EventType::Warning,
+            "DivergedWritesDiscarded",
+            "Replicate",
+            format!(
+                "{} rejoins as a replica of {primary}; it holds {extra} bytes of replication \
+                 stream past offset {} where {primary} was promoted (writes it accepted that \
+                 never reached a replica); the resync discards them",
+                f.name, last.offset
+            ),
+        )
+        .await;
     }
 
     /// Before a scale-down that would remove the primary, switch over to the
