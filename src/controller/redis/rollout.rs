@@ -1,6 +1,7 @@
 //! Rollout: pods running an outdated template restart one at a time,
 //! replicas first (highest ordinal first), then the primary after a
-//! switchover to an up-to-date replica that loses no acknowledged write.
+//! switchover to an up-to-date replica that loses no acknowledged write;
+//! and the switchover a user asks for (`spec.failover.switchoverTo`).
 //! Level 2 version upgrades and their rollback build here.
 
 use k8s_openapi::api::core::v1::Pod;
@@ -8,7 +9,7 @@ use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 
 use super::build;
-use super::observe::PodFacts;
+use super::observe::{PodFacts, Role, ordinal};
 use super::{Error, Reconciler, plan};
 use crate::redis::{ConnectOptions, Endpoint};
 
@@ -169,5 +170,66 @@ impl Reconciler {
                 false
             }
         }
+    }
+
+    /// The switchover `spec.failover.switchoverTo` asks for (zero loss),
+    /// once the named instance is a ready replica with a live link. True
+    /// when the primary moved.
+    pub(super) async fn requested_switchover(
+        &mut self,
+        facts: &[PodFacts],
+        primary: &str,
+        opts: &ConnectOptions,
+    ) -> bool {
+        let Some(to) = self.redis.spec.failover().switchover_to else {
+            return false;
+        };
+        if to == primary {
+            return false;
+        }
+        let desired = self.redis.spec.desired_instances();
+        if !ordinal(&to, &self.names).is_some_and(|o| (0..desired).contains(&o)) {
+            let msg = format!(
+                "spec.failover.switchoverTo: {to} is not an instance of this Redis \
+                 ({} to {})",
+                self.names.pod(0),
+                self.names.pod(desired - 1)
+            );
+            self.report_failure("InvalidSwitchoverTarget", "Switchover", "spec", msg)
+                .await;
+            return false;
+        }
+        let ready = facts.iter().any(|f| {
+            f.name == to
+                && f.ready
+                && f.reachable
+                && !f.terminating
+                && f.role == Some(Role::Replica)
+                && f.link_up == Some(true)
+        });
+        if !ready {
+            self.progressing.push(format!(
+                "switchover to {to} (spec.failover.switchoverTo) waits for it to be a ready \
+                 replica with a live link"
+            ));
+            return false;
+        }
+        if !self
+            .switchover(
+                facts,
+                primary,
+                &to,
+                opts,
+                "requested in spec.failover.switchoverTo",
+            )
+            .await
+        {
+            return false;
+        }
+        if let Err(e) = self.publish_primary(facts, &to).await {
+            self.progressing
+                .push(format!("recording new primary {to}: {e}"));
+        }
+        true
     }
 }
