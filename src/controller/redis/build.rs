@@ -251,8 +251,11 @@ pub fn server_auth_secret(
     }
 }
 
-/// The ConfigMap: redis.conf and the current primary.
+/// The ConfigMap: redis.conf and the current primary. A Standalone
+/// publishes none: its one instance follows nobody, and a restarted pod
+/// with a new address must not boot as a replica of its old one.
 pub fn config_map(redis: &Redis, names: &Names, primary: Option<&str>) -> ConfigMap {
+    let primary = primary.filter(|_| redis.spec.mode == crate::api::v1alpha1::Mode::Replication);
     let mut data = BTreeMap::from([(CONFIG_KEY.to_string(), super::config::redis_conf(redis))]);
     data.insert(
         PRIMARY_KEY.to_string(),
@@ -360,7 +363,10 @@ mod tests {
 
     #[test]
     fn hash_changes_with_content_and_is_stable() {
-        let r = redis(RedisSpec::default());
+        let r = redis(RedisSpec {
+            mode: crate::api::v1alpha1::Mode::Replication,
+            ..Default::default()
+        });
         let names = Names::new("cache");
         let a = config_map(&r, &names, Some("10.0.0.1"));
         let b = config_map(&r, &names, Some("10.0.0.1"));
@@ -379,6 +385,27 @@ mod tests {
         let b = generate_password().expect("random");
         assert_eq!(a.len(), 64);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn only_replication_publishes_a_primary() {
+        let primary = |mode| {
+            let r = test_redis(crate::api::v1alpha1::RedisSpec {
+                mode,
+                ..Default::default()
+            });
+            config_map(&r, &Names::new("c"), Some("10.0.0.7"))
+                .data
+                .and_then(|d| d.get(PRIMARY_KEY).cloned())
+        };
+        assert_eq!(
+            primary(crate::api::v1alpha1::Mode::Replication).as_deref(),
+            Some("10.0.0.7 6379")
+        );
+        assert_eq!(
+            primary(crate::api::v1alpha1::Mode::Standalone).as_deref(),
+            Some("")
+        );
     }
 
     #[test]
