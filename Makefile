@@ -21,7 +21,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down test integration bench run run-stop version clean help
+	cluster-up cluster-down test integration bench bench-failover run run-stop version clean help
 
 all: build
 
@@ -79,6 +79,16 @@ test: lint unit tools cluster-up
 BENCH_PROFILE ?= release
 bench: cluster-up
 	$(CARGO) bench --profile $(BENCH_PROFILE) --bench scale
+
+# Failover measurements (tests/operator_failover.rs, tests/monitor_cost.rs):
+# FAILOVER_RUNS runs of each fault (kill -9, pod deletion, partition) under
+# counted writers, printing P4 p50/p99 and the writes lost; and the cost of
+# failure detection with 1,000 watched primaries. `make test` runs one of each.
+FAILOVER_RUNS ?= 20
+bench-failover: engines cluster-up
+	REDPILOT_FAILOVER_RUNS=$(FAILOVER_RUNS) $(CARGO) test --test operator_failover -- \
+		--nocapture --test-threads=1 killed deleted partitioned
+	REDPILOT_MONITOR_TARGETS=1000 $(CARGO) test --test monitor_cost -- --nocapture
 
 run: tools-cluster engines
 	bash dev/run.sh

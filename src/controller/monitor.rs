@@ -40,6 +40,8 @@ pub struct Target {
     pub pod: String,
     /// Its address.
     pub ip: String,
+    /// Its port.
+    pub port: u16,
     /// Silence after which a reconcile is asked for again.
     pub silence: Duration,
     /// The password (never logged; compared to notice a rotation).
@@ -188,7 +190,7 @@ async fn probe_loop(
     shared: Arc<Mutex<Shared>>,
     trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
 ) {
-    let endpoint = Endpoint::new(&target.ip, crate::controller::redis::build::REDIS_PORT);
+    let endpoint = Endpoint::new(&target.ip, target.port);
     let opts = ConnectOptions::default()
         .with_password(target.password.clone())
         .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);

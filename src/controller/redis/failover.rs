@@ -285,6 +285,7 @@ impl Reconciler {
             Target {
                 pod: p.to_string(),
                 ip,
+                port: build::REDIS_PORT,
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
             },

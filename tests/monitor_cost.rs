@@ -1,0 +1,152 @@
+//! What failure detection costs the operator per Redis, and that it stays
+//! flat as the number of Redis grows: the primary monitor is pointed at
+//! real servers (one local server standing in for many primaries, each
+//! target its own connection) with few and with many targets, and the
+//! server counts connections and commands while the process counts its
+//! CPU time. `REDPILOT_MONITOR_TARGETS` sets the larger count (default
+//! 300; `make bench-failover` uses 1,000).
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::ObjectRef;
+use redis_server::{Engine, RedisServer, ServerConfig};
+use redpilot::api::v1alpha1::Redis;
+use redpilot::controller::monitor::{Monitor, Target, Verdict};
+use redpilot::redis::{ConnectOptions, Node};
+
+/// CPU time (user + system) of this process.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which may hold spaces): utime is the
+    // 12th and stime the 13th of them.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // Clock ticks are 100 per second on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+async fn stats(node: &mut Node) -> (u64, u64) {
+    let info: String = node
+        .query("INFO", redis::cmd("INFO").arg("all"))
+        .await
+        .expect("INFO");
+    let get = |k: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}:")))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{k} in INFO"))
+    };
+    (get("connected_clients"), get("total_commands_processed"))
+}
+
+struct Cost {
+    targets: usize,
+    connections: u64,
+    probes_per_s: f64,
+    cpu_ms_per_s: f64,
+}
+
+async fn measure(server: &RedisServer, n: usize) -> Cost {
+    let opts = ConnectOptions::default().with_password("pw");
+    let mut admin = Node::connect(&server.endpoint(), &opts)
+        .await
+        .expect("connect");
+    // Connections of an earlier round are gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stats(&mut admin).await.0 > 1 {
+        assert!(Instant::now() < deadline, "earlier probes still connected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (monitor, _triggers) = Monitor::new();
+    let refs: Vec<ObjectRef<Redis>> = (0..n)
+        .map(|i| ObjectRef::new(&format!("redis-{i}")).within("cost"))
+        .collect();
+    for r in &refs {
+        monitor.watch(
+            r,
+            Target {
+                pod: "primary".into(),
+                ip: "127.0.0.1".into(),
+                port: server.port(),
+                silence: Duration::from_secs(5),
+                password: "pw".into(),
+            },
+        );
+    }
+    // Every probe connected and answered.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stats(&mut admin).await.0 < n as u64 + 1 {
+        assert!(Instant::now() < deadline, "{n} probes did not all connect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (clients, c0) = stats(&mut admin).await;
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, c1) = stats(&mut admin).await;
+    let (cpu1, secs) = (cpu_time(), t0.elapsed().as_secs_f64());
+    for r in &refs {
+        let h = monitor.health(r).expect("watched");
+        assert_eq!(h.verdict, Verdict::Healthy, "{r}");
+    }
+    drop(monitor);
+    // The admin connection's own INFO is one command per measurement.
+    let probes = (c1 - c0).saturating_sub(1) as f64;
+    Cost {
+        targets: n,
+        connections: clients - 1,
+        probes_per_s: probes / secs / n as f64,
+        cpu_ms_per_s: (cpu1 - cpu0).as_secs_f64() * 1000.0 / secs / n as f64,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
+    let many: usize = std::env::var("REDPILOT_MONITOR_TARGETS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let server = RedisServer::start(
+        Engine::Redis70,
+        ServerConfig::default()
+            .password("pw")
+            .with("maxclients", "4000"),
+    );
+    let mut costs = Vec::new();
+    for n in [30, many] {
+        let c = measure(&server, n).await;
+        println!(
+            "{:>5} primaries watched: {} connections ({:.2} per primary), {:.2} probes/s per \
+             primary, {:.3} ms CPU per second per primary",
+            c.targets,
+            c.connections,
+            c.connections as f64 / c.targets as f64,
+            c.probes_per_s,
+            c.cpu_ms_per_s
+        );
+        assert_eq!(
+            c.connections, c.targets as u64,
+            "one connection per primary"
+        );
+        assert!(
+            (1.6..=2.2).contains(&c.probes_per_s),
+            "{:.2} probes/s per primary, expected 2",
+            c.probes_per_s
+        );
+        costs.push(c);
+    }
+    let (few, lots) = (&costs[0], &costs[1]);
+    assert!(
+        (lots.probes_per_s - few.probes_per_s).abs() < 0.2,
+        "probe rate per primary is flat: {:.2} vs {:.2}",
+        few.probes_per_s,
+        lots.probes_per_s
+    );
+}
