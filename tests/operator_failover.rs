@@ -349,9 +349,15 @@ async fn a_slow_primary_is_not_failed_over() {
     let pw = redis_password(&client, &ns.name, "cache").await;
     let primary = primary_of(&client, &ns.name).await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "slow", 0);
-    let mut node = connect_pod(&client, &ns.name, &primary, &pw)
-        .await
-        .expect("connect");
+    // A connection whose replies may take longer than the script.
+    let mut node = redpilot::redis::Node::connect(
+        &redpilot::redis::Endpoint::new(pod_ip(&client, &ns.name, &primary).await, 6379),
+        &redpilot::redis::ConnectOptions::default()
+            .with_password(pw.clone())
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(15)),
+    )
+    .await
+    .expect("connect");
     // A script that keeps the server busy for 3 s (under the 5 s bound).
     let t = Instant::now();
     let busy = r#"local t0 = redis.call('TIME') local s = tonumber(t0[1]) + tonumber(t0[2]) / 1e6
