@@ -226,6 +226,19 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         inside_lost,
         elapsed.as_secs_f64()
     );
+    if fault == Fault::Kill && runs() > 1 {
+        // Repeated kills restart the same containers, and restarts back off
+        // (10 s, 20 s, ... as a kubelet does): a fresh pod for the next run.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        pods.delete(&old, &DeleteParams::default())
+            .await
+            .expect("delete the restarted pod");
+        wait_for("the restarted pod to be replaced", READY, || async {
+            let p = pods.get_opt(&old).await.ok()??;
+            (support::operator::container_restarts(&p) == 0).then_some(())
+        })
+        .await;
+    }
     Run {
         p4,
         plain_acked,
@@ -279,19 +292,32 @@ fn split_brain_check(
     after.len()
 }
 
-async fn fault_runs(prefix: &str, fault: Fault) {
+/// A namespace, an operator watching it, and a Ready Replication Redis
+/// `cache` of 3 instances without persistence, with `failover` as its
+/// `spec.failover` (when given).
+struct Fixture {
+    client: kube::Client,
+    ns: TestNamespace,
+    op: support::operator::Operator,
+    pw: String,
+}
+
+async fn fixture(prefix: &str, failover: Option<serde_json::Value>) -> Fixture {
     let client = client().await;
     let ns = TestNamespace::new(&client, prefix, &[]).await;
     let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
-    )
-    .await;
+    let mut spec = json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}});
+    if let Some(f) = failover {
+        spec["failover"] = f;
+    }
+    apply_redis(&client, &ns.name, "cache", spec).await;
     wait_ready(&client, &ns.name, "cache", READY).await;
     let pw = redis_password(&client, &ns.name, "cache").await;
+    Fixture { client, ns, op, pw }
+}
+
+async fn fault_runs(prefix: &str, fault: Fault) {
+    let Fixture { client, ns, op, pw } = fixture(prefix, None).await;
     let mut results = Vec::new();
     for n in 0..runs() {
         results.push(one_run(&client, &ns.name, &pw, fault, n).await);
@@ -335,18 +361,7 @@ async fn a_partitioned_primary_fences_itself_before_a_replica_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_primary_is_not_failed_over() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "fo-slow", &[]).await;
-    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let Fixture { client, ns, op, pw } = fixture("fo-slow", None).await;
     let primary = primary_of(&client, &ns.name).await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "slow", 0);
     // A connection whose replies may take longer than the script.
@@ -418,19 +433,12 @@ async fn a_slow_primary_is_not_failed_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_failover_off_the_user_promotes_and_switchovers_lose_nothing() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "fo-manual", &[]).await;
-    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false},
-               "failover": {"enabled": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let Fixture {
+        client,
+        ns,
+        op: _op,
+        pw,
+    } = fixture("fo-manual", Some(json!({"enabled": false}))).await;
 
     // A planned switchover on request: zero loss under a WAIT writer.
     let old = primary_of(&client, &ns.name).await;
@@ -541,18 +549,12 @@ async fn with_failover_off_the_user_promotes_and_switchovers_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_while_the_operator_is_down_is_repaired_when_it_starts() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "fo-opdown", &[]).await;
-    let mut op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let Fixture {
+        client,
+        ns,
+        mut op,
+        pw,
+    } = fixture("fo-opdown", None).await;
     let old = primary_of(&client, &ns.name).await;
     let waiting = ServiceWriter::start(&client, &ns.name, "cache", &pw, "down", 1);
     wait_for("writes", READY, || async {
@@ -595,18 +597,12 @@ async fn a_failure_while_the_operator_is_down_is_repaired_when_it_starts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_link_stays_down_is_repaired() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "fo-link", &[]).await;
-    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "persistence": {"rdb": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let Fixture {
+        client,
+        ns,
+        op: _op,
+        pw,
+    } = fixture("fo-link", None).await;
     let primary = primary_of(&client, &ns.name).await;
     let victim = if primary == "cache-2" {
         "cache-1"

@@ -93,10 +93,7 @@ impl ServiceWriter {
                     continue;
                 };
                 i += 1;
-                let key = format!("{prefix}:{i}");
-                let sent = Instant::now();
-                let set: redpilot::redis::Result<redis::Value> =
-                    node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+                let (key, sent, set) = set_next(node, &prefix, i).await;
                 if set.is_err() {
                     if let Ok(mut t) = t.lock() {
                         t.failed += 1;
@@ -140,6 +137,18 @@ impl ServiceWriter {
         let _ = self.task.await;
         self.tally.lock().map(|t| t.clone()).unwrap_or_default()
     }
+}
+
+/// Writes key `prefix:i`; returns the key, when it was sent and the reply.
+async fn set_next(
+    node: &mut Node,
+    prefix: &str,
+    i: u64,
+) -> (String, Instant, redpilot::redis::Result<redis::Value>) {
+    let key = format!("{prefix}:{i}");
+    let sent = Instant::now();
+    let set = node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+    (key, sent, set)
 }
 
 /// The address of a ready endpoint of Service `svc`.
@@ -280,10 +289,7 @@ impl InsideWriter {
                         continue;
                     };
                     i += 1;
-                    let key = format!("{prefix}:{i}");
-                    let sent = Instant::now();
-                    let set: redpilot::redis::Result<redis::Value> =
-                        node.query("SET", redis::cmd("SET").arg(&key).arg(i)).await;
+                    let (key, sent, set) = set_next(node, &prefix, i).await;
                     match set {
                         Ok(_) => tally.acks.push(Ack {
                             key,
