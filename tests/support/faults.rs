@@ -41,6 +41,15 @@ pub struct Tally {
     pub unreplicated: u64,
     /// Refused or failed.
     pub failed: u64,
+    /// Failures by kind (the server's error code, or the client's category).
+    pub errors: std::collections::BTreeMap<String, u64>,
+}
+
+fn error_kind(e: &redpilot::redis::Error) -> String {
+    match e {
+        redpilot::redis::Error::Server { code, .. } => code.clone(),
+        other => other.category().to_string(),
+    }
 }
 
 impl Tally {
@@ -94,9 +103,10 @@ impl ServiceWriter {
                 };
                 i += 1;
                 let (key, sent, set) = set_next(node, &prefix, i).await;
-                if set.is_err() {
+                if let Err(e) = &set {
                     if let Ok(mut t) = t.lock() {
                         t.failed += 1;
+                        *t.errors.entry(error_kind(e)).or_default() += 1;
                     }
                     conn = None;
                     continue;
@@ -202,9 +212,9 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// Cuts the pod with address `ip` off: its host-side veth goes down, so
-    /// packets to and from it are dropped (no reset: peers time out).
-    pub fn cut(ip: &str) -> Partition {
+    /// Finds the host-side veth of the pod with address `ip`; [`Self::cut`]
+    /// then cuts it off.
+    pub fn of(ip: &str) -> Partition {
         let ns = pod_netns(ip);
         let iflink = Command::new("ip")
             .args(["netns", "exec", &ns, "cat", "/sys/class/net/eth0/iflink"])
@@ -218,11 +228,14 @@ impl Partition {
                 (idx == iflink).then(|| rest.split(['@', ':']).next().map(str::to_string))?
             })
             .unwrap_or_else(|| panic!("no host veth with index {iflink:?} for {ip}"));
-        ip_cmd(&["link", "set", "dev", &veth, "down"]);
-        Partition {
-            veth,
-            healed: false,
-        }
+        Partition { veth, healed: true }
+    }
+
+    /// Cuts the pod off: its host-side veth goes down, so packets to and
+    /// from it are dropped (no reset: peers time out).
+    pub fn cut(&mut self) {
+        ip_cmd(&["link", "set", "dev", &self.veth, "down"]);
+        self.healed = false;
     }
 
     /// Brings the pod back.
@@ -297,8 +310,9 @@ impl InsideWriter {
                             sent,
                             acked: Instant::now(),
                         }),
-                        Err(_) => {
+                        Err(e) => {
                             tally.failed += 1;
+                            *tally.errors.entry(error_kind(&e)).or_default() += 1;
                             // Refused writes (the primary fenced itself)
                             // keep the connection; pace the retries.
                             tokio::time::sleep(Duration::from_millis(5)).await;
