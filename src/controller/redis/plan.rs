@@ -138,25 +138,19 @@ pub fn most_advanced(facts: &[PodFacts]) -> Option<String> {
         .map(|f| f.name.clone())
 }
 
-/// Whom recovery promotes when no server is primary and no replica has a
-/// live link: the reachable instance furthest ahead ([`most_advanced`]). A
-/// Redis that never had a primary (`recorded` is `None`: it is being
-/// created, every instance booted as a replica) waits for ordinal 0, so a
-/// new Redis always starts with the same primary. `Err` names what recovery
-/// waits for.
-pub fn promotion_candidate(
-    facts: &[PodFacts],
-    recorded: Option<&str>,
-    names: &Names,
-) -> Result<String, String> {
-    if recorded.is_none() {
-        let first = names.pod(0);
-        if !facts
-            .iter()
-            .any(|f| f.name == first && f.reachable && !f.terminating)
-        {
-            return Err(format!("waiting for {first} to start"));
-        }
+/// Whom recovery promotes in a new Redis (no recorded primary; every
+/// instance booted as a replica), once no server is primary and no replica
+/// has a live link: it waits for ordinal 0, so a new Redis always starts
+/// with the same primary, then takes the reachable instance furthest ahead
+/// ([`most_advanced`]). A lost recorded primary is replaced by the failover
+/// module instead. `Err` names what recovery waits for.
+pub fn promotion_candidate(facts: &[PodFacts], names: &Names) -> Result<String, String> {
+    let first = names.pod(0);
+    if !facts
+        .iter()
+        .any(|f| f.name == first && f.reachable && !f.terminating)
+    {
+        return Err(format!("waiting for {first} to start"));
     }
     most_advanced(facts).ok_or_else(|| "no reachable instance to promote".to_string())
 }
@@ -326,22 +320,14 @@ mod tests {
         assert_eq!(choose_primary(&facts, None, None, &names()), None);
         facts[0].reachable = false;
         assert_eq!(
-            promotion_candidate(&facts, None, &names()),
+            promotion_candidate(&facts, &names()),
             Err("waiting for cache-0 to start".into())
         );
         facts[0].reachable = true;
-        assert_eq!(
-            promotion_candidate(&facts, None, &names()),
-            Ok("cache-0".into())
-        );
-        // After the first primary, the instance furthest ahead wins, even
-        // when ordinal 0 is not there.
+        assert_eq!(promotion_candidate(&facts, &names()), Ok("cache-0".into()));
+        // Once ordinal 0 answers, the instance furthest ahead is taken.
         facts[1].offset = Some(40);
-        facts[0].reachable = false;
-        assert_eq!(
-            promotion_candidate(&facts, Some("cache-0"), &names()),
-            Ok("cache-1".into())
-        );
+        assert_eq!(promotion_candidate(&facts, &names()), Ok("cache-1".into()));
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl Reconciler {
         {
             return;
         }
-        let best = match plan::promotion_candidate(facts, None, &self.names) {
+        let best = match plan::promotion_candidate(facts, &self.names) {
             Ok(best) => best,
             Err(why) => {
                 self.progressing.push(why);
