@@ -71,7 +71,9 @@ start() {
 	fi
 	local i
 	for i in $(seq 1 60); do
-		if ! running; then
+		# Checked twice: while the process is mid-exec its cmdline reads
+		# empty for an instant.
+		if ! running && ! { sleep 0.5 && running; }; then
 			echo "localnode: exited; last log lines:" >&2
 			tail -n 20 "$log" >&2
 			exit 1

@@ -154,7 +154,7 @@ async fn a_promotion_interrupted_by_the_leaders_death_is_completed_by_the_standb
     // promoted a replica, before publishing; the standby takes over.
     op.kill();
     let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-failpoint");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "8".into()));
     let mut leader = opts.clone();
     leader
         .env

@@ -207,10 +207,10 @@ pub async fn keep(client: &Client, cfg: &LeaseConfig, health: &crate::telemetry:
             return;
         };
         let started = std::time::Instant::now();
-        let attempt = tokio::time::timeout(
-            budget.min(cfg.renew_every),
-            try_acquire(client, cfg, &mut seen),
-        );
+        // A slow answer that still comes in time counts: the attempt may use
+        // all the time left before stepping down, not just one renewal
+        // period (on a busy API server a 1 s bound lost a 5 s lease).
+        let attempt = tokio::time::timeout(budget, try_acquire(client, cfg, &mut seen));
         let outcome = attempt.await;
         health.set_api_reachable(matches!(outcome, Ok(Ok(_))));
         let failure = match outcome {
