@@ -147,7 +147,17 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
         (
             "Redis 9.1 without an image",
             json!({"engine": "Redis", "version": "9.1"}),
-            vec!["spec.version", "Redis supports versions 6.2 and 7.x"],
+            vec![
+                "spec.version",
+                "9.1 is not a Redis version Redpilot knows",
+                "known: Redis 6.2, 7.0, 7.2, 7.4",
+                "Valkey 7.2, 8.0, 8.1, 9.0, 9.1",
+            ],
+        ),
+        (
+            "Redis 7.1 (no such release)",
+            json!({"engine": "Redis", "version": "7.1"}),
+            vec!["spec.version", "7.1 is not a Redis version Redpilot knows"],
         ),
         (
             "Redis 6.0 (no write pause for a switchover)",
@@ -190,7 +200,7 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
         (
             "Valkey 6.2 without an image",
             json!({"engine": "Valkey", "version": "6.2"}),
-            vec!["spec.version", "Valkey 7.x to 9.x"],
+            vec!["spec.version", "6.2 is not a Valkey version Redpilot knows"],
         ),
         (
             "empty image",
@@ -308,6 +318,36 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
     )
     .await
     .expect("creating a valid Standalone Redis without storage");
+    api.create(
+        &PostParams::default(),
+        &redis_object(
+            "valkey",
+            json!({"mode": "Replication", "engine": "Valkey", "version": "9.1.3"}),
+        ),
+    )
+    .await
+    .expect("creating a valid Valkey Redis");
+    // A Redis whose upgrade from 6.2 to 7.0 was rolled back.
+    api.create(
+        &PostParams::default(),
+        &redis_object(
+            "rolled-back",
+            json!({"mode": "Replication", "version": "7.0"}),
+        ),
+    )
+    .await
+    .expect("creating a valid Redis");
+    let served = |v: &str| json!({"engine": "Redis", "version": v, "image": format!("redis:{v}")});
+    api.patch_status(
+        "rolled-back",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"upgrade": {
+            "from": served("6.2"), "to": served("7.0"), "phase": "RolledBack",
+            "done": 0, "total": 3, "startedAt": "2026-01-01T00:00:00Z",
+            "reason": "ImagePullFailed"}}})),
+    )
+    .await
+    .expect("writing status.upgrade");
 
     let cases: Vec<(&str, &str, Value, Vec<&str>)> = vec![
         (
@@ -347,10 +387,41 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             vec!["spec.storage", "cannot be added or removed"],
         ),
         (
-            "change engine",
+            "Valkey to Redis",
+            "valkey",
+            json!({"spec": {"engine": "Redis", "version": "7.0"}}),
+            vec![
+                "spec.engine",
+                "Valkey 9.1.3 to Redis 7.0 is not a supported move",
+                "supported: Redis 6.2 or 7.0 to Valkey 8.1 or 9.1",
+            ],
+        ),
+        (
+            "Redis 7.0 to an untested Valkey",
             "stored",
-            json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
-            vec!["spec.engine", "immutable"],
+            json!({"spec": {"engine": "Valkey", "version": "8.0"}}),
+            vec![
+                "spec.engine",
+                "Redis 7.0 to Valkey 8.0 is not a supported move",
+            ],
+        ),
+        (
+            "downgrade",
+            "stored",
+            json!({"spec": {"version": "6.2"}}),
+            vec!["spec.version", "7.0 to 6.2 is a downgrade"],
+        ),
+        (
+            "downgrade by a patch release",
+            "valkey",
+            json!({"spec": {"version": "9.1.0"}}),
+            vec!["spec.version", "9.1.3 to 9.1.0 is a downgrade"],
+        ),
+        (
+            "below the version a rolled-back upgrade came from",
+            "rolled-back",
+            json!({"spec": {"version": "6.2.1"}}),
+            vec!["spec.version", "7.0 to 6.2.1 is a downgrade"],
         ),
         (
             "change mode",
@@ -388,6 +459,21 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             json!({"spec": {"version": "7.2"}}),
         ),
         ("scale", "stored", json!({"spec": {"instances": 5}})),
+        (
+            "Redis 7.0 to Valkey 8.1",
+            "stored",
+            json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
+        ),
+        (
+            "back to the version a rolled-back upgrade came from",
+            "rolled-back",
+            json!({"spec": {"version": "6.2"}}),
+        ),
+        (
+            "a downgrade with an explicit image (the user's call)",
+            "valkey",
+            json!({"spec": {"version": "9.0", "image": "valkey/valkey:9.0"}}),
+        ),
         (
             "change config",
             "stored",

@@ -108,6 +108,63 @@ fn config_value_line_rule() -> Rule {
         .message("spec.config: values must be a single line")
 }
 
+/// The versions Redpilot knows, by engine (`spec.version`, admission).
+pub const KNOWN_VERSIONS: &[(Engine, &[&str])] = &[
+    (Engine::Redis, &["6.2", "7.0", "7.2", "7.4"]),
+    (Engine::Valkey, &["7.2", "8.0", "8.1", "9.0", "9.1"]),
+];
+
+const KNOWN_VERSION_RULE: &str = "has(self.image) || (self.engine == 'Redis' \
+    ? self.version.matches('^(6[.]2|7[.][024])([.][0-9]+)?$') \
+    : self.version.matches('^(7[.]2|8[.][01]|9[.][01])([.][0-9]+)?$'))";
+const KNOWN_VERSION_MESSAGE: &str = "'spec.version: ' + self.version + ' is not a ' + self.engine \
+    + ' version Redpilot knows; known: Redis 6.2, 7.0, 7.2, 7.4 (6.0 lacks the write pause a \
+    switchover needs); Valkey 7.2, 8.0, 8.1, 9.0, 9.1 (or set spec.image to run another build)'";
+
+/// The engine moves that work with the real servers: a Valkey replica
+/// syncs from a Redis 6.2 or 7.0 primary (RDB 9 and 10); a Valkey primary
+/// cannot feed a Redis replica, and the other pairs are not tested.
+const MIGRATION_RULE: &str = "self.engine == oldSelf.engine || (oldSelf.engine == 'Redis' \
+    && self.engine == 'Valkey' && oldSelf.version.matches('^(6[.]2|7[.]0)([.]|$)') \
+    && self.version.matches('^(8[.]1|9[.]1)([.]|$)'))";
+const MIGRATION_MESSAGE: &str = "'spec.engine: ' + oldSelf.engine + ' ' + oldSelf.version \
+    + ' to ' + self.engine + ' ' + self.version + ' is not a supported move; supported: \
+    Redis 6.2 or 7.0 to Valkey 8.1 or 9.1 (a Valkey primary cannot feed a Redis replica, other \
+    pairs are untested); create a new Redis for other engines'";
+
+/// `MAJOR*10^6 + MINOR*10^3 + PATCH` of a version string, in CEL.
+macro_rules! cel_version_number {
+    ($v:literal) => {
+        concat!(
+            "(int(",
+            $v,
+            ".split('.')[0]) * 1000000 + int(",
+            $v,
+            ".split('.')[1]) * 1000 + (size(",
+            $v,
+            ".split('.')) > 2 ? int(",
+            $v,
+            ".split('.')[2]) : 0))"
+        )
+    };
+}
+
+/// A version may only grow within an engine, except back to the version
+/// the instances ran before an upgrade that is running or was rolled back
+/// (`status.upgrade.from`).
+const NO_DOWNGRADE_RULE: &str = concat!(
+    "self.spec.engine != oldSelf.spec.engine || has(self.spec.image) || ",
+    cel_version_number!("self.spec.version"),
+    " >= ",
+    cel_version_number!("oldSelf.spec.version"),
+    " || (has(oldSelf.status) && has(oldSelf.status.upgrade) && ",
+    "oldSelf.status.upgrade.from.engine == self.spec.engine && ",
+    "oldSelf.status.upgrade.from.version == self.spec.version)"
+);
+const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' to ' \
+    + self.spec.version + ' is a downgrade, which is refused (an older server cannot load data \
+    written by a newer one); create a new Redis to run an older version'";
+
 /// Desired state of a Redis (or Valkey) deployment.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -120,6 +177,9 @@ fn config_value_line_rule() -> Rule {
     shortname = "rds",
     category = "redpilot",
     status = "RedisStatus",
+    validation = Rule::new(NO_DOWNGRADE_RULE)
+        .message(Message::Expression(NO_DOWNGRADE_MESSAGE.into()))
+        .field_path(".spec.version"),
     doc = "A Redis or Valkey deployment managed by Redpilot: standalone, or a primary with replicas.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(
@@ -143,14 +203,14 @@ fn config_value_line_rule() -> Rule {
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),
-    validation = Rule::new("self.engine == oldSelf.engine")
-        .message("spec.engine is immutable: create a new resource to change engines")
+    validation = Rule::new(MIGRATION_RULE)
+        .message(Message::Expression(MIGRATION_MESSAGE.into()))
         .field_path(".engine"),
     validation = Rule::new("self.mode == oldSelf.mode")
         .message("spec.mode is immutable")
         .field_path(".mode"),
-    validation = Rule::new("has(self.image) || (self.engine == 'Redis' ? self.version.matches('^(6[.]2([.]|$)|7[.])') : self.version.matches('^[789][.]'))")
-        .message("spec.version: Redis supports versions 6.2 and 7.x (6.0 lacks the write pause a switchover needs), Valkey 7.x to 9.x (or set spec.image)")
+    validation = Rule::new(KNOWN_VERSION_RULE)
+        .message(Message::Expression(KNOWN_VERSION_MESSAGE.into()))
         .field_path(".version"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -231,6 +291,11 @@ pub struct RedisSpec {
     /// and planned switchovers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverSpec>,
+
+    /// How a change of `version` (or the move from Redis to Valkey) is
+    /// rolled out and when it is rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeSpec>,
 }
 
 impl Default for RedisSpec {
@@ -250,6 +315,7 @@ impl Default for RedisSpec {
             paused: false,
             allow_data_loss_on_restart: false,
             failover: None,
+            upgrade: None,
         }
     }
 }
@@ -393,6 +459,24 @@ impl Default for FailoverSpec {
     }
 }
 
+/// Upgrade settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeSpec {
+    /// Seconds an upgraded instance has to become Ready (a replica: with a
+    /// live, caught-up replication link) before the upgrade is rolled back
+    /// (default 300, 30 to 3600). An image that cannot be pulled or a
+    /// server that keeps exiting rolls it back at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 3600))]
+    pub timeout_seconds: Option<i32>,
+}
+
+impl UpgradeSpec {
+    /// Default of `timeoutSeconds`.
+    pub const DEFAULT_TIMEOUT_SECONDS: i32 = 300;
+}
+
 fn default_max_lag() -> i32 {
     2
 }
@@ -522,6 +606,74 @@ pub struct RedisStatus {
     /// The last automatic failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<FailoverRecord>,
+    /// The version upgrade in progress, or the last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
+}
+
+/// An engine, version and image the instances run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Served {
+    /// `Redis` or `Valkey`.
+    pub engine: Engine,
+    /// The version as the spec gave it.
+    pub version: String,
+    /// The container image.
+    pub image: String,
+}
+
+/// Where a version upgrade stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum UpgradePhase {
+    /// Instances restart on the new version: replicas first, each proven
+    /// before the next, then a switchover, then the old primary.
+    Upgrading,
+    /// An upgraded instance failed: the upgraded replicas go back to the
+    /// old version (the primary was never touched).
+    RollingBack,
+    /// Rolled back: every instance runs the old version again; the spec's
+    /// version is not served until the spec changes.
+    RolledBack,
+    /// Every instance runs the new version.
+    Succeeded,
+}
+
+/// A version upgrade (`status.upgrade`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// What the instances ran when the upgrade started.
+    pub from: Served,
+    /// What the spec asks for.
+    pub to: Served,
+    /// Upgrading, RollingBack, RolledBack or Succeeded.
+    pub phase: UpgradePhase,
+    /// Instances running `to` and proven (Ready; a replica linked and
+    /// caught up).
+    pub done: i32,
+    /// Instances in all.
+    pub total: i32,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When it succeeded or finished rolling back (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Why it was rolled back: `ImagePullFailed`, `CrashLoop` or
+    /// `NotReadyInTime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What the failed instance showed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the primary (a Standalone's only instance) was restarted on the
+    /// new version (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_restarted_at: Option<String>,
+    /// Standalone: seconds from the restart to Ready again (the time the
+    /// instance served nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_seconds: Option<f64>,
 }
 
 /// What an automatic failover did.
