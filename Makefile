@@ -21,7 +21,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down test integration bench bench-failover run run-stop version clean help
+	cluster-up cluster-down test integration bench bench-failover bench-upgrade run run-stop version clean help
 
 all: build
 
@@ -89,6 +89,15 @@ bench-failover: engines cluster-up
 	REDPILOT_FAILOVER_RUNS=$(FAILOVER_RUNS) $(CARGO) test --test operator_failover -- \
 		--nocapture --test-threads=1 killed deleted partitioned
 	REDPILOT_MONITOR_TARGETS=1000 $(CARGO) test --test monitor_cost -- --nocapture
+
+# Upgrade measurements (tests/operator_upgrade.rs): UPGRADE_RUNS walks of one
+# Redis through Redis 6.2 -> 7.0 -> Valkey 8.1 -> 9.1 under four counted
+# writers and a reader, printing per hop the write window p50/max, the
+# upgrade time and the writes lost. `make test` walks it once.
+UPGRADE_RUNS ?= 5
+bench-upgrade: engines cluster-up
+	REDPILOT_UPGRADE_RUNS=$(UPGRADE_RUNS) $(CARGO) test --test operator_upgrade -- \
+		--nocapture every_hop_upgrades_without_losing_a_write
 
 run: tools-cluster engines
 	bash dev/run.sh

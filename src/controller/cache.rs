@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use futures::Stream;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodSpec,
+    Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -50,13 +53,48 @@ impl Stores {
     }
 }
 
-/// Drops what the reconciler never reads from a cached pod: the spec (the
-/// StatefulSet holds the template) and container statuses. It reads the
-/// labels, the deletion timestamp, the pod IP and the conditions.
+/// Drops what the reconciler never reads from a cached pod. Kept: the
+/// labels, the deletion timestamp, the pod IP, the conditions, and of each
+/// container its name and image, restart count, why it waits and how its
+/// last run ended (an upgrade judges the upgraded instances by them).
 pub(crate) fn slim_pod(pod: &mut Pod) {
-    pod.spec = None;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(PodSpec {
+            containers: spec
+                .containers
+                .into_iter()
+                .map(|c| Container {
+                    name: c.name,
+                    image: c.image,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+    }
     if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
+        status.container_statuses = status.container_statuses.take().map(|cs| {
+            cs.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    image: c.image,
+                    ready: c.ready,
+                    restart_count: c.restart_count,
+                    state: c.state.map(|s| ContainerState {
+                        waiting: s.waiting,
+                        ..Default::default()
+                    }),
+                    last_state: c.last_state.map(|s| ContainerState {
+                        terminated: s.terminated.map(|t| ContainerStateTerminated {
+                            exit_code: t.exit_code,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect()
+        });
         status.init_container_statuses = None;
         status.ephemeral_container_statuses = None;
         status.resource_claim_statuses = None;

@@ -23,6 +23,8 @@ pub struct NodeStatus {
     pub role: Option<Role>,
     /// Engine version, when reachable.
     pub version: Option<Version>,
+    /// Engine, when reachable.
+    pub engine: Option<super::info::EngineKind>,
     /// Applied replication offset (replica offset, or the primary's own offset).
     pub offset: Option<i64>,
     /// Replication id (`master_replid`).
@@ -69,6 +71,7 @@ impl NodeStatus {
             error: None,
             role: r.role,
             version: info.server.version,
+            engine: info.server.engine,
             offset: r.applied_offset(),
             replid: r.replid.clone(),
             primary: if r.role == Some(Role::Replica) {
@@ -102,6 +105,7 @@ impl NodeStatus {
             }),
             role: None,
             version: None,
+            engine: None,
             offset: None,
             replid: None,
             primary: None,

@@ -23,6 +23,12 @@ pub const MANAGED_BY: &str = "redpilot";
 pub const ROLE_LABEL: &str = "redpilot.io/role";
 /// Annotation holding the hash of what an object was built from.
 pub const HASH_ANNOTATION: &str = "redpilot.io/desired-hash";
+/// The server container of every instance.
+pub const SERVER_CONTAINER: &str = "redis";
+/// StatefulSet annotation: the engine its template runs.
+pub const ENGINE_ANNOTATION: &str = "redpilot.io/engine";
+/// StatefulSet annotation: the version its template runs.
+pub const VERSION_ANNOTATION: &str = "redpilot.io/version";
 /// Pod template annotation: hash of the settings that need a restart.
 pub const RESTART_HASH_ANNOTATION: &str = "redpilot.io/restart-hash";
 /// Key of the password in an auth Secret.
@@ -107,16 +113,25 @@ pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
     l
 }
 
+/// In-memory annotation (never written) carrying the `app.kubernetes.io/name`
+/// of the live StatefulSet's selector into the builders: a selector cannot
+/// change, so after a move from Redis to Valkey the pods keep the name the
+/// Redis was created with.
+pub const SELECTOR_NAME_ANNOTATION: &str = "redpilot.io/selector-name";
+
 /// Labels selecting the pods of one Redis.
 pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
+    let name = redis
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SELECTOR_NAME_ANNOTATION).cloned())
+        .unwrap_or_else(|| match redis.spec.engine {
+            Engine::Redis => "redis".to_string(),
+            Engine::Valkey => "valkey".to_string(),
+        });
     BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_string(),
-            match redis.spec.engine {
-                Engine::Redis => "redis".to_string(),
-                Engine::Valkey => "valkey".to_string(),
-            },
-        ),
+        ("app.kubernetes.io/name".to_string(), name),
         (INSTANCE_LABEL.to_string(), redis.name_any()),
     ])
 }

@@ -242,6 +242,8 @@ impl Reconciler {
             let Some(version) = f.version.as_deref().and_then(|v| v.parse::<Version>().ok()) else {
                 continue;
             };
+            // While Redis moves to Valkey the instances differ.
+            let engine = f.engine.unwrap_or(engine);
             let dynamic: Vec<(&str, &str)> = fencing
                 .iter()
                 .map(|(k, v)| (*k, v.as_str()))

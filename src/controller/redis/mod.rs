@@ -11,6 +11,7 @@
 //! | recovery | [`recovery`] | a new Redis: promote its first primary |
 //! | config | [`config`] | parameters that change live, with `CONFIG SET` |
 //! | rollout | [`rollout`] | ordered restarts, switchovers |
+//! | upgrade | [`upgrade`] | version upgrades: progress, rollback (the restarts are the rollout's) |
 //! | status | [`status`] | conditions, events, one status patch, the requeue and its backoff |
 //!
 //! This file holds the pipeline and what every step shares.
@@ -27,6 +28,7 @@ pub mod recovery;
 pub mod rollout;
 pub mod statefulset;
 pub mod status;
+pub mod upgrade;
 pub mod wiring;
 
 use std::sync::Arc;
@@ -54,7 +56,9 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
     let ns = redis.namespace().ok_or(Error::Incomplete("namespace"))?;
     let names = Names::new(&redis.name_any());
     let oref = ObjectRef::from_obj(redis.as_ref());
+    let upgrade = redis.status.as_ref().and_then(|s| s.upgrade.clone());
     let mut r = Reconciler {
+        upgrade,
         redis,
         ctx,
         ns,
@@ -95,6 +99,8 @@ pub struct Reconciler {
     /// Whether this pass asked the servers (so an instance that did not
     /// answer is a finding, not a gap in the observation).
     servers_observed: bool,
+    /// `status.upgrade` as this pass leaves it.
+    upgrade: Option<crate::api::v1alpha1::UpgradeStatus>,
 }
 
 impl Reconciler {
@@ -276,6 +282,11 @@ impl Reconciler {
         {
             self.record_primary(p).await?;
         }
+
+        // A changed version starts an upgrade (recorded before the
+        // StatefulSet changes); a failed one is rolled back.
+        self.track_upgrade(obs.live_sts.as_ref(), &facts, primary.as_deref())
+            .await?;
 
         // Which config keys are live; a removed one restarts the instances.
         self.track_live_config().await?;

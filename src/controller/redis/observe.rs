@@ -97,6 +97,34 @@ impl Reconciler {
     /// yet seen this operator's last status write. Returns false when the
     /// Redis is gone.
     pub(super) async fn refresh(&mut self) -> Result<bool, Error> {
+        let fresh = self.refresh_object().await?;
+        self.keep_selector();
+        Ok(fresh)
+    }
+
+    /// The live StatefulSet's selector names the pods: carry its
+    /// `app.kubernetes.io/name` into the builders (see
+    /// [`build::SELECTOR_NAME_ANNOTATION`]).
+    fn keep_selector(&mut self) {
+        let live: Option<StatefulSet> = self.cached(&self.names.statefulset());
+        let Some(name) = live.and_then(|s| {
+            s.spec
+                .selector
+                .match_labels?
+                .remove("app.kubernetes.io/name")
+        }) else {
+            return;
+        };
+        let mut redis = Redis::clone(&self.redis);
+        redis
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(build::SELECTOR_NAME_ANNOTATION.into(), name);
+        self.redis = Arc::new(redis);
+    }
+
+    async fn refresh_object(&mut self) -> Result<bool, Error> {
         let Some(wrote) = self.ctx.written_version(&self.oref) else {
             return Ok(true);
         };
@@ -307,6 +335,8 @@ pub struct PodFacts {
     pub lag_bytes: Option<i64>,
     /// Server version.
     pub version: Option<String>,
+    /// Server engine.
+    pub engine: Option<info::EngineKind>,
     /// For replicas: seconds since the primary was last heard from — 0 to
     /// a few while the link is up, the time since it went down otherwise;
     /// `None` when the link never came up (or the server did not say).
@@ -314,20 +344,49 @@ pub struct PodFacts {
     /// For replicas: a full synchronisation is in progress (the dataset is
     /// being replaced).
     pub syncing: bool,
+    /// The server container's image.
+    pub image: Option<String>,
+    /// Why the server container is waiting (`ErrImagePull`,
+    /// `CrashLoopBackOff`, ...) and the kubelet's message.
+    pub waiting: Option<(String, String)>,
+    /// How often the server container restarted, and how the last run ended.
+    pub restarts: i32,
+    /// Exit code of the server container's last run, when it ended.
+    pub last_exit: Option<i32>,
+    /// Seconds since the pod was created.
+    pub age_secs: Option<i64>,
+    /// Seconds the pod has been not Ready without a break (since its Ready
+    /// condition last turned false, or since it was created); `None` while
+    /// Ready.
+    pub unready_secs: Option<i64>,
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
 /// are kept (marked `terminating`): a primary that is shutting down is still
 /// the primary until it stops, and must not be mistaken for a missing one.
 pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let mut out: Vec<PodFacts> = pods
         .iter()
         .map(|p| {
             let status = p.status.as_ref();
-            let ready = status
+            let ready_cond = status
                 .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+            let ready = ready_cond.is_some_and(|c| c.status == "True");
+            let created = p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second());
+            let unready_since = ready_cond
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0.as_second())
+                .or(created);
             let revision = p.labels().get("controller-revision-hash").cloned();
+            let server = status
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.name == build::SERVER_CONTAINER));
             PodFacts {
                 name: p.name_any(),
                 ip: status
@@ -340,6 +399,29 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
                 },
                 role_label: p.labels().get(ROLE_LABEL).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
+                image: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| {
+                        s.containers
+                            .iter()
+                            .find(|c| c.name == build::SERVER_CONTAINER)
+                    })
+                    .and_then(|c| c.image.clone()),
+                waiting: server.and_then(|c| {
+                    let w = c.state.as_ref()?.waiting.as_ref()?;
+                    Some((w.reason.clone()?, w.message.clone().unwrap_or_default()))
+                }),
+                restarts: server.map_or(0, |c| c.restart_count),
+                last_exit: server
+                    .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
+                    .map(|t| t.exit_code),
+                age_secs: created.map(|t| now.saturating_sub(t)),
+                unready_secs: if ready {
+                    None
+                } else {
+                    unready_since.map(|t| now.saturating_sub(t))
+                },
                 ..Default::default()
             }
         })
@@ -391,6 +473,7 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
             _ => None,
         };
         f.version = node.version.map(|v| v.to_string());
+        f.engine = node.engine;
     }
 }
 

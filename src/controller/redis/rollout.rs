@@ -2,7 +2,8 @@
 //! replicas first (highest ordinal first), then the primary after a
 //! switchover to an up-to-date replica that loses no acknowledged write;
 //! and the switchover a user asks for (`spec.failover.switchoverTo`).
-//! Level 2 version upgrades and their rollback build here.
+//! Version upgrades ride on this restart; [`super::upgrade`] tracks them
+//! and rolls them back.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
@@ -32,12 +33,12 @@ impl Reconciler {
         if outdated.is_empty() {
             return Ok(());
         }
+        // Each restarted instance is proven (Ready; a replica linked and
+        // caught up) before the next one restarts.
         let all_ready = facts.len() as i32 == desired
-            && facts.iter().all(|f| f.ready && f.reachable)
             && facts
                 .iter()
-                .filter(|f| f.name != primary)
-                .all(|f| f.link_up == Some(true));
+                .all(|f| super::upgrade::proven(f, Some(primary)));
         self.progressing.push(format!(
             "rolling restart: {} of {} instances outdated",
             outdated.len(),
@@ -70,6 +71,9 @@ impl Reconciler {
             }
             None => return Ok(()),
         };
+        if victim == primary {
+            self.note_primary_restart().await;
+        }
         self.ctx.metrics.kube("delete");
         self.wrote = true;
         match self

@@ -18,8 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::build::{
-    AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, Names, PASSWORD_KEY, PRIMARY_KEY, REDIS_PORT,
-    RESTART_HASH_ANNOTATION, labels, meta, selector_labels, stamp_hash,
+    AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
+    REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION, labels, meta,
+    selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -169,7 +170,7 @@ pub fn statefulset(
         },
     ];
     let container = Container {
-        name: "redis".into(),
+        name: SERVER_CONTAINER.into(),
         image: Some(image.to_string()),
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec![
@@ -327,8 +328,13 @@ pub fn statefulset(
         ..Default::default()
     };
 
+    // What the template runs, for the upgrade that changes it next.
+    let mut metadata = meta(redis, names.statefulset());
+    let served = metadata.annotations.get_or_insert_with(BTreeMap::new);
+    served.insert(ENGINE_ANNOTATION.into(), format!("{:?}", spec.engine));
+    served.insert(VERSION_ANNOTATION.into(), spec.version.clone());
     stamp_hash(StatefulSet {
-        metadata: meta(redis, names.statefulset()),
+        metadata,
         spec: StatefulSetSpec {
             replicas: Some(spec.desired_instances()),
             service_name: Some(names.headless()),

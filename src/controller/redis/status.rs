@@ -15,6 +15,7 @@ use kube::runtime::events::EventType;
 use super::observe::{PodFacts, Role};
 use super::{Error, Reconciler, build, plan};
 use crate::api::v1alpha1::{InstanceStatus, Mode, Phase, Redis, RedisStatus};
+use crate::redis::info::EngineKind;
 
 /// How long to wait before looking again while something is in progress.
 pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
@@ -45,7 +46,8 @@ pub fn stuck_backoff(n: u32) -> Duration {
 /// One condition as the reconciler sees it, before times are attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cond {
-    /// `Ready`, `Progressing`, `Degraded` or `PrimaryAvailable`.
+    /// `Ready`, `Progressing`, `Degraded`, `PrimaryAvailable` or
+    /// `UpgradeFailed`.
     pub type_: &'static str,
     /// True or false.
     pub status: bool,
@@ -252,6 +254,9 @@ impl Reconciler {
             Cond::new("Degraded", false, "AsExpected", "no problems found")
         });
 
+        if let Some(u) = &self.upgrade {
+            conds.push(super::upgrade::condition(u));
+        }
         let old = self.redis.status.clone().unwrap_or_default();
         conds.push(primary_condition(
             facts,
@@ -280,11 +285,31 @@ impl Reconciler {
                 link_up: f.link_up,
             })
             .collect();
-        let current_version = facts
+        // What every instance runs, as the servers report it: one version,
+        // or each distinct one in ordinal order while they differ.
+        let mut seen: Vec<(Option<EngineKind>, &str)> = Vec::new();
+        for f in facts {
+            if let Some(v) = f.version.as_deref()
+                && !seen.contains(&(f.engine, v))
+            {
+                seen.push((f.engine, v));
+            }
+        }
+        // Engines differ only while Redis moves to Valkey: then say which.
+        let mixed = seen.iter().any(|(e, _)| *e != seen[0].0);
+        let versions: Vec<String> = seen
             .iter()
-            .find(|f| Some(f.name.as_str()) == primary)
-            .and_then(|f| f.version.clone())
-            .or(old.current_version.clone());
+            .map(|(e, v)| match (mixed, e) {
+                (true, Some(EngineKind::Valkey)) => format!("valkey {v}"),
+                (true, _) => format!("redis {v}"),
+                (false, _) => v.to_string(),
+            })
+            .collect();
+        let current_version = if versions.is_empty() {
+            old.current_version.clone()
+        } else {
+            Some(versions.join(", "))
+        };
         let user_secret = self.redis.spec.auth_secret_name().map(String::from);
         // The intent to move the primary stays until the move is published,
         // or until the recorded primary is seen serving (the move did not
@@ -313,6 +338,7 @@ impl Reconciler {
             live_config_keys: old.live_config_keys.clone(),
             config_resets: old.config_resets,
             last_failover: old.last_failover.clone(),
+            upgrade: self.upgrade.clone(),
         };
         status.conditions = merge(
             &old.conditions,
@@ -366,6 +392,12 @@ impl Reconciler {
         if let Some(rv) = updated.metadata.resource_version.clone() {
             self.ctx.remember_written(&self.oref, rv);
         }
+        // Keep this pass's spec and in-memory annotations: an upgrade being
+        // rolled back builds the children from the old version (see
+        // `upgrade::serve`), and the selector stays the live one.
+        let mut updated = updated;
+        updated.spec = self.redis.spec.clone();
+        updated.metadata.annotations = self.redis.metadata.annotations.clone();
         self.redis = std::sync::Arc::new(updated);
     }
 

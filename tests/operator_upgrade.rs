@@ -1,0 +1,749 @@
+//! Version upgrades against the dev cluster, real servers of each version,
+//! under four writers through the read-write Service (its ready
+//! EndpointSlice endpoint, as kube-proxy routes) and a reader through the
+//! read-only Service:
+//!
+//! - one Redis walked through every hop the test ground has: Redis 6.2 →
+//!   7.0 → Valkey 8.1 → Valkey 9.1 (the move from Redis to Valkey is the
+//!   same ordered upgrade). Per hop: acknowledged writes lost (must be 0),
+//!   the longest stretch without an accepted write, the upgrade's duration,
+//!   reads served.
+//! - the operator killed in the middle of an upgrade: a new one finishes it.
+//! - an upgrade to an image that cannot be pulled, and one to a server that
+//!   exits at start: rolled back, the primary never restarted, the reason
+//!   in the status; a new spec change then upgrades.
+//! - a Standalone upgrade: one restart, its window reported.
+//! - a spec change during an upgrade: the newer target wins.
+//!
+//! `REDPILOT_UPGRADE_RUNS=N` repeats the walk N times (`make bench-upgrade`).
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use redpilot::api::v1alpha1::{Redis, UpgradePhase};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::json;
+use support::faults::{ServiceWriter, Tally, missing, percentiles, ready_endpoint};
+use support::operator::{
+    OperatorOptions, apply_redis, is_ready, patch_redis, recent_events, redis_api, redis_password,
+    redis_pods, start_operator, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+
+const READY: Duration = Duration::from_secs(240);
+
+fn runs() -> usize {
+    std::env::var("REDPILOT_UPGRADE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Reads through the read-only Service; counts answers and the longest
+/// stretch without one.
+struct Reader {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    answers: Arc<Mutex<Vec<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    fn start(client: &kube::Client, ns: &str, svc: &str, pw: &str) -> Reader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        let (svc, pw) = (svc.to_string(), pw.to_string());
+        let (s, o, f, a) = (stop.clone(), ok.clone(), failed.clone(), answers.clone());
+        let task = tokio::spawn(async move {
+            let opts = ConnectOptions::default()
+                .with_password(pw)
+                .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+            let mut conn: Option<Node> = None;
+            while !s.load(Ordering::SeqCst) {
+                let Some(node) = conn.as_mut() else {
+                    if let Some(ip) = ready_endpoint(&slices, &svc).await
+                        && let Ok(n) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await
+                    {
+                        conn = Some(n);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    continue;
+                };
+                let get = node
+                    .query::<Option<String>>("GET", redis::cmd("GET").arg("w0:1"))
+                    .await;
+                if get.is_ok() {
+                    o.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(mut v) = a.lock() {
+                        v.push(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
+                    f.fetch_add(1, Ordering::SeqCst);
+                    conn = None;
+                }
+            }
+        });
+        Reader {
+            stop,
+            ok,
+            failed,
+            answers,
+            task,
+        }
+    }
+
+    async fn stop(self) -> (u64, u64, Vec<Instant>) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        let answers = self.answers.lock().map(|v| v.clone()).unwrap_or_default();
+        (
+            self.ok.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+            answers,
+        )
+    }
+}
+
+/// The longest time within `[from, to]` without an instant of `times`.
+fn longest_gap(mut times: Vec<Instant>, from: Instant, to: Instant) -> Duration {
+    times.retain(|t| *t >= from && *t <= to);
+    times.sort();
+    let mut prev = from;
+    let mut worst = Duration::ZERO;
+    for t in times.into_iter().chain([to]) {
+        worst = worst.max(t.duration_since(prev));
+        prev = t;
+    }
+    worst
+}
+
+struct Hop {
+    name: String,
+    took: Duration,
+    window: Duration,
+    acked: usize,
+    lost: usize,
+    failed: u64,
+    reads_ok: u64,
+    reads_failed: u64,
+    read_gap: Duration,
+}
+
+/// Patches the spec to `engine`/`version` and waits for the upgrade to
+/// succeed under four writers and a reader; checks nothing was lost.
+async fn hop(
+    client: &kube::Client,
+    ns: &str,
+    pw: &str,
+    engine: &str,
+    version: &str,
+    expect_version: &str,
+    run: usize,
+) -> Hop {
+    let name = format!("{engine} {version}");
+    let writers: Vec<ServiceWriter> = (0..4)
+        .map(|i| ServiceWriter::start(client, ns, "cache", pw, &format!("w{i}-{run}-{version}"), 0))
+        .collect();
+    let reader = Reader::start(client, ns, "cache-ro", pw);
+    let t0 = Instant::now();
+    while writers.iter().any(|w| w.acked() < 50) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "writers never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = redis_api(client, ns).get("cache").await.expect("get");
+    let old_primary = before.status.as_ref().and_then(|s| s.primary.clone());
+    let changed = patch_redis(
+        client,
+        ns,
+        "cache",
+        json!({"spec": {"engine": engine, "version": version}}),
+    )
+    .await;
+    let generation = changed.metadata.generation;
+    let start = Instant::now();
+    let done = wait_for(
+        &format!("the upgrade to {name} to succeed"),
+        READY,
+        || async {
+            let r = redis_api(client, ns).get("cache").await.ok()?;
+            let s = r.status.as_ref()?;
+            let u = s.upgrade.as_ref()?;
+            (is_ready(&r)
+                && s.observed_generation == generation
+                && u.phase == UpgradePhase::Succeeded
+                && u.to.version == version
+                && s.current_version
+                    .as_deref()
+                    .is_some_and(|v| v.starts_with(expect_version) && !v.contains(',')))
+            .then_some(r)
+        },
+    )
+    .await;
+    let took = start.elapsed();
+    let end = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut tallies: Vec<Tally> = Vec::new();
+    for w in writers {
+        tallies.push(w.stop().await);
+    }
+    let (reads_ok, reads_failed, answers) = reader.stop().await;
+    let acks: Vec<Instant> = tallies
+        .iter()
+        .flat_map(|t| t.acks.iter().map(|a| a.acked))
+        .collect();
+    let window = longest_gap(acks, start, end);
+    let keys: Vec<String> = tallies.iter().flat_map(|t| t.keys()).collect();
+    let pods = redis_pods(client, ns, "cache").await;
+    let mut lost = 0;
+    for (pod, p) in &pods {
+        let ip = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .expect("pod ip");
+        let gone = missing(&ip, pw, &keys).await;
+        assert!(
+            gone.is_empty(),
+            "{name}: {pod} lacks {} acknowledged writes, e.g. {:?}",
+            gone.len(),
+            &gone[..gone.len().min(5)]
+        );
+        lost += gone.len();
+    }
+    let s = done.status.expect("status");
+    let u = s.upgrade.expect("status.upgrade");
+    assert_eq!((u.done, u.total), (3, 3), "{u:?}");
+    assert!(u.finished_at.is_some(), "{u:?}");
+    assert_ne!(
+        s.primary, old_primary,
+        "{name}: the primary was switched over"
+    );
+    let failed: u64 = tallies.iter().map(|t| t.failed).sum();
+    let errors: std::collections::BTreeMap<String, u64> = tallies
+        .iter()
+        .flat_map(|t| t.errors.clone())
+        .fold(Default::default(), |mut m, (k, v)| {
+            *m.entry(k).or_default() += v;
+            m
+        });
+    println!(
+        "hop to {name}: {:.1}s; {} writes acknowledged, {lost} lost, {failed} failed {errors:?}; \
+         longest stretch without an accepted write {:.3}s; reads {reads_ok} answered, \
+         {reads_failed} failed, longest gap {:.3}s",
+        took.as_secs_f64(),
+        keys.len(),
+        window.as_secs_f64(),
+        longest_gap(answers.clone(), start, end).as_secs_f64(),
+    );
+    Hop {
+        name,
+        took,
+        window,
+        acked: keys.len(),
+        lost,
+        failed,
+        reads_ok,
+        reads_failed,
+        read_gap: longest_gap(answers, start, end),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hop_upgrades_without_losing_a_write() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-hops", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let mut hops: Vec<Hop> = Vec::new();
+    for run in 0..runs() {
+        let name = "cache";
+        apply_redis(
+            &client,
+            &ns.name,
+            name,
+            json!({"mode": "Replication", "instances": 3, "version": "6.2",
+                   "persistence": {"rdb": false}}),
+        )
+        .await;
+        wait_ready(&client, &ns.name, name, READY).await;
+        let pw = redis_password(&client, &ns.name, name).await;
+        hops.push(hop(&client, &ns.name, &pw, "Redis", "7.0", "7.0.", run).await);
+        hops.push(hop(&client, &ns.name, &pw, "Valkey", "8.1", "8.1.", run).await);
+        hops.push(hop(&client, &ns.name, &pw, "Valkey", "9.1", "9.1.", run).await);
+        let events = recent_events(&client, &ns.name, 80).await;
+        for reason in [
+            "UpgradeStarted",
+            "UpgradeProgress",
+            "UpgradeSucceeded",
+            "SwitchedOver",
+        ] {
+            assert!(events.contains(reason), "no {reason} event:\n{events}");
+        }
+        if run + 1 == runs() {
+            break;
+        }
+        redis_api(&client, &ns.name)
+            .delete(name, &Default::default())
+            .await
+            .expect("delete");
+        wait_for("the Redis gone", READY, || async {
+            redis_api(&client, &ns.name)
+                .get_opt(name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        wait_for("its pods gone", READY, || async {
+            redis_pods(&client, &ns.name, name)
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    }
+    drop(op);
+    let lost: usize = hops.iter().map(|h| h.lost).sum();
+    assert_eq!(lost, 0);
+    for name in ["Redis 7.0", "Valkey 8.1", "Valkey 9.1"] {
+        let of: Vec<&Hop> = hops.iter().filter(|h| h.name == name).collect();
+        let windows: Vec<f64> = of.iter().map(|h| h.window.as_secs_f64()).collect();
+        let took: Vec<f64> = of.iter().map(|h| h.took.as_secs_f64()).collect();
+        let (w50, _) = percentiles(&windows);
+        let (t50, _) = percentiles(&took);
+        println!(
+            "{name}: {} runs; write window p50 {w50:.3}s max {:.3}s; upgrade p50 {t50:.1}s max \
+             {:.1}s; {} writes acknowledged, {} lost, {} failed; reads {} ok {} failed, longest \
+             read gap {:.3}s",
+            of.len(),
+            windows.iter().cloned().fold(0.0, f64::max),
+            took.iter().cloned().fold(0.0, f64::max),
+            of.iter().map(|h| h.acked).sum::<usize>(),
+            of.iter().map(|h| h.lost).sum::<usize>(),
+            of.iter().map(|h| h.failed).sum::<u64>(),
+            of.iter().map(|h| h.reads_ok).sum::<u64>(),
+            of.iter().map(|h| h.reads_failed).sum::<u64>(),
+            of.iter()
+                .map(|h| h.read_gap.as_secs_f64())
+                .fold(0.0, f64::max),
+        );
+    }
+}
+
+/// The server container's image of each pod, and the pods' UIDs and
+/// restart counts.
+async fn pod_state(client: &kube::Client, ns: &str) -> Vec<(String, String, String, i32)> {
+    redis_pods(client, ns, "cache")
+        .await
+        .into_iter()
+        .map(|(name, p)| {
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (name, p.metadata.uid.unwrap_or_default(), image, restarts)
+        })
+        .collect()
+}
+
+/// Waits for a rolled-back upgrade with `reason`; checks the primary was
+/// never restarted and every instance runs `image` again.
+async fn expect_rolled_back(
+    client: &kube::Client,
+    ns: &str,
+    generation: Option<i64>,
+    reason: &str,
+    image: &str,
+    primary: &(String, String, String, i32),
+) -> Redis {
+    let t = Instant::now();
+    let r = wait_for(
+        &format!("the upgrade rolled back ({reason})"),
+        READY,
+        || async {
+            let r = redis_api(client, ns).get("cache").await.ok()?;
+            let s = r.status.as_ref()?;
+            let u = s.upgrade.as_ref()?;
+            (is_ready(&r)
+                && s.observed_generation == generation
+                && u.phase == UpgradePhase::RolledBack
+                && u.reason.as_deref() == Some(reason))
+            .then_some(r)
+        },
+    )
+    .await;
+    let s = r.status.as_ref().expect("status");
+    let cond = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "UpgradeFailed")
+        .expect("UpgradeFailed condition");
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("True", reason)
+    );
+    assert!(
+        cond.message.contains("is not served") && cond.message.contains("cache-"),
+        "names the instance: {}",
+        cond.message
+    );
+    let state = pod_state(client, ns).await;
+    assert!(
+        state.iter().all(|(_, _, img, _)| img == image),
+        "every instance back on {image}: {state:?}"
+    );
+    let now = state
+        .iter()
+        .find(|(n, ..)| *n == primary.0)
+        .expect("the primary's pod");
+    assert_eq!(
+        (&now.1, now.3),
+        (&primary.1, primary.3),
+        "the primary was never restarted"
+    );
+    assert_eq!(s.primary.as_deref(), Some(primary.0.as_str()));
+    println!(
+        "{reason}: rolled back in {:.1}s: {}",
+        t.elapsed().as_secs_f64(),
+        cond.message
+    );
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-rollback", &[]).await;
+    // The mirror lacks the 7.0 image.
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env.push((
+        "RELATED_IMAGE_REDIS_7_0".into(),
+        "mirror.invalid/redis:7.0".into(),
+    ));
+    let _op = start_operator(&client, opts).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "version": "6.2",
+               "persistence": {"rdb": false}, "upgrade": {"timeoutSeconds": 60}}),
+    )
+    .await;
+    let redis = wait_ready(&client, &ns.name, "cache", READY).await;
+    let primary = redis.status.and_then(|s| s.primary).expect("primary");
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "rb", 0);
+    let state = pod_state(&client, &ns.name).await;
+    let p0 = state
+        .iter()
+        .find(|(n, ..)| *n == primary)
+        .cloned()
+        .expect("primary pod");
+
+    // 1. An image that cannot be pulled.
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "7.0"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    expect_rolled_back(&client, &ns.name, g, "ImagePullFailed", "redis:6.2", &p0).await;
+    // The spec is left as written; the status says 7.0 is not served.
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("get");
+    assert_eq!(r.spec.version, "7.0");
+    assert!(
+        r.status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .is_some_and(|v| v.starts_with("6.2.")),
+        "{:?}",
+        r.status
+    );
+
+    // 2. A server that exits at start: a new spec change, a new attempt.
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"image": "redpilot-test/exits-at-start:7.0"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    expect_rolled_back(&client, &ns.name, g, "CrashLoop", "redis:6.2", &p0).await;
+
+    // 3. A working image: upgraded.
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"image": "redis:7.0"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    wait_for("the upgrade to succeed", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (is_ready(&r)
+            && s.observed_generation == g
+            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
+            && s.current_version.as_deref()?.starts_with("7.0."))
+        .then_some(())
+    })
+    .await;
+    let tally = writer.stop().await;
+    let keys = tally.keys();
+    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
+        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
+        let gone = missing(&ip, &pw, &keys).await;
+        assert!(
+            gone.is_empty(),
+            "{pod} lacks {} acknowledged writes",
+            gone.len()
+        );
+    }
+    let events = recent_events(&client, &ns.name, 100).await;
+    for reason in [
+        "UpgradeFailed",
+        "UpgradeRollback",
+        "UpgradeRolledBack",
+        "UpgradeSucceeded",
+    ] {
+        assert!(events.contains(reason), "no {reason} event:\n{events}");
+    }
+    println!("{} writes acknowledged, none lost", keys.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_interrupted_by_the_operators_death_is_finished_by_the_next() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-killed", &[]).await;
+    let opts = OperatorOptions::watching(&[&ns.name]);
+    let mut op = start_operator(&client, opts.clone()).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "version": "6.2",
+               "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "k", 0);
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "7.0"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    let started = wait_for("one replica upgraded", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let u = r.status?.upgrade?;
+        (u.done >= 1).then_some(u.started_at)
+    })
+    .await;
+    op.kill();
+    let mid = pod_state(&client, &ns.name).await;
+    println!("operator killed with {mid:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _op = start_operator(&client, opts.named("op-next")).await;
+    let r = wait_for("the upgrade finished", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (is_ready(&r)
+            && s.observed_generation == g
+            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
+            && s.current_version.as_deref()?.starts_with("7.0."))
+        .then_some(r)
+    })
+    .await;
+    let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
+    assert_eq!(u.started_at, started, "the same upgrade, not a new one");
+    assert_eq!(u.from.version, "6.2");
+    let tally = writer.stop().await;
+    let keys = tally.keys();
+    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
+        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
+        let gone = missing(&ip, &pw, &keys).await;
+        assert!(
+            gone.is_empty(),
+            "{pod} lacks {} acknowledged writes",
+            gone.len()
+        );
+    }
+    println!("{} writes acknowledged, none lost", keys.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-standalone", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Standalone", "version": "6.2", "storage": {"size": "1Gi"},
+               "persistence": {"rdb": false, "aof": "Always"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "s", 0);
+    let t0 = Instant::now();
+    while writer.acked() < 100 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "writer never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = pod_state(&client, &ns.name).await;
+    let start = Instant::now();
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "7.0"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    let r = wait_for("the upgrade to succeed", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (is_ready(&r)
+            && s.observed_generation == g
+            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
+            && s.current_version.as_deref()?.starts_with("7.0."))
+        .then_some(r)
+    })
+    .await;
+    let end = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tally = writer.stop().await;
+    let after = pod_state(&client, &ns.name).await;
+    assert_ne!(before[0].1, after[0].1, "restarted once, as a new pod");
+    let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
+    let reported = u.unavailable_seconds.expect("unavailableSeconds");
+    let window = longest_gap(tally.acks.iter().map(|a| a.acked).collect(), start, end);
+    let keys = tally.keys();
+    let ip = redis_pods(&client, &ns.name, "cache")
+        .await
+        .into_values()
+        .next()
+        .and_then(|p| p.status?.pod_ip)
+        .expect("ip");
+    let gone = missing(&ip, &pw, &keys).await;
+    println!(
+        "standalone 6.2 -> 7.0: reported unavailable {reported:.1}s; the writer saw {:.3}s \
+         without an accepted write; {} writes acknowledged, {} lost",
+        window.as_secs_f64(),
+        keys.len(),
+        gone.len()
+    );
+    assert!(gone.is_empty(), "AOF on the volume keeps every write");
+    assert!(reported > 0.0 && reported < 60.0, "{reported}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_spec_wins_over_the_upgrade_in_progress() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-retarget", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "version": "6.2",
+               "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "n", 0);
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "7.0"}}),
+    )
+    .await;
+    wait_for("one replica on 7.0", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        (r.status?.upgrade?.done >= 1).then_some(())
+    })
+    .await;
+    let g = patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
+    )
+    .await
+    .metadata
+    .generation;
+    let r = wait_for("the newer target reached", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (is_ready(&r)
+            && s.observed_generation == g
+            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
+            && s.current_version.as_deref()?.starts_with("8.1."))
+        .then_some(r)
+    })
+    .await;
+    let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
+    assert_eq!(u.from.version, "6.2", "where it came from is kept");
+    assert_eq!(u.to.version, "8.1");
+    let events = recent_events(&client, &ns.name, 100).await;
+    assert!(events.contains("UpgradeRetargeted"), "{events}");
+    let tally = writer.stop().await;
+    let keys = tally.keys();
+    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
+        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
+        let gone = missing(&ip, &pw, &keys).await;
+        assert!(
+            gone.is_empty(),
+            "{pod} lacks {} acknowledged writes",
+            gone.len()
+        );
+    }
+    println!(
+        "retargeted 6.2 -> 7.0 -> Valkey 8.1: {} writes acknowledged, none lost",
+        keys.len()
+    );
+}
