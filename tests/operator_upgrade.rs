@@ -8,7 +8,9 @@
 //!   same ordered upgrade). Per hop: acknowledged writes lost (must be 0),
 //!   the longest stretch without an accepted write, the upgrade's duration,
 //!   reads served.
-//! - the operator killed in the middle of an upgrade: a new one finishes it.
+//! - the operator killed in the middle of an upgrade (after a replica was
+//!   upgraded), and the next one stopped right after the switchover: a third
+//!   one finishes it.
 //! - an upgrade to an image that cannot be pulled, and one to a server that
 //!   exits at start: rolled back, the primary never restarted, the reason
 //!   in the status; a new spec change then upgrades.
@@ -166,33 +168,9 @@ async fn hop(
     }
     let before = redis_api(client, ns).get("cache").await.expect("get");
     let old_primary = before.status.as_ref().and_then(|s| s.primary.clone());
-    let changed = patch_redis(
-        client,
-        ns,
-        "cache",
-        json!({"spec": {"engine": engine, "version": version}}),
-    )
-    .await;
-    let generation = changed.metadata.generation;
+    let generation = spec_change(client, ns, json!({"engine": engine, "version": version})).await;
     let start = Instant::now();
-    let done = wait_for(
-        &format!("the upgrade to {name} to succeed"),
-        READY,
-        || async {
-            let r = redis_api(client, ns).get("cache").await.ok()?;
-            let s = r.status.as_ref()?;
-            let u = s.upgrade.as_ref()?;
-            (is_ready(&r)
-                && s.observed_generation == generation
-                && u.phase == UpgradePhase::Succeeded
-                && u.to.version == version
-                && s.current_version
-                    .as_deref()
-                    .is_some_and(|v| v.starts_with(expect_version) && !v.contains(',')))
-            .then_some(r)
-        },
-    )
-    .await;
+    let done = wait_upgraded(client, ns, generation, expect_version).await;
     let took = start.elapsed();
     let end = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -270,16 +248,7 @@ async fn every_hop_upgrades_without_losing_a_write() {
     let mut hops: Vec<Hop> = Vec::new();
     for run in 0..runs() {
         let name = "cache";
-        apply_redis(
-            &client,
-            &ns.name,
-            name,
-            json!({"mode": "Replication", "instances": 3, "version": "6.2",
-                   "persistence": {"rdb": false}}),
-        )
-        .await;
-        wait_ready(&client, &ns.name, name, READY).await;
-        let pw = redis_password(&client, &ns.name, name).await;
+        let pw = replication_62(&client, &ns.name, json!({})).await;
         hops.push(hop(&client, &ns.name, &pw, "Redis", "7.0", "7.0.", run).await);
         hops.push(hop(&client, &ns.name, &pw, "Valkey", "8.1", "8.1.", run).await);
         hops.push(hop(&client, &ns.name, &pw, "Valkey", "9.1", "9.1.", run).await);
@@ -344,28 +313,84 @@ async fn every_hop_upgrades_without_losing_a_write() {
     }
 }
 
-/// The server container's image of each pod, and the pods' UIDs and
-/// restart counts.
-async fn pod_state(client: &kube::Client, ns: &str) -> Vec<(String, String, String, i32)> {
-    redis_pods(client, ns, "cache")
+/// Creates Redis `cache`: Replication, 3 instances of Redis 6.2 without
+/// persistence, plus `extra` spec fields; waits for Ready; returns the
+/// password.
+async fn replication_62(client: &kube::Client, ns: &str, extra: serde_json::Value) -> String {
+    let mut spec = json!({"mode": "Replication", "instances": 3, "version": "6.2",
+                          "persistence": {"rdb": false}});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    apply_redis(client, ns, "cache", spec).await;
+    wait_ready(client, ns, "cache", READY).await;
+    redis_password(client, ns, "cache").await
+}
+
+/// Merges `spec` into Redis `cache`'s spec; returns the new generation.
+async fn spec_change(client: &kube::Client, ns: &str, spec: serde_json::Value) -> Option<i64> {
+    patch_redis(client, ns, "cache", json!({ "spec": spec }))
         .await
-        .into_iter()
-        .map(|(name, p)| {
-            let image = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .and_then(|c| c.image.clone())
-                .unwrap_or_default();
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|c| c.first())
-                .map_or(0, |c| c.restart_count);
-            (name, p.metadata.uid.unwrap_or_default(), image, restarts)
-        })
-        .collect()
+        .metadata
+        .generation
+}
+
+/// Waits until the Redis is Ready at spec generation `generation` with a
+/// status that satisfies `ok`.
+async fn wait_status(
+    client: &kube::Client,
+    ns: &str,
+    generation: Option<i64>,
+    what: &str,
+    ok: impl Fn(&redpilot::api::v1alpha1::RedisStatus) -> bool,
+) -> Redis {
+    wait_for(what, READY, || async {
+        let r = redis_api(client, ns).get("cache").await.ok()?;
+        let s = r.status.as_ref()?;
+        (is_ready(&r) && s.observed_generation == generation && ok(s)).then_some(r)
+    })
+    .await
+}
+
+/// Waits until the upgrade for spec generation `generation` succeeded and
+/// every server reports a version starting with `version`.
+async fn wait_upgraded(
+    client: &kube::Client,
+    ns: &str,
+    generation: Option<i64>,
+    version: &str,
+) -> Redis {
+    let what = format!("the upgrade to {version} to succeed");
+    wait_status(client, ns, generation, &what, |s| {
+        s.upgrade
+            .as_ref()
+            .is_some_and(|u| u.phase == UpgradePhase::Succeeded)
+            && s.current_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with(version) && !v.contains(','))
+    })
+    .await
+}
+
+/// Every key `tally` had acknowledged is on every instance; returns how
+/// many there were.
+async fn assert_kept(client: &kube::Client, ns: &str, pw: &str, tally: &Tally) -> usize {
+    let keys = tally.keys();
+    for (pod, p) in redis_pods(client, ns, "cache").await {
+        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
+        let gone = missing(&ip, pw, &keys).await;
+        assert!(
+            gone.is_empty(),
+            "{pod} lacks {} acknowledged writes",
+            gone.len()
+        );
+    }
+    keys.len()
+}
+
+/// Each pod of Redis `cache`: name, UID, image, restart count.
+async fn pod_state(client: &kube::Client, ns: &str) -> Vec<(String, String, String, i32)> {
+    support::operator::pod_states(client, ns, "cache").await
 }
 
 /// Waits for a rolled-back upgrade with `reason`; checks the primary was
@@ -379,20 +404,12 @@ async fn expect_rolled_back(
     primary: &(String, String, String, i32),
 ) -> Redis {
     let t = Instant::now();
-    let r = wait_for(
-        &format!("the upgrade rolled back ({reason})"),
-        READY,
-        || async {
-            let r = redis_api(client, ns).get("cache").await.ok()?;
-            let s = r.status.as_ref()?;
-            let u = s.upgrade.as_ref()?;
-            (is_ready(&r)
-                && s.observed_generation == generation
-                && u.phase == UpgradePhase::RolledBack
-                && u.reason.as_deref() == Some(reason))
-            .then_some(r)
-        },
-    )
+    let what = format!("the upgrade rolled back ({reason})");
+    let r = wait_status(client, ns, generation, &what, |s| {
+        s.upgrade.as_ref().is_some_and(|u| {
+            u.phase == UpgradePhase::RolledBack && u.reason.as_deref() == Some(reason)
+        })
+    })
     .await;
     let s = r.status.as_ref().expect("status");
     let cond = s
@@ -443,17 +460,17 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
         "mirror.invalid/redis:7.0".into(),
     ));
     let _op = start_operator(&client, opts).await;
-    apply_redis(
+    let pw = replication_62(
         &client,
         &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "version": "6.2",
-               "persistence": {"rdb": false}, "upgrade": {"timeoutSeconds": 60}}),
+        json!({"upgrade": {"timeoutSeconds": 60}}),
     )
     .await;
-    let redis = wait_ready(&client, &ns.name, "cache", READY).await;
+    let redis = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("get");
     let primary = redis.status.and_then(|s| s.primary).expect("primary");
-    let pw = redis_password(&client, &ns.name, "cache").await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "rb", 0);
     let state = pod_state(&client, &ns.name).await;
     let p0 = state
@@ -463,15 +480,7 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
         .expect("primary pod");
 
     // 1. An image that cannot be pulled.
-    let g = patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"version": "7.0"}}),
-    )
-    .await
-    .metadata
-    .generation;
+    let g = spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     expect_rolled_back(&client, &ns.name, g, "ImagePullFailed", "redis:6.2", &p0).await;
     // The spec is left as written; the status says 7.0 is not served.
     let r = redis_api(&client, &ns.name)
@@ -489,48 +498,19 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
     );
 
     // 2. A server that exits at start: a new spec change, a new attempt.
-    let g = patch_redis(
+    let g = spec_change(
         &client,
         &ns.name,
-        "cache",
-        json!({"spec": {"image": "redpilot-test/exits-at-start:7.0"}}),
+        json!({"image": "redpilot-test/exits-at-start:7.0"}),
     )
-    .await
-    .metadata
-    .generation;
+    .await;
     expect_rolled_back(&client, &ns.name, g, "CrashLoop", "redis:6.2", &p0).await;
 
     // 3. A working image: upgraded.
-    let g = patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"image": "redis:7.0"}}),
-    )
-    .await
-    .metadata
-    .generation;
-    wait_for("the upgrade to succeed", READY, || async {
-        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-        let s = r.status.as_ref()?;
-        (is_ready(&r)
-            && s.observed_generation == g
-            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
-            && s.current_version.as_deref()?.starts_with("7.0."))
-        .then_some(())
-    })
-    .await;
+    let g = spec_change(&client, &ns.name, json!({"image": "redis:7.0"})).await;
+    wait_upgraded(&client, &ns.name, g, "7.0.").await;
     let tally = writer.stop().await;
-    let keys = tally.keys();
-    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
-        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
-        let gone = missing(&ip, &pw, &keys).await;
-        assert!(
-            gone.is_empty(),
-            "{pod} lacks {} acknowledged writes",
-            gone.len()
-        );
-    }
+    let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
     let events = recent_events(&client, &ns.name, 100).await;
     for reason in [
         "UpgradeFailed",
@@ -540,7 +520,7 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
     ] {
         assert!(events.contains(reason), "no {reason} event:\n{events}");
     }
-    println!("{} writes acknowledged, none lost", keys.len());
+    println!("{kept} writes acknowledged, none lost");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,26 +529,9 @@ async fn an_upgrade_interrupted_by_the_operators_death_is_finished_by_the_next()
     let ns = TestNamespace::new(&client, "upgrade-killed", &[]).await;
     let opts = OperatorOptions::watching(&[&ns.name]);
     let mut op = start_operator(&client, opts.clone()).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "version": "6.2",
-               "persistence": {"rdb": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let pw = replication_62(&client, &ns.name, json!({})).await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "k", 0);
-    let g = patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"version": "7.0"}}),
-    )
-    .await
-    .metadata
-    .generation;
+    let g = spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     let started = wait_for("one replica upgraded", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
         let u = r.status?.upgrade?;
@@ -578,33 +541,29 @@ async fn an_upgrade_interrupted_by_the_operators_death_is_finished_by_the_next()
     op.kill();
     let mid = pod_state(&client, &ns.name).await;
     println!("operator killed with {mid:?}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let _op = start_operator(&client, opts.named("op-next")).await;
-    let r = wait_for("the upgrade finished", READY, || async {
-        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-        let s = r.status.as_ref()?;
-        (is_ready(&r)
-            && s.observed_generation == g
-            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
-            && s.current_version.as_deref()?.starts_with("7.0."))
-        .then_some(r)
+    // The next one stops as a crash would right after the switchover,
+    // before the new primary is published and the old one restarted.
+    let mut crashing = opts.clone().named("op-crash");
+    crashing
+        .env
+        .push(("REDPILOT_FAILPOINTS".into(), "after-switchover".into()));
+    let mut crashing = start_operator(&client, crashing).await;
+    let exit = wait_for("the operator to stop after the switchover", READY, || {
+        let code = crashing.exit_status().and_then(|s| s.code());
+        async move { code }
     })
     .await;
+    assert_eq!(exit, 86, "{}", crashing.log_tail(20));
+    let mid = pod_state(&client, &ns.name).await;
+    println!("operator stopped after the switchover with {mid:?}");
+    let _op = start_operator(&client, opts.named("op-next")).await;
+    let r = wait_upgraded(&client, &ns.name, g, "7.0.").await;
     let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
     assert_eq!(u.started_at, started, "the same upgrade, not a new one");
     assert_eq!(u.from.version, "6.2");
     let tally = writer.stop().await;
-    let keys = tally.keys();
-    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
-        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
-        let gone = missing(&ip, &pw, &keys).await;
-        assert!(
-            gone.is_empty(),
-            "{pod} lacks {} acknowledged writes",
-            gone.len()
-        );
-    }
-    println!("{} writes acknowledged, none lost", keys.len());
+    let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
+    println!("{kept} writes acknowledged, none lost");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -633,25 +592,8 @@ async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
     }
     let before = pod_state(&client, &ns.name).await;
     let start = Instant::now();
-    let g = patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"version": "7.0"}}),
-    )
-    .await
-    .metadata
-    .generation;
-    let r = wait_for("the upgrade to succeed", READY, || async {
-        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-        let s = r.status.as_ref()?;
-        (is_ready(&r)
-            && s.observed_generation == g
-            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
-            && s.current_version.as_deref()?.starts_with("7.0."))
-        .then_some(r)
-    })
-    .await;
+    let g = spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
+    let r = wait_upgraded(&client, &ns.name, g, "7.0.").await;
     let end = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let tally = writer.stop().await;
@@ -684,66 +626,27 @@ async fn a_newer_spec_wins_over_the_upgrade_in_progress() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "upgrade-retarget", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"mode": "Replication", "instances": 3, "version": "6.2",
-               "persistence": {"rdb": false}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "cache", READY).await;
-    let pw = redis_password(&client, &ns.name, "cache").await;
+    let pw = replication_62(&client, &ns.name, json!({})).await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "n", 0);
-    patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"version": "7.0"}}),
-    )
-    .await;
+    spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     wait_for("one replica on 7.0", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
         (r.status?.upgrade?.done >= 1).then_some(())
     })
     .await;
-    let g = patch_redis(
+    let g = spec_change(
         &client,
         &ns.name,
-        "cache",
-        json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
+        json!({"engine": "Valkey", "version": "8.1"}),
     )
-    .await
-    .metadata
-    .generation;
-    let r = wait_for("the newer target reached", READY, || async {
-        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-        let s = r.status.as_ref()?;
-        (is_ready(&r)
-            && s.observed_generation == g
-            && s.upgrade.as_ref()?.phase == UpgradePhase::Succeeded
-            && s.current_version.as_deref()?.starts_with("8.1."))
-        .then_some(r)
-    })
     .await;
+    let r = wait_upgraded(&client, &ns.name, g, "8.1.").await;
     let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
     assert_eq!(u.from.version, "6.2", "where it came from is kept");
     assert_eq!(u.to.version, "8.1");
     let events = recent_events(&client, &ns.name, 100).await;
     assert!(events.contains("UpgradeRetargeted"), "{events}");
     let tally = writer.stop().await;
-    let keys = tally.keys();
-    for (pod, p) in redis_pods(&client, &ns.name, "cache").await {
-        let ip = p.status.and_then(|s| s.pod_ip).expect("ip");
-        let gone = missing(&ip, &pw, &keys).await;
-        assert!(
-            gone.is_empty(),
-            "{pod} lacks {} acknowledged writes",
-            gone.len()
-        );
-    }
-    println!(
-        "retargeted 6.2 -> 7.0 -> Valkey 8.1: {} writes acknowledged, none lost",
-        keys.len()
-    );
+    let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
+    println!("retargeted 6.2 -> 7.0 -> Valkey 8.1: {kept} writes acknowledged, none lost");
 }

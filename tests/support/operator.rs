@@ -1116,3 +1116,31 @@ pub async fn create_user_secret(client: &Client, ns: &str, name: &str, password:
         .await
         .unwrap_or_else(|e| panic!("creating the user's Secret {ns}/{name}: {e}"));
 }
+
+/// Each pod of Redis `name`: pod name, UID, server image and restart count
+/// (what a restart or an upgrade changes).
+pub async fn pod_states(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Vec<(String, String, String, i32)> {
+    redis_pods(client, ns, name)
+        .await
+        .into_iter()
+        .map(|(name, p)| {
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (name, p.metadata.uid.unwrap_or_default(), image, restarts)
+        })
+        .collect()
+}

@@ -56,6 +56,7 @@ impl Reconciler {
                 {
                     return Ok(());
                 }
+                crate::failpoint::hit("after-switchover");
                 // The old primary must restart as a replica of the new one:
                 // publish the new primary before deleting it.
                 self.publish_primary(facts, &target).await?;
