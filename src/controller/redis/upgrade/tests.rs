@@ -1,4 +1,6 @@
-use super::*;
+use super::judge::*;
+use crate::api::v1alpha1::{Engine, Served, UpgradePhase, UpgradeStatus};
+use crate::controller::redis::observe::{PodFacts, Role};
 
 fn replica(name: &str) -> PodFacts {
     PodFacts {

@@ -1,0 +1,180 @@
+//! The pure half of upgrades: when an instance is proven, when an upgraded
+//! one has failed, what runs and what is wanted, and the `UpgradeFailed`
+//! condition. Table-tested in `tests.rs`.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::jiff::Timestamp;
+
+use super::super::build;
+use super::super::observe::{PodFacts, Role};
+use super::super::status::Cond;
+use crate::api::v1alpha1::{Engine, Redis, Served, UpgradePhase, UpgradeStatus};
+
+/// A replica this far behind its primary (bytes) is caught up.
+pub const CAUGHT_UP_BYTES: i64 = 1 << 20;
+
+/// `status.upgrade.reason` when the spec returned to the old version.
+pub(super) const CANCELLED: &str = "Cancelled";
+
+/// Restarts of an upgraded server that make a crash loop.
+const CRASH_LOOP_RESTARTS: i32 = 2;
+
+/// Waiting reasons that say the image will not run.
+const IMAGE_FAILURES: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
+
+/// Whether an instance is proven: Ready and answering; a replica also
+/// linked, not in a full sync, heard from its primary within 2 s and at
+/// most [`CAUGHT_UP_BYTES`] behind.
+pub fn proven(f: &PodFacts, primary: Option<&str>) -> bool {
+    if !(f.ready && f.reachable && !f.terminating) {
+        return false;
+    }
+    if Some(f.name.as_str()) == primary || f.role == Some(Role::Primary) {
+        return true;
+    }
+    f.link_up == Some(true)
+        && !f.syncing
+        && f.link_age.is_some_and(|a| a <= 2)
+        && f.lag_bytes.is_none_or(|l| l <= CAUGHT_UP_BYTES)
+}
+
+/// Why an upgraded instance failed, if it did: (reason, message).
+pub fn failure(f: &PodFacts, timeout_secs: i64) -> Option<(String, String)> {
+    if let Some((reason, msg)) = &f.waiting {
+        if IMAGE_FAILURES.contains(&reason.as_str()) {
+            return Some((
+                "ImagePullFailed".into(),
+                format!("{}: {reason}: {msg}", f.name),
+            ));
+        }
+        if reason == "CrashLoopBackOff" {
+            return Some(("CrashLoop".into(), crash_message(f)));
+        }
+    }
+    if f.restarts >= CRASH_LOOP_RESTARTS {
+        return Some(("CrashLoop".into(), crash_message(f)));
+    }
+    // Not Ready (a replica: linked, not loading, not in a full sync) for
+    // the whole timeout. A Ready instance that is still catching up only
+    // holds the next restart; a brief flap later is no failure.
+    if f.unready_secs.is_some_and(|s| s >= timeout_secs) {
+        let saw = match (f.reachable, f.link_up, f.syncing) {
+            (false, _, _) => "not answering".to_string(),
+            (_, _, true) => "still in a full sync".to_string(),
+            (_, Some(false), _) => "its replication link is down".to_string(),
+            _ => "its readiness probe fails".to_string(),
+        };
+        return Some((
+            "NotReadyInTime".into(),
+            format!("{}: not Ready for {timeout_secs}s: {saw}", f.name),
+        ));
+    }
+    None
+}
+
+fn crash_message(f: &PodFacts) -> String {
+    let exit = f
+        .last_exit
+        .map(|c| format!(", last exit code {c}"))
+        .unwrap_or_default();
+    format!(
+        "{}: the server keeps exiting ({} restarts{exit})",
+        f.name, f.restarts
+    )
+}
+
+/// The serving target a spec asks for.
+pub fn desired(redis: &Redis, image: String) -> Served {
+    Served {
+        engine: redis.spec.engine,
+        version: redis.spec.version.clone(),
+        image,
+    }
+}
+
+/// What the live StatefulSet's template runs, from its annotations and
+/// container (a StatefulSet written before the annotations existed: the
+/// spec's engine and version).
+pub fn running(sts: &StatefulSet, redis: &Redis) -> Option<Served> {
+    let image = sts
+        .spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == build::SERVER_CONTAINER)?
+        .image
+        .clone()?;
+    let ann = sts.metadata.annotations.as_ref();
+    let engine = match ann
+        .and_then(|a| a.get(build::ENGINE_ANNOTATION))
+        .map(String::as_str)
+    {
+        Some("Valkey") => Engine::Valkey,
+        Some("Redis") => Engine::Redis,
+        _ => redis.spec.engine,
+    };
+    let version = ann
+        .and_then(|a| a.get(build::VERSION_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| redis.spec.version.clone());
+    Some(Served {
+        engine,
+        version,
+        image,
+    })
+}
+
+pub(super) fn same(a: &Served, b: &Served) -> bool {
+    a.engine == b.engine && a.image == b.image
+}
+
+pub(super) fn label(s: &Served) -> String {
+    format!("{:?} {} ({})", s.engine, s.version, s.image)
+}
+
+pub(super) fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+/// `UpgradeFailed`: true while a failed upgrade is rolled back and after,
+/// until the spec changes; says which instance failed and what it showed.
+pub fn condition(u: &UpgradeStatus) -> Cond {
+    let failed = u.reason.as_deref().filter(|r| *r != CANCELLED);
+    match (u.phase, failed) {
+        (UpgradePhase::RollingBack | UpgradePhase::RolledBack, Some(reason)) => Cond::new(
+            "UpgradeFailed",
+            true,
+            reason,
+            format!(
+                "{} is not served: {}; {} to {}",
+                label(&u.to),
+                u.message.as_deref().unwrap_or("the upgrade failed"),
+                if u.phase == UpgradePhase::RolledBack {
+                    "rolled back"
+                } else {
+                    "rolling back"
+                },
+                label(&u.from)
+            ),
+        ),
+        (UpgradePhase::Succeeded, _) => Cond::new(
+            "UpgradeFailed",
+            false,
+            "Succeeded",
+            format!("every instance runs {}", label(&u.to)),
+        ),
+        (phase, _) => Cond::new(
+            "UpgradeFailed",
+            false,
+            format!("{phase:?}"),
+            format!("{} to {}", label(&u.from), label(&u.to)),
+        ),
+    }
+}
