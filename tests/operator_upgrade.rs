@@ -650,3 +650,69 @@ async fn a_newer_spec_wins_over_the_upgrade_in_progress() {
     let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
     println!("retargeted 6.2 -> 7.0 -> Valkey 8.1: {kept} writes acknowledged, none lost");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_rolled_back_over_a_newer_dump_resyncs_instead_of_crashing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-dump", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let pw = replication_62(
+        &client,
+        &ns.name,
+        json!({"storage": {"size": "1Gi"}, "persistence": {"rdb": true}}),
+    )
+    .await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "d", 0);
+    spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
+    // The first upgraded replica saves a dump in its own format (RDB 10),
+    // as its periodic save would.
+    let upgraded = wait_for("one replica on 7.0", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let s = r.status?;
+        (s.upgrade?.done >= 1).then_some(())?;
+        let primary = s.primary?;
+        pod_state(&client, &ns.name)
+            .await
+            .into_iter()
+            .find(|(n, _, image, _)| image == "redis:7.0" && *n != primary)
+            .map(|(n, ..)| n)
+    })
+    .await;
+    let mut node = support::operator::connect_pod(&client, &ns.name, &upgraded, &pw)
+        .await
+        .expect("connect");
+    let _: String = node.query("SAVE", &redis::cmd("SAVE")).await.expect("SAVE");
+    // Back to 6.2 before the primary moves: the upgraded replicas restart
+    // on 6.2, which cannot read RDB 10.
+    let g = spec_change(&client, &ns.name, json!({"version": "6.2"})).await;
+    wait_status(&client, &ns.name, g, "every instance back on 6.2", |s| {
+        s.upgrade
+            .as_ref()
+            .is_some_and(|u| u.phase == UpgradePhase::RolledBack)
+            && s.current_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with("6.2.") && !v.contains(','))
+    })
+    .await;
+    let state = pod_state(&client, &ns.name).await;
+    assert!(
+        state.iter().all(|(_, _, image, _)| image == "redis:6.2"),
+        "{state:?}"
+    );
+    let log = std::fs::read_to_string(
+        support::repo_root()
+            .join(".dev/localnode/pods")
+            .join(format!("{}_{upgraded}", ns.name))
+            .join("redis.log"),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("moved aside dump.rdb in RDB format 10"),
+        "{upgraded} kept a dump it cannot read:\n{log}"
+    );
+    let tally = writer.stop().await;
+    let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
+    println!(
+        "{upgraded} moved aside its RDB 10 dump and resynced; {kept} writes acknowledged, none lost"
+    );
+}

@@ -32,7 +32,7 @@ use crate::api::v1alpha1::{Mode, Redis, Served, UpgradePhase, UpgradeSpec, Upgra
 
 mod judge;
 use judge::{CANCELLED, label, now, same};
-pub use judge::{CAUGHT_UP_BYTES, condition, desired, failure, proven, running};
+pub use judge::{CAUGHT_UP_BYTES, condition, desired, failure, is_downgrade, proven, running};
 
 impl Reconciler {
     fn upgrade_timeout(&self) -> i64 {
@@ -75,6 +75,11 @@ impl Reconciler {
                 if same(&running, &want) {
                     return Ok(());
                 }
+                if is_downgrade(&running, &want) {
+                    self.no_way_back(&want, &running).await;
+                    self.serve(&running);
+                    return Ok(());
+                }
                 let u = UpgradeStatus {
                     from: running.clone(),
                     to: want.clone(),
@@ -109,6 +114,20 @@ impl Reconciler {
 
         // A newer spec wins: the upgrade heads for it (or back to where it
         // came from), keeping `from`.
+        // Past the switchover there is no way back: an older server cannot
+        // follow a newer primary. The upgrade goes on, and says why.
+        let primary_moved = facts.iter().any(|f| {
+            Some(f.name.as_str()) == primary
+                && !f.terminating
+                && f.image.as_deref().is_some_and(|i| i != u.from.image)
+        });
+        if !same(&u.to, &want) && same(&u.from, &want) && primary_moved {
+            self.no_way_back(&want, &u.to.clone()).await;
+            self.serve(&u.to.clone());
+            self.follow_upgrade(&mut u, facts, primary).await?;
+            self.upgrade = Some(u);
+            return Ok(());
+        }
         if !same(&u.to, &want) {
             let back = same(&u.from, &want);
             self.event(
@@ -339,6 +358,24 @@ impl Reconciler {
         }
     }
 
+    /// The spec asks for a version older than the primary runs: say so,
+    /// and keep `runs`. Progressing, not Degraded: a Degraded pass stops
+    /// before the restarts that may still finish an upgrade. The recorder
+    /// folds repeats of the event into one series.
+    async fn no_way_back(&mut self, want: &Served, runs: &Served) {
+        let msg = format!(
+            "spec.version: {} cannot be served: the primary runs {} and an older server \
+             cannot follow a newer primary; set the spec to {} or newer",
+            label(want),
+            label(runs),
+            runs.version
+        );
+        self.event(EventType::Warning, "NoWayBack", "Upgrade", msg.clone())
+            .await;
+        self.progress_reason = Some("NoWayBack");
+        self.progressing.push(msg);
+    }
+
     /// Builds the children from `served` instead of the spec's engine,
     /// version and image for the rest of this pass.
     fn serve(&mut self, served: &Served) {
@@ -352,7 +389,13 @@ impl Reconciler {
         let mut redis = Redis::clone(&self.redis);
         redis.spec.engine = served.engine;
         redis.spec.version = served.version.clone();
-        redis.spec.image = Some(served.image.clone());
+        // The image only when engine and version do not give it: the
+        // template must come out exactly as it was (an explicit image
+        // changes it), or the untouched primary would count as outdated.
+        redis.spec.image = None;
+        if self.ctx.images.image_for(&redis.spec) != served.image {
+            redis.spec.image = Some(served.image.clone());
+        }
         self.redis = Arc::new(redis);
     }
 

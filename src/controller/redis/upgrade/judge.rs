@@ -178,3 +178,15 @@ pub fn condition(u: &UpgradeStatus) -> Cond {
         ),
     }
 }
+
+/// Whether moving the instances from `running` to `want` would make an
+/// older server follow a newer one: a lower version of the same engine, or
+/// Valkey to Redis.
+pub fn is_downgrade(running: &Served, want: &Served) -> bool {
+    let num = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    match (running.engine, want.engine) {
+        (Engine::Valkey, Engine::Redis) => true,
+        (a, b) if a == b => num(&want.version) < num(&running.version),
+        _ => false,
+    }
+}

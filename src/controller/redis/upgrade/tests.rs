@@ -128,3 +128,36 @@ fn the_condition_says_what_is_not_served_and_why() {
     u.phase = UpgradePhase::Succeeded;
     assert_eq!(condition(&u).reason, "Succeeded");
 }
+
+#[test]
+fn only_a_newer_server_may_follow() {
+    let served = |e: Engine, v: &str| Served {
+        engine: e,
+        version: v.into(),
+        image: String::new(),
+    };
+    assert!(is_downgrade(
+        &served(Engine::Redis, "7.0"),
+        &served(Engine::Redis, "6.2")
+    ));
+    assert!(is_downgrade(
+        &served(Engine::Redis, "7.0.15"),
+        &served(Engine::Redis, "7.0.9")
+    ));
+    assert!(!is_downgrade(
+        &served(Engine::Redis, "6.2"),
+        &served(Engine::Redis, "7.0")
+    ));
+    assert!(!is_downgrade(
+        &served(Engine::Redis, "7.0"),
+        &served(Engine::Redis, "7.0")
+    ));
+    assert!(is_downgrade(
+        &served(Engine::Valkey, "8.1"),
+        &served(Engine::Redis, "7.0")
+    ));
+    assert!(!is_downgrade(
+        &served(Engine::Redis, "7.0"),
+        &served(Engine::Valkey, "8.1")
+    ));
+}
