@@ -11,9 +11,10 @@
 //! - the operator killed in the middle of an upgrade (after a replica was
 //!   upgraded), and the next one stopped right after the switchover: a third
 //!   one finishes it.
-//! - an upgrade to an image that cannot be pulled, and one to a server that
-//!   exits at start: rolled back, the primary never restarted, the reason
-//!   in the status; a new spec change then upgrades.
+//! - an upgrade to an image that cannot be pulled, one to a server that
+//!   exits at start, and one to a server that never becomes Ready: rolled
+//!   back, the primary never restarted, the reason in the status; a new
+//!   spec change then upgrades.
 //! - a Standalone upgrade: one restart, its window reported.
 //! - a spec change during an upgrade: the newer target wins.
 //!
@@ -38,6 +39,12 @@ use support::operator::{
 use support::{TestNamespace, client, wait_for};
 
 const READY: Duration = Duration::from_secs(240);
+
+/// Each writer pauses this long after a write: the suite's six tests run
+/// side by side on two cores with the control plane, and unpaced writers
+/// starved the API server long enough for an operator to lose its lease.
+/// About 400 writes/s per writer still times a window to a few ms.
+const PACE: Duration = Duration::from_millis(2);
 
 fn runs() -> usize {
     std::env::var("REDPILOT_UPGRADE_RUNS")
@@ -155,7 +162,17 @@ async fn hop(
 ) -> Hop {
     let name = format!("{engine} {version}");
     let writers: Vec<ServiceWriter> = (0..4)
-        .map(|i| ServiceWriter::start(client, ns, "cache", pw, &format!("w{i}-{run}-{version}"), 0))
+        .map(|i| {
+            ServiceWriter::paced(
+                client,
+                ns,
+                "cache",
+                pw,
+                &format!("w{i}-{run}-{version}"),
+                0,
+                PACE,
+            )
+        })
         .collect();
     let reader = Reader::start(client, ns, "cache-ro", pw);
     let t0 = Instant::now();
@@ -471,7 +488,7 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
         .await
         .expect("get");
     let primary = redis.status.and_then(|s| s.primary).expect("primary");
-    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "rb", 0);
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "rb", 0, PACE);
     let state = pod_state(&client, &ns.name).await;
     let p0 = state
         .iter()
@@ -506,7 +523,22 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
     .await;
     expect_rolled_back(&client, &ns.name, g, "CrashLoop", "redis:6.2", &p0).await;
 
-    // 3. A working image: upgraded.
+    // 3. A server that starts but never becomes Ready: rolled back once
+    // spec.upgrade.timeoutSeconds (60 here) has passed.
+    let g = spec_change(
+        &client,
+        &ns.name,
+        json!({"image": "redpilot-test/never-ready:7.0"}),
+    )
+    .await;
+    let t = Instant::now();
+    expect_rolled_back(&client, &ns.name, g, "NotReadyInTime", "redis:6.2", &p0).await;
+    assert!(
+        t.elapsed() >= Duration::from_secs(60),
+        "not before the timeout"
+    );
+
+    // 4. A working image: upgraded.
     let g = spec_change(&client, &ns.name, json!({"image": "redis:7.0"})).await;
     wait_upgraded(&client, &ns.name, g, "7.0.").await;
     let tally = writer.stop().await;
@@ -530,7 +562,7 @@ async fn an_upgrade_interrupted_by_the_operators_death_is_finished_by_the_next()
     let opts = OperatorOptions::watching(&[&ns.name]);
     let mut op = start_operator(&client, opts.clone()).await;
     let pw = replication_62(&client, &ns.name, json!({})).await;
-    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "k", 0);
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "k", 0, PACE);
     let g = spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     let started = wait_for("one replica upgraded", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
@@ -581,7 +613,7 @@ async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
     .await;
     wait_ready(&client, &ns.name, "cache", READY).await;
     let pw = redis_password(&client, &ns.name, "cache").await;
-    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "s", 0);
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "s", 0, PACE);
     let t0 = Instant::now();
     while writer.acked() < 100 {
         assert!(
@@ -627,7 +659,7 @@ async fn a_newer_spec_wins_over_the_upgrade_in_progress() {
     let ns = TestNamespace::new(&client, "upgrade-retarget", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
     let pw = replication_62(&client, &ns.name, json!({})).await;
-    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "n", 0);
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "n", 0, PACE);
     spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     wait_for("one replica on 7.0", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
@@ -662,7 +694,7 @@ async fn a_replica_rolled_back_over_a_newer_dump_resyncs_instead_of_crashing() {
         json!({"storage": {"size": "1Gi"}, "persistence": {"rdb": true}}),
     )
     .await;
-    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "d", 0);
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "d", 0, PACE);
     spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     // The first upgraded replica saves a dump in its own format (RDB 10),
     // as its periodic save would.

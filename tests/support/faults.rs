@@ -79,6 +79,20 @@ impl ServiceWriter {
     /// Writes `prefix:N` through Service `svc` in `ns`; with `wait` > 0 a
     /// write counts only once `WAIT wait 500` confirms it.
     pub fn start(client: &Client, ns: &str, svc: &str, pw: &str, prefix: &str, wait: i64) -> Self {
+        Self::paced(client, ns, svc, pw, prefix, wait, Duration::ZERO)
+    }
+
+    /// As [`ServiceWriter::start`], pausing `pause` after each write (a
+    /// lighter load for suites that run side by side on two cores).
+    pub fn paced(
+        client: &Client,
+        ns: &str,
+        svc: &str,
+        pw: &str,
+        prefix: &str,
+        wait: i64,
+        pause: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Mutex::new(Tally::default()));
         let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
@@ -120,16 +134,21 @@ impl ServiceWriter {
                     )
                 };
                 let acked = Instant::now();
-                let Ok(mut tl) = t.lock() else { return };
-                if confirmed {
-                    tl.acks.push(Ack {
-                        key,
-                        ip: ip.clone(),
-                        sent,
-                        acked,
-                    });
-                } else {
-                    tl.unreplicated += 1;
+                {
+                    let Ok(mut tl) = t.lock() else { return };
+                    if confirmed {
+                        tl.acks.push(Ack {
+                            key,
+                            ip: ip.clone(),
+                            sent,
+                            acked,
+                        });
+                    } else {
+                        tl.unreplicated += 1;
+                    }
+                }
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
                 }
             }
         });
