@@ -112,8 +112,6 @@ impl Reconciler {
             }
         };
 
-        // A newer spec wins: the upgrade heads for it (or back to where it
-        // came from), keeping `from`.
         // Past the switchover there is no way back: an older server cannot
         // follow a newer primary. The upgrade goes on, and says why.
         let primary_moved = facts.iter().any(|f| {
@@ -128,6 +126,8 @@ impl Reconciler {
             self.upgrade = Some(u);
             return Ok(());
         }
+        // A newer spec wins: the upgrade heads for it (or back to where it
+        // came from), keeping `from`.
         if !same(&u.to, &want) {
             let back = same(&u.from, &want);
             self.event(
