@@ -119,6 +119,14 @@ pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
 /// Redis was created with.
 pub const SELECTOR_NAME_ANNOTATION: &str = "redpilot.io/selector-name";
 
+/// `app.kubernetes.io/name` of a Redis created with `engine`.
+pub fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Redis => "redis",
+        Engine::Valkey => "valkey",
+    }
+}
+
 /// Labels selecting the pods of one Redis.
 pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
     let name = redis
@@ -126,10 +134,7 @@ pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
         .annotations
         .as_ref()
         .and_then(|a| a.get(SELECTOR_NAME_ANNOTATION).cloned())
-        .unwrap_or_else(|| match redis.spec.engine {
-            Engine::Redis => "redis".to_string(),
-            Engine::Valkey => "valkey".to_string(),
-        });
+        .unwrap_or_else(|| engine_name(redis.spec.engine).to_string());
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), name),
         (INSTANCE_LABEL.to_string(), redis.name_any()),

@@ -115,6 +115,10 @@ impl Reconciler {
         }) else {
             return;
         };
+        // The usual case (the engine never changed) needs no copy.
+        if name == build::engine_name(self.redis.spec.engine) {
+            return;
+        }
         let mut redis = Redis::clone(&self.redis);
         redis
             .metadata
@@ -235,9 +239,7 @@ impl Reconciler {
         let live_sts: Option<StatefulSet> = self.cached(&self.names.statefulset());
         let update_revision = live_sts
             .as_ref()
-            .filter(|s| {
-                s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
-            })
+            .filter(|s| sts_observed(s))
             .and_then(|s| s.status.as_ref()?.update_revision.clone());
         let mut facts = pod_facts(&pods, update_revision.as_deref());
         // A primary the monitor has heard nothing from for a second is not
@@ -353,8 +355,6 @@ pub struct PodFacts {
     pub restarts: i32,
     /// Exit code of the server container's last run, when it ended.
     pub last_exit: Option<i32>,
-    /// Seconds since the pod was created.
-    pub age_secs: Option<i64>,
     /// Seconds the pod has been not Ready without a break (since its Ready
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
@@ -416,7 +416,6 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
                 last_exit: server
                     .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
                     .map(|t| t.exit_code),
-                age_secs: created.map(|t| now.saturating_sub(t)),
                 unready_secs: if ready {
                     None
                 } else {
@@ -428,6 +427,12 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
         .collect();
     out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
     out
+}
+
+/// Whether the StatefulSet controller has seen the StatefulSet's latest
+/// spec (its status, e.g. the update revision, describes it).
+pub fn sts_observed(s: &StatefulSet) -> bool {
+    s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
 }
 
 pub(crate) fn ordinal_of(name: &str) -> Option<i32> {

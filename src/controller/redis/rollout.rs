@@ -75,17 +75,7 @@ impl Reconciler {
         if victim == primary {
             self.note_primary_restart().await;
         }
-        self.ctx.metrics.kube("delete");
-        self.wrote = true;
-        match self
-            .api::<Pod>()
-            .delete(&victim, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.restart_pod(&victim).await?;
         self.event(
             EventType::Normal,
             "RollingRestart",
@@ -94,6 +84,22 @@ impl Reconciler {
         )
         .await;
         Ok(())
+    }
+
+    /// Deletes pod `name` so the StatefulSet re-creates it from its current
+    /// template (a pod already gone is fine).
+    pub(super) async fn restart_pod(&mut self, name: &str) -> Result<(), kube::Error> {
+        self.ctx.metrics.kube("delete");
+        self.wrote = true;
+        match self
+            .api::<Pod>()
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The only instance has no volume: a restart would empty it. Say so

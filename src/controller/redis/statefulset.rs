@@ -94,15 +94,14 @@ exec {server} "$@"
 /// Valkey 9.1 → 80; the others from their release notes. `None` when not
 /// known.
 fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
-    let mut parts = spec.version.split('.');
-    let major_minor = (parts.next()?, parts.next()?);
-    match (spec.engine, major_minor) {
-        (Engine::Redis, ("6", "2")) => Some(9),
-        (Engine::Redis, ("7", "0")) => Some(10),
-        (Engine::Redis, ("7", "2")) => Some(11),
-        (Engine::Redis, ("7", "4")) => Some(12),
-        (Engine::Valkey, ("7", "2") | ("8", _)) => Some(11),
-        (Engine::Valkey, ("9", _)) => Some(80),
+    let v: crate::redis::info::Version = spec.version.parse().ok()?;
+    match (spec.engine, v.major, v.minor) {
+        (Engine::Redis, 6, 2) => Some(9),
+        (Engine::Redis, 7, 0) => Some(10),
+        (Engine::Redis, 7, 2) => Some(11),
+        (Engine::Redis, 7, 4) => Some(12),
+        (Engine::Valkey, 7, 2) | (Engine::Valkey, 8, _) => Some(11),
+        (Engine::Valkey, 9, _) => Some(80),
         _ => None,
     }
 }

@@ -21,18 +21,18 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 
-use super::observe::PodFacts;
+use super::observe::{PodFacts, sts_observed};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{Mode, Redis, Served, UpgradePhase, UpgradeSpec, UpgradeStatus};
 
 mod judge;
 use judge::{CANCELLED, label, now, same};
-pub use judge::{CAUGHT_UP_BYTES, condition, desired, failure, is_downgrade, proven, running};
+pub use judge::{
+    CAUGHT_UP_BYTES, condition, desired, failure, is_downgrade, primary_left, proven, running,
+};
 
 impl Reconciler {
     fn upgrade_timeout(&self) -> i64 {
@@ -114,12 +114,7 @@ impl Reconciler {
 
         // Past the switchover there is no way back: an older server cannot
         // follow a newer primary. The upgrade goes on, and says why.
-        let primary_moved = facts.iter().any(|f| {
-            Some(f.name.as_str()) == primary
-                && !f.terminating
-                && f.image.as_deref().is_some_and(|i| i != u.from.image)
-        });
-        if !same(&u.to, &want) && same(&u.from, &want) && primary_moved {
+        if !same(&u.to, &want) && same(&u.from, &want) && primary_left(facts, primary, &u.from) {
             self.no_way_back(&want, &u.to.clone()).await;
             self.serve(&u.to.clone());
             self.follow_upgrade(&mut u, facts, primary).await?;
@@ -159,11 +154,7 @@ impl Reconciler {
         match u.phase {
             UpgradePhase::Upgrading => self.follow_upgrade(&mut u, facts, primary).await?,
             UpgradePhase::RollingBack => {
-                let settled = same(&running, &u.from)
-                    && live_sts.is_some_and(|s| {
-                        s.status.as_ref().and_then(|st| st.observed_generation)
-                            == s.metadata.generation
-                    });
+                let settled = same(&running, &u.from) && live_sts.is_some_and(sts_observed);
                 self.follow_rollback(&mut u, facts, primary, settled).await
             }
             _ => {}
@@ -181,11 +172,8 @@ impl Reconciler {
     ) -> Result<(), Error> {
         let on_new = |f: &&PodFacts| f.image.as_deref() == Some(u.to.image.as_str());
         let upgraded = |f: &&PodFacts| f.image.as_deref() != Some(u.from.image.as_str());
-        let primary_upgraded = facts
-            .iter()
-            .any(|f| Some(f.name.as_str()) == primary && upgraded(&f) && !f.terminating);
         // Until the primary moves, a failed instance rolls everything back.
-        if !primary_upgraded || self.redis.spec.mode == Mode::Standalone {
+        if !primary_left(facts, primary, &u.from) || self.redis.spec.mode == Mode::Standalone {
             let timeout = self.upgrade_timeout();
             if let Some((reason, msg)) = facts
                 .iter()
@@ -215,16 +203,15 @@ impl Reconciler {
                 return Ok(());
             }
         }
-        let done = facts
+        let proven_new: Vec<&PodFacts> = facts
             .iter()
             .filter(on_new)
             .filter(|f| proven(f, primary))
-            .count() as i32;
+            .collect();
+        let done = proven_new.len() as i32;
         if done > u.done {
-            let newest = facts
+            let newest = proven_new
                 .iter()
-                .filter(on_new)
-                .filter(|f| proven(f, primary))
                 .map(|f| format!("{} ({})", f.name, f.version.as_deref().unwrap_or("?")))
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -333,20 +320,10 @@ impl Reconciler {
                 && !f.terminating
                 && (standalone || Some(f.name.as_str()) != primary)
         }) {
-            self.ctx.metrics.kube("delete");
-            self.wrote = true;
-            match self
-                .api::<Pod>()
-                .delete(&f.name, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    self.notes
-                        .push(format!("restarting {} on the old version: {e}", f.name));
-                    continue;
-                }
+            if let Err(e) = self.restart_pod(&f.name).await {
+                self.notes
+                    .push(format!("restarting {} on the old version: {e}", f.name));
+                continue;
             }
             self.event(
                 EventType::Normal,

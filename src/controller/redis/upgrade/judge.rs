@@ -9,6 +9,7 @@ use super::super::build;
 use super::super::observe::{PodFacts, Role};
 use super::super::status::Cond;
 use crate::api::v1alpha1::{Engine, Redis, Served, UpgradePhase, UpgradeStatus};
+use crate::redis::info::Version;
 
 /// A replica this far behind its primary (bytes) is caught up.
 pub const CAUGHT_UP_BYTES: i64 = 1 << 20;
@@ -41,6 +42,16 @@ pub fn proven(f: &PodFacts, primary: Option<&str>) -> bool {
         && !f.syncing
         && f.link_age.is_some_and(|a| a <= 2)
         && f.lag_bytes.is_none_or(|l| l <= CAUGHT_UP_BYTES)
+}
+
+/// Whether the primary already runs something other than `from` (the
+/// switchover of the upgrade happened: there is no way back).
+pub fn primary_left(facts: &[PodFacts], primary: Option<&str>, from: &Served) -> bool {
+    facts.iter().any(|f| {
+        Some(f.name.as_str()) == primary
+            && !f.terminating
+            && f.image.as_deref().is_some_and(|i| i != from.image)
+    })
 }
 
 /// Why an upgraded instance failed, if it did: (reason, message).
@@ -183,10 +194,10 @@ pub fn condition(u: &UpgradeStatus) -> Cond {
 /// older server follow a newer one: a lower version of the same engine, or
 /// Valkey to Redis.
 pub fn is_downgrade(running: &Served, want: &Served) -> bool {
-    let num = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    let version = |s: &Served| s.version.parse::<Version>().ok();
     match (running.engine, want.engine) {
         (Engine::Valkey, Engine::Redis) => true,
-        (a, b) if a == b => num(&want.version) < num(&running.version),
+        (a, b) if a == b => version(want) < version(running),
         _ => false,
     }
 }

@@ -12,7 +12,6 @@ fn replica(name: &str) -> PodFacts {
         link_age: Some(0),
         lag_bytes: Some(0),
         image: Some("redis:7.0".into()),
-        age_secs: Some(10),
         ..Default::default()
     }
 }
@@ -87,7 +86,6 @@ fn failures_name_the_instance_and_what_it_showed() {
     // Ready but behind: it holds the next restart, and is no failure.
     let mut behind = replica("c-2");
     behind.lag_bytes = Some(CAUGHT_UP_BYTES * 4);
-    behind.age_secs = Some(3_000);
     assert_eq!(failure(&behind, 300), None);
     assert!(!proven(&behind, Some("c-0")));
 }
@@ -131,33 +129,27 @@ fn the_condition_says_what_is_not_served_and_why() {
 
 #[test]
 fn only_a_newer_server_may_follow() {
-    let served = |e: Engine, v: &str| Served {
-        engine: e,
-        version: v.into(),
-        image: String::new(),
-    };
-    assert!(is_downgrade(
-        &served(Engine::Redis, "7.0"),
-        &served(Engine::Redis, "6.2")
-    ));
-    assert!(is_downgrade(
-        &served(Engine::Redis, "7.0.15"),
-        &served(Engine::Redis, "7.0.9")
-    ));
-    assert!(!is_downgrade(
-        &served(Engine::Redis, "6.2"),
-        &served(Engine::Redis, "7.0")
-    ));
-    assert!(!is_downgrade(
-        &served(Engine::Redis, "7.0"),
-        &served(Engine::Redis, "7.0")
-    ));
-    assert!(is_downgrade(
-        &served(Engine::Valkey, "8.1"),
-        &served(Engine::Redis, "7.0")
-    ));
-    assert!(!is_downgrade(
-        &served(Engine::Redis, "7.0"),
-        &served(Engine::Valkey, "8.1")
-    ));
+    use Engine::{Redis, Valkey};
+    let cases = [
+        ((Redis, "7.0"), (Redis, "6.2"), true),
+        ((Redis, "7.0.15"), (Redis, "7.0.9"), true),
+        ((Redis, "6.2"), (Redis, "7.0"), false),
+        ((Redis, "7.0"), (Redis, "7.0"), false),
+        // The same release spelled with or without its patch number.
+        ((Redis, "7.0.0"), (Redis, "7.0"), false),
+        ((Valkey, "8.1"), (Redis, "7.0"), true),
+        ((Redis, "7.0"), (Valkey, "8.1"), false),
+    ];
+    for ((re, rv), (we, wv), expected) in cases {
+        let served = |engine: Engine, v: &str| Served {
+            engine,
+            version: v.into(),
+            image: String::new(),
+        };
+        assert_eq!(
+            is_downgrade(&served(re, rv), &served(we, wv)),
+            expected,
+            "{re:?} {rv} -> {we:?} {wv}"
+        );
+    }
 }
