@@ -4,7 +4,8 @@
 //! target its own connection) with few and with many targets, and the
 //! server counts connections and commands while the process counts its
 //! CPU time. `REDPILOT_MONITOR_TARGETS` sets the larger count (default
-//! 300; `make bench-failover` uses 1,000).
+//! 300; `make bench-failover` uses 1,000). Also the last look the failover
+//! module takes at a primary before replacing it for silence.
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::ObjectRef;
 use redis_server::{Engine, RedisServer, ServerConfig};
 use redpilot::api::v1alpha1::Redis;
-use redpilot::controller::monitor::{Monitor, Target, Verdict};
+use redpilot::controller::monitor::{Monitor, Target, Verdict, answers_as_primary};
 use redpilot::redis::{ConnectOptions, Node};
 
 /// CPU time (user + system) of this process.
@@ -149,4 +150,44 @@ async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
         few.probes_per_s,
         lots.probes_per_s
     );
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_look_tells_a_paused_primary_from_a_running_one() {
+    let mut group =
+        RedisServer::start_group(Engine::Redis70, 2, ServerConfig::default().password("pw"));
+    let opts = group[0].connect_options();
+    let within = Duration::from_secs(1);
+    assert!(answers_as_primary(&group[0].endpoint(), &opts, within).await);
+    // A replica answers, but not as a primary.
+    assert!(!answers_as_primary(&group[1].endpoint(), &opts, within).await);
+    // Stopped: no answer, and the look gives up within its bound.
+    let pid = group[0].pid().expect("running");
+    signal(pid, "-STOP");
+    let t = Instant::now();
+    let seen = answers_as_primary(&group[0].endpoint(), &opts, within).await;
+    let took = t.elapsed();
+    signal(pid, "-CONT");
+    assert!(!seen, "a stopped server does not answer");
+    assert!(took < Duration::from_millis(1500), "the look took {took:?}");
+    // Running again: it answers at once.
+    let t = Instant::now();
+    assert!(answers_as_primary(&group[0].endpoint(), &opts, within).await);
+    println!(
+        "last look: gave up on a stopped server after {:.0} ms, a resumed one answered in {:.0} ms",
+        took.as_secs_f64() * 1000.0,
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    // Gone: nothing listens.
+    group[0].kill9();
+    assert!(!answers_as_primary(&group[0].endpoint(), &opts, within).await);
 }

@@ -176,6 +176,23 @@ impl Monitor {
     }
 }
 
+/// Whether the server at `ip:port` answers as a primary within `within`
+/// (a fresh connection, as a probe makes). The failover module asks this
+/// once more before replacing a primary that was silent for the bound: a
+/// server that was only paused answers as soon as it runs again, and the
+/// monitor may not have probed it since.
+pub async fn answers_as_primary(
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+    within: Duration,
+) -> bool {
+    let opts = opts.clone().with_timeouts(within, within);
+    matches!(
+        tokio::time::timeout(within, probe(&mut None, endpoint, &opts)).await,
+        Ok(Probe::Answered)
+    )
+}
+
 /// What one probe found.
 enum Probe {
     Answered,

@@ -387,6 +387,12 @@ impl RedisServer {
         }
     }
 
+    /// The server's process id, while it runs.
+    #[allow(dead_code)]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -13,7 +13,8 @@
 //!   its replicas once none acknowledged for `maxLagSeconds` (the server
 //!   counts whole seconds and checks once a second, hence 2 s of margin; a
 //!   third covers the probe interval). A primary that is merely slow for
-//!   less than that is left alone;
+//!   less than that is left alone, and so is one that answers a last
+//!   direct look (up to 1 s) taken before it is replaced;
 //! - never while a replica still hears from it (a link up with recent
 //!   traffic): then only the operator is cut off, not the clients.
 //!
@@ -39,6 +40,9 @@ use crate::redis::{ConnectOptions, Endpoint};
 /// A replica whose last byte from the primary is at most this old still
 /// hears from it (the primary pings every second, see [`fencing_config`]).
 pub const LIVE_LINK_SECS: i64 = 3;
+
+/// How long the last look at a silent primary may take.
+const LAST_LOOK: Duration = Duration::from_secs(1);
 
 /// Replicas whose links went down within this many seconds of the most
 /// recent one count as equally recent.
@@ -260,6 +264,17 @@ pub fn candidate(facts: &[PodFacts], primary: &str, names: &Names) -> Option<Str
     }
 }
 
+/// A last direct look at a primary silent for the bound, before it is
+/// replaced: a server that was paused (a stopped process, a long command)
+/// answers as soon as it runs again, possibly before the monitor's next
+/// probe. A primary that is truly lost is replaced at most [`LAST_LOOK`]
+/// later.
+async fn answers_late(health: Option<&Health>, opts: &ConnectOptions) -> bool {
+    let Some(h) = health else { return false };
+    let ep = Endpoint::new(&h.ip, build::REDIS_PORT);
+    crate::controller::monitor::answers_as_primary(&ep, opts, LAST_LOOK).await
+}
+
 impl Reconciler {
     /// Keeps the monitor on the recorded primary (Replication with more
     /// than one instance); stops it otherwise.
@@ -313,6 +328,16 @@ impl Reconciler {
             Decision::Blocked(why) => {
                 self.report_failure("PrimaryLost", "Failover", "failover", why)
                     .await;
+                false
+            }
+            Decision::Promote {
+                loss: Loss::Unresponsive,
+                ..
+            } if answers_late(health.as_ref(), opts).await => {
+                self.progressing.push(format!(
+                    "primary {primary} was silent for the bound but answers again: slow, not lost"
+                ));
+                self.progress_reason = Some("FailoverPending");
                 false
             }
             Decision::Promote { candidate, loss } => {
@@ -383,6 +408,8 @@ impl Reconciler {
         // Then the other replicas follow it.
         self.wire(&after, to, opts).await;
         self.count_failover("promoted");
+        tracing::info!(redis = %self.oref, from = old, to, reason = loss.reason(), offset,
+            published_ms = published.as_millis() as u64, "failed over");
         let others = if candidates.is_empty() {
             String::new()
         } else {
