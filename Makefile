@@ -21,7 +21,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down test integration bench bench-failover bench-upgrade run run-stop version clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade run run-stop version clean help
 
 all: build
 
@@ -57,6 +57,12 @@ tools: $(addprefix tools-,$(TOOL_GROUPS_ALL))
 engines:
 	bash dev/engines.sh
 
+# Earlier releases' operators, built from the commits catalog/releases.txt
+# names (cached outside the clone), for the OLM upgrade test.
+RELEASES_BUILT := 0.1.0
+release-bins:
+	@for v in $(RELEASES_BUILT); do bash hack/release-bin.sh $$v; done
+
 cluster-up: tools-cluster engines
 	bash dev/cluster.sh up
 
@@ -68,7 +74,7 @@ integration: engines
 	$(CARGO) test --workspace --test "*" --no-fail-fast
 
 # The whole test run. The cluster comes down even when a step fails.
-test: lint unit tools cluster-up
+test: lint unit tools release-bins cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status

@@ -35,7 +35,8 @@ csv=$bundle_dir/manifests/$pkg.clusterserviceversion.yaml
 version=$(awk '/^  version:/ {print $2; exit}' "$csv" | tr -d '"')
 [[ -n $version ]] || fail "cannot read spec.version from $csv"
 
-# releases.txt: "<version> <channel>[,<channel>...]" per line, oldest first.
+# releases.txt: "<version> <channel>[,<channel>...] [<commit>]" per line, oldest
+# first; the commit (built by hack/release-bin.sh) is that of a tagged release.
 mapfile -t lines < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$releases")
 ((${#lines[@]} > 0)) || fail "$releases lists no release"
 listed=0
@@ -88,7 +89,7 @@ icon=$(base64 -w0 config/manifests/icon/redpilot.svg)
 		prev=""
 		first=""
 		for l in "${lines[@]}"; do
-			read -r v chans <<<"$l"
+			read -r v chans _ <<<"$l"
 			[[ ,$chans, == *,$ch,* ]] || continue
 			echo "  - name: $pkg.v$v"
 			if [[ -n $prev ]]; then

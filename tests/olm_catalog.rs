@@ -62,7 +62,9 @@ fn rendered() -> Vec<Value> {
         .collect()
 }
 
-fn releases() -> Vec<(String, Vec<String>)> {
+/// Each release: version, channels, and the commit it was published from
+/// (for releases made before this tree).
+fn releases_with_commits() -> Vec<(String, Vec<String>, Option<String>)> {
     std::fs::read_to_string(root().join("catalog/releases.txt"))
         .expect("reading catalog/releases.txt")
         .lines()
@@ -77,9 +79,60 @@ fn releases() -> Vec<(String, Vec<String>)> {
                 .split(',')
                 .map(str::to_string)
                 .collect();
-            (v, ch)
+            (v, ch, w.next().map(str::to_string))
         })
         .collect()
+}
+
+fn releases() -> Vec<(String, Vec<String>)> {
+    releases_with_commits()
+        .into_iter()
+        .map(|(v, ch, _)| (v, ch))
+        .collect()
+}
+
+/// A published release is never re-rendered: its bundle in catalog/ is the
+/// one its commit (named in catalog/releases.txt) holds, byte for byte, and
+/// the tag `v<version>`, when this clone has it, is that commit.
+#[test]
+fn published_releases_are_kept_as_published() {
+    let published: Vec<(String, String)> = releases_with_commits()
+        .into_iter()
+        .filter_map(|(v, _, c)| Some((v, c?)))
+        .collect();
+    assert!(
+        !published.is_empty(),
+        "catalog/releases.txt names no published release"
+    );
+    for (v, commit) in published {
+        let path = format!("catalog/redpilot/bundles/redpilot.v{v}.yaml");
+        let then = run_ok(
+            Command::new("git")
+                .args(["show", &format!("{commit}:{path}")])
+                .current_dir(root()),
+        );
+        let now = std::fs::read_to_string(root().join(&path)).expect("the rendered bundle");
+        assert!(
+            then == now,
+            "{path} differs from the one published at {commit}"
+        );
+        let tag = run(Command::new("git")
+            .args([
+                "rev-parse",
+                "-q",
+                "--verify",
+                &format!("refs/tags/v{v}^{{commit}}"),
+            ])
+            .current_dir(root()));
+        if tag.status.success() {
+            assert_eq!(
+                String::from_utf8_lossy(&tag.stdout).trim(),
+                commit,
+                "tag v{v}"
+            );
+        }
+        println!("release {v}: bundle as published at {commit}");
+    }
 }
 
 /// Package `redpilot` with default channel `stable`; channels candidate, fast
@@ -107,6 +160,10 @@ fn catalog_package_channels_and_upgrade_graph() {
         .map(|b| (b["name"].as_str().unwrap_or_default().to_string(), b))
         .collect();
     let releases = releases();
+    let published: Vec<String> = releases_with_commits()
+        .into_iter()
+        .filter_map(|(v, _, c)| c.map(|_| v))
+        .collect();
     for (v, _) in &releases {
         let name = format!("redpilot.v{v}");
         let b = bundles
@@ -129,12 +186,16 @@ fn catalog_package_channels_and_upgrade_graph() {
             "{name} does not embed its CSV and CRD (kinds: {kinds:?})"
         );
         // Issue #10: what OLM installs from the catalog grants nothing
-        // cluster-wide.
+        // cluster-wide. Releases published before that fix (0.1.0) are kept
+        // as published (see `published_releases_are_kept_as_published`); an
+        // installation of one upgrades to the channel head.
         let csv = objects
             .iter()
             .find(|o| o["kind"] == "ClusterServiceVersion")
             .expect("a CSV");
-        assert_least_privilege(csv, &format!("the CSV of {name} in catalog/"));
+        if !published.contains(v) {
+            assert_least_privilege(csv, &format!("the CSV of {name} in catalog/"));
+        }
         let pkg_prop = props
             .iter()
             .find(|p| p["type"] == "olm.package")

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 
 use super::build::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use super::observe::PodFacts;
-use super::{Error, Reconciler, drift, plan, statefulset};
+use super::{Error, Reconciler, drift, kept, plan, statefulset};
 use crate::controller::{FIELD_MANAGER, Stores};
 
 /// A namespaced child object the reconciler reads (from its watch cache)
@@ -219,6 +219,34 @@ impl Reconciler {
             Some(s) => Some(s.clone()),
             None => self.lookup(&self.names.statefulset()).await?,
         };
+        // A template changed by the operator alone restarts nothing.
+        let in_use: Vec<String> = facts.iter().filter_map(|f| f.revision.clone()).collect();
+        let generation = self.redis.metadata.generation;
+        let observed = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation);
+        let kept = kept::decide(live_sts.as_ref(), &sts, generation, observed, &in_use);
+        kept::annotate(&mut sts, generation, &kept);
+        sts = build::stamp_hash(sts);
+        if let Some(r) = &kept.newly {
+            let n = facts
+                .iter()
+                .filter(|f| f.revision.as_ref() == Some(r))
+                .count();
+            self.event(
+                EventType::Normal,
+                "TemplateKept",
+                "Upgrade",
+                format!(
+                    "this operator release builds a different pod template for the same spec; \
+                     {n} running instance(s) keep theirs (revision {r}) and take the new one \
+                     when next re-created"
+                ),
+            )
+            .await;
+        }
         // Never let a scale-down remove the primary: hold the size until the
         // primary has moved to a surviving ordinal.
         let desired = self.redis.spec.desired_instances();

@@ -22,6 +22,7 @@ pub mod config;
 pub mod credentials;
 pub mod drift;
 pub mod failover;
+pub mod kept;
 pub mod observe;
 pub mod plan;
 pub mod recovery;

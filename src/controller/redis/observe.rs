@@ -241,7 +241,8 @@ impl Reconciler {
             .as_ref()
             .filter(|s| sts_observed(s))
             .and_then(|s| s.status.as_ref()?.update_revision.clone());
-        let mut facts = pod_facts(&pods, update_revision.as_deref());
+        let kept = super::kept::kept_revisions(live_sts.as_ref());
+        let mut facts = pod_facts(&pods, update_revision.as_deref(), &kept);
         // A primary the monitor has heard nothing from for a second is not
         // dialled: its connect timeout would only delay the failover pass.
         let silent = self
@@ -317,8 +318,11 @@ pub struct PodFacts {
     pub ip: Option<String>,
     /// Pod Ready condition.
     pub ready: bool,
-    /// Running an older template revision than the StatefulSet's.
+    /// Running an older template revision than the StatefulSet's (and not
+    /// one it keeps, see [`super::kept`]).
     pub outdated: bool,
+    /// The template revision the pod runs.
+    pub revision: Option<String>,
     /// The pod is being deleted (it may still serve until it stops).
     pub terminating: bool,
     /// Current value of the role label.
@@ -364,7 +368,7 @@ pub struct PodFacts {
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
 /// are kept (marked `terminating`): a primary that is shutting down is still
 /// the primary until it stops, and must not be mistaken for a missing one.
-pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
+pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -> Vec<PodFacts> {
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let mut out: Vec<PodFacts> = pods
         .iter()
@@ -394,9 +398,10 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>) -> Vec<PodFacts> {
                     .filter(|s| !s.is_empty()),
                 ready,
                 outdated: match (update_revision, revision.as_deref()) {
-                    (Some(want), Some(have)) => want != have,
+                    (Some(want), Some(have)) => want != have && !kept.iter().any(|k| k == have),
                     _ => false,
                 },
+                revision: revision.clone(),
                 role_label: p.labels().get(ROLE_LABEL).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
                 image: p
@@ -510,7 +515,7 @@ mod tests {
             pod("cache-2", "b", ""),
             pod("cache-0", "a", "10.0.0.1"),
         ];
-        let facts = pod_facts(&pods, Some("a"));
+        let facts = pod_facts(&pods, Some("a"), &[]);
         let names: Vec<&str> = facts.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["cache-0", "cache-2", "cache-10"]);
         assert!(!facts[0].outdated && facts[1].outdated);

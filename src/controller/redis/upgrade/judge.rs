@@ -112,16 +112,7 @@ pub fn desired(redis: &Redis, image: String) -> Served {
 /// container (a StatefulSet written before the annotations existed: the
 /// spec's engine and version).
 pub fn running(sts: &StatefulSet, redis: &Redis) -> Option<Served> {
-    let image = sts
-        .spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == build::SERVER_CONTAINER)?
-        .image
-        .clone()?;
+    let image = super::super::kept::server_image(sts)?.to_string();
     let ann = sts.metadata.annotations.as_ref();
     let engine = match ann
         .and_then(|a| a.get(build::ENGINE_ANNOTATION))
