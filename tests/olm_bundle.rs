@@ -499,8 +499,10 @@ fn csv_metadata_is_complete_and_honest() {
         csv["metadata"]["name"],
         json!(format!("redpilot.v{version}"))
     );
-    // Basic Install until upgrades of the operand land.
-    assert_eq!(ann["capabilities"], "Basic Install");
+    // Level 2: engine upgrades with rollback (tests/operator_upgrade.rs) and
+    // operator upgrades that restart nothing (tests/olm_e2e.rs). Level 3
+    // waits for backups and restores.
+    assert_eq!(ann["capabilities"], "Seamless Upgrades");
     assert!(
         ann["categories"]
             .as_str()
