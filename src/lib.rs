@@ -1,9 +1,11 @@
 //! Redpilot: a Kubernetes operator for Redis and Valkey.
 //!
 //! The crate is split by concern: [`redis`] is the data-plane library (no
-//! Kubernetes types), [`telemetry`] sets up logging.
+//! Kubernetes types), [`backup`] streams snapshots to object stores,
+//! [`telemetry`] sets up logging.
 
 pub mod api;
+pub mod backup;
 pub mod controller;
 pub mod failpoint;
 pub mod redis;

@@ -20,6 +20,11 @@ enum Command {
     Version,
     /// Run the operator.
     Run(RunArgs),
+    /// Back up one server into an S3-compatible bucket (what a backup Job
+    /// runs). Prints the backup's manifest as JSON. Secrets come from the
+    /// environment only: REDIS_PASSWORD, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY.
+    Backup(BackupArgs),
     /// Print the CustomResourceDefinitions as YAML, or write them to a file.
     Crd {
         /// Write to this file instead of standard output.
@@ -57,26 +62,82 @@ struct RunArgs {
     metrics_addr: String,
 }
 
+/// Options of `redpilot backup`.
+#[derive(clap::Args, Debug)]
+struct BackupArgs {
+    /// Address of the server to back up.
+    #[arg(long)]
+    host: String,
+    /// Its port.
+    #[arg(long, default_value_t = 6379)]
+    port: u16,
+    /// The instance's name in the manifest (default: host:port).
+    #[arg(long)]
+    source_name: Option<String>,
+    /// S3 endpoint URL (AWS S3 when absent).
+    #[arg(long, env = "S3_ENDPOINT")]
+    endpoint: Option<String>,
+    /// Region.
+    #[arg(long, env = "S3_REGION", default_value = "us-east-1")]
+    region: String,
+    /// Bucket.
+    #[arg(long, env = "S3_BUCKET")]
+    bucket: String,
+    /// Object key of the RDB file; the manifest goes to `<key>.manifest.json`.
+    #[arg(long)]
+    key: String,
+    /// Path-style requests (most self-hosted S3 servers need them).
+    #[arg(long, env = "S3_PATH_STYLE", default_value_t = false)]
+    path_style: bool,
+    /// Retries of a request that may succeed when retried, with backoff.
+    #[arg(long, default_value_t = 3)]
+    retries: usize,
+}
+
+/// A two-thread runtime for `redpilot <what>`.
+fn runtime(what: &str) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("redpilot {what}: starting the runtime: {e}");
+            None
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     match cli.command {
         Command::Run(args) => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("redpilot run: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+            let Some(runtime) = runtime("run") else {
+                return ExitCode::FAILURE;
             };
             match runtime.block_on(run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "operator stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Backup(args) => {
+            let Some(runtime) = runtime("backup") else {
+                return ExitCode::FAILURE;
+            };
+            match runtime.block_on(backup(args)) {
+                Ok(manifest) => {
+                    println!("{manifest}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    let line =
+                        serde_json::json!({"reason": e.category(), "message": e.to_string()});
+                    eprintln!("{line}");
                     ExitCode::FAILURE
                 }
             }
@@ -93,6 +154,43 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupError> {
+    use redpilot::backup::{self, BackupError, S3Target, Source};
+    use redpilot::redis::{ConnectOptions, Endpoint};
+    // HTTPS to the store goes through rustls with ring, as everything else.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let need = |name: &str| {
+        env(name)
+            .ok_or_else(|| BackupError::Invalid(format!("{name} is not set in the environment")))
+    };
+    let target = S3Target {
+        endpoint: args.endpoint,
+        region: args.region,
+        bucket: args.bucket,
+        path_style: args.path_style,
+        access_key_id: need("AWS_ACCESS_KEY_ID")?,
+        secret_access_key: need("AWS_SECRET_ACCESS_KEY")?.into(),
+        retries: args.retries,
+        retry_timeout: std::time::Duration::from_secs(60),
+    };
+    let store = backup::open(&target)?;
+    let endpoint = Endpoint::new(&args.host, args.port);
+    let mut options = ConnectOptions::default();
+    if let Some(pw) = env("REDIS_PASSWORD") {
+        options = options.with_password(pw);
+    }
+    let source = Source {
+        name: args.source_name.unwrap_or_else(|| endpoint.to_string()),
+        endpoint,
+        options,
+    };
+    let location = format!("s3://{}", target.bucket);
+    let m = backup::backup(&source, store, &location, &args.key).await?;
+    serde_json::to_string(&m)
+        .map_err(|e| BackupError::Invalid(format!("encoding the manifest: {e}")))
 }
 
 fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {

@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | redis-exporter)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | redis-exporter)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -59,6 +59,12 @@ olm)
 	pkgs=(github.com/operator-framework/operator-lifecycle-manager/cmd/olm
 		github.com/operator-framework/operator-lifecycle-manager/cmd/catalog)
 	tags=containers_image_openpgp
+	;;
+versitygw)
+	# The S3 server the backup suites store backups in (posix backend).
+	dir=versitygw
+	mod=github.com/versity/versitygw
+	pkgs=(github.com/versity/versitygw/cmd/versitygw)
 	;;
 redis-exporter)
 	dir=redis-exporter

@@ -79,6 +79,9 @@ pub struct RdbReport {
     pub engine_version: Option<String>,
     /// All aux fields found at the start of the file.
     pub aux: BTreeMap<String, String>,
+    /// The first database section: its number and its key count (from the
+    /// snapshot's `RESIZEDB` record), when the first chunk reaches it.
+    pub first_db: Option<(u64, u64)>,
     /// Bytes written.
     pub size: u64,
     /// Framing used by the server.
@@ -308,6 +311,10 @@ pub struct RdbHeader {
     pub version: u32,
     /// Aux fields that could be decoded from the given prefix.
     pub aux: BTreeMap<String, String>,
+    /// The first database section, when the prefix reaches it right after
+    /// the aux fields: its number and the key count its `RESIZEDB` record
+    /// declares.
+    pub first_db: Option<(u64, u64)>,
 }
 
 /// Checks the magic and decodes the leading aux fields of an RDB prefix.
@@ -340,30 +347,48 @@ pub fn parse_rdb_header(head: &[u8]) -> Option<RdbHeader> {
         pos = p;
         aux.insert(key, value);
     }
+    // SELECTDB <db> RESIZEDB <keys> <keys with an expiry>.
+    let first_db = (head.get(pos) == Some(&0xFE))
+        .then(|| {
+            let (db, p) = rdb_length(head, pos + 1)?;
+            (head.get(p) == Some(&0xFB)).then_some(())?;
+            let (keys, _) = rdb_length(head, p + 1)?;
+            Some((db, keys))
+        })
+        .flatten();
     Some(RdbHeader {
         format,
         version,
         aux,
+        first_db,
     })
+}
+
+/// Decodes an RDB length (not a special encoding) at `pos`.
+fn rdb_length(b: &[u8], pos: usize) -> Option<(u64, usize)> {
+    let first = *b.get(pos)?;
+    match first >> 6 {
+        0 => Some((u64::from(first & 0x3F), pos + 1)),
+        1 => Some((
+            (u64::from(first & 0x3F) << 8) | u64::from(*b.get(pos + 1)?),
+            pos + 2,
+        )),
+        2 if first == 0x80 => {
+            let raw: [u8; 4] = b.get(pos + 1..pos + 5)?.try_into().ok()?;
+            Some((u64::from(u32::from_be_bytes(raw)), pos + 5))
+        }
+        2 if first == 0x81 => {
+            let raw: [u8; 8] = b.get(pos + 1..pos + 9)?.try_into().ok()?;
+            Some((u64::from_be_bytes(raw), pos + 9))
+        }
+        _ => None,
+    }
 }
 
 /// Decodes an RDB string (length-prefixed or integer-encoded) at `pos`.
 fn rdb_string(b: &[u8], pos: usize) -> Option<(String, usize)> {
     let first = *b.get(pos)?;
     let (len, start) = match first >> 6 {
-        0 => (u64::from(first & 0x3F), pos + 1),
-        1 => (
-            (u64::from(first & 0x3F) << 8) | u64::from(*b.get(pos + 1)?),
-            pos + 2,
-        ),
-        2 if first == 0x80 => {
-            let raw: [u8; 4] = b.get(pos + 1..pos + 5)?.try_into().ok()?;
-            (u64::from(u32::from_be_bytes(raw)), pos + 5)
-        }
-        2 if first == 0x81 => {
-            let raw: [u8; 8] = b.get(pos + 1..pos + 9)?.try_into().ok()?;
-            (u64::from_be_bytes(raw), pos + 9)
-        }
         3 => {
             return match first & 0x3F {
                 0 => Some(((*b.get(pos + 1)? as i8).to_string(), pos + 2)),
@@ -378,7 +403,7 @@ fn rdb_string(b: &[u8], pos: usize) -> Option<(String, usize)> {
                 _ => None,
             };
         }
-        _ => return None,
+        _ => rdb_length(b, pos)?,
     };
     let len = usize::try_from(len).ok()?;
     let end = start.checked_add(len)?;
@@ -698,6 +723,7 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
         rdb_version: header.version,
         engine_version,
         aux: header.aux,
+        first_db: header.first_db,
         size,
         mode,
         replid,
@@ -847,6 +873,14 @@ mod tests {
         assert_eq!(h.aux.get("a").map(String::as_str), Some("4660"));
         assert_eq!(h.aux.get("b").map(String::as_str), Some("-1"));
         assert_eq!(h.aux.get("c").map(String::as_str), Some("hi"));
+        assert_eq!(h.first_db, None);
+        // The first database section: SELECTDB 3, RESIZEDB 70000 keys.
+        v.extend_from_slice(&[0xFE, 3, 0xFB, 0x80, 0, 1, 0x11, 0x70, 0x40, 1]);
+        assert_eq!(parse_rdb_header(&v).unwrap().first_db, Some((3, 70000)));
+        // Something else after the aux fields (a function): not guessed.
+        let mut f = b"REDIS0010".to_vec();
+        f.extend_from_slice(&[0xF5, 0xFE, 0, 0xFB, 1, 0]);
+        assert_eq!(parse_rdb_header(&f).unwrap().first_db, None);
     }
 
     #[test]

@@ -1,0 +1,265 @@
+//! Taking one backup: snapshot → SHA-256 → multipart upload → manifest.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use object_store::buffered::BufWriter;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::manifest::{self, Manifest};
+use crate::redis::rdb::{RdbFormat, RdbOptions, stream_rdb};
+use crate::redis::{ConnectOptions, Endpoint};
+
+/// Bytes buffered before a part is uploaded (S3 wants at least 5 MiB per
+/// part but the last).
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts uploaded at once. With one part filling, the upload holds at most
+/// `PART_SIZE * (UPLOADS_IN_FLIGHT + 1)` bytes (24 MiB), whatever the size
+/// of the dataset.
+pub const UPLOADS_IN_FLIGHT: usize = 2;
+
+/// Why a backup failed. Messages name the cause, never a credential.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    /// The server could not be read (unreachable, refused, died mid-stream).
+    #[error("reading the snapshot from {source_name}: {error}")]
+    Source {
+        /// The instance.
+        source_name: String,
+        /// What happened.
+        error: crate::redis::Error,
+    },
+    /// The store refused or could not be reached.
+    #[error("{action} {location}: {}{error}", explain(error))]
+    Store {
+        /// What was being done.
+        action: &'static str,
+        /// `s3://bucket/key`.
+        location: String,
+        /// What happened.
+        error: object_store::Error,
+    },
+    /// The request itself is wrong (a malformed endpoint, a missing value).
+    #[error("invalid backup request: {0}")]
+    Invalid(String),
+}
+
+impl BackupError {
+    /// A bounded category, for metrics, events and the status reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            BackupError::Source { .. } => "SourceFailed",
+            BackupError::Store { error, .. } => match error {
+                object_store::Error::Unauthenticated { .. }
+                | object_store::Error::PermissionDenied { .. } => "StoreAccessDenied",
+                object_store::Error::NotFound { .. } => "StoreNotFound",
+                _ => "StoreFailed",
+            },
+            BackupError::Invalid(_) => "InvalidRequest",
+        }
+    }
+}
+
+/// The server to back up.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// Its name in the manifest (the pod).
+    pub name: String,
+    /// Its address.
+    pub endpoint: Endpoint,
+    /// How to connect (password, TLS, timeouts).
+    pub options: ConnectOptions,
+}
+
+/// Hashes what goes through to the upload, and keeps the upload's own
+/// error (the snapshot stream only sees that a write failed).
+struct Hashing<W> {
+    inner: W,
+    sha: Sha256,
+    write_error: Option<std::io::Error>,
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Hashing<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        match std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, buf)) {
+            Ok(n) => {
+                this.sha.update(&buf[..n]);
+                Poll::Ready(Ok(n))
+            }
+            Err(e) => {
+                let told = std::io::Error::new(e.kind(), e.to_string());
+                this.write_error = Some(e);
+                Poll::Ready(Err(told))
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Streams a snapshot of `source` to `key` in `store`, then writes its
+/// manifest to `<key>.manifest.json`. `location` is how the target is named
+/// in messages (`s3://bucket`).
+pub async fn backup(
+    source: &Source,
+    store: Arc<dyn ObjectStore>,
+    location: &str,
+    key: &str,
+) -> Result<Manifest, BackupError> {
+    let started_at = now();
+    let at = |k: &str| format!("{location}/{k}");
+    let path = Path::parse(key).map_err(|e| BackupError::Invalid(format!("key {key:?}: {e}")))?;
+    let upload = BufWriter::with_capacity(store.clone(), path, PART_SIZE)
+        .with_max_concurrency(UPLOADS_IN_FLIGHT);
+    let mut out = Hashing {
+        inner: upload,
+        sha: Sha256::new(),
+        write_error: None,
+    };
+    let streamed = stream_rdb(
+        &source.endpoint,
+        &source.options,
+        &RdbOptions::default(),
+        &mut out,
+    )
+    .await;
+    let report = match streamed {
+        Ok(r) => r,
+        Err(e) => {
+            // The upload never completes: nothing appears under the key.
+            let _ = out.inner.abort().await;
+            // A failed write to the store surfaces as an I/O error of the
+            // stream; name the store when that is what failed.
+            return Err(match out.write_error.take() {
+                Some(w) => store_error("uploading", at(key), w),
+                None => BackupError::Source {
+                    source_name: source.name.clone(),
+                    error: e,
+                },
+            });
+        }
+    };
+    // A completion that fails leaves an unfinished multipart upload, which
+    // no reader sees as an object.
+    if let Err(e) = out.shutdown().await {
+        return Err(store_error("completing the upload of", at(key), e));
+    }
+    let sha256 = hex(&out.sha.finalize());
+    let m = Manifest {
+        format: manifest::FORMAT,
+        key: key.to_string(),
+        size_bytes: report.size,
+        sha256,
+        keys: report.first_db.map(|(_, k)| k),
+        keys_db: report.first_db.map(|(db, _)| db),
+        rdb_version: report.rdb_version,
+        engine: match report.format {
+            RdbFormat::Redis => "Redis",
+            RdbFormat::Valkey => "Valkey",
+        }
+        .to_string(),
+        engine_version: report.engine_version.clone(),
+        source: source.name.clone(),
+        replid: report.replid.clone(),
+        offset: report.offset,
+        started_at,
+        completed_at: now(),
+    };
+    let body = serde_json::to_vec_pretty(&m)
+        .map_err(|e| BackupError::Invalid(format!("encoding the manifest: {e}")))?;
+    let mkey = manifest::key_for(key);
+    let mpath =
+        Path::parse(&mkey).map_err(|e| BackupError::Invalid(format!("key {mkey:?}: {e}")))?;
+    store
+        .put(&mpath, PutPayload::from(body))
+        .await
+        .map_err(|error| BackupError::Store {
+            action: "writing the manifest",
+            location: at(&mkey),
+            error,
+        })?;
+    Ok(m)
+}
+
+/// Reads the manifest of the backup stored under `key`.
+pub async fn read_manifest(
+    store: &dyn ObjectStore,
+    location: &str,
+    key: &str,
+) -> Result<Manifest, BackupError> {
+    let mkey = manifest::key_for(key);
+    let at = format!("{location}/{mkey}");
+    let mpath =
+        Path::parse(&mkey).map_err(|e| BackupError::Invalid(format!("key {mkey:?}: {e}")))?;
+    let bytes = async { store.get(&mpath).await?.bytes().await }
+        .await
+        .map_err(|error| BackupError::Store {
+            action: "reading the manifest",
+            location: at.clone(),
+            error,
+        })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| BackupError::Invalid(format!("the manifest {at} is not valid: {e}")))
+}
+
+/// The cause in a few words, for the S3 error codes users hit.
+fn explain(e: &object_store::Error) -> &'static str {
+    let text = e.to_string();
+    let has = |code: &str| text.contains(&format!("<Code>{code}</Code>"));
+    if has("NoSuchBucket") {
+        "the bucket does not exist; "
+    } else if has("SignatureDoesNotMatch") || has("InvalidAccessKeyId") {
+        "the access key id or secret access key is wrong; "
+    } else if has("AccessDenied") {
+        "the credentials may not write there; "
+    } else if text.contains("error sending request") {
+        "the endpoint cannot be reached; "
+    } else {
+        ""
+    }
+}
+
+/// An I/O error of the upload, as the store error it wraps when it is one.
+fn store_error(action: &'static str, location: String, e: std::io::Error) -> BackupError {
+    let error = match e.into_inner() {
+        Some(inner) => match inner.downcast::<object_store::Error>() {
+            Ok(os) => *os,
+            Err(other) => object_store::Error::Generic {
+                store: "S3",
+                source: other,
+            },
+        },
+        None => object_store::Error::Generic {
+            store: "S3",
+            source: "the upload failed".into(),
+        },
+    };
+    BackupError::Store {
+        action,
+        location,
+        error,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
