@@ -25,6 +25,10 @@ enum Command {
     /// environment only: REDIS_PASSWORD, AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY.
     Backup(BackupArgs),
+    /// Fetch a backup into a file a server then loads (what a restore runs
+    /// before the server starts), after checking it against its manifest.
+    /// Prints the manifest as JSON. Secrets from the environment only.
+    Restore(RestoreArgs),
     /// Print the CustomResourceDefinitions as YAML, or write them to a file.
     Crd {
         /// Write to this file instead of standard output.
@@ -74,6 +78,13 @@ struct BackupArgs {
     /// The instance's name in the manifest (default: host:port).
     #[arg(long)]
     source_name: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// Where a backup is stored (shared by backup and restore).
+#[derive(clap::Args, Debug)]
+struct StoreArgs {
     /// S3 endpoint URL (AWS S3 when absent).
     #[arg(long, env = "S3_ENDPOINT")]
     endpoint: Option<String>,
@@ -83,7 +94,7 @@ struct BackupArgs {
     /// Bucket.
     #[arg(long, env = "S3_BUCKET")]
     bucket: String,
-    /// Object key of the RDB file; the manifest goes to `<key>.manifest.json`.
+    /// Object key of the RDB file; its manifest is `<key>.manifest.json`.
     #[arg(long)]
     key: String,
     /// Path-style requests (most self-hosted S3 servers need them).
@@ -92,6 +103,19 @@ struct BackupArgs {
     /// Retries of a request that may succeed when retried, with backoff.
     #[arg(long, default_value_t = 3)]
     retries: usize,
+}
+
+/// Options of `redpilot restore`.
+#[derive(clap::Args, Debug)]
+struct RestoreArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The file to write (the server's `dir`/`dbfilename`).
+    #[arg(long)]
+    dest: std::path::PathBuf,
+    /// The newest RDB version the server that loads it reads.
+    #[arg(long)]
+    max_rdb_version: Option<u32>,
 }
 
 /// A two-thread runtime for `redpilot <what>`.
@@ -105,6 +129,21 @@ fn runtime(what: &str) -> Option<tokio::runtime::Runtime> {
         Err(e) => {
             eprintln!("redpilot {what}: starting the runtime: {e}");
             None
+        }
+    }
+}
+
+/// The manifest on stdout, or `{"reason", "message"}` on stderr.
+fn report(r: Result<String, redpilot::backup::BackupError>) -> ExitCode {
+    match r {
+        Ok(manifest) => {
+            println!("{manifest}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let line = serde_json::json!({"reason": e.category(), "message": e.to_string()});
+            eprintln!("{line}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -129,18 +168,13 @@ fn main() -> ExitCode {
             let Some(runtime) = runtime("backup") else {
                 return ExitCode::FAILURE;
             };
-            match runtime.block_on(backup(args)) {
-                Ok(manifest) => {
-                    println!("{manifest}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    let line =
-                        serde_json::json!({"reason": e.category(), "message": e.to_string()});
-                    eprintln!("{line}");
-                    ExitCode::FAILURE
-                }
-            }
+            report(runtime.block_on(backup(args)))
+        }
+        Command::Restore(args) => {
+            let Some(runtime) = runtime("restore") else {
+                return ExitCode::FAILURE;
+            };
+            report(runtime.block_on(restore(args)))
         }
         Command::Version => {
             println!("redpilot {}", redpilot::VERSION);
@@ -156,30 +190,47 @@ fn main() -> ExitCode {
     }
 }
 
-async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupError> {
-    use redpilot::backup::{self, BackupError, S3Target, Source};
-    use redpilot::redis::{ConnectOptions, Endpoint};
+/// The store named by `args`, with credentials from the environment.
+fn open_store(
+    args: &StoreArgs,
+) -> Result<(std::sync::Arc<dyn object_store::ObjectStore>, String), redpilot::backup::BackupError>
+{
+    use redpilot::backup::{self, BackupError, S3Target};
     // HTTPS to the store goes through rustls with ring, as everything else.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let need = |name: &str| {
-        env(name)
+        env_value(name)
             .ok_or_else(|| BackupError::Invalid(format!("{name} is not set in the environment")))
     };
     let target = S3Target {
-        endpoint: args.endpoint,
-        region: args.region,
-        bucket: args.bucket,
+        endpoint: args.endpoint.clone(),
+        region: args.region.clone(),
+        bucket: args.bucket.clone(),
         path_style: args.path_style,
         access_key_id: need("AWS_ACCESS_KEY_ID")?,
         secret_access_key: need("AWS_SECRET_ACCESS_KEY")?.into(),
         retries: args.retries,
         retry_timeout: std::time::Duration::from_secs(60),
     };
-    let store = backup::open(&target)?;
+    Ok((backup::open(&target)?, format!("s3://{}", target.bucket)))
+}
+
+fn env_value(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn manifest_json(m: &redpilot::backup::Manifest) -> Result<String, redpilot::backup::BackupError> {
+    serde_json::to_string(m)
+        .map_err(|e| redpilot::backup::BackupError::Invalid(format!("encoding the manifest: {e}")))
+}
+
+async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupError> {
+    use redpilot::backup::{self, Source};
+    use redpilot::redis::{ConnectOptions, Endpoint};
+    let (store, location) = open_store(&args.store)?;
     let endpoint = Endpoint::new(&args.host, args.port);
     let mut options = ConnectOptions::default();
-    if let Some(pw) = env("REDIS_PASSWORD") {
+    if let Some(pw) = env_value("REDIS_PASSWORD") {
         options = options.with_password(pw);
     }
     let source = Source {
@@ -187,10 +238,21 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
         endpoint,
         options,
     };
-    let location = format!("s3://{}", target.bucket);
-    let m = backup::backup(&source, store, &location, &args.key).await?;
-    serde_json::to_string(&m)
-        .map_err(|e| BackupError::Invalid(format!("encoding the manifest: {e}")))
+    let m = backup::backup(&source, store, &location, &args.store.key).await?;
+    manifest_json(&m)
+}
+
+async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupError> {
+    let (store, location) = open_store(&args.store)?;
+    let m = redpilot::backup::restore(
+        store.as_ref(),
+        &location,
+        &args.store.key,
+        &args.dest,
+        args.max_rdb_version,
+    )
+    .await?;
+    manifest_json(&m)
 }
 
 fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {

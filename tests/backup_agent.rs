@@ -5,7 +5,9 @@
 //! bounded. Failures — wrong credentials, an unknown bucket, an unreachable
 //! endpoint, a wrong Redis password, the S3 server killed mid-upload, the
 //! source killed mid-stream — end with a reason naming the cause, never a
-//! secret, and leave no object under the key.
+//! secret, and leave no object under the key. `redpilot restore` fetches a
+//! backup into a file a fresh server loads, and refuses (leaving no file) a
+//! missing backup, a corrupted object and an RDB too new for the server.
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -32,29 +34,30 @@ struct Run {
 }
 
 fn agent(server: &RedisServer, endpoint: &str, bucket: &str, key: &str, secret: &str) -> Run {
+    let port = server.port().to_string();
+    let args = [
+        "backup",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--source-name",
+        "cache-1",
+    ];
+    run_agent(&args, endpoint, bucket, key, secret)
+}
+
+/// `redpilot <args> --endpoint … --bucket … --key …`, with the secrets in
+/// its environment.
+fn run_agent(args: &[&str], endpoint: &str, bucket: &str, key: &str, secret: &str) -> Run {
     let t = Instant::now();
     // `make bench-backup` measures the optimised build.
     let bin = std::env::var("REDPILOT_AGENT_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_redpilot").to_string());
     let mut child = Command::new(bin)
-        .args([
-            "backup",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &server.port().to_string(),
-            "--source-name",
-            "cache-1",
-            "--endpoint",
-            endpoint,
-            "--bucket",
-            bucket,
-            "--key",
-            key,
-            "--path-style",
-            "--retries",
-            "1",
-        ])
+        .args(args)
+        .args(["--endpoint", endpoint, "--bucket", bucket, "--key", key])
+        .args(["--path-style", "--retries", "1"])
         .env("REDIS_PASSWORD", PASSWORD)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", secret)
@@ -135,6 +138,22 @@ fn source(fill_keys: u64, value_size: u64) -> RedisServer {
     source_with(fill_keys, value_size, true)
 }
 
+/// Keys a fresh Redis 7.0 loads from `dir/dump.rdb`.
+fn keys_loaded_from(dir: &std::path::Path) -> u64 {
+    let restored = RedisServer::start(
+        Engine::Redis70,
+        ServerConfig::default().with("dir", dir.to_str().unwrap()),
+    );
+    let out = Command::new("redis-cli")
+        .args(["-p", &restored.port().to_string(), "DBSIZE"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("DBSIZE: {out:?}"))
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -182,18 +201,7 @@ fn a_backup_lands_in_s3_with_a_manifest_that_matches_and_restores() {
     // It restores: a fresh server loads the object.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("dump.rdb"), &stored).unwrap();
-    let restored = RedisServer::start(
-        Engine::Redis70,
-        ServerConfig::default().with("dir", dir.path().to_str().unwrap()),
-    );
-    let out = Command::new("redis-cli")
-        .args(["-p", &restored.port().to_string(), "DBSIZE"])
-        .output()
-        .expect("redis-cli");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        keys.to_string()
-    );
+    assert_eq!(keys_loaded_from(dir.path()), keys);
 
     let mib = stored.len() as f64 / (1024.0 * 1024.0);
     println!(
@@ -412,4 +420,69 @@ fn backup_throughput_compared_with_redis_cli_rdb() {
         "agent peak RSS {} KiB",
         run.peak_rss_kib
     );
+}
+
+fn restore(s3: &S3Server, key: &str, dest: &std::path::Path, max: Option<u32>) -> Run {
+    let dest = dest.to_str().unwrap().to_string();
+    let max = max.map(|m| m.to_string());
+    let mut args = vec!["restore", "--dest", &dest];
+    if let Some(m) = &max {
+        args.extend(["--max-rdb-version", m]);
+    }
+    run_agent(&args, &s3.endpoint(), BUCKET, key, SECRET_KEY)
+}
+
+#[test]
+fn a_restore_checks_the_backup_before_a_server_loads_it() {
+    let s3 = S3Server::start(&[BUCKET]);
+    let keys = 50_000;
+    let srv = source(keys, 64);
+    let key = "restore/one.rdb";
+    let run = agent(&srv, &s3.endpoint(), BUCKET, key, SECRET_KEY);
+    assert!(run.ok, "{}", run.stderr);
+
+    // Fetched, checked, and loaded by a fresh server.
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("dump.rdb");
+    let run = restore(&s3, key, &dest, Some(10));
+    assert!(run.ok, "restore failed: {}", run.stderr);
+    let m: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(m["keys"], keys);
+    assert_eq!(keys_loaded_from(dir.path()), keys);
+    println!(
+        "restore of {keys} keys: {:.2} s, loaded by a fresh server",
+        run.secs
+    );
+
+    // Too new for the server that would load it (Redis 6.2 reads RDB 9).
+    let other = tempfile::tempdir().unwrap();
+    let dest = other.path().join("dump.rdb");
+    let run = restore(&s3, key, &dest, Some(9));
+    assert!(!run.ok);
+    assert_eq!(reason(&run), "IncompatibleVersion", "{}", run.stderr);
+    assert!(
+        run.stderr.contains("RDB version 10") && run.stderr.contains("up to 9"),
+        "{}",
+        run.stderr
+    );
+    println!("too new: {}", run.stderr.trim());
+
+    // No such backup.
+    let run = restore(&s3, "restore/missing.rdb", &dest, None);
+    assert!(!run.ok);
+    assert_eq!(reason(&run), "StoreNotFound", "{}", run.stderr);
+
+    // One byte changed in the stored object.
+    let stored = s3.bucket_dir(BUCKET).join(key);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&stored, &bytes).unwrap();
+    let run = restore(&s3, key, &dest, None);
+    assert!(!run.ok);
+    assert_eq!(reason(&run), "ChecksumMismatch", "{}", run.stderr);
+    println!("corrupted: {}", run.stderr.trim());
+
+    let left: Vec<_> = std::fs::read_dir(other.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "a refused restore left {left:?}");
 }

@@ -46,6 +46,9 @@ pub enum BackupError {
     /// The request itself is wrong (a malformed endpoint, a missing value).
     #[error("invalid backup request: {0}")]
     Invalid(String),
+    /// A restore refused what it fetched.
+    #[error("{0}")]
+    Refused(#[from] super::restore::Refused),
 }
 
 impl BackupError {
@@ -60,6 +63,8 @@ impl BackupError {
                 _ => "StoreFailed",
             },
             BackupError::Invalid(_) => "InvalidRequest",
+            BackupError::Refused(super::restore::Refused::TooNew { .. }) => "IncompatibleVersion",
+            BackupError::Refused(super::restore::Refused::Mismatch(_)) => "ChecksumMismatch",
         }
     }
 }
@@ -256,7 +261,7 @@ fn store_error(action: &'static str, location: String, e: std::io::Error) -> Bac
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

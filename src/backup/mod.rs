@@ -12,11 +12,17 @@
 //! of the dataset. The object appears under its name only when the upload
 //! completes; a failed backup aborts its upload, so no partial object is
 //! ever left under the final name.
+//!
+//! A restore ([`restore()`]) checks the manifest first, then streams the
+//! object to the data directory, and keeps it only when its size and
+//! SHA-256 match.
 
 pub mod agent;
 pub mod manifest;
+pub mod restore;
 pub mod store;
 
 pub use agent::{BackupError, Source, backup};
 pub use manifest::Manifest;
+pub use restore::restore;
 pub use store::{S3Target, open};
