@@ -5,6 +5,9 @@
 //! crosses fields or compares with the old object. Every rule's message names
 //! the field it is about, so a bad spec is refused at `kubectl apply` with a
 //! reason a person can act on.
+//!
+//! Length: one file per API version, as the CRD derive reads it; the CEL
+//! rules are long strings next to the fields they guard.
 
 // kube-derive takes repeated `printcolumn` and `validation` keys inside one
 // attribute, which this lint reads as duplicates.

@@ -16,6 +16,9 @@
 //!   [`replicaof_directive`]), so it is a read-only replica from its first
 //!   accepted connection; [`fence`] repairs an instance that came back as a
 //!   primary anyway.
+//!
+//! Length: ~620 lines of code: the replication actions share their safety
+//! checks; each action is a top-level function with its own bound.
 
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};

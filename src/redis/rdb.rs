@@ -7,6 +7,9 @@
 //! either as `$<length>` or, from diskless servers, terminated by a 40-byte
 //! `$EOF:<mark>`. Nothing is buffered beyond one chunk. The payload must start
 //! with the `REDIS00xx` (or `VALKEYxxx`) magic and end with the EOF opcode.
+//!
+//! Length: ~750 lines of code: one stream state machine (handshake, two
+//! framings, header checks, TLS) that is simpler to audit in one file.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
