@@ -13,8 +13,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::operator::{
-    OPERATOR_NAMESPACE, OperatorOptions, apply_redis, http_status, lease_holder, spawn_operator,
-    start_operator, wait_ready,
+    OPERATOR_NAMESPACE, Operator, OperatorOptions, apply_redis, http_status, lease_holder,
+    spawn_operator, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -105,23 +105,24 @@ async fn only_the_leader_reconciles_and_the_other_takes_over() {
     );
 }
 
-#[tokio::test]
-async fn an_operator_that_loses_its_lease_exits_non_zero() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "op-lease-lost", &[]).await;
-    let opts = OperatorOptions::watching(&[&ns.name]);
-    let mut op = start_operator(&client, opts.clone()).await;
+/// Starts an operator, waits until it holds its lease, then has an
+/// intruder take the lease (as a second operator would after a network
+/// partition).
+async fn lose_the_lease(client: &kube::Client, ns: &str, restart: bool) -> Operator {
+    let mut opts = OperatorOptions::watching(&[ns]);
+    if !restart {
+        opts = opts.no_restart();
+    }
+    let op = start_operator(client, opts.clone()).await;
     wait_for(
         "the operator to hold the lease",
         Duration::from_secs(30),
         || async {
-            (lease_holder(&client, &opts.lease_name).await.as_deref() == Some(&op.opts.name))
+            (lease_holder(client, &opts.lease_name).await.as_deref() == Some(&op.opts.name))
                 .then_some(())
         },
     )
     .await;
-    // Someone else takes the lease (as a second operator would after a
-    // network partition).
     let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     leases
         .patch(
@@ -135,6 +136,15 @@ async fn an_operator_that_loses_its_lease_exits_non_zero() {
         )
         .await
         .expect("take the lease");
+    op
+}
+
+#[tokio::test]
+async fn an_operator_that_loses_its_lease_exits_non_zero() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-lease-lost", &[]).await;
+    // Watched exiting: the harness must not restart it.
+    let mut op = lose_the_lease(&client, &ns.name, false).await;
     let start = Instant::now();
     let status = loop {
         if let Some(status) = op.exit_status() {
@@ -151,6 +161,27 @@ async fn an_operator_that_loses_its_lease_exits_non_zero() {
         start.elapsed().as_secs_f64()
     );
     assert!(!status.success(), "exit status {status}");
+}
+
+/// The test harness restarts an operator that exited after losing its
+/// lease, as a cluster restarts its pod (other suites rely on it when a
+/// loaded machine delays a renewal), and says so in the log.
+#[tokio::test]
+async fn the_harness_restarts_an_operator_that_lost_its_lease() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-lease-restart", &[]).await;
+    let mut op = lose_the_lease(&client, &ns.name, true).await;
+    let first = op.pid().expect("running");
+    wait_for("a restarted operator", Duration::from_secs(30), || async {
+        op.log_text()
+            .contains("restarting it, as its pod would be")
+            .then_some(())
+    })
+    .await;
+    let second = op.pid().expect("restarted");
+    assert_ne!(first, second);
+    assert!(op.is_running(), "the restarted operator runs");
+    println!("operator {first} lost its lease and was restarted as {second}");
 }
 
 /// Writes the Lease as a holder called `ghost` whose clock reads `renew`.

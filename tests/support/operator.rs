@@ -12,10 +12,11 @@
 //! operator's Prometheus metrics, its log and its RSS.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write as _};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -376,6 +377,10 @@ pub struct OperatorOptions {
     pub lease_name: String,
     /// Extra environment.
     pub env: Vec<(String, String)>,
+    /// Start it again when it exits because it lost its lease (as the
+    /// Deployment's pod is restarted in a cluster). Any other exit is left
+    /// for the test to see.
+    pub restart_on_lost_lease: bool,
 }
 
 impl OperatorOptions {
@@ -387,7 +392,14 @@ impl OperatorOptions {
             watch_namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
             lease_name: unique_name("redpilot-leader"),
             env: Vec::new(),
+            restart_on_lost_lease: true,
         }
+    }
+
+    /// Never restarted by the harness (for tests that watch it exit).
+    pub fn no_restart(mut self) -> Self {
+        self.restart_on_lost_lease = false;
+        self
     }
 
     /// The same watch list and Lease under another process name.
@@ -401,7 +413,8 @@ impl OperatorOptions {
 /// drop prints the log's path and its last lines; otherwise it fails the test
 /// if the log shows a request refused by RBAC.
 pub struct Operator {
-    child: Option<Child>,
+    child: Arc<Mutex<Option<Child>>>,
+    supervisor: Option<Supervisor>,
     /// Options it was started with.
     pub opts: OperatorOptions,
     /// stderr + stdout of the process.
@@ -444,20 +457,62 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = service_account_kubeconfig(client, dir.path()).await;
     let log_path = log_dir().join(format!("{}.log", opts.name));
-    let log = std::fs::File::create(&log_path)
+    // A fresh log; restarts append to it.
+    std::fs::File::create(&log_path)
         .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
     let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_loopback_port())
         .parse()
         .expect("socket addr");
     let bin = operator_binary();
-    let mut cmd = Command::new(&bin);
+    let command = {
+        let (bin, kubeconfig, log_path, opts) = (
+            bin.clone(),
+            kubeconfig.clone(),
+            log_path.clone(),
+            opts.clone(),
+        );
+        move || operator_command(&bin, &kubeconfig, &log_path, &opts, metrics_addr)
+    };
+    let child = command()
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let child = Arc::new(Mutex::new(Some(child)));
+    let supervisor = opts
+        .restart_on_lost_lease
+        .then(|| Supervisor::start(child.clone(), log_path.clone(), opts.name.clone(), command));
+    let mut op = Operator {
+        child,
+        supervisor,
+        opts,
+        log_path,
+        metrics_addr,
+        _dir: dir,
+    };
+    wait_serving(&mut op, &bin).await;
+    op
+}
+
+/// The `redpilot run` command of `opts`, logging (appending) to `log_path`.
+fn operator_command(
+    bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    log_path: &std::path::Path,
+    opts: &OperatorOptions,
+    metrics_addr: SocketAddr,
+) -> Command {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", log_path.display()));
+    let mut cmd = Command::new(bin);
     cmd.args(["run", "--log-format", "text"])
         .args(["--metrics-addr", &metrics_addr.to_string()])
         .args(["--leader-election-namespace", OPERATOR_NAMESPACE])
         .args(["--lease-name", &opts.lease_name])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env("WATCH_NAMESPACE", opts.watch_namespaces.join(","))
         .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
         .env("POD_NAME", &opts.name)
@@ -469,18 +524,76 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log fd"))
         .stderr(log);
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    let mut op = Operator {
-        child: Some(child),
-        opts,
-        log_path,
-        metrics_addr,
-        _dir: dir,
-    };
-    // Up means: the metrics endpoint answers. A process that exits first is a
-    // failure, with its log.
+    cmd
+}
+
+/// Restarts an operator that exited because it lost its lease (its last
+/// log line says so), as the Deployment's pod would be restarted; says so
+/// on stderr and in the log. Any other exit is left alone.
+struct Supervisor {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Supervisor {
+    fn start(
+        child: Arc<Mutex<Option<Child>>>,
+        log_path: PathBuf,
+        name: String,
+        command: impl Fn() -> Command + Send + 'static,
+    ) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let Ok(mut guard) = child.lock() else { return };
+                if halt.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Some(status) = guard.as_mut().and_then(|c| c.try_wait().ok().flatten()) else {
+                    continue;
+                };
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                if !tail.iter().any(|l| l.contains("lost leadership")) {
+                    return;
+                }
+                let note = format!(
+                    "harness: operator {name} exited ({status}) after losing its lease; \
+                     restarting it, as its pod would be"
+                );
+                eprintln!("warning: {note}");
+                if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log_path) {
+                    let _ = writeln!(f, "--- {note} ---");
+                }
+                match command().spawn() {
+                    Ok(c) => *guard = Some(c),
+                    Err(e) => {
+                        eprintln!("warning: restarting operator {name}: {e}");
+                        return;
+                    }
+                }
+            }
+        });
+        Supervisor {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits until the operator serves its metrics. A process that exits first
+/// is a failure, with its log.
+async fn wait_serving(op: &mut Operator, bin: &std::path::Path) {
     let start = Instant::now();
     loop {
         if let Some(status) = op.exit_status() {
@@ -505,30 +618,38 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    op
 }
 
 impl Operator {
+    fn take_child(&mut self) -> Option<Child> {
+        if let Some(s) = self.supervisor.as_mut() {
+            s.halt();
+        }
+        self.child.lock().ok()?.take()
+    }
+
     /// Process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child.lock().ok()?.as_ref().map(|c| c.id())
     }
 
     /// The exit status if it has exited.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child
+            .lock()
+            .ok()?
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
-        self.child.is_some() && self.exit_status().is_none()
+        self.pid().is_some() && self.exit_status().is_none()
     }
 
     /// SIGKILL (a crash: no lease release) and reap.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.take_child() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -536,7 +657,7 @@ impl Operator {
 
     /// SIGTERM (a graceful stop) and wait up to `timeout`; SIGKILL after.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
+        let mut child = self.take_child()?;
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
