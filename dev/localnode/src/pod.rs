@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -107,6 +107,74 @@ struct Running {
     probes: Vec<AbortHandle>,
     env: Vec<(String, String)>,
     container_id: String,
+    /// Where the container's termination message lands on the host.
+    message: MessageSource,
+}
+
+/// Where a container's termination message is read from when it exits
+/// (the kubelet's `terminationMessagePath` and `terminationMessagePolicy`).
+#[derive(Debug, Clone, Default)]
+struct MessageSource {
+    /// Host path of the container's `terminationMessagePath`, when the path
+    /// lies in a volume or in the container's `/tmp` (the local node has no
+    /// per-file bind over `/dev`; see dev/README.md).
+    file: Option<PathBuf>,
+    /// `FallbackToLogsOnError`: the log's tail when the file is empty and
+    /// the container failed.
+    fallback_to_logs: bool,
+    /// The log file and its length when this run started.
+    log: Option<(PathBuf, u64)>,
+}
+
+/// The kubelet's bounds: a message file is read up to 4 KiB; the log
+/// fallback takes at most the last 80 lines and 2 KiB.
+const MESSAGE_FILE_MAX: usize = 4096;
+const MESSAGE_LOG_LINES: usize = 80;
+const MESSAGE_LOG_MAX: usize = 2048;
+
+impl MessageSource {
+    fn read(&self, failed: bool) -> Option<String> {
+        if let Some(f) = &self.file
+            && let Ok(bytes) = std::fs::read(f)
+            && !bytes.is_empty()
+        {
+            let end = bytes.len().min(MESSAGE_FILE_MAX);
+            return Some(String::from_utf8_lossy(&bytes[..end]).into_owned());
+        }
+        if !(self.fallback_to_logs && failed) {
+            return None;
+        }
+        let (path, from) = self.log.as_ref()?;
+        let bytes = std::fs::read(path).ok()?;
+        let run = bytes.get(usize::try_from(*from).ok()?..)?;
+        let text = String::from_utf8_lossy(run);
+        let lines: Vec<&str> = text.trim_end().lines().collect();
+        let tail = lines[lines.len().saturating_sub(MESSAGE_LOG_LINES)..].join("\n");
+        let mut start = tail.len().saturating_sub(MESSAGE_LOG_MAX);
+        while !tail.is_char_boundary(start) {
+            start += 1;
+        }
+        let tail = &tail[start..];
+        (!tail.is_empty()).then(|| tail.to_string())
+    }
+}
+
+/// The host path behind `path` inside a container: the volume mounted
+/// deepest above it, or the container's private `/tmp`.
+fn host_path_of(path: &str, mounts: &[MountSpec], tmp: &Path) -> Option<PathBuf> {
+    let under = |base: &str| -> Option<String> {
+        let base = base.trim_end_matches('/');
+        let rest = path.strip_prefix(base)?;
+        (rest.is_empty() || rest.starts_with('/')).then(|| rest.trim_start_matches('/').to_string())
+    };
+    let best = mounts
+        .iter()
+        .filter(|m| !m.read_only)
+        .filter_map(|m| under(&m.target).map(|rest| (m.target.len(), m.source.join(rest))))
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, p)| p);
+    best.or_else(|| under("/tmp").map(|rest| tmp.join(rest)))
+        .filter(|p| !p.as_os_str().is_empty())
 }
 
 #[derive(Debug)]
@@ -680,6 +748,17 @@ impl Worker {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).at(&tmp)?;
         }
+        let message_path = c
+            .termination_message_path
+            .clone()
+            .unwrap_or_else(|| "/dev/termination-log".into());
+        let message_file = host_path_of(&message_path, &mounts, &tmp);
+        if let Some(f) = &message_file {
+            // Each run of a container starts with an empty message.
+            let _ = std::fs::remove_file(f);
+        }
+        let fallback_to_logs =
+            c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
         let (uid, gid, read_only_root) = security(&self.pod, c)?;
         // A fresh writable layer for every start, like a new container.
         let layer_dir = self.run_dir.join("layers").join(&cname);
@@ -719,6 +798,12 @@ impl Worker {
             .open(&log_path)
             .at(&log_path)?;
         let log2 = log.try_clone().at(&log_path)?;
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+        let message = MessageSource {
+            file: message_file,
+            fallback_to_logs,
+            log: Some((log_path.clone(), log_start)),
+        };
         let mut cmd = tokio::process::Command::new("ip");
         cmd.args([
             "netns",
@@ -811,6 +896,7 @@ impl Worker {
             probes,
             env,
             container_id,
+            message,
         });
         tracing::info!(pod = %self.name, container = %cname, pid, program = %inv.program, "container started");
         self.event("Normal", "Started", &format!("Started container {cname}"))
@@ -856,7 +942,7 @@ impl Worker {
             exit_code,
             signal,
             reason: reason.into(),
-            message: None,
+            message: run.message.read(exit_code != 0),
             started_at: run.started_at,
             finished_at: now(),
             container_id: run.container_id,
@@ -1554,4 +1640,71 @@ fn security(pod: &Pod, c: &Container) -> Result<(Option<u32>, Option<u32>, bool)
         .and_then(|s| s.read_only_root_filesystem)
         .unwrap_or(false);
     Ok((to_u32(uid, "runAsUser")?, to_u32(gid, "runAsGroup")?, ro))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(source: &str, target: &str, read_only: bool) -> MountSpec {
+        MountSpec {
+            source: PathBuf::from(source),
+            target: target.into(),
+            read_only,
+        }
+    }
+
+    #[test]
+    fn termination_message_paths_map_to_the_host() {
+        let tmp = Path::new("/run/pod/tmp/c");
+        let mounts = [
+            mount("/vol/data", "/data", false),
+            mount("/vol/deep", "/data/deep/", false),
+            mount("/vol/ro", "/etc/cfg", true),
+        ];
+        let at = |p: &str| host_path_of(p, &mounts, tmp);
+        assert_eq!(
+            at("/tmp/result"),
+            Some(PathBuf::from("/run/pod/tmp/c/result"))
+        );
+        assert_eq!(at("/data/msg"), Some(PathBuf::from("/vol/data/msg")));
+        assert_eq!(at("/data/deep/m"), Some(PathBuf::from("/vol/deep/m")));
+        assert_eq!(
+            at("/database/m"),
+            None,
+            "a prefix of a name is not a parent"
+        );
+        assert_eq!(at("/etc/cfg/m"), None, "read-only volumes hold no message");
+        assert_eq!(at("/dev/termination-log"), None);
+    }
+
+    #[test]
+    fn the_log_tail_is_the_message_of_a_failed_run_only() {
+        let dir = std::env::temp_dir().join(format!("localnode-msg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("c.log");
+        std::fs::write(&log, "earlier run\n").expect("write");
+        let from = std::fs::metadata(&log).expect("meta").len();
+        let mut text = String::from("earlier run\n");
+        for i in 0..100 {
+            text.push_str(&format!("line {i}\n"));
+        }
+        std::fs::write(&log, &text).expect("write");
+        let src = MessageSource {
+            file: Some(dir.join("absent")),
+            fallback_to_logs: true,
+            log: Some((log.clone(), from)),
+        };
+        assert_eq!(src.read(false), None);
+        let m = src.read(true).expect("a message");
+        assert!(m.starts_with("line 20\n") && m.ends_with("line 99"), "{m}");
+        let file = dir.join("msg");
+        std::fs::write(&file, "{\"reason\":\"X\"}").expect("write");
+        let src = MessageSource {
+            file: Some(file),
+            ..src
+        };
+        assert_eq!(src.read(false).as_deref(), Some("{\"reason\":\"X\"}"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
