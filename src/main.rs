@@ -80,6 +80,17 @@ struct BackupArgs {
     source_name: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    result: ResultArgs,
+}
+
+/// Where the outcome goes besides stdout/stderr.
+#[derive(clap::Args, Debug)]
+struct ResultArgs {
+    /// Also write the outcome (the manifest, or `{"reason","message"}`) to
+    /// this file: a Job's `terminationMessagePath`, which the operator reads.
+    #[arg(long, env = "REDPILOT_RESULT_FILE")]
+    result_file: Option<std::path::PathBuf>,
 }
 
 /// Where a backup is stored (shared by backup and restore).
@@ -113,9 +124,22 @@ struct RestoreArgs {
     /// The file to write (the server's `dir`/`dbfilename`).
     #[arg(long)]
     dest: std::path::PathBuf,
-    /// The newest RDB version the server that loads it reads.
+    /// The RDB version the server that loads it writes (`REDIS0011` → 11,
+    /// `VALKEY080` → 80): newer files are refused before any download.
     #[arg(long)]
     max_rdb_version: Option<u32>,
+    /// The engine of the server that loads it: `redis` or `valkey` (Valkey
+    /// also reads Redis files up to RDB 11; Redis never reads Valkey's).
+    #[arg(long, default_value = "redis", value_parser = ["redis", "valkey"])]
+    server_engine: String,
+    /// Bootstrap mode (an init container): restore only in the pod named
+    /// here (compared with `$POD_NAME`), only while no primary is published
+    /// (`$REDPILOT_PRIMARY` empty: once one is, the data comes from it),
+    /// and only once (`<dest>.restored` marks a finished restore).
+    #[arg(long)]
+    only_pod: Option<String>,
+    #[command(flatten)]
+    result: ResultArgs,
 }
 
 /// A two-thread runtime for `redpilot <what>`.
@@ -133,19 +157,36 @@ fn runtime(what: &str) -> Option<tokio::runtime::Runtime> {
     }
 }
 
-/// The manifest on stdout, or `{"reason", "message"}` on stderr.
-fn report(r: Result<String, redpilot::backup::BackupError>) -> ExitCode {
-    match r {
+/// Exit status of a backup or restore that failed in a way running it
+/// again cannot fix (a Job's podFailurePolicy fails the Job at once on it).
+const EXIT_PERMANENT: u8 = 3;
+
+/// The manifest on stdout, or `{"reason", "message"}` on stderr; the same
+/// in the result file when one is named. Exit 0, 1 (worth retrying) or
+/// [`EXIT_PERMANENT`].
+fn report(r: Result<String, redpilot::backup::BackupError>, result: &ResultArgs) -> ExitCode {
+    let (text, code) = match r {
         Ok(manifest) => {
             println!("{manifest}");
-            ExitCode::SUCCESS
+            (manifest, ExitCode::SUCCESS)
         }
         Err(e) => {
             let line = serde_json::json!({"reason": e.category(), "message": e.to_string()});
             eprintln!("{line}");
-            ExitCode::FAILURE
+            let code = if e.retryable() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::from(EXIT_PERMANENT)
+            };
+            (line.to_string(), code)
         }
+    };
+    if let Some(path) = &result.result_file
+        && let Err(e) = std::fs::write(path, text)
+    {
+        eprintln!("writing the result to {}: {e}", path.display());
     }
+    code
 }
 
 fn main() -> ExitCode {
@@ -168,13 +209,19 @@ fn main() -> ExitCode {
             let Some(runtime) = runtime("backup") else {
                 return ExitCode::FAILURE;
             };
-            report(runtime.block_on(backup(args)))
+            let result = ResultArgs {
+                result_file: args.result.result_file.clone(),
+            };
+            report(runtime.block_on(backup(args)), &result)
         }
         Command::Restore(args) => {
             let Some(runtime) = runtime("restore") else {
                 return ExitCode::FAILURE;
             };
-            report(runtime.block_on(restore(args)))
+            let result = ResultArgs {
+                result_file: args.result.result_file.clone(),
+            };
+            report(runtime.block_on(restore(args)), &result)
         }
         Command::Version => {
             println!("redpilot {}", redpilot::VERSION);
@@ -243,15 +290,44 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
 }
 
 async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupError> {
+    let mut marker = args.dest.as_os_str().to_owned();
+    marker.push(".restored");
+    let marker = std::path::PathBuf::from(marker);
+    if let Some(only) = &args.only_pod {
+        let skip = |why: String| Ok(serde_json::json!({"skipped": why}).to_string());
+        let pod = env_value("POD_NAME").unwrap_or_default();
+        if pod != *only {
+            return skip(format!("{pod} is not {only}; it syncs from the primary"));
+        }
+        if let Some(p) = env_value("REDPILOT_PRIMARY") {
+            return skip(format!(
+                "a primary is published ({p}); the data comes from it"
+            ));
+        }
+        if marker.exists() {
+            return skip(format!("already restored ({} exists)", marker.display()));
+        }
+    }
     let (store, location) = open_store(&args.store)?;
+    let loader = args
+        .max_rdb_version
+        .map(|max_rdb_version| redpilot::backup::restore::Loader {
+            valkey: args.server_engine == "valkey",
+            max_rdb_version,
+        });
     let m = redpilot::backup::restore(
         store.as_ref(),
         &location,
         &args.store.key,
         &args.dest,
-        args.max_rdb_version,
+        loader,
     )
     .await?;
+    if args.only_pod.is_some() {
+        std::fs::write(&marker, &m.sha256).map_err(|e| {
+            redpilot::backup::BackupError::Invalid(format!("writing {}: {e}", marker.display()))
+        })?;
+    }
     manifest_json(&m)
 }
 

@@ -461,7 +461,7 @@ fn a_restore_checks_the_backup_before_a_server_loads_it() {
     assert!(!run.ok);
     assert_eq!(reason(&run), "IncompatibleVersion", "{}", run.stderr);
     assert!(
-        run.stderr.contains("RDB version 10") && run.stderr.contains("up to 9"),
+        run.stderr.contains("RDB version 10") && run.stderr.contains("writes RDB 9"),
         "{}",
         run.stderr
     );

@@ -34,7 +34,7 @@ pub enum BackupError {
         error: crate::redis::Error,
     },
     /// The store refused or could not be reached.
-    #[error("{action} {location}: {}{error}", explain(error))]
+    #[error("{action} {location}: {}", describe(error))]
     Store {
         /// What was being done.
         action: &'static str,
@@ -52,6 +52,13 @@ pub enum BackupError {
 }
 
 impl BackupError {
+    /// Whether running again may succeed (a server or store that was down,
+    /// a stream cut short); wrong credentials, a missing bucket or object, a
+    /// bad request or a file that cannot be loaded fail the same way again.
+    pub fn retryable(&self) -> bool {
+        matches!(self.category(), "SourceFailed" | "StoreFailed")
+    }
+
     /// A bounded category, for metrics, events and the status reason.
     pub fn category(&self) -> &'static str {
         match self {
@@ -223,6 +230,22 @@ pub async fn read_manifest(
 }
 
 /// The cause in a few words, for the S3 error codes users hit.
+/// The cause in words, then the store's own text without the response
+/// body (an S3 error document repeats the request, the access key id
+/// included), within 300 characters.
+fn describe(e: &object_store::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find("<?xml").or_else(|| text.find("<Error>")) {
+        Some(i) => text[..i].trim_end().trim_end_matches(':').to_string(),
+        None => text,
+    };
+    let mut detail: String = text.chars().take(300).collect();
+    if detail.len() < text.len() {
+        detail.push('…');
+    }
+    format!("{}{detail}", explain(e))
+}
+
 fn explain(e: &object_store::Error) -> &'static str {
     let text = e.to_string();
     let has = |code: &str| text.contains(&format!("<Code>{code}</Code>"));

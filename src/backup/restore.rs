@@ -18,9 +18,14 @@ use super::manifest::Manifest;
 /// Why the fetched bytes cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    /// The backup was written by a newer server than the one restoring.
-    #[error("the backup is RDB version {have} ({engine} {version}); this server reads up to {max}")]
+    /// The backup was written by a server whose format the one restoring
+    /// does not read.
+    #[error(
+        "the backup is {engine} RDB version {have} (written by {version}); a {loader} server that writes RDB {max} cannot load it"
+    )]
     TooNew {
+        /// The engine of the server that would load it.
+        loader: &'static str,
         /// RDB version of the backup.
         have: u32,
         /// Newest the server reads.
@@ -35,25 +40,53 @@ pub enum Refused {
     Mismatch(String),
 }
 
-/// Fetches the backup stored under `key` into `dest`. `max_rdb_version` is
-/// the newest RDB version the server that will load it reads (unchecked
-/// when `None`).
+/// The server that will load a restored file: its engine and the newest
+/// RDB version it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loader {
+    /// True for Valkey, false for Redis.
+    pub valkey: bool,
+    /// The RDB version the server writes (`REDIS0011` → 11, `VALKEY080` → 80).
+    pub max_rdb_version: u32,
+}
+
+/// The last RDB version with the `REDIS` magic that Valkey reads: Redis 7.4
+/// moved to 12, a format Valkey never adopted.
+pub const VALKEY_READS_REDIS_UP_TO: u32 = 11;
+
+impl Loader {
+    /// Whether this server loads a file of `magic` (`Redis` or `Valkey`,
+    /// the manifest's `engine`) at `version`. Redis reads only its own
+    /// magic; Valkey reads its own and Redis files up to RDB 11.
+    pub fn reads(&self, magic: &str, version: u32) -> bool {
+        match (self.valkey, magic.eq_ignore_ascii_case("valkey")) {
+            (false, false) => version <= self.max_rdb_version,
+            (false, true) => false,
+            (true, true) => version <= self.max_rdb_version,
+            (true, false) => version <= self.max_rdb_version.min(VALKEY_READS_REDIS_UP_TO),
+        }
+    }
+}
+
+/// Fetches the backup stored under `key` into `dest`, after checking that
+/// `loader` (when known) can load it.
 pub async fn restore(
     store: &dyn ObjectStore,
     location: &str,
     key: &str,
     dest: &Path,
-    max_rdb_version: Option<u32>,
+    loader: Option<Loader>,
 ) -> Result<Manifest, BackupError> {
     let m = read_manifest(store, location, key).await?;
-    if let Some(max) = max_rdb_version
-        && m.rdb_version > max
+    if let Some(l) = loader
+        && !l.reads(&m.engine, m.rdb_version)
     {
         return Err(BackupError::Refused(Refused::TooNew {
             have: m.rdb_version,
-            max,
+            max: l.max_rdb_version,
             engine: m.engine.clone(),
             version: m.engine_version.clone().unwrap_or_else(|| "?".into()),
+            loader: if l.valkey { "Valkey" } else { "Redis" },
         }));
     }
     let at = format!("{location}/{key}");
@@ -111,4 +144,42 @@ pub async fn restore(
         return Err(e);
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_server_loads_which_file() {
+        let redis70 = Loader {
+            valkey: false,
+            max_rdb_version: 10,
+        };
+        let redis74 = Loader {
+            valkey: false,
+            max_rdb_version: 12,
+        };
+        let valkey81 = Loader {
+            valkey: true,
+            max_rdb_version: 11,
+        };
+        let valkey91 = Loader {
+            valkey: true,
+            max_rdb_version: 80,
+        };
+        assert!(redis70.reads("Redis", 9) && redis70.reads("Redis", 10));
+        assert!(!redis70.reads("Redis", 11));
+        assert!(redis74.reads("Redis", 12));
+        assert!(
+            !redis74.reads("Valkey", 80),
+            "Redis never reads a Valkey file"
+        );
+        assert!(valkey81.reads("Redis", 11) && !valkey81.reads("Valkey", 80));
+        assert!(valkey91.reads("Valkey", 80) && valkey91.reads("Redis", 11));
+        assert!(
+            !valkey91.reads("Redis", 12),
+            "Redis 7.4's RDB 12 is not Valkey's"
+        );
+    }
 }

@@ -64,3 +64,24 @@ pub fn open(target: &S3Target) -> Result<Arc<dyn ObjectStore>, BackupError> {
         .map_err(|e| BackupError::Invalid(format!("the S3 target: {e}")))?;
     Ok(Arc::new(store))
 }
+
+/// Deletes the backup stored under `key` and its manifest; one that is
+/// already gone counts as deleted.
+pub async fn delete(store: &dyn ObjectStore, location: &str, key: &str) -> Result<(), BackupError> {
+    use object_store::ObjectStoreExt;
+    for k in [super::manifest::key_for(key), key.to_string()] {
+        let path = object_store::path::Path::parse(&k)
+            .map_err(|e| BackupError::Invalid(format!("key {k:?}: {e}")))?;
+        match store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => {
+                return Err(BackupError::Store {
+                    action: "deleting",
+                    location: location.to_string(),
+                    error,
+                });
+            }
+        }
+    }
+    Ok(())
+}
