@@ -53,6 +53,8 @@ pub struct Metrics {
     pub leader: prometheus::IntGauge,
     /// Automatic failovers by result (`promoted`, `error`).
     pub failovers: prometheus::IntCounterVec,
+    /// Backups that ended, by result (`completed`, `failed`).
+    pub backups: prometheus::IntCounterVec,
 }
 
 impl Metrics {
@@ -102,6 +104,11 @@ impl Metrics {
         )?;
         registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(failovers.clone()))?;
+        let backups = IntCounterVec::new(
+            Opts::new("redpilot_backups_total", "Backups that ended, by result"),
+            &["result"],
+        )?;
+        registry.register(Box::new(backups.clone()))?;
         Ok(Metrics {
             registry,
             reconciliations,
@@ -110,6 +117,7 @@ impl Metrics {
             kube_requests,
             leader,
             failovers,
+            backups,
         })
     }
 

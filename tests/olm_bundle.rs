@@ -361,33 +361,47 @@ fn csv_examples_and_crd_are_the_repositorys() {
         "alm-examples differ from config/samples/: run `make bundle`"
     );
 
-    let bundled = yaml_doc(&root().join("bundle/manifests/redpilot.io_redis.yaml"));
     let source = yaml_docs(&root().join("crds/redis.yaml"));
-    let crd = source
-        .iter()
-        .find(|c| c["metadata"]["name"] == bundled["metadata"]["name"])
-        .expect("the bundle's CRD is not in crds/redis.yaml");
-    if let Some(path) = first_difference(&crd["spec"], &bundled["spec"], "spec") {
-        panic!(
-            "the bundle's CRD differs from crds/redis.yaml at {path}; \
-             if crds/ holds values such as Off/On/Yes/No unquoted, YAML 1.1 readers \
-             (operator-sdk, kubectl, OLM) read them as booleans: they must be quoted. \
-             Otherwise run `make bundle`."
+    let owned = csv["spec"]["customresourcedefinitions"]["owned"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        owned.len(),
+        source.len(),
+        "the CSV should own every CRD of crds/redis.yaml"
+    );
+    for crd in &source {
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .expect("a CRD without name");
+        let bundled =
+            yaml_doc(&root().join(format!("bundle/manifests/{}.yaml", bundle_file(name))));
+        if let Some(path) = first_difference(&crd["spec"], &bundled["spec"], "spec") {
+            panic!(
+                "the bundle's CRD {name} differs from crds/redis.yaml at {path}; \
+                 if crds/ holds values such as Off/On/Yes/No unquoted, YAML 1.1 readers \
+                 (operator-sdk, kubectl, OLM) read them as booleans: they must be quoted. \
+                 Otherwise run `make bundle`."
+            );
+        }
+        let o = owned
+            .iter()
+            .find(|o| o["name"] == crd["metadata"]["name"])
+            .unwrap_or_else(|| panic!("the CSV does not own {name}"));
+        assert!(
+            o["description"].as_str().is_some_and(|d| d.len() > 20),
+            "the owned CRD {name} needs a description"
         );
     }
-    let owned = &csv["spec"]["customresourcedefinitions"]["owned"];
-    assert_eq!(
-        owned.as_array().map(Vec::len),
-        Some(1),
-        "one owned CRD expected"
-    );
-    assert_eq!(owned[0]["name"], bundled["metadata"]["name"]);
-    assert!(
-        owned[0]["description"]
-            .as_str()
-            .is_some_and(|d| d.len() > 20),
-        "the owned CRD needs a description"
-    );
+}
+
+/// `redis.redpilot.io` → `redpilot.io_redis` (operator-sdk's file name).
+fn bundle_file(crd: &str) -> String {
+    match crd.split_once('.') {
+        Some((plural, group)) => format!("{group}_{plural}"),
+        None => crd.to_string(),
+    }
 }
 
 fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
@@ -417,10 +431,23 @@ fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
 #[test]
 fn csv_descriptors_cover_the_crd() {
     let csv = bundle_csv();
-    let crd = yaml_doc(&root().join("bundle/manifests/redpilot.io_redis.yaml"));
+    let owned_all = csv["spec"]["customresourcedefinitions"]["owned"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!owned_all.is_empty());
+    for owned in &owned_all {
+        let name = owned["name"].as_str().expect("owned CRD without name");
+        descriptors_cover(
+            owned,
+            &yaml_doc(&root().join(format!("bundle/manifests/{}.yaml", bundle_file(name)))),
+        );
+    }
+}
+
+fn descriptors_cover(owned: &Value, crd: &Value) {
     let version = &crd["spec"]["versions"][0];
     let schema = &version["schema"]["openAPIV3Schema"]["properties"];
-    let owned = &csv["spec"]["customresourcedefinitions"]["owned"][0];
     assert_eq!(owned["version"], version["name"]);
 
     let field_exists = |root: &Value, path: &str| -> bool {

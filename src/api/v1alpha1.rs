@@ -24,6 +24,9 @@ use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+mod backup;
+pub use backup::*;
+
 /// Configuration keys the operator owns: setting them in `spec.config` would
 /// break networking, persistence paths, replication or authentication.
 pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
@@ -209,6 +212,13 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     validation = Rule::new(MIGRATION_RULE)
         .message(Message::Expression(MIGRATION_MESSAGE.into()))
         .field_path(".engine"),
+    validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)")
+        .message("spec.bootstrap is set at creation only and cannot change")
+        .field_path(".bootstrap"),
+    validation = Rule::new("oldSelf.hasValue() || !has(self.bootstrap) || !has(self.persistence) || !has(self.persistence.aof) || self.persistence.aof == 'Disabled'")
+        .optional_old_self(true)
+        .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
+        .field_path(".persistence"),
     validation = Rule::new("self.mode == oldSelf.mode")
         .message("spec.mode is immutable")
         .field_path(".mode"),
@@ -299,6 +309,11 @@ pub struct RedisSpec {
     /// rolled out and when it is rolled back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeSpec>,
+
+    /// Where the data of a new Redis comes from: a backup loaded into the
+    /// first instance before the Redis reports Ready. Creation only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
 }
 
 impl Default for RedisSpec {
@@ -319,6 +334,7 @@ impl Default for RedisSpec {
             allow_data_loss_on_restart: false,
             failover: None,
             upgrade: None,
+            bootstrap: None,
         }
     }
 }
@@ -612,6 +628,9 @@ pub struct RedisStatus {
     /// The version upgrade in progress, or the last one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
+    /// The backup this Redis was bootstrapped from (`spec.bootstrap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapStatus>,
 }
 
 /// An engine, version and image the instances run.

@@ -95,7 +95,29 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
                 })
                 .collect()
         });
-        status.init_container_statuses = None;
+        // Init containers (a bootstrap's restore): how their runs ended,
+        // with the termination message that names a failure's cause.
+        let ended = |s: Option<ContainerState>| {
+            s.map(|s| ContainerState {
+                terminated: s.terminated.map(|t| ContainerStateTerminated {
+                    exit_code: t.exit_code,
+                    message: t.message,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        };
+        status.init_container_statuses = status.init_container_statuses.take().map(|cs| {
+            cs.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    restart_count: c.restart_count,
+                    state: ended(c.state),
+                    last_state: ended(c.last_state),
+                    ..Default::default()
+                })
+                .collect()
+        });
         status.ephemeral_container_statuses = None;
         status.resource_claim_statuses = None;
     }

@@ -3,6 +3,8 @@
 //! Length: ~450 lines of code: the controller wiring (watches, stores,
 //! leader hand-over, readiness) is one start-up sequence read top to bottom.
 
+pub mod agent;
+pub mod backup;
 pub mod cache;
 pub mod images;
 pub mod leader;
@@ -67,6 +69,14 @@ pub enum Error {
     /// The object lacks a namespace or name.
     #[error("object without {0}")]
     Incomplete(&'static str),
+    /// A stored backup could not be reached or changed.
+    #[error("{message}")]
+    Backup {
+        /// The agent's bounded category.
+        category: &'static str,
+        /// What happened (never a secret).
+        message: String,
+    },
 }
 
 impl Error {
@@ -80,6 +90,7 @@ impl Error {
             Error::Serialize(..) => "internal",
             Error::Random(_) => "internal",
             Error::Incomplete(_) => "internal",
+            Error::Backup { .. } => "backup_store",
         }
     }
 }
@@ -254,6 +265,17 @@ impl Context {
     }
 }
 
+/// An event's note within the API's bound (1,024 characters).
+pub fn event_note(note: String) -> String {
+    const MAX: usize = 1000;
+    if note.chars().count() <= MAX {
+        return note;
+    }
+    let mut n: String = note.chars().take(MAX - 1).collect();
+    n.push('…');
+    n
+}
+
 /// Exponential backoff for the `n`th consecutive failure (n >= 1).
 pub fn backoff(n: u32) -> Duration {
     let secs = 2u64.saturating_pow(n.clamp(1, 16)).min(300);
@@ -374,8 +396,29 @@ pub async fn run_controllers(
                 }
                 health.caches_synced();
             });
-            let ctx = Arc::new(Context::new(client.clone(), metrics, images, stores));
+            let ctx = Arc::new(Context::new(
+                client.clone(),
+                metrics.clone(),
+                images,
+                stores,
+            ));
             let (redis_store, redis_writer) = reflector::store();
+            let backups = backup::run(
+                client.clone(),
+                ns.clone(),
+                Arc::new(backup::BackupContext {
+                    client: client.clone(),
+                    recorder: Recorder::new(
+                        client.clone(),
+                        Reporter {
+                            controller: "redpilot".into(),
+                            instance: std::env::var("POD_NAME").ok(),
+                        },
+                    ),
+                    metrics,
+                    redis: redis_store.clone(),
+                }),
+            );
             // Secrets a Redis names (spec.auth.secretName) are the user's:
             // watched by metadata only (no data in memory), so a changed
             // password starts its rotation at once.
@@ -405,7 +448,7 @@ pub async fn run_controllers(
                 .take_triggers()
                 .map(futures::StreamExt::boxed)
                 .unwrap_or_else(|| futures::stream::empty().boxed());
-            Controller::for_stream(redis_changes, redis_store)
+            let redis_controller = Controller::for_stream(redis_changes, redis_store)
                 // A failing primary (see monitor) is reconciled at once.
                 .reconcile_on(triggers)
                 .owns_stream(sts_changes)
@@ -448,8 +491,8 @@ pub async fn run_controllers(
                         }
                         Err(e) => tracing::warn!(error = %e, "controller stream error"),
                     }
-                })
-                .await;
+                });
+            futures::future::join(redis_controller, backups).await;
         }
     });
     futures::future::join_all(runs).await;
@@ -464,6 +507,14 @@ mod tests {
         assert!(watch_namespaces(None).is_empty());
         assert!(watch_namespaces(Some("")).is_empty());
         assert_eq!(watch_namespaces(Some("a, b,,c ")), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn event_notes_fit_the_api() {
+        assert_eq!(event_note("short".into()), "short");
+        let long = event_note("é".repeat(5000));
+        assert_eq!(long.chars().count(), 1000);
+        assert!(long.ends_with('…'));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub const SECRET_KEY: &str = "redpilot-test-secret-0123456789";
 /// A running versitygw.
 pub struct S3Server {
     child: Option<Child>,
+    host: String,
     port: u16,
     root: tempfile::TempDir,
     log: PathBuf,
@@ -39,6 +40,12 @@ fn free_port() -> u16 {
 impl S3Server {
     /// Starts a server with one bucket per name in `buckets`.
     pub fn start(buckets: &[&str]) -> Self {
+        Self::start_on("127.0.0.1", buckets)
+    }
+
+    /// The same, listening on `host` (the local node's bridge address,
+    /// 10.244.0.1, for agents running in pods).
+    pub fn start_on(host: &str, buckets: &[&str]) -> Self {
         let root = tempfile::Builder::new()
             .prefix("redpilot-s3-")
             .tempdir()
@@ -50,6 +57,7 @@ impl S3Server {
         let log = root.path().join("versitygw.log");
         let mut s = S3Server {
             child: None,
+            host: host.to_string(),
             port: free_port(),
             root,
             log,
@@ -72,7 +80,7 @@ impl S3Server {
                 "--secret",
                 SECRET_KEY,
                 "--port",
-                &format!("127.0.0.1:{}", self.port),
+                &format!("{}:{}", self.host, self.port),
                 "posix",
                 "--sidecar",
             ])
@@ -85,7 +93,7 @@ impl S3Server {
             .expect("starting versitygw");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while TcpStream::connect((self.host.as_str(), self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "versitygw did not listen on {} within 20 s:\n{}",
@@ -96,9 +104,9 @@ impl S3Server {
         }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://<host>:<port>`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// Its port.

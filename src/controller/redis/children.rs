@@ -215,6 +215,15 @@ impl Reconciler {
         let image = self.ctx.images.image_for(&self.redis.spec);
         let mut sts =
             statefulset::statefulset(&self.redis, &self.names, secret_name, &restart, &image);
+        if let Some(bs) = &self.bootstrap
+            && let Some(pod) = sts.spec.template.spec.as_mut()
+        {
+            pod.init_containers = Some(vec![super::bootstrap::init_container(
+                bs,
+                &self.names,
+                &self.redis.spec,
+            )]);
+        }
         let live_sts = match live_sts {
             Some(s) => Some(s.clone()),
             None => self.lookup(&self.names.statefulset()).await?,

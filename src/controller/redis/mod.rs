@@ -16,6 +16,7 @@
 //!
 //! This file holds the pipeline and what every step shares.
 
+pub mod bootstrap;
 pub mod build;
 pub mod children;
 pub mod config;
@@ -58,8 +59,10 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
     let names = Names::new(&redis.name_any());
     let oref = ObjectRef::from_obj(redis.as_ref());
     let upgrade = redis.status.as_ref().and_then(|s| s.upgrade.clone());
+    let bootstrap = redis.status.as_ref().and_then(|s| s.bootstrap.clone());
     let mut r = Reconciler {
         upgrade,
+        bootstrap,
         redis,
         ctx,
         ns,
@@ -102,6 +105,8 @@ pub struct Reconciler {
     servers_observed: bool,
     /// `status.upgrade` as this pass leaves it.
     upgrade: Option<crate::api::v1alpha1::UpgradeStatus>,
+    /// `status.bootstrap` as this pass leaves it.
+    bootstrap: Option<crate::api::v1alpha1::BootstrapStatus>,
 }
 
 impl Reconciler {
@@ -119,6 +124,7 @@ impl Reconciler {
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
         self.ctx.metrics.kube("create_event");
+        let note = super::event_note(note);
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -226,6 +232,12 @@ impl Reconciler {
         let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
         self.servers_observed = obs.servers_observed;
         let facts = obs.facts;
+
+        // A Redis loaded from a backup: nothing is created before the
+        // backup is resolved (its location is then fixed in the status).
+        if !self.resolve_bootstrap().await? {
+            return self.finish(&facts, None, desired, false).await;
+        }
 
         // 3. Decide the primary.
         let previous_primary = self.redis.status.as_ref().and_then(|s| s.primary.clone());

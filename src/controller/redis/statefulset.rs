@@ -97,7 +97,7 @@ exec {server} "$@"
 /// test ground's servers: Redis 6.2 → 9, 7.0 → 10, Valkey 8.1 → 11,
 /// Valkey 9.1 → 80; the others from their release notes. `None` when not
 /// known.
-fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
+pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
     let v: crate::redis::info::Version = spec.version.parse().ok()?;
     match (spec.engine, v.major, v.minor) {
         (Engine::Redis, 6, 2) => Some(9),

@@ -177,6 +177,7 @@ impl Reconciler {
         desired: i32,
         paused: bool,
     ) -> Result<Action, Error> {
+        self.track_bootstrap(primary).await;
         let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
         let replicas_linked = facts
             .iter()
@@ -343,6 +344,7 @@ impl Reconciler {
             config_resets: old.config_resets,
             last_failover: old.last_failover.clone(),
             upgrade: self.upgrade.clone(),
+            bootstrap: self.bootstrap.clone(),
         };
         status.conditions = merge(
             &old.conditions,

@@ -1,0 +1,268 @@
+//! `RedisBackup`: one backup of a Redis, taken by a Job of the operator's
+//! image and stored in an S3-compatible bucket; and the restore source a new
+//! `Redis` bootstraps from (`spec.bootstrap.fromBackup`).
+
+use kube::CustomResource;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+use super::DNS_SUBDOMAIN;
+
+/// A backup of one Redis, taken once. The spec cannot change after
+/// creation (except `deletionPolicy`): a new backup is a new object.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "redpilot.io",
+    version = "v1alpha1",
+    kind = "RedisBackup",
+    plural = "redisbackups",
+    singular = "redisbackup",
+    namespaced,
+    shortname = "rbk",
+    category = "redpilot",
+    status = "RedisBackupStatus",
+    doc = "A backup of a Redis: a snapshot taken from a replica (the primary when there is none), stored with its manifest in an S3-compatible bucket.",
+    printcolumn(name = "Redis", type_ = "string", json_path = ".spec.redis"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".status.sizeBytes"),
+    printcolumn(name = "Keys", type_ = "integer", json_path = ".status.keys"),
+    printcolumn(name = "Source", type_ = "string", json_path = ".status.source"),
+    printcolumn(name = "Completed", type_ = "date", json_path = ".status.completedAt"),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Location",
+        type_ = "string",
+        json_path = ".status.location",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(
+    validation = Rule::new("self.redis == oldSelf.redis")
+        .message("spec.redis cannot change: create a new RedisBackup")
+        .field_path(".redis"),
+    validation = Rule::new("self.target == oldSelf.target")
+        .message("spec.target cannot change: create a new RedisBackup")
+        .field_path(".target"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisBackupSpec {
+    /// The Redis to back up (in this namespace).
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message("spec.redis must be the name of a Redis (a DNS label)"))]
+    pub redis: String,
+    /// Where the backup is stored.
+    pub target: BackupTarget,
+    /// What deleting this RedisBackup does to the stored backup: `Retain`
+    /// (default) keeps it, `Delete` removes the object and its manifest.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// Where a backup is stored.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupTarget {
+    /// An S3-compatible bucket.
+    pub s3: S3Location,
+}
+
+/// An S3-compatible bucket and the credentials to use it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Location {
+    /// Endpoint URL, e.g. `https://s3.example.com:9000`; AWS S3 when absent.
+    /// `http://` only for a store on a trusted network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^/?#\\\\s]+(/.*)?$')").message("s3.endpoint must be an http:// or https:// URL"))]
+    pub endpoint: Option<String>,
+    /// Region (default `us-east-1`).
+    #[serde(default = "default_region")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: String,
+    /// Bucket name.
+    #[schemars(length(min = 3, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9.-]*[a-z0-9]$')").message("bucket must be an S3 bucket name (lowercase letters, digits, '.' and '-')"))]
+    pub bucket: String,
+    /// Key prefix (a "folder") under which backups are stored; no leading
+    /// `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.contains('//')").message("prefix must not start with '/' or contain '//'"))]
+    pub prefix: Option<String>,
+    /// Path-style requests (`endpoint/bucket/key`); most self-hosted stores
+    /// need them.
+    #[serde(default)]
+    pub path_style: bool,
+    /// The Secret (in this namespace) holding the access key.
+    pub credentials: S3Credentials,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+/// Keys of the Secret holding an S3 access key.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Credentials {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Key of the access key id (default `AWS_ACCESS_KEY_ID`).
+    #[serde(default = "default_access_key_id_key")]
+    pub access_key_id_key: String,
+    /// Key of the secret access key (default `AWS_SECRET_ACCESS_KEY`).
+    #[serde(default = "default_secret_access_key_key")]
+    pub secret_access_key_key: String,
+}
+
+fn default_access_key_id_key() -> String {
+    "AWS_ACCESS_KEY_ID".into()
+}
+
+fn default_secret_access_key_key() -> String {
+    "AWS_SECRET_ACCESS_KEY".into()
+}
+
+/// What happens to the stored backup when its RedisBackup is deleted.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum DeletionPolicy {
+    /// Keep the object in the bucket.
+    #[default]
+    Retain,
+    /// Delete the object and its manifest from the bucket.
+    Delete,
+}
+
+/// Lifecycle of a backup.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum BackupPhase {
+    /// Accepted; the Job is not running yet.
+    Pending,
+    /// The Job is streaming the snapshot.
+    Running,
+    /// Stored and described by its manifest.
+    Completed,
+    /// Ended without a backup (see `reason` and `message`).
+    Failed,
+}
+
+/// Observed state of a backup.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisBackupStatus {
+    /// Pending, Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+    /// When the Job was created (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When the upload completed, or the backup failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    /// Where the RDB file is: `s3://bucket/key` (its manifest is
+    /// `<key>.manifest.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Object key of the RDB file in the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Size of the stored RDB file in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Keys in the snapshot (its first database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i64>,
+    /// SHA-256 of the stored RDB file (lowercase hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Engine that wrote the snapshot (`Redis` or `Valkey`, from the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// Server version that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// RDB format version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdb_version: Option<i64>,
+    /// The instance (pod) it was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Replication offset of the snapshot on that instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    /// The Job doing the work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Why it failed, as a bounded category: RedisNotFound,
+    /// CredentialsNotFound, NoSourceInstance, SourceFailed,
+    /// StoreAccessDenied, StoreNotFound, StoreFailed, InvalidRequest,
+    /// JobFailed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What happened, in words (never a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The backup a new Redis is loaded from before it reports Ready.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.backup) != (has(self.s3) && has(self.key))")
+        .message("spec.bootstrap.fromBackup: set either backup (a RedisBackup's name) or both s3 and key (a backup stored elsewhere)"),
+    validation = Rule::new("has(self.s3) == has(self.key)")
+        .message("spec.bootstrap.fromBackup: s3 and key go together"),
+)]
+pub struct FromBackup {
+    /// A Completed RedisBackup in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub backup: Option<String>,
+    /// A bucket holding a backup (e.g. from another cluster) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Location>,
+    /// ... and the object key of its RDB file (its manifest is
+    /// `<key>.manifest.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub key: Option<String>,
+}
+
+/// How a new Redis gets its first data.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Load a backup into the first instance before it serves; the others
+    /// sync from it.
+    pub from_backup: FromBackup,
+}
+
+/// What the bootstrap of a Redis from a backup resolved to and how it went.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapStatus {
+    /// The bucket and credentials the backup is fetched with (fixed when
+    /// first resolved, so deleting the RedisBackup later changes nothing).
+    pub s3: S3Location,
+    /// Object key of the RDB file.
+    pub key: String,
+    /// `s3://bucket/key`.
+    pub location: String,
+    /// True once the first primary served the restored data.
+    #[serde(default)]
+    pub done: bool,
+}

@@ -1,0 +1,520 @@
+//! The `RedisBackup` controller: one backup, taken by a Job of the
+//! operator's image (`redpilot backup`, see [`crate::backup`]), on a
+//! replica whenever one can serve. The bytes never pass through the
+//! operator: it creates the Job, follows it, and fills the status from the
+//! manifest the agent leaves as its termination message.
+//!
+//! Pending → Running (the Job exists; the key and source are in the status
+//! first, so an operator restarted mid-way re-creates the same Job) →
+//! Completed (size, keys, SHA-256, engine, source, offset from the manifest)
+//! or Failed (a bounded reason and a message naming the cause, never a
+//! secret). Failures worth retrying (the source or the store went away) are
+//! retried by the Job with backoff; the others fail the Job at once
+//! (its podFailurePolicy). A failed upload leaves no object under the key.
+//!
+//! Deleting a RedisBackup keeps the stored backup unless its
+//! `deletionPolicy` is `Delete`: then a finalizer holds the object until the
+//! backup and its manifest are removed from the bucket. A Redis never owns
+//! its backups: deleting it deletes none.
+
+pub mod job;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::{Error, FIELD_MANAGER, agent};
+use crate::api::v1alpha1::{
+    BackupPhase, DeletionPolicy, Redis, RedisBackup, RedisBackupStatus, S3Location,
+};
+use crate::telemetry::Metrics;
+
+/// Holds a RedisBackup whose stored backup is deleted with it.
+pub const FINALIZER: &str = "redpilot.io/delete-stored-backup";
+
+/// Shared by the backup reconciles.
+pub struct BackupContext {
+    /// The API client.
+    pub client: Client,
+    /// Publishes events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// The Redis the operator watches (read without an API call).
+    pub redis: Store<Redis>,
+}
+
+/// Runs the RedisBackup controller in `ns` (all namespaces when `None`).
+pub async fn run(client: Client, ns: Option<String>, ctx: Arc<BackupContext>) {
+    let (backups, jobs): (Api<RedisBackup>, Api<Job>) = match &ns {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
+    Controller::new(backups, watcher::Config::default())
+        .owns_stream(
+            watcher(jobs, managed)
+                .default_backoff()
+                .modify(|j: &mut Job| j.metadata.managed_fields = None)
+                .applied_objects(),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "backup reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(b: Arc<RedisBackup>, err: &Error, ctx: Arc<BackupContext>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[err.category()])
+        .inc();
+    tracing::warn!(backup = %ObjectRef::from_obj(b.as_ref()), error = %err, "backup reconcile failed");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// One pass over one RedisBackup.
+pub async fn reconcile(b: Arc<RedisBackup>, ctx: Arc<BackupContext>) -> Result<Action, Error> {
+    let ns = b.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let mut r = Pass {
+        api: Api::namespaced(ctx.client.clone(), &ns),
+        ns,
+        name: b.name_any(),
+        b,
+        ctx,
+    };
+    r.run().await
+}
+
+struct Pass {
+    b: Arc<RedisBackup>,
+    ctx: Arc<BackupContext>,
+    api: Api<RedisBackup>,
+    ns: String,
+    name: String,
+}
+
+impl Pass {
+    fn status(&self) -> RedisBackupStatus {
+        self.b.status.clone().unwrap_or_default()
+    }
+
+    async fn run(&mut self) -> Result<Action, Error> {
+        let wants_finalizer = self.b.spec.deletion_policy == DeletionPolicy::Delete;
+        let has_finalizer = self.b.finalizers().iter().any(|f| f == FINALIZER);
+        if self.b.meta().deletion_timestamp.is_some() {
+            if has_finalizer {
+                self.delete_stored().await?;
+                self.set_finalizer(false).await?;
+            }
+            return Ok(Action::await_change());
+        }
+        if wants_finalizer != has_finalizer {
+            self.set_finalizer(wants_finalizer).await?;
+        }
+        let st = self.status();
+        match st.phase {
+            Some(BackupPhase::Completed) | Some(BackupPhase::Failed) => Ok(Action::await_change()),
+            _ if st.job.is_none() => self.start().await,
+            _ => self.follow(st).await,
+        }
+    }
+
+    /// The finalizer, added or removed with server-side apply (this
+    /// operator's field manager owns only that entry).
+    async fn set_finalizer(&self, on: bool) -> Result<(), Error> {
+        let finalizers: Vec<&str> = if on { vec![FINALIZER] } else { vec![] };
+        let patch = serde_json::json!({
+            "apiVersion": "redpilot.io/v1alpha1",
+            "kind": "RedisBackup",
+            "metadata": {"name": self.name, "finalizers": finalizers},
+        });
+        self.ctx.metrics.kube("apply_redisbackup");
+        self.api
+            .patch(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn start(&mut self) -> Result<Action, Error> {
+        let spec = self.b.spec.clone();
+        let redis = self
+            .ctx
+            .redis
+            .get(&ObjectRef::new(&spec.redis).within(&self.ns));
+        let Some(redis) = redis else {
+            let msg = format!(
+                "spec.redis: Redis {} does not exist in namespace {}",
+                spec.redis, self.ns
+            );
+            return self.fail("RedisNotFound", msg).await;
+        };
+        if let Some(why) = self.credentials_problem(&spec.target.s3).await? {
+            return self.fail("CredentialsNotFound", why).await;
+        }
+        let Some(source) = job::choose_source(&redis) else {
+            return self
+                .pending(format!(
+                    "waiting for an instance of Redis {} to be ready",
+                    spec.redis
+                ))
+                .await;
+        };
+        let Some(host) = self.pod_ip(&source).await? else {
+            return self
+                .pending(format!("waiting for {source} to have an address"))
+                .await;
+        };
+        let now = chrono::Utc::now();
+        let key = job::object_key(
+            spec.target.s3.prefix.as_deref(),
+            &self.ns,
+            &spec.redis,
+            &self.name,
+            &now.format("%Y%m%dT%H%M%SZ").to_string(),
+        );
+        let st = RedisBackupStatus {
+            phase: Some(BackupPhase::Running),
+            started_at: Some(now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            location: Some(format!("s3://{}/{}", spec.target.s3.bucket, key)),
+            key: Some(key.clone()),
+            source: Some(source.clone()),
+            job: Some(job::job_name(&self.name)),
+            ..Default::default()
+        };
+        // The key and source first: a pass after a crash here re-creates
+        // the same Job.
+        self.write_status(&st).await?;
+        self.apply_job(&source, &host, &key).await?;
+        let note = format!(
+            "backing up {source} of Redis {} to {}",
+            spec.redis,
+            st.location.clone().unwrap_or_default()
+        );
+        self.event(EventType::Normal, "BackupStarted", note).await;
+        Ok(Action::await_change())
+    }
+
+    async fn apply_job(&self, source: &str, host: &str, key: &str) -> Result<(), Error> {
+        let j = job::job(&self.b, source, host, key);
+        let name = j.metadata.name.clone().unwrap_or_default();
+        self.ctx.metrics.kube("apply_job");
+        Api::<Job>::namespaced(self.ctx.client.clone(), &self.ns)
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&j),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn follow(&mut self, st: RedisBackupStatus) -> Result<Action, Error> {
+        let job_name = st.job.clone().unwrap_or_default();
+        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        self.ctx.metrics.kube("get_job");
+        let Some(j) = jobs.get_opt(&job_name).await? else {
+            // Deleted by someone, or never created (a crash right after the
+            // status was written): the same Job again, from the status.
+            let (Some(source), Some(key)) = (st.source.clone(), st.key.clone()) else {
+                return self
+                    .fail("JobFailed", "the backup Job is gone".into())
+                    .await;
+            };
+            let Some(host) = self.pod_ip(&source).await? else {
+                let msg = format!("the source instance {source} is gone");
+                return self.fail("SourceFailed", msg).await;
+            };
+            self.apply_job(&source, &host, &key).await?;
+            return Ok(Action::await_change());
+        };
+        let cond = |t: &str| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"))
+                .cloned()
+        };
+        if cond("Complete").is_some() {
+            return match self.agent_outcome(&job_name, true).await? {
+                Some(agent::Outcome::Done(m)) => self.complete(st, *m).await,
+                Some(agent::Outcome::Failed { reason, message }) => {
+                    self.fail(agent::bounded_reason(&reason), message).await
+                }
+                _ => {
+                    let msg = "the backup Job succeeded but its pod left no manifest".into();
+                    self.fail("JobFailed", msg).await
+                }
+            };
+        }
+        if let Some(c) = cond("Failed") {
+            return match self.agent_outcome(&job_name, false).await? {
+                Some(agent::Outcome::Failed { reason, message }) => {
+                    self.fail(agent::bounded_reason(&reason), message).await
+                }
+                _ => {
+                    let why = c.message.unwrap_or_else(|| c.reason.unwrap_or_default());
+                    self.fail("JobFailed", format!("the backup Job failed: {why}"))
+                        .await
+                }
+            };
+        }
+        Ok(Action::await_change())
+    }
+
+    /// The outcome the agent left in the newest pod of the Job that
+    /// succeeded (`ok`) or failed.
+    async fn agent_outcome(
+        &self,
+        job_name: &str,
+        ok: bool,
+    ) -> Result<Option<agent::Outcome>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        self.ctx.metrics.kube("list_pods");
+        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}"));
+        let mut found: Vec<(String, i32, Option<String>)> = pods
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let created = p.metadata.creation_timestamp.as_ref()?.0.to_string();
+                let statuses = p.status?.container_statuses.unwrap_or_default();
+                let (code, msg) = agent::termination(&statuses, job::CONTAINER)?;
+                Some((created, code, msg))
+            })
+            .filter(|(_, code, _)| (*code == 0) == ok)
+            .collect();
+        found.sort();
+        Ok(found
+            .pop()
+            .and_then(|(_, _, msg)| msg)
+            .and_then(|m| agent::outcome(&m)))
+    }
+
+    async fn complete(
+        &mut self,
+        st: RedisBackupStatus,
+        m: crate::backup::Manifest,
+    ) -> Result<Action, Error> {
+        let done = RedisBackupStatus {
+            phase: Some(BackupPhase::Completed),
+            completed_at: Some(m.completed_at.clone()),
+            size_bytes: i64::try_from(m.size_bytes).ok(),
+            keys: m.keys.and_then(|k| i64::try_from(k).ok()),
+            sha256: Some(m.sha256.clone()),
+            engine: Some(m.engine.clone()),
+            engine_version: m.engine_version.clone(),
+            rdb_version: Some(i64::from(m.rdb_version)),
+            offset: m.offset,
+            reason: None,
+            message: None,
+            ..st
+        };
+        self.write_status(&done).await?;
+        self.ctx
+            .metrics
+            .backups
+            .with_label_values(&["completed"])
+            .inc();
+        let note = format!(
+            "stored {} bytes ({} keys) from {} at {}",
+            m.size_bytes,
+            m.keys.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
+            m.source,
+            done.location.clone().unwrap_or_default()
+        );
+        self.event(EventType::Normal, "BackupCompleted", note).await;
+        Ok(Action::await_change())
+    }
+
+    async fn fail(&mut self, reason: &'static str, message: String) -> Result<Action, Error> {
+        let st = RedisBackupStatus {
+            phase: Some(BackupPhase::Failed),
+            completed_at: Some(
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            ),
+            reason: Some(reason.into()),
+            message: Some(message.clone()),
+            ..self.status()
+        };
+        self.write_status(&st).await?;
+        self.ctx
+            .metrics
+            .backups
+            .with_label_values(&["failed"])
+            .inc();
+        self.event(
+            EventType::Warning,
+            "BackupFailed",
+            format!("{reason}: {message}"),
+        )
+        .await;
+        Ok(Action::await_change())
+    }
+
+    async fn pending(&mut self, message: String) -> Result<Action, Error> {
+        let st = RedisBackupStatus {
+            phase: Some(BackupPhase::Pending),
+            message: Some(message),
+            ..self.status()
+        };
+        if Some(&st) != self.b.status.as_ref() {
+            self.write_status(&st).await?;
+        }
+        Ok(Action::requeue(Duration::from_secs(5)))
+    }
+
+    async fn write_status(&mut self, st: &RedisBackupStatus) -> Result<(), Error> {
+        self.ctx.metrics.kube("patch_status");
+        let patch = serde_json::json!({ "status": st });
+        let updated = self
+            .api
+            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.b = Arc::new(updated);
+        Ok(())
+    }
+
+    /// Why the credentials Secret cannot be used (missing, or without a
+    /// key), naming the field; never its content.
+    async fn credentials_problem(&self, s3: &S3Location) -> Result<Option<String>, Error> {
+        let c = &s3.credentials;
+        self.ctx.metrics.kube("get_secret");
+        let secret: Option<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(&c.secret_name)
+            .await?;
+        let Some(secret) = secret else {
+            return Ok(Some(format!(
+                "spec.target.s3.credentials.secretName: Secret {} does not exist in namespace {}",
+                c.secret_name, self.ns
+            )));
+        };
+        let data = secret.data.unwrap_or_default();
+        for key in [&c.access_key_id_key, &c.secret_access_key_key] {
+            if data.get(key).is_none_or(|v| v.0.is_empty()) {
+                return Ok(Some(format!(
+                    "spec.target.s3.credentials: Secret {} has no key {key}",
+                    c.secret_name
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {
+        self.ctx.metrics.kube("get_pod");
+        let p: Option<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(pod)
+            .await?;
+        Ok(p.and_then(|p| p.status).and_then(|s| s.pod_ip))
+    }
+
+    /// Removes the stored backup and its manifest (`deletionPolicy:
+    /// Delete`). The operator reads the credentials for this only; a
+    /// missing object counts as deleted.
+    async fn delete_stored(&self) -> Result<(), Error> {
+        let Some(key) = self.status().key else {
+            return Ok(());
+        };
+        let s3 = &self.b.spec.target.s3;
+        let c = &s3.credentials;
+        self.ctx.metrics.kube("get_secret");
+        let secret: Option<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(&c.secret_name)
+            .await?;
+        let value = |k: &str| {
+            secret
+                .as_ref()
+                .and_then(|s| s.data.as_ref())
+                .and_then(|d| d.get(k))
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        };
+        let (Some(id), Some(secret_key)) =
+            (value(&c.access_key_id_key), value(&c.secret_access_key_key))
+        else {
+            let msg = format!(
+                "cannot delete the stored backup: Secret {} or its keys are missing",
+                c.secret_name
+            );
+            self.event(EventType::Warning, "StoredBackupNotDeleted", msg.clone())
+                .await;
+            return Err(Error::Secret {
+                name: c.secret_name.clone(),
+                reason: msg,
+            });
+        };
+        let target = crate::backup::S3Target {
+            endpoint: s3.endpoint.clone(),
+            region: s3.region.clone(),
+            bucket: s3.bucket.clone(),
+            path_style: s3.path_style,
+            access_key_id: id,
+            secret_access_key: secret_key.into(),
+            retries: 2,
+            retry_timeout: Duration::from_secs(20),
+        };
+        let result = async {
+            let store = crate::backup::open(&target)?;
+            crate::backup::store::delete(store.as_ref(), &target.location(&key), &key).await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let note = format!("deleted {} and its manifest", target.location(&key));
+                self.event(EventType::Normal, "StoredBackupDeleted", note)
+                    .await;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("deleting {}: {e}", target.location(&key));
+                self.event(EventType::Warning, "StoredBackupNotDeleted", msg.clone())
+                    .await;
+                Err(Error::Backup {
+                    category: e.category(),
+                    message: msg,
+                })
+            }
+        }
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.ctx.metrics.kube("create_event");
+        let note = super::event_note(note);
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Backup".into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .ctx
+            .recorder
+            .publish(&ev, &self.b.object_ref(&()))
+            .await
+        {
+            tracing::warn!(error = %e, reason, "publishing an event failed");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! A new Redis loaded from a backup (`spec.bootstrap.fromBackup`).
+//!
+//! The backup is resolved once (a Completed RedisBackup, or a bucket and
+//! key given directly) into `status.bootstrap`, before any child exists, so
+//! the StatefulSet is created with the restore in it and later changes to
+//! the RedisBackup (or its deletion) change nothing. The restore runs as an
+//! init container of the operator's image in the first instance
+//! (`redpilot restore --only-pod <name>-0`): it checks the manifest (the
+//! engine and RDB version against this Redis's server) and the object's
+//! size and SHA-256 before the file is in place, so the server starts
+//! from a verified dump or not at all. The instance boots fenced like every
+//! Replication instance; recovery promotes ordinal 0 (no other instance is
+//! ahead of it) and the replicas sync from it. A failed restore stops the
+//! bootstrap with a Degraded condition whose reason names the cause.
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
+    ResourceRequirements, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::runtime::events::EventType;
+
+use super::Reconciler;
+use super::build::{self, Names};
+use crate::api::v1alpha1::{
+    BackupPhase, BootstrapStatus, Engine, RedisBackup, RedisSpec, S3Location,
+};
+use crate::controller::Error;
+use crate::controller::agent::{self, Outcome};
+
+/// Name of the restore init container.
+pub const RESTORE_CONTAINER: &str = "restore";
+
+/// Why a bootstrap cannot go on yet.
+enum Unresolved {
+    /// Waiting for something that may still happen.
+    Waiting(String),
+    /// Something that will not fix itself.
+    Failed(&'static str, String),
+}
+
+impl Reconciler {
+    /// Resolves `spec.bootstrap` into `status.bootstrap` (once). Returns
+    /// false when the pass must stop before creating anything: the backup
+    /// is missing, not finished yet, or failed (reported in the status).
+    pub(super) async fn resolve_bootstrap(&mut self) -> Result<bool, Error> {
+        let Some(spec) = self.redis.spec.bootstrap.clone() else {
+            return Ok(true);
+        };
+        if self.bootstrap.is_some() {
+            return Ok(true);
+        }
+        let from = spec.from_backup;
+        let resolved = match (&from.backup, &from.s3, &from.key) {
+            (Some(name), _, _) => self.resolve_named(name).await?,
+            (None, Some(s3), Some(key)) => Ok(resolved(s3.clone(), key.clone())),
+            _ => Err(Unresolved::Failed(
+                "InvalidBootstrap",
+                "spec.bootstrap.fromBackup names neither a backup nor a bucket and key".into(),
+            )),
+        };
+        match resolved {
+            Ok(bs) => {
+                let note = format!("restoring {} into {}", bs.location, self.names.pod(0));
+                self.event(EventType::Normal, "BootstrapStarted", "Bootstrap", note)
+                    .await;
+                self.bootstrap = Some(bs);
+                Ok(true)
+            }
+            Err(Unresolved::Waiting(why)) => {
+                self.progress_reason = Some("WaitingForBackup");
+                self.progressing.push(why);
+                Ok(false)
+            }
+            Err(Unresolved::Failed(reason, why)) => {
+                self.report_failure(reason, "Bootstrap", "bootstrap", why)
+                    .await;
+                Ok(false)
+            }
+        }
+    }
+
+    async fn resolve_named(
+        &self,
+        name: &str,
+    ) -> Result<Result<BootstrapStatus, Unresolved>, Error> {
+        self.ctx.metrics.kube("get_redisbackup");
+        let backup: Option<RedisBackup> = self.api().get_opt(name).await?;
+        let Some(b) = backup else {
+            return Ok(Err(Unresolved::Failed(
+                "BackupNotFound",
+                format!(
+                    "spec.bootstrap.fromBackup.backup: RedisBackup {name} does not exist in namespace {}",
+                    self.ns
+                ),
+            )));
+        };
+        let status = b.status.clone().unwrap_or_default();
+        Ok(match (status.phase, status.key) {
+            (Some(BackupPhase::Completed), Some(key)) => Ok(resolved(b.spec.target.s3, key)),
+            (Some(BackupPhase::Failed), _) => Err(Unresolved::Failed(
+                "BackupFailed",
+                format!(
+                    "spec.bootstrap.fromBackup.backup: RedisBackup {name} failed ({}); nothing to restore",
+                    status.reason.unwrap_or_default()
+                ),
+            )),
+            _ => Err(Unresolved::Waiting(format!(
+                "waiting for RedisBackup {name} to complete"
+            ))),
+        })
+    }
+
+    /// Reports a failed restore seen in the first instance's init
+    /// container, and marks the bootstrap done once a primary serves.
+    pub(super) async fn track_bootstrap(&mut self, primary: Option<&str>) {
+        let Some(bs) = self.bootstrap.clone() else {
+            return;
+        };
+        if bs.done {
+            return;
+        }
+        if primary.is_some() {
+            let note = format!("{} was loaded from {}", self.names.pod(0), bs.location);
+            self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
+                .await;
+            self.bootstrap = Some(BootstrapStatus { done: true, ..bs });
+            return;
+        }
+        let first: Option<Pod> = self.cached(&self.names.pod(0));
+        let statuses = first
+            .and_then(|p| p.status)
+            .and_then(|s| s.init_container_statuses)
+            .unwrap_or_default();
+        let Some((code, message)) = agent::termination(&statuses, RESTORE_CONTAINER) else {
+            return;
+        };
+        if code == 0 {
+            return;
+        }
+        let (reason, why) = match message.as_deref().and_then(agent::outcome) {
+            Some(Outcome::Failed { reason, message }) => (agent::bounded_reason(&reason), message),
+            _ => (
+                "RestoreFailed",
+                format!("the restore container exited with code {code}"),
+            ),
+        };
+        let msg = format!(
+            "restoring {} into {}: {why}",
+            bs.location,
+            self.names.pod(0)
+        );
+        self.report_failure(reason, "Bootstrap", "bootstrap", msg)
+            .await;
+    }
+}
+
+fn resolved(s3: S3Location, key: String) -> BootstrapStatus {
+    BootstrapStatus {
+        location: format!("s3://{}/{}", s3.bucket, key),
+        s3,
+        key,
+        done: false,
+    }
+}
+
+/// The init container that fetches the backup into `/data/dump.rdb` of the
+/// first instance, checked against its manifest and this Redis's server.
+pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> Container {
+    let mut args = vec![
+        "restore".to_string(),
+        "--only-pod".into(),
+        names.pod(0),
+        "--dest".into(),
+        "/data/dump.rdb".into(),
+    ];
+    args.extend(agent::store_args(&bs.s3, &bs.key));
+    if spec.image.is_none()
+        && let Some(max) = super::statefulset::max_rdb(spec)
+    {
+        args.extend(["--max-rdb-version".into(), max.to_string()]);
+        let engine = match spec.engine {
+            Engine::Redis => "redis",
+            Engine::Valkey => "valkey",
+        };
+        args.extend(["--server-engine".into(), engine.into()]);
+    }
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        field("POD_NAME", "metadata.name"),
+        EnvVar {
+            name: "REDPILOT_PRIMARY".into(),
+            value_from: Some(EnvVarSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: names.config(),
+                    key: build::PRIMARY_KEY.into(),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    env.extend(agent::credential_env(&bs.s3, true));
+    let mem = |q: &str| Quantity(q.into());
+    Container {
+        name: RESTORE_CONTAINER.into(),
+        image: Some(agent::operator_image()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["/redpilot".into()]),
+        args: Some(args),
+        env: Some(env),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "data".into(),
+                mount_path: "/data".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..Default::default()
+            },
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), mem("100m")),
+                    ("memory".to_string(), mem("64Mi")),
+                ]
+                .into(),
+            ),
+            limits: Some([("memory".to_string(), mem("128Mi"))].into()),
+            ..Default::default()
+        }),
+        termination_message_path: Some(agent::RESULT_PATH.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(agent::security_context()),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,430 @@
+//! Level 3 backups and restores on the dev cluster, with a real S3 server
+//! (versitygw, listening on the local node's bridge address so the agents
+//! in pods reach it) and real Redis servers:
+//!
+//! - a `RedisBackup` of a 3-instance Redis under a writer: taken from a
+//!   replica by a Job of the operator's image, Completed, and its status
+//!   (size, SHA-256, keys, engine, source, offset) matches the stored
+//!   object; the writer saw no error;
+//! - bad input ends in Failed with a reason naming the cause and no secret:
+//!   wrong credentials (no object left), a Redis or a Secret that does not
+//!   exist;
+//! - a new Redis bootstrapped from the backup is Ready with the same keys
+//!   (count, and a sample of values) on all three instances;
+//! - a bootstrap from a corrupted copy or a missing object stops with a
+//!   Degraded condition naming the cause;
+//! - deletion: `Retain` keeps the stored object, `Delete` removes it and its
+//!   manifest; deleting the Redis deletes no backup.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use redpilot::api::v1alpha1::RedisBackup;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use support::operator::{
+    OperatorOptions, apply_redis, connect_pod, kubectl, recent_events, redis_api, redis_password,
+    start_operator, wait_ready,
+};
+use support::s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
+use support::writer::Writer;
+use support::{TestNamespace, client, wait_for};
+
+/// The local node's bridge address: pods reach the host there.
+const NODE_IP: &str = "10.244.0.1";
+const BUCKET: &str = "backups";
+const SEEDED: usize = 20_000;
+const READY: Duration = Duration::from_secs(180);
+
+async fn secret(client: &Client, ns: &str, name: &str, id: &str, key: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name},
+        "stringData": {"AWS_ACCESS_KEY_ID": id, "AWS_SECRET_ACCESS_KEY": key}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("creating the credentials Secret");
+}
+
+fn s3_target(s3: &S3Server, secret: &str) -> Value {
+    json!({"endpoint": s3.endpoint(), "bucket": BUCKET, "prefix": "e2e", "pathStyle": true,
+           "credentials": {"secretName": secret}})
+}
+
+fn backup_target(s3: &S3Server, secret: &str) -> Value {
+    json!({"s3": s3_target(s3, secret)})
+}
+
+async fn create_backup(client: &Client, ns: &str, name: &str, spec: Value) {
+    let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+                   "metadata": {"name": name}, "spec": spec});
+    Api::<RedisBackup>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
+        .await
+        .unwrap_or_else(|e| panic!("creating RedisBackup {name}: {e}"));
+}
+
+/// Waits for the backup to end (Completed or Failed) and returns it.
+async fn ended(client: &Client, ns: &str, name: &str, timeout: Duration) -> RedisBackup {
+    let api: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    loop {
+        let b = api.get(name).await.expect("get backup");
+        let phase = b.status.as_ref().and_then(|s| s.phase);
+        if matches!(
+            phase,
+            Some(redpilot::api::v1alpha1::BackupPhase::Completed)
+                | Some(redpilot::api::v1alpha1::BackupPhase::Failed)
+        ) {
+            return b;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "RedisBackup {name} did not end within {timeout:?}: {:?}\nevents:\n{}",
+                b.status,
+                recent_events(client, ns, 15).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn seed(client: &Client, ns: &str, redis: &str, primary: &str) {
+    let pw = redis_password(client, ns, redis).await;
+    let mut node = connect_pod(client, ns, primary, &pw)
+        .await
+        .expect("connect");
+    let mut cmd = vec!["MSET".to_string()];
+    for i in 0..SEEDED {
+        cmd.push(format!("seed:{i}"));
+        cmd.push(format!("value-{i}-{}", i * 7919 % 10007));
+        if cmd.len() > 2000 || i + 1 == SEEDED {
+            let mut c = redis::cmd("MSET");
+            for a in &cmd[1..] {
+                c.arg(a);
+            }
+            node.query::<()>("MSET", &c).await.expect("MSET");
+            cmd.truncate(1);
+        }
+    }
+}
+
+async fn dbsize(client: &Client, ns: &str, redis: &str, pod: &str) -> i64 {
+    let pw = redis_password(client, ns, redis).await;
+    let mut node = connect_pod(client, ns, pod, &pw).await.expect("connect");
+    node.query::<i64>("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backup_to_s3_and_restore_into_a_new_redis() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backup", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    secret(&client, ns, "s3", ACCESS_KEY, SECRET_KEY).await;
+    secret(
+        &client,
+        ns,
+        "s3-wrong",
+        ACCESS_KEY,
+        "not-the-secret-key-at-all",
+    )
+    .await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+
+    // A source with data, and a writer that keeps writing throughout.
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 3}),
+    )
+    .await;
+    let src = wait_ready(&client, ns, "src", READY).await;
+    let primary = src
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    seed(&client, ns, "src", &primary).await;
+    let pw = redis_password(&client, ns, "src").await;
+    let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
+    writer.wait_progress(200, Duration::from_secs(30)).await;
+
+    // 1. A backup: from a replica, described by the stored object.
+    let t = Instant::now();
+    create_backup(
+        &client,
+        ns,
+        "b1",
+        json!({"redis": "src", "target": backup_target(&s3, "s3")}),
+    )
+    .await;
+    let b1 = ended(&client, ns, "b1", Duration::from_secs(120)).await;
+    let took = t.elapsed();
+    let st = b1.status.clone().expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, ns, 15).await
+    );
+    let source = st.source.clone().expect("source");
+    assert_ne!(source, primary, "the backup must come from a replica");
+    let key = st.key.clone().expect("key");
+    assert!(key.starts_with(&format!("e2e/{ns}/src/b1-")), "{key}");
+    assert_eq!(
+        st.location.as_deref(),
+        Some(format!("s3://{BUCKET}/{key}").as_str())
+    );
+    let stored = std::fs::read(s3.bucket_dir(BUCKET).join(&key)).expect("the stored object");
+    assert_eq!(st.size_bytes, Some(stored.len() as i64));
+    assert_eq!(st.sha256.as_deref(), Some(sha256_hex(&stored).as_str()));
+    let keys = st.keys.expect("keys");
+    assert!(keys >= SEEDED as i64, "{keys} keys");
+    assert_eq!(st.engine.as_deref(), Some("Redis"));
+    assert!(
+        st.engine_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("7.0"))
+    );
+    assert!(st.offset.is_some_and(|o| o > 0));
+    assert!(
+        s3.files(BUCKET).contains(&format!("{key}.manifest.json")),
+        "{:?}",
+        s3.files(BUCKET)
+    );
+    println!(
+        "backup b1: {} bytes, {keys} keys, from {source}, Completed {:.1} s after it was created",
+        stored.len(),
+        took.as_secs_f64()
+    );
+    let out = kubectl(&["get", "redisbackups", "-n", ns]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    println!("{table}");
+    assert!(
+        table.contains("Completed") && table.contains(&source),
+        "{table}"
+    );
+
+    // 2. Bad input: each fails with its cause, never a secret.
+    create_backup(
+        &client,
+        ns,
+        "wrong-key",
+        json!({"redis": "src", "target": backup_target(&s3, "s3-wrong")}),
+    )
+    .await;
+    create_backup(
+        &client,
+        ns,
+        "no-redis",
+        json!({"redis": "absent", "target": backup_target(&s3, "s3")}),
+    )
+    .await;
+    create_backup(
+        &client,
+        ns,
+        "no-secret",
+        json!({"redis": "src", "target": {"s3": s3_target(&s3, "absent-secret")}}),
+    )
+    .await;
+    for (name, reason, words) in [
+        (
+            "wrong-key",
+            "StoreAccessDenied",
+            "secret access key is wrong",
+        ),
+        ("no-redis", "RedisNotFound", "Redis absent does not exist"),
+        (
+            "no-secret",
+            "CredentialsNotFound",
+            "Secret absent-secret does not exist",
+        ),
+    ] {
+        let b = ended(&client, ns, name, Duration::from_secs(90)).await;
+        let st = b.status.clone().expect("status");
+        let text = serde_json::to_string(&st).expect("json");
+        assert_eq!(st.reason.as_deref(), Some(reason), "{name}: {text}");
+        assert!(
+            st.message.as_deref().is_some_and(|m| m.contains(words)),
+            "{name}: {text}"
+        );
+        assert!(
+            !text.contains(SECRET_KEY) && !text.contains("not-the-secret-key"),
+            "{text}"
+        );
+        println!("{name}: {reason}: {}", st.message.unwrap_or_default());
+        if let Some(k) = st.key {
+            assert!(
+                !s3.files(BUCKET).iter().any(|f| f.starts_with(&k)),
+                "a failed backup left an object under {k}"
+            );
+        }
+    }
+    let events = recent_events(&client, ns, 40).await;
+    assert!(!events.contains(SECRET_KEY) && !events.contains("not-the-secret-key"));
+    let tally = writer.stop().await;
+    assert_eq!(
+        tally.failed, 0,
+        "the Redis kept serving throughout the backups"
+    );
+    println!(
+        "writer: {} writes acknowledged during the backups, 0 failed",
+        tally.acked.len()
+    );
+
+    // 3. Restore into a new 3-instance Redis.
+    let t = Instant::now();
+    apply_redis(
+        &client,
+        ns,
+        "restored",
+        json!({"mode": "Replication", "instances": 3, "bootstrap": {"fromBackup": {"backup": "b1"}}}),
+    )
+    .await;
+    let restored = wait_ready(&client, ns, "restored", READY).await;
+    println!(
+        "restored Redis Ready {:.1} s after creation",
+        t.elapsed().as_secs_f64()
+    );
+    let rst = restored.status.clone().expect("status");
+    assert_eq!(
+        rst.bootstrap.as_ref().map(|b| b.done),
+        Some(true),
+        "{:?}",
+        rst.bootstrap
+    );
+    let rprimary = rst.primary.clone().expect("primary");
+    assert_eq!(rprimary, "restored-0");
+    for i in 0..3 {
+        let pod = format!("restored-{i}");
+        assert_eq!(dbsize(&client, ns, "restored", &pod).await, keys, "{pod}");
+    }
+    let rpw = redis_password(&client, ns, "restored").await;
+    let mut node = connect_pod(&client, ns, "restored-2", &rpw)
+        .await
+        .expect("connect");
+    for i in (0..SEEDED).step_by(97) {
+        let v: String = node
+            .query("GET", redis::cmd("GET").arg(format!("seed:{i}")))
+            .await
+            .expect("GET");
+        assert_eq!(v, format!("value-{i}-{}", i * 7919 % 10007), "seed:{i}");
+    }
+    println!(
+        "restored: {keys} keys on all 3 instances, {} sampled values equal",
+        SEEDED.div_ceil(97)
+    );
+
+    // 4. Bootstraps that must stop with their cause.
+    let copy = format!("e2e/corrupt/{}", key.rsplit('/').next().unwrap_or("x.rdb"));
+    let dir = s3.bucket_dir(BUCKET);
+    std::fs::create_dir_all(dir.join("e2e/corrupt")).expect("dir");
+    let mut bytes = stored.clone();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(dir.join(&copy), &bytes).expect("corrupt copy");
+    std::fs::copy(
+        dir.join(format!("{key}.manifest.json")),
+        dir.join(format!("{copy}.manifest.json")),
+    )
+    .expect("manifest copy");
+    for (name, k, reason) in [
+        ("corrupt", copy.as_str(), "ChecksumMismatch"),
+        ("missing", "e2e/none/missing.rdb", "StoreNotFound"),
+    ] {
+        apply_redis(
+            &client,
+            ns,
+            name,
+            json!({"mode": "Replication", "instances": 1,
+                   "bootstrap": {"fromBackup": {"s3": s3_target(&s3, "s3"), "key": k}}}),
+        )
+        .await;
+        let r = wait_for(
+            &format!("{name} to report {reason}"),
+            Duration::from_secs(120),
+            || async {
+                let r = redis_api(&client, ns).get(name).await.ok()?;
+                let c = r
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Degraded" && c.status == "True")?
+                    .clone();
+                (c.reason == reason).then_some(c)
+            },
+        )
+        .await;
+        println!("{name}: Degraded {}: {}", r.reason, r.message);
+        assert!(!r.message.contains(SECRET_KEY));
+        let red = redis_api(&client, ns).get(name).await.expect("get");
+        assert_ne!(
+            red.status.and_then(|s| s.phase),
+            Some(redpilot::api::v1alpha1::Phase::Ready)
+        );
+    }
+
+    // 5. Deletion: Retain keeps the object, Delete removes it; deleting the
+    // Redis deletes no backup.
+    create_backup(
+        &client,
+        ns,
+        "b2",
+        json!({"redis": "restored", "target": backup_target(&s3, "s3"), "deletionPolicy": "Delete"}),
+    )
+    .await;
+    let b2 = ended(&client, ns, "b2", Duration::from_secs(120)).await;
+    let key2 = b2.status.and_then(|s| s.key).expect("key of b2");
+    assert!(s3.files(BUCKET).contains(&key2));
+    redis_api(&client, ns)
+        .delete("src", &DeleteParams::default())
+        .await
+        .expect("delete src");
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        backups.get_opt("b1").await.expect("get").is_some(),
+        "deleting the Redis deleted its backup"
+    );
+    backups
+        .delete("b1", &DeleteParams::default())
+        .await
+        .expect("delete b1");
+    backups
+        .delete("b2", &DeleteParams::default())
+        .await
+        .expect("delete b2");
+    wait_for("b1 and b2 to be gone", Duration::from_secs(60), || async {
+        (backups.get_opt("b1").await.ok()?.is_none() && backups.get_opt("b2").await.ok()?.is_none())
+            .then_some(())
+    })
+    .await;
+    let files = s3.files(BUCKET);
+    assert!(
+        files.contains(&key) && files.contains(&format!("{key}.manifest.json")),
+        "Retain kept b1: {files:?}"
+    );
+    assert!(
+        !files.iter().any(|f| f.starts_with(&key2)),
+        "Delete removed b2 and its manifest: {files:?}"
+    );
+}
