@@ -130,6 +130,25 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.instances", "integer"],
         ),
         (
+            "bootstrap naming a backup and a bucket",
+            json!({"bootstrap": {"fromBackup": {"backup": "b1", "key": "k.rdb",
+                "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
+            vec!["spec.bootstrap.fromBackup: set either backup"],
+        ),
+        (
+            "bootstrap with a key but no bucket",
+            json!({"bootstrap": {"fromBackup": {"key": "k.rdb"}}}),
+            vec!["spec.bootstrap.fromBackup"],
+        ),
+        (
+            "bootstrap with AOF on",
+            json!({"bootstrap": {"fromBackup": {"backup": "b1"}}, "persistence": {"aof": "EverySec"}}),
+            vec![
+                "spec.persistence",
+                "bootstrapped from a backup is created with AOF Disabled",
+            ],
+        ),
+        (
             "mode Cluster",
             json!({"mode": "Cluster"}),
             vec!["spec.mode", "Unsupported value: \"Cluster\""],
@@ -641,4 +660,180 @@ async fn kubectl_get_redis_shows_the_columns() {
     api.delete("cache", &DeleteParams::default())
         .await
         .expect("delete");
+}
+
+fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "redpilot.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("object json")
+}
+
+/// RedisBackup and RedisBackupSchedule: a bad bucket, endpoint, prefix,
+/// cron expression, time zone or age is refused naming the field; the
+/// expressions admitted are ones the operator's schedule parser reads.
+#[tokio::test]
+async fn backup_specs_are_checked_at_admission() {
+    use redpilot::api::v1alpha1::{RedisBackup, RedisBackupSchedule};
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::new(&client, "crd-backup", &[]).await;
+    let backups: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &ApiResource::erase::<RedisBackup>(&()),
+    );
+    let schedules: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &ApiResource::erase::<RedisBackupSchedule>(&()),
+    );
+    let s3 = |extra: Value| {
+        let mut v = json!({"bucket": "backups", "credentials": {"secretName": "s3"}});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        v
+    };
+    let mut failures = Vec::new();
+    let backup_cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "bucket with capitals",
+            json!({"redis": "c", "target": {"s3": s3(json!({"bucket": "My_Bucket"}))}}),
+            vec!["bucket must be an S3 bucket name"],
+        ),
+        (
+            "endpoint without scheme",
+            json!({"redis": "c", "target": {"s3": s3(json!({"endpoint": "s3.example.com"}))}}),
+            vec!["s3.endpoint must be an http:// or https:// URL"],
+        ),
+        (
+            "prefix with leading slash",
+            json!({"redis": "c", "target": {"s3": s3(json!({"prefix": "/x"}))}}),
+            vec!["prefix must not start with '/'"],
+        ),
+        (
+            "no target",
+            json!({"redis": "c"}),
+            vec!["spec.target", "Required value"],
+        ),
+        (
+            "redis not a name",
+            json!({"redis": "Not_A_Name", "target": {"s3": s3(json!({}))}}),
+            vec!["spec.redis must be the name of a Redis"],
+        ),
+        (
+            "deletion policy Maybe",
+            json!({"redis": "c", "target": {"s3": s3(json!({}))}, "deletionPolicy": "Maybe"}),
+            vec!["spec.deletionPolicy", "Unsupported value"],
+        ),
+    ];
+    for (i, (case, spec, fragments)) in backup_cases.iter().enumerate() {
+        let result = backups
+            .create(
+                &dry_run_post(),
+                &object("RedisBackup", &format!("bad-{i}"), spec.clone()),
+            )
+            .await;
+        failures.extend(check_rejection(case, result, fragments));
+    }
+    let bad_crons = [
+        "* * * *",
+        "60 * * * *",
+        "* 24 * * *",
+        "* * 0 * *",
+        "* * * 13 *",
+        "* * * * 8",
+        "*/0 * * * *",
+        "@every 5m",
+        "0 3 * * * *",
+        "a b c d e",
+    ];
+    for (i, cron) in bad_crons.iter().enumerate() {
+        let spec = json!({"redis": "c", "schedule": cron, "target": {"s3": s3(json!({}))}});
+        let result = schedules
+            .create(
+                &dry_run_post(),
+                &object("RedisBackupSchedule", &format!("bad-cron-{i}"), spec),
+            )
+            .await;
+        failures.extend(check_rejection(
+            &format!("schedule {cron:?}"),
+            result,
+            &["spec.schedule", "is not a cron expression"],
+        ));
+    }
+    for (case, extra, fragments) in [
+        (
+            "time zone with spaces",
+            json!({"timeZone": "Europe Paris"}),
+            vec!["spec.timeZone must be an IANA time zone name"],
+        ),
+        (
+            "max age in weeks",
+            json!({"retention": {"maxAge": "2w"}}),
+            vec!["spec.retention.maxAge must be days, hours and minutes"],
+        ),
+        (
+            "keep none",
+            json!({"retention": {"keepLast": 0}}),
+            vec!["spec.retention.keepLast", "greater than or equal to 1"],
+        ),
+    ] {
+        let mut spec = json!({"redis": "c", "schedule": "@daily", "target": {"s3": s3(json!({}))}});
+        if let (Some(o), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        let result = schedules
+            .create(
+                &dry_run_post(),
+                &object("RedisBackupSchedule", "bad-other", spec),
+            )
+            .await;
+        failures.extend(check_rejection(case, result, &fragments));
+    }
+    let good_crons = [
+        "0 3 * * *",
+        "*/15 * * * *",
+        "0 0-6/2 1,15 * mon-fri",
+        "5 4 * * sun",
+        "0 0 1 1 *",
+        "@hourly",
+        "@daily",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "59 23 31 12 6",
+    ];
+    for (i, cron) in good_crons.iter().enumerate() {
+        let spec = json!({"redis": "c", "schedule": cron, "timeZone": "Europe/Paris", "target": {"s3": s3(json!({}))},
+                          "retention": {"keepLast": 7, "maxAge": "30d"}});
+        if let Err(e) = schedules
+            .create(
+                &dry_run_post(),
+                &object("RedisBackupSchedule", &format!("good-{i}"), spec),
+            )
+            .await
+        {
+            failures.push(format!("schedule {cron:?} refused: {e}"));
+        }
+        let tz = redpilot::controller::schedule::plan::time_zone(Some("Europe/Paris")).expect("tz");
+        if let Err(e) =
+            redpilot::controller::schedule::plan::next_after(cron, tz, chrono::Utc::now())
+        {
+            failures.push(format!(
+                "schedule {cron:?} admitted but the operator cannot read it: {e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!(
+        "{} bad backup specs, {} bad and {} good cron expressions checked",
+        backup_cases.len(),
+        bad_crons.len(),
+        good_crons.len()
+    );
 }

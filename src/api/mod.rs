@@ -7,7 +7,11 @@ use kube::CustomResourceExt;
 /// Every CRD of the operator, rendered as one multi-document YAML stream in a
 /// stable order (the form checked in under `crds/`).
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
-    let crds = [v1alpha1::Redis::crd(), v1alpha1::RedisBackup::crd()];
+    let crds = [
+        v1alpha1::Redis::crd(),
+        v1alpha1::RedisBackup::crd(),
+        v1alpha1::RedisBackupSchedule::crd(),
+    ];
     let mut out = String::new();
     for crd in crds {
         out.push_str("---\n");

@@ -25,7 +25,9 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 mod backup;
+mod schedule;
 pub use backup::*;
+pub use schedule::*;
 
 /// Configuration keys the operator owns: setting them in `spec.config` would
 /// break networking, persistence paths, replication or authentication.

@@ -10,6 +10,7 @@ pub mod images;
 pub mod leader;
 pub mod monitor;
 pub mod redis;
+pub mod schedule;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -415,8 +416,23 @@ pub async fn run_controllers(
                             instance: std::env::var("POD_NAME").ok(),
                         },
                     ),
-                    metrics,
+                    metrics: metrics.clone(),
                     redis: redis_store.clone(),
+                }),
+            );
+            let schedules = schedule::run(
+                client.clone(),
+                ns.clone(),
+                Arc::new(schedule::ScheduleContext {
+                    client: client.clone(),
+                    recorder: Recorder::new(
+                        client.clone(),
+                        Reporter {
+                            controller: "redpilot".into(),
+                            instance: std::env::var("POD_NAME").ok(),
+                        },
+                    ),
+                    metrics,
                 }),
             );
             // Secrets a Redis names (spec.auth.secretName) are the user's:
@@ -492,7 +508,7 @@ pub async fn run_controllers(
                         Err(e) => tracing::warn!(error = %e, "controller stream error"),
                     }
                 });
-            futures::future::join(redis_controller, backups).await;
+            futures::future::join3(redis_controller, backups, schedules).await;
         }
     });
     futures::future::join_all(runs).await;
