@@ -428,3 +428,115 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         "Delete removed b2 and its manifest: {files:?}"
     );
 }
+
+/// A schedule every minute with `keepLast: 1`: it runs twice, the second
+/// run's retention deletes the first backup and its stored object, and once
+/// suspended it starts no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedule_runs_twice_and_prunes_by_retention() {
+    use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "schedule", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    secret(&client, ns, "s3", ACCESS_KEY, SECRET_KEY).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(&client, ns, "cache", json!({"mode": "Standalone"})).await;
+    wait_ready(&client, ns, "cache", READY).await;
+    seed(&client, ns, "cache", "cache-0").await;
+
+    let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
+    let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
+        "metadata": {"name": "every-minute"},
+        "spec": {"redis": "cache", "schedule": "* * * * *", "timeZone": "Europe/Paris",
+                 "target": backup_target(&s3, "s3"), "retention": {"keepLast": 1}}});
+    schedules
+        .patch(
+            "every-minute",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("creating the schedule");
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels("redpilot.io/schedule=every-minute");
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let start = Instant::now();
+    // Two completed runs, the first pruned with its object.
+    loop {
+        let items = backups.list(&lp).await.expect("list").items;
+        for b in &items {
+            let st = b.status.clone().unwrap_or_default();
+            if st.phase == Some(BackupPhase::Completed)
+                && let Some(k) = st.key
+                && !seen
+                    .iter()
+                    .any(|(n, _)| *n == kube::ResourceExt::name_any(b))
+            {
+                println!(
+                    "run {} completed at {:.0} s: {k}",
+                    kube::ResourceExt::name_any(b),
+                    start.elapsed().as_secs_f64()
+                );
+                seen.push((kube::ResourceExt::name_any(b), k));
+            }
+        }
+        if seen.len() >= 2 {
+            let first = &seen[0];
+            let gone = backups.get_opt(&first.0).await.expect("get").is_none();
+            let files = s3.files(BUCKET);
+            if gone && !files.iter().any(|f| f.starts_with(&first.1)) {
+                assert!(
+                    files.contains(&seen[1].1),
+                    "the newest backup is kept: {files:?}"
+                );
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(200),
+            "two runs and a prune within 200 s; seen {seen:?}\n{}",
+            recent_events(&client, ns, 20).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "two runs, the first pruned with its object, {:.0} s after the schedule was created",
+        start.elapsed().as_secs_f64()
+    );
+    let st = schedules
+        .get("every-minute")
+        .await
+        .expect("get")
+        .status
+        .expect("status");
+    assert_eq!(st.kept, 1, "{st:?}");
+    assert!(
+        st.last_successful_time.is_some() && st.next_schedule_time.is_some(),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.last_runs.first().map(|r| r.name.clone()),
+        Some(seen[1].0.clone()),
+        "{st:?}"
+    );
+    let events = recent_events(&client, ns, 30).await;
+    assert!(
+        events.contains("BackupsPruned") && events.contains("BackupScheduled"),
+        "{events}"
+    );
+
+    // Suspended: the next due time passes without a run.
+    schedules
+        .patch(
+            "every-minute",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .expect("suspend");
+    let before = backups.list(&lp).await.expect("list").items.len();
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    let after = backups.list(&lp).await.expect("list").items.len();
+    assert_eq!(before, after, "a suspended schedule started a backup");
+}

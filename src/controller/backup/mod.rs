@@ -40,6 +40,10 @@ use crate::telemetry::Metrics;
 
 /// Holds a RedisBackup whose stored backup is deleted with it.
 pub const FINALIZER: &str = "redpilot.io/delete-stored-backup";
+/// The field manager of the finalizer alone: a schedule creates its backups
+/// as [`FIELD_MANAGER`], and an apply of the finalizer under that name
+/// would give up (delete) the spec it applied.
+pub const FINALIZER_MANAGER: &str = "redpilot-finalizer";
 
 /// Shared by the backup reconciles.
 pub struct BackupContext {
@@ -149,7 +153,7 @@ impl Pass {
         self.api
             .patch(
                 &self.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
+                &PatchParams::apply(FINALIZER_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await?;
