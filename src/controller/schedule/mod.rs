@@ -150,10 +150,7 @@ pub async fn reconcile(
         .and_then(parse_time)
         .or(created)
         .unwrap_or(now);
-    let due = match plan::latest_due(&s.spec.schedule, tz, last, now) {
-        Ok(d) => d,
-        Err(_) => None,
-    };
+    let due = plan::latest_due(&s.spec.schedule, tz, last, now).unwrap_or_default();
     let mut active = running.clone();
     if let Some(due) = due.filter(|_| !s.spec.suspend) {
         st.last_schedule_time = Some(rfc3339(due));
