@@ -141,6 +141,11 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.bootstrap.fromBackup"],
         ),
         (
+            "hibernate without storage",
+            json!({"mode": "Standalone", "hibernate": true}),
+            vec!["spec.hibernate needs spec.storage"],
+        ),
+        (
             "bootstrap with AOF on",
             json!({"bootstrap": {"fromBackup": {"backup": "b1"}}, "persistence": {"aof": "EverySec"}}),
             vec![

@@ -221,6 +221,9 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
         .optional_old_self(true)
         .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
         .field_path(".persistence"),
+    validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
+        .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
+        .field_path(".hibernate"),
     validation = Rule::new("self.mode == oldSelf.mode")
         .message("spec.mode is immutable")
         .field_path(".mode"),
@@ -316,6 +319,12 @@ pub struct RedisSpec {
     /// first instance before the Redis reports Ready. Creation only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
+
+    /// Hibernation: when true, every instance saves its dataset and the
+    /// pods are removed; the volumes and the Secret stay, and setting it
+    /// back to false brings the same data back. Needs `storage`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hibernate: bool,
 }
 
 impl Default for RedisSpec {
@@ -337,6 +346,7 @@ impl Default for RedisSpec {
             failover: None,
             upgrade: None,
             bootstrap: None,
+            hibernate: false,
         }
     }
 }
@@ -633,6 +643,25 @@ pub struct RedisStatus {
     /// The backup this Redis was bootstrapped from (`spec.bootstrap`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapStatus>,
+    /// The hibernation in progress (`spec.hibernate`), until the Redis is
+    /// Ready again after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernation: Option<HibernationStatus>,
+}
+
+/// A hibernation: when the data was saved, and since when no pod runs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HibernationStatus {
+    /// When every instance saved its dataset (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_at: Option<String>,
+    /// The primary's replication offset when it saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    /// Since when no pod runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// An engine, version and image the instances run.
@@ -738,6 +767,8 @@ pub enum Phase {
     Degraded,
     /// Reconciliation of children is paused.
     Paused,
+    /// No pod runs (`spec.hibernate`); the volumes keep the data.
+    Hibernated,
 }
 
 /// What the operator saw of one instance.

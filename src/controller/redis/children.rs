@@ -187,11 +187,12 @@ impl Reconciler {
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         // Keep the last known primary address while the primary has none
         // (restarting), so a restarting replica still finds it.
-        let cm_primary = primary_ip.or_else(|| {
+        let cm_primary = primary_ip.filter(|_| !self.hibernating).or_else(|| {
             live_cm
                 .as_ref()
                 .and_then(|c| c.data.as_ref()?.get(build::PRIMARY_KEY).cloned())
                 .and_then(|v| v.split_whitespace().next().map(String::from))
+                .filter(|_| !self.hibernating)
         });
         let cm = build::config_map(&self.redis, &self.names, cm_primary.as_deref());
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
@@ -267,6 +268,14 @@ impl Reconciler {
         let hold = matches!(primary_ordinal, Some(o) if o >= desired) && current_replicas > desired;
         if hold {
             sts.spec.replicas = Some(current_replicas);
+            sts = build::stamp_hash(sts);
+        }
+        if self.hibernating {
+            // No pod, and the claims stay whatever the scale-down policy.
+            sts.spec.replicas = Some(0);
+            if let Some(p) = sts.spec.persistent_volume_claim_retention_policy.as_mut() {
+                p.when_scaled = Some("Retain".into());
+            }
             sts = build::stamp_hash(sts);
         }
         let sts_written = self

@@ -23,6 +23,7 @@ pub mod config;
 pub mod credentials;
 pub mod drift;
 pub mod failover;
+pub mod hibernate;
 pub mod kept;
 pub mod observe;
 pub mod plan;
@@ -60,7 +61,10 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
     let oref = ObjectRef::from_obj(redis.as_ref());
     let upgrade = redis.status.as_ref().and_then(|s| s.upgrade.clone());
     let bootstrap = redis.status.as_ref().and_then(|s| s.bootstrap.clone());
+    let hibernation = redis.status.as_ref().and_then(|s| s.hibernation.clone());
     let mut r = Reconciler {
+        hibernation,
+        hibernating: false,
         upgrade,
         bootstrap,
         redis,
@@ -107,6 +111,11 @@ pub struct Reconciler {
     upgrade: Option<crate::api::v1alpha1::UpgradeStatus>,
     /// `status.bootstrap` as this pass leaves it.
     bootstrap: Option<crate::api::v1alpha1::BootstrapStatus>,
+    /// `status.hibernation` as this pass leaves it.
+    hibernation: Option<crate::api::v1alpha1::HibernationStatus>,
+    /// The data is saved and the pods are to go (children are applied with
+    /// no replica and no published primary).
+    hibernating: bool,
 }
 
 impl Reconciler {
@@ -268,6 +277,25 @@ impl Reconciler {
             self.progressing
                 .push("reconciliation is paused (spec.paused)".into());
             return self.finish(&facts, primary.as_deref(), desired, true).await;
+        }
+
+        // Hibernation: save, then scale to zero; nothing else moves.
+        if self.redis.spec.hibernate {
+            self.watch_primary(&facts, None, "");
+            self.hibernate(
+                &facts,
+                previous_primary.as_deref().or(primary.as_deref()),
+                &opts,
+            )
+            .await?;
+            if self.hibernating {
+                self.apply_children(&obs.live_sts, &facts, None, &self.names.server_auth())
+                    .await?;
+                return self.finish(&facts, None, desired, false).await;
+            }
+            return self
+                .finish(&facts, primary.as_deref(), desired, false)
+                .await;
         }
 
         // A lost primary is replaced before anything else: the monitor

@@ -204,10 +204,19 @@ impl Reconciler {
             && replicas_linked
             && facts.iter().all(|f| !f.outdated && f.reachable);
         let degraded = !self.notes.is_empty();
-        let progressing = !self.progressing.is_empty() || !all_ready;
+        self.track_wake(all_ready).await;
+        let hibernated = self.hibernating && facts.is_empty();
+        let progressing = (!self.progressing.is_empty() || !all_ready) && !hibernated;
 
         let mut conds = Vec::new();
-        conds.push(if all_ready && !degraded {
+        conds.push(if hibernated {
+            Cond::new(
+                "Ready",
+                false,
+                "Hibernated",
+                "spec.hibernate is true: no pod runs; the volumes keep the data",
+            )
+        } else if all_ready && !degraded {
             Cond::new(
                 "Ready",
                 true,
@@ -272,6 +281,8 @@ impl Reconciler {
             Phase::Paused
         } else if degraded {
             Phase::Degraded
+        } else if hibernated {
+            Phase::Hibernated
         } else if all_ready {
             Phase::Ready
         } else if facts.is_empty() {
@@ -345,6 +356,7 @@ impl Reconciler {
             last_failover: old.last_failover.clone(),
             upgrade: self.upgrade.clone(),
             bootstrap: self.bootstrap.clone(),
+            hibernation: self.hibernation.clone(),
         };
         status.conditions = merge(
             &old.conditions,

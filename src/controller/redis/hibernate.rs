@@ -1,0 +1,156 @@
+//! Hibernation (`spec.hibernate`): the pods go, the volumes and the Secret
+//! stay, and switching it off brings the same data back.
+//!
+//! Going to sleep: writes are paused on the primary, the replicas catch up,
+//! and every instance writes its dataset with `SAVE` (whatever the
+//! persistence settings: a Redis without RDB snapshots would otherwise come
+//! back empty); only then is the StatefulSet scaled to zero, its claims
+//! retained. The published primary is cleared, so the instances come back
+//! as a new Redis's do: fenced, until recovery promotes the one furthest
+//! ahead (they all saved the same offset; ordinal 0 wins the tie) and the
+//! others sync from it. A Redis without `spec.storage` cannot hibernate
+//! (admission refuses it: its data would go with the pods).
+
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+
+use super::Reconciler;
+use super::build;
+use super::observe::{PodFacts, Role};
+use crate::api::v1alpha1::HibernationStatus;
+use crate::controller::Error;
+use crate::redis::{ConnectOptions, Endpoint, Node};
+
+/// How long writes stay paused on the primary while the instances save
+/// (the pods stop well before; a pass that fails lets them resume).
+const WRITE_PAUSE: Duration = Duration::from_secs(60);
+/// How long the replicas have to catch up with the paused primary.
+const CATCH_UP: Duration = Duration::from_secs(10);
+
+impl Reconciler {
+    /// A hibernating Redis: saves the data once, then lets the children be
+    /// applied with no replica (`self.hibernating`). When the save fails,
+    /// nothing is scaled down and the failure is reported.
+    pub(super) async fn hibernate(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+        opts: &ConnectOptions,
+    ) -> Result<(), Error> {
+        self.hibernating = true;
+        let saved = self
+            .hibernation
+            .as_ref()
+            .is_some_and(|h| h.saved_at.is_some());
+        let running: Vec<&PodFacts> = facts.iter().filter(|f| !f.terminating).collect();
+        if !saved && !running.is_empty() {
+            match save_all(facts, primary, opts).await {
+                Ok(offset) => {
+                    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                    let note = format!(
+                        "saved the dataset on {} instance(s) at offset {offset}; removing the pods (volumes and Secret stay)",
+                        running.len()
+                    );
+                    self.event(EventType::Normal, "Hibernating", "Hibernate", note)
+                        .await;
+                    self.hibernation = Some(HibernationStatus {
+                        saved_at: Some(now),
+                        offset: Some(offset),
+                        since: None,
+                    });
+                }
+                Err(e) => {
+                    // Nothing is removed before the data is on the volumes.
+                    self.hibernating = false;
+                    let msg = format!("hibernating: saving the dataset failed, the pods stay: {e}");
+                    self.report_failure("HibernationFailed", "Hibernate", "redis", msg)
+                        .await;
+                    return Ok(());
+                }
+            }
+        }
+        if self.hibernation.is_none() {
+            self.hibernation = Some(HibernationStatus::default());
+        }
+        if facts.is_empty()
+            && let Some(h) = self.hibernation.as_mut()
+            && h.since.is_none()
+        {
+            h.since = Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            let note = "all pods stopped; the volumes and the Secret are kept".to_string();
+            self.event(EventType::Normal, "Hibernated", "Hibernate", note)
+                .await;
+        }
+        if !facts.is_empty() {
+            self.progressing.push(format!(
+                "hibernating: waiting for {} pod(s) to stop",
+                facts.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Called when the Redis is Ready: a hibernation that ended is cleared.
+    pub(super) async fn track_wake(&mut self, all_ready: bool) {
+        if self.redis.spec.hibernate || !all_ready || self.hibernation.is_none() {
+            return;
+        }
+        self.hibernation = None;
+        let note = "woke up: every instance is back with its data".to_string();
+        self.event(EventType::Normal, "Resumed", "Hibernate", note)
+            .await;
+    }
+}
+
+/// Pauses writes on the primary, lets the replicas catch up, and `SAVE`s on
+/// every reachable instance. Returns the primary's offset.
+async fn save_all(
+    facts: &[PodFacts],
+    primary: Option<&str>,
+    opts: &ConnectOptions,
+) -> Result<i64, crate::redis::Error> {
+    let endpoint = |f: &PodFacts| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT));
+    let p = facts
+        .iter()
+        .find(|f| Some(f.name.as_str()) == primary && f.reachable && f.role == Some(Role::Primary))
+        .or_else(|| {
+            facts
+                .iter()
+                .find(|f| f.reachable && f.role == Some(Role::Primary))
+        });
+    let mut offset = 0;
+    if let Some(pep) = p.and_then(endpoint) {
+        let mut node = Node::connect(&pep, opts).await?;
+        node.pause_writes(WRITE_PAUSE).await?;
+        offset = node.replication().await?.repl_offset.unwrap_or(0);
+        for r in facts
+            .iter()
+            .filter(|f| f.reachable && f.role == Some(Role::Replica))
+        {
+            if let Some(rep) = endpoint(r) {
+                // A replica that cannot catch up still saves what it has;
+                // the primary's file is the one recovery prefers.
+                let _ = crate::redis::actions::wait_caught_up(&rep, &pep, opts, CATCH_UP).await;
+            }
+        }
+    }
+    // The primary first: its file must be written, the others' may fail.
+    let mut order: Vec<&PodFacts> = facts.iter().filter(|f| f.reachable).collect();
+    order.sort_by_key(|f| f.role != Some(Role::Primary));
+    for (i, f) in order.iter().enumerate() {
+        let Some(ep) = endpoint(f) else { continue };
+        let saved = async {
+            let mut node = Node::connect(&ep, opts).await?;
+            let _: redis::Value = node
+                .query_within("SAVE", &redis::cmd("SAVE"), Duration::from_secs(300))
+                .await?;
+            Ok::<(), crate::redis::Error>(())
+        }
+        .await;
+        if i == 0 {
+            saved?;
+        }
+    }
+    Ok(offset)
+}
