@@ -29,6 +29,9 @@ enum Command {
     /// before the server starts), after checking it against its manifest.
     /// Prints the manifest as JSON. Secrets from the environment only.
     Restore(RestoreArgs),
+    /// Delete a stored backup and its manifest (what deleting a RedisBackup
+    /// with `deletionPolicy: Delete` runs for a backup on a volume).
+    Delete(DeleteArgs),
     /// Print the CustomResourceDefinitions as YAML, or write them to a file.
     Crd {
         /// Write to this file instead of standard output.
@@ -84,6 +87,15 @@ struct BackupArgs {
     result: ResultArgs,
 }
 
+/// Options of `redpilot delete`.
+#[derive(clap::Args, Debug)]
+struct DeleteArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    result: ResultArgs,
+}
+
 /// Where the outcome goes besides stdout/stderr.
 #[derive(clap::Args, Debug)]
 struct ResultArgs {
@@ -102,9 +114,17 @@ struct StoreArgs {
     /// Region.
     #[arg(long, env = "S3_REGION", default_value = "us-east-1")]
     region: String,
-    /// Bucket.
-    #[arg(long, env = "S3_BUCKET")]
-    bucket: String,
+    /// Bucket (or `--dir`).
+    #[arg(
+        long,
+        env = "S3_BUCKET",
+        conflicts_with = "dir",
+        required_unless_present = "dir"
+    )]
+    bucket: Option<String>,
+    /// A directory (a mounted volume) instead of a bucket.
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
     /// Object key of the RDB file; its manifest is `<key>.manifest.json`.
     #[arg(long)]
     key: String,
@@ -223,6 +243,15 @@ fn main() -> ExitCode {
             };
             report(runtime.block_on(restore(args)), &result)
         }
+        Command::Delete(args) => {
+            let Some(runtime) = runtime("delete") else {
+                return ExitCode::FAILURE;
+            };
+            let result = ResultArgs {
+                result_file: args.result.result_file.clone(),
+            };
+            report(runtime.block_on(delete(args)), &result)
+        }
         Command::Version => {
             println!("redpilot {}", redpilot::VERSION);
             ExitCode::SUCCESS
@@ -243,6 +272,19 @@ fn open_store(
 ) -> Result<(std::sync::Arc<dyn object_store::ObjectStore>, String), redpilot::backup::BackupError>
 {
     use redpilot::backup::{self, BackupError, S3Target};
+    if let Some(dir) = &args.dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| BackupError::Invalid(format!("creating {}: {e}", dir.display())))?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| BackupError::Invalid(format!("the directory {}: {e}", dir.display())))?;
+        return Ok((
+            std::sync::Arc::new(store),
+            format!("file://{}", dir.display()),
+        ));
+    }
+    let Some(bucket) = args.bucket.clone() else {
+        return Err(BackupError::Invalid("--bucket or --dir is required".into()));
+    };
     // HTTPS to the store goes through rustls with ring, as everything else.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let need = |name: &str| {
@@ -252,7 +294,7 @@ fn open_store(
     let target = S3Target {
         endpoint: args.endpoint.clone(),
         region: args.region.clone(),
-        bucket: args.bucket.clone(),
+        bucket,
         path_style: args.path_style,
         access_key_id: need("AWS_ACCESS_KEY_ID")?,
         secret_access_key: need("AWS_SECRET_ACCESS_KEY")?.into(),
@@ -329,6 +371,13 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
         })?;
     }
     manifest_json(&m)
+}
+
+async fn delete(args: DeleteArgs) -> Result<String, redpilot::backup::BackupError> {
+    let (store, location) = open_store(&args.store)?;
+    let at = format!("{location}/{}", args.store.key);
+    redpilot::backup::store::delete(store.as_ref(), &at, &args.store.key).await?;
+    Ok(serde_json::json!({"deleted": at}).to_string())
 }
 
 fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {

@@ -540,3 +540,115 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
     let after = backups.list(&lp).await.expect("list").items.len();
     assert_eq!(before, after, "a suspended schedule started a backup");
 }
+
+/// A backup to a PersistentVolumeClaim: stored on the volume by the Job,
+/// restored from it into a new Redis, and deleted from it (by a Job) with
+/// its RedisBackup (`deletionPolicy: Delete`). A missing claim fails by
+/// name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backup_to_a_volume_and_restore_from_it() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "volbackup", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "backups"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    claims
+        .create(&PostParams::default(), &pvc)
+        .await
+        .expect("creating the claim");
+    apply_redis(&client, ns, "src", json!({"mode": "Standalone"})).await;
+    wait_ready(&client, ns, "src", READY).await;
+    seed(&client, ns, "src", "src-0").await;
+
+    let target = json!({"volume": {"claimName": "backups", "path": "redis"}});
+    create_backup(
+        &client,
+        ns,
+        "vb",
+        json!({"redis": "src", "target": target, "deletionPolicy": "Delete"}),
+    )
+    .await;
+    create_backup(
+        &client,
+        ns,
+        "no-claim",
+        json!({"redis": "src", "target": {"volume": {"claimName": "absent"}}}),
+    )
+    .await;
+    let vb = ended(&client, ns, "vb", Duration::from_secs(120)).await;
+    let st = vb.status.clone().expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}"
+    );
+    let key = st.key.clone().expect("key");
+    assert_eq!(
+        st.location.as_deref(),
+        Some(format!("pvc://backups/redis/{key}").as_str())
+    );
+    let uid = claims
+        .get("backups")
+        .await
+        .expect("claim")
+        .metadata
+        .uid
+        .expect("uid");
+    let dir = support::repo_root().join(format!(".dev/localnode/volumes/pvc-{uid}/redis"));
+    let stored = std::fs::read(dir.join(&key))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(&key).display()));
+    assert_eq!(st.sha256.as_deref(), Some(sha256_hex(&stored).as_str()));
+    assert!(dir.join(format!("{key}.manifest.json")).exists());
+    println!(
+        "volume backup: {} bytes, {} keys at {}",
+        stored.len(),
+        st.keys.unwrap_or(0),
+        st.location.unwrap_or_default()
+    );
+    let nc = ended(&client, ns, "no-claim", Duration::from_secs(60))
+        .await
+        .status
+        .expect("status");
+    assert_eq!(nc.reason.as_deref(), Some("ClaimNotFound"), "{nc:?}");
+    assert!(
+        nc.message
+            .as_deref()
+            .is_some_and(|m| m.contains("spec.target.volume.claimName")),
+        "{nc:?}"
+    );
+
+    apply_redis(
+        &client,
+        ns,
+        "restored",
+        json!({"mode": "Standalone", "bootstrap": {"fromBackup": {"backup": "vb"}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "restored", READY).await;
+    assert_eq!(
+        dbsize(&client, ns, "restored", "restored-0").await,
+        st.keys.expect("keys")
+    );
+    println!("restored from the volume: {} keys", st.keys.unwrap_or(0));
+
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    backups
+        .delete("vb", &DeleteParams::default())
+        .await
+        .expect("delete vb");
+    wait_for("vb to be gone", Duration::from_secs(90), || async {
+        backups.get_opt("vb").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        !dir.join(&key).exists() && !dir.join(format!("{key}.manifest.json")).exists(),
+        "the delete Job removed the backup"
+    );
+    println!("deleted from the volume with its RedisBackup");
+}

@@ -6,10 +6,11 @@
 //! bootstrap, so both speak to the agent the same way.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerStatus, EnvVar, EnvVarSource, SecretKeySelector, SecurityContext,
+    Capabilities, ContainerStatus, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 
-use crate::api::v1alpha1::S3Location;
+use crate::api::v1alpha1::{S3Location, VolumeLocation};
 use crate::backup::Manifest;
 
 /// Where the agent writes its outcome, read back as the container's
@@ -23,6 +24,95 @@ pub fn operator_image() -> String {
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| format!("redpilot/redpilot:{}", crate::VERSION))
+}
+
+/// Where a volume target is mounted in the agent's container.
+pub const VOLUME_MOUNT: &str = "/backup";
+/// The pod volume of a volume target.
+pub const VOLUME_NAME: &str = "backup-target";
+
+/// Where a backup is: a bucket, or a directory on a claim.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// An S3-compatible bucket.
+    S3(&'a S3Location),
+    /// A PersistentVolumeClaim.
+    Volume(&'a VolumeLocation),
+}
+
+impl<'a> Target<'a> {
+    /// The one that is set (admission makes sure exactly one is).
+    pub fn of(s3: Option<&'a S3Location>, volume: Option<&'a VolumeLocation>) -> Option<Self> {
+        match (s3, volume) {
+            (Some(s), _) => Some(Target::S3(s)),
+            (None, Some(v)) => Some(Target::Volume(v)),
+            (None, None) => None,
+        }
+    }
+
+    /// The agent's options naming the store and the key.
+    pub fn args(&self, key: &str) -> Vec<String> {
+        match self {
+            Target::S3(s3) => store_args(s3, key),
+            Target::Volume(v) => vec![
+                "--dir".into(),
+                volume_dir(v),
+                "--key".into(),
+                key.to_string(),
+                "--result-file".into(),
+                RESULT_PATH.into(),
+            ],
+        }
+    }
+
+    /// The access key's variables (by reference), for a bucket.
+    pub fn env(&self, optional: bool) -> Vec<EnvVar> {
+        match self {
+            Target::S3(s3) => credential_env(s3, optional),
+            Target::Volume(_) => Vec::new(),
+        }
+    }
+
+    /// The claim as a pod volume and its mount, for a volume target.
+    pub fn volume(&self, read_only: bool) -> Option<(Volume, VolumeMount)> {
+        let Target::Volume(v) = self else {
+            return None;
+        };
+        Some((
+            Volume {
+                name: VOLUME_NAME.into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: v.claim_name.clone(),
+                    read_only: Some(read_only),
+                }),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: VOLUME_NAME.into(),
+                mount_path: VOLUME_MOUNT.into(),
+                read_only: Some(read_only),
+                ..Default::default()
+            },
+        ))
+    }
+
+    /// `s3://bucket/key` or `pvc://claim/path/key`.
+    pub fn location(&self, key: &str) -> String {
+        match self {
+            Target::S3(s3) => format!("s3://{}/{key}", s3.bucket),
+            Target::Volume(v) => match v.path.as_deref().map(|p| p.trim_matches('/')) {
+                Some(p) if !p.is_empty() => format!("pvc://{}/{p}/{key}", v.claim_name),
+                _ => format!("pvc://{}/{key}", v.claim_name),
+            },
+        }
+    }
+}
+
+fn volume_dir(v: &VolumeLocation) -> String {
+    match v.path.as_deref().map(|p| p.trim_matches('/')) {
+        Some(p) if !p.is_empty() => format!("{VOLUME_MOUNT}/{p}"),
+        _ => VOLUME_MOUNT.to_string(),
+    }
 }
 
 /// `--bucket … --key …` and the rest of the agent's store options.

@@ -68,12 +68,35 @@ pub struct RedisBackupSpec {
     pub deletion_policy: DeletionPolicy,
 }
 
-/// Where a backup is stored.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+/// Where a backup is stored: an S3-compatible bucket or a volume.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.s3) != has(self.volume)")
+        .message("spec.target: set exactly one of s3 (a bucket) and volume (a PersistentVolumeClaim)"),
+)]
 pub struct BackupTarget {
     /// An S3-compatible bucket.
-    pub s3: S3Location,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Location>,
+    /// A PersistentVolumeClaim in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeLocation>,
+}
+
+/// A directory on a PersistentVolumeClaim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeLocation {
+    /// The claim (in this namespace). With ReadWriteOnce, the backup Job
+    /// must be able to run on the node that has it.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// A directory on the volume (default: its root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("volume.path must be relative and must not contain '..'"))]
+    pub path: Option<String>,
 }
 
 /// An S3-compatible bucket and the credentials to use it.
@@ -222,10 +245,12 @@ pub struct RedisBackupStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("has(self.backup) != (has(self.s3) && has(self.key))")
-        .message("spec.bootstrap.fromBackup: set either backup (a RedisBackup's name) or both s3 and key (a backup stored elsewhere)"),
-    validation = Rule::new("has(self.s3) == has(self.key)")
-        .message("spec.bootstrap.fromBackup: s3 and key go together"),
+    validation = Rule::new("has(self.backup) != ((has(self.s3) || has(self.volume)) && has(self.key))")
+        .message("spec.bootstrap.fromBackup: set either backup (a RedisBackup's name) or key with s3 or volume (a backup stored elsewhere)"),
+    validation = Rule::new("!(has(self.s3) && has(self.volume))")
+        .message("spec.bootstrap.fromBackup: set s3 or volume, not both"),
+    validation = Rule::new("has(self.key) == (has(self.s3) || has(self.volume))")
+        .message("spec.bootstrap.fromBackup: key goes with s3 or volume"),
 )]
 pub struct FromBackup {
     /// A Completed RedisBackup in this namespace.
@@ -235,6 +260,12 @@ pub struct FromBackup {
     /// A bucket holding a backup (e.g. from another cluster) ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Location>,
+    /// ... or a volume holding one (mounted read-only by every instance's
+    /// pod, the first restoring from it: with ReadWriteOnce all instances
+    /// must run on the node that has it; ReadOnlyMany or ReadWriteMany have
+    /// no such limit) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeLocation>,
     /// ... and the object key of its RDB file (its manifest is
     /// `<key>.manifest.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,7 +288,11 @@ pub struct BootstrapSpec {
 pub struct BootstrapStatus {
     /// The bucket and credentials the backup is fetched with (fixed when
     /// first resolved, so deleting the RedisBackup later changes nothing).
-    pub s3: S3Location,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Location>,
+    /// Or the volume it is read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeLocation>,
     /// Object key of the RDB file.
     pub key: String,
     /// `s3://bucket/key`.

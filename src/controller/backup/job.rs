@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 use crate::api::v1alpha1::{Redis, RedisBackup};
-use crate::controller::agent;
+use crate::controller::agent::{self, Target};
 use crate::controller::redis::build::{self, Names};
 
 /// The agent's container in the Job.
@@ -66,21 +66,19 @@ pub fn object_key(
     }
 }
 
-/// The Job's name: the backup's, with a suffix, within 63 characters.
-pub fn job_name(backup: &str) -> String {
-    let mut base: String = backup.chars().take(63 - "-backup".len()).collect();
+/// A Job's name: the backup's with `-<what>`, within 63 characters.
+pub fn job_name(backup: &str, what: &str) -> String {
+    let mut base: String = backup.chars().take(62 - what.len()).collect();
     while base.ends_with('-') {
         base.pop();
     }
-    format!("{base}-backup")
+    format!("{base}-{what}")
 }
 
 /// The Job that runs `redpilot backup` against `host` (the pod IP of
-/// `source`) and stores the snapshot under `key`.
-pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
-    let name = b.metadata.name.clone().unwrap_or_default();
+/// `source`) and stores the snapshot under `key` in `target`.
+pub fn job(b: &RedisBackup, target: Target<'_>, source: &str, host: &str, key: &str) -> Job {
     let redis = Names::new(&b.spec.redis);
-    let s3 = &b.spec.target.s3;
     let mut args = vec![
         "backup".to_string(),
         "--host".into(),
@@ -90,7 +88,7 @@ pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
         "--source-name".into(),
         source.to_string(),
     ];
-    args.extend(agent::store_args(s3, key));
+    args.extend(target.args(key));
     let mut env = vec![EnvVar {
         name: "REDIS_PASSWORD".into(),
         value_from: Some(EnvVarSource {
@@ -103,7 +101,41 @@ pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
         }),
         ..Default::default()
     }];
-    env.extend(agent::credential_env(s3, false));
+    env.extend(target.env(false));
+    agent_job(b, "backup", args, env, target)
+}
+
+/// The Job that removes a backup stored on a volume (`redpilot delete`),
+/// for `deletionPolicy: Delete`.
+pub fn delete_job(b: &RedisBackup, target: Target<'_>, key: &str) -> Job {
+    let mut args = vec!["delete".to_string()];
+    args.extend(target.args(key));
+    agent_job(b, "delete", args, target.env(false), target)
+}
+
+/// A Job of the operator's image running the agent with `args`.
+fn agent_job(
+    b: &RedisBackup,
+    what: &str,
+    args: Vec<String>,
+    env: Vec<EnvVar>,
+    target: Target<'_>,
+) -> Job {
+    let name = b.metadata.name.clone().unwrap_or_default();
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(Default::default()),
+        ..Default::default()
+    }];
+    if let Some((v, m)) = target.volume(false) {
+        volumes.push(v);
+        mounts.push(m);
+    }
     let q = |v: &str| Quantity(v.into());
     let container = Container {
         name: CONTAINER.into(),
@@ -112,11 +144,7 @@ pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
         command: Some(vec!["/redpilot".into()]),
         args: Some(args),
         env: Some(env),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(mounts),
         // Parts of 8 MiB, two in flight and one filling: the agent peaks
         // near 50 MiB whatever the dataset's size.
         resources: Some(ResourceRequirements {
@@ -143,7 +171,7 @@ pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
     labels.insert(build::MANAGED_BY_LABEL.into(), build::MANAGED_BY.into());
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&name)),
+            name: Some(job_name(&name, what)),
             namespace: b.metadata.namespace.clone(),
             labels: Some(labels),
             owner_references: b.controller_owner_ref(&()).map(|o| vec![o]),
@@ -180,11 +208,7 @@ pub fn job(b: &RedisBackup, source: &str, host: &str, key: &str) -> Job {
                         ..Default::default()
                     }),
                     containers: vec![container],
-                    volumes: Some(vec![Volume {
-                        name: "tmp".into(),
-                        empty_dir: Some(Default::default()),
-                        ..Default::default()
-                    }]),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
@@ -253,8 +277,8 @@ mod tests {
         );
         assert_eq!(object_key(None, "ns", "c", "b", "t"), "ns/c/b-t.rdb");
         let long = "a".repeat(70);
-        assert!(job_name(&long).len() <= 63);
-        assert_eq!(job_name("nightly"), "nightly-backup");
+        assert!(job_name(&long, "backup").len() <= 63);
+        assert_eq!(job_name("nightly", "backup"), "nightly-backup");
     }
 
     #[test]
@@ -266,7 +290,8 @@ mod tests {
         }))
         .expect("backup");
         b.metadata.namespace = Some("ns".into());
-        let j = job(&b, "cache-1", "10.244.0.5", "ns/cache/b1-t.rdb");
+        let target = Target::of(b.spec.target.s3.as_ref(), None).expect("target");
+        let j = job(&b, target, "cache-1", "10.244.0.5", "ns/cache/b1-t.rdb");
         let owner = &j.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!(
             (owner.kind.as_str(), owner.controller),

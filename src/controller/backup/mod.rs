@@ -32,10 +32,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::{Error, FIELD_MANAGER, agent};
+use super::agent::{self, Target};
+use super::{Error, FIELD_MANAGER};
 use crate::api::v1alpha1::{
     BackupPhase, DeletionPolicy, Redis, RedisBackup, RedisBackupStatus, S3Location,
 };
+
 use crate::telemetry::Metrics;
 
 /// Holds a RedisBackup whose stored backup is deleted with it.
@@ -119,12 +121,26 @@ impl Pass {
         self.b.status.clone().unwrap_or_default()
     }
 
+    fn target(&self) -> Result<Target<'_>, Error> {
+        let t = &self.b.spec.target;
+        Target::of(t.s3.as_ref(), t.volume.as_ref()).ok_or(Error::Incomplete("spec.target"))
+    }
+
     async fn run(&mut self) -> Result<Action, Error> {
         let wants_finalizer = self.b.spec.deletion_policy == DeletionPolicy::Delete;
         let has_finalizer = self.b.finalizers().iter().any(|f| f == FINALIZER);
         if self.b.meta().deletion_timestamp.is_some() {
             if has_finalizer {
-                self.delete_stored().await?;
+                let done = match self.target()? {
+                    Target::S3(_) => {
+                        self.delete_stored().await?;
+                        true
+                    }
+                    Target::Volume(_) => self.delete_on_volume().await?,
+                };
+                if !done {
+                    return Ok(Action::await_change());
+                }
                 self.set_finalizer(false).await?;
             }
             return Ok(Action::await_change());
@@ -173,8 +189,19 @@ impl Pass {
             );
             return self.fail("RedisNotFound", msg).await;
         };
-        if let Some(why) = self.credentials_problem(&spec.target.s3).await? {
+        if let Some(s3) = &spec.target.s3
+            && let Some(why) = self.credentials_problem(s3).await?
+        {
             return self.fail("CredentialsNotFound", why).await;
+        }
+        if let Some(v) = &spec.target.volume
+            && !self.claim_exists(&v.claim_name).await?
+        {
+            let msg = format!(
+                "spec.target.volume.claimName: PersistentVolumeClaim {} does not exist in namespace {}",
+                v.claim_name, self.ns
+            );
+            return self.fail("ClaimNotFound", msg).await;
         }
         let Some(source) = job::choose_source(&redis) else {
             return self
@@ -190,8 +217,9 @@ impl Pass {
                 .await;
         };
         let now = chrono::Utc::now();
+        let prefix = spec.target.s3.as_ref().and_then(|s| s.prefix.as_deref());
         let key = job::object_key(
-            spec.target.s3.prefix.as_deref(),
+            prefix,
             &self.ns,
             &spec.redis,
             &self.name,
@@ -200,10 +228,10 @@ impl Pass {
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
             started_at: Some(now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-            location: Some(format!("s3://{}/{}", spec.target.s3.bucket, key)),
+            location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             source: Some(source.clone()),
-            job: Some(job::job_name(&self.name)),
+            job: Some(job::job_name(&self.name, "backup")),
             ..Default::default()
         };
         // The key and source first: a pass after a crash here re-creates
@@ -220,7 +248,11 @@ impl Pass {
     }
 
     async fn apply_job(&self, source: &str, host: &str, key: &str) -> Result<(), Error> {
-        let j = job::job(&self.b, source, host, key);
+        let j = job::job(&self.b, self.target()?, source, host, key);
+        self.apply(j).await
+    }
+
+    async fn apply(&self, j: Job) -> Result<(), Error> {
         let name = j.metadata.name.clone().unwrap_or_default();
         self.ctx.metrics.kube("apply_job");
         Api::<Job>::namespaced(self.ctx.client.clone(), &self.ns)
@@ -441,7 +473,9 @@ impl Pass {
         let Some(key) = self.status().key else {
             return Ok(());
         };
-        let s3 = &self.b.spec.target.s3;
+        let Some(s3) = &self.b.spec.target.s3 else {
+            return Ok(());
+        };
         let c = &s3.credentials;
         self.ctx.metrics.kube("get_secret");
         let secret: Option<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns)
@@ -500,6 +534,56 @@ impl Pass {
                 })
             }
         }
+    }
+
+    /// A backup on a volume is deleted by a Job that mounts it (the
+    /// operator never mounts a volume). True once the Job ended; a failure
+    /// is reported and the RedisBackup goes anyway.
+    async fn delete_on_volume(&self) -> Result<bool, Error> {
+        let Some(key) = self.status().key else {
+            return Ok(true);
+        };
+        let name = job::job_name(&self.name, "delete");
+        self.ctx.metrics.kube("get_job");
+        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let Some(j) = jobs.get_opt(&name).await? else {
+            self.apply(job::delete_job(&self.b, self.target()?, &key))
+                .await?;
+            return Ok(false);
+        };
+        let location = self.target()?.location(&key);
+        let ended = |t: &str| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
+        };
+        if ended("Complete") {
+            let note = format!("deleted {location} and its manifest");
+            self.event(EventType::Normal, "StoredBackupDeleted", note)
+                .await;
+            return Ok(true);
+        }
+        if ended("Failed") {
+            let why = match self.agent_outcome(&name, false).await? {
+                Some(agent::Outcome::Failed { message, .. }) => message,
+                _ => "the delete Job failed".into(),
+            };
+            let note = format!("could not delete {location}; it may remain: {why}");
+            self.event(EventType::Warning, "StoredBackupNotDeleted", note)
+                .await;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn claim_exists(&self, claim: &str) -> Result<bool, Error> {
+        self.ctx.metrics.kube("get_pvc");
+        let pvc: Option<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(self.ctx.client.clone(), &self.ns)
+                .get_opt(claim)
+                .await?;
+        Ok(pvc.is_some())
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {

@@ -23,10 +23,10 @@ use kube::runtime::events::EventType;
 use super::Reconciler;
 use super::build::{self, Names};
 use crate::api::v1alpha1::{
-    BackupPhase, BootstrapStatus, Engine, RedisBackup, RedisSpec, S3Location,
+    BackupPhase, BootstrapStatus, Engine, RedisBackup, RedisSpec, S3Location, VolumeLocation,
 };
 use crate::controller::Error;
-use crate::controller::agent::{self, Outcome};
+use crate::controller::agent::{self, Outcome, Target};
 
 /// Name of the restore init container.
 pub const RESTORE_CONTAINER: &str = "restore";
@@ -51,9 +51,11 @@ impl Reconciler {
             return Ok(true);
         }
         let from = spec.from_backup;
-        let resolved = match (&from.backup, &from.s3, &from.key) {
-            (Some(name), _, _) => self.resolve_named(name).await?,
-            (None, Some(s3), Some(key)) => Ok(resolved(s3.clone(), key.clone())),
+        let resolved = match (&from.backup, &from.key) {
+            (Some(name), _) => self.resolve_named(name).await?,
+            (None, Some(key)) if from.s3.is_some() || from.volume.is_some() => {
+                Ok(resolved(from.s3.clone(), from.volume.clone(), key.clone()))
+            }
             _ => Err(Unresolved::Failed(
                 "InvalidBootstrap",
                 "spec.bootstrap.fromBackup names neither a backup nor a bucket and key".into(),
@@ -97,7 +99,9 @@ impl Reconciler {
         };
         let status = b.status.clone().unwrap_or_default();
         Ok(match (status.phase, status.key) {
-            (Some(BackupPhase::Completed), Some(key)) => Ok(resolved(b.spec.target.s3, key)),
+            (Some(BackupPhase::Completed), Some(key)) => {
+                Ok(resolved(b.spec.target.s3, b.spec.target.volume, key))
+            }
             (Some(BackupPhase::Failed), _) => Err(Unresolved::Failed(
                 "BackupFailed",
                 format!(
@@ -155,13 +159,26 @@ impl Reconciler {
     }
 }
 
-fn resolved(s3: S3Location, key: String) -> BootstrapStatus {
+fn resolved(
+    s3: Option<S3Location>,
+    volume: Option<VolumeLocation>,
+    key: String,
+) -> BootstrapStatus {
+    let location = Target::of(s3.as_ref(), volume.as_ref())
+        .map(|t| t.location(&key))
+        .unwrap_or_default();
     BootstrapStatus {
-        location: format!("s3://{}/{}", s3.bucket, key),
+        location,
         s3,
+        volume,
         key,
         done: false,
     }
+}
+
+/// Where the restore reads from.
+pub fn target(bs: &BootstrapStatus) -> Option<Target<'_>> {
+    Target::of(bs.s3.as_ref(), bs.volume.as_ref())
 }
 
 /// The init container that fetches the backup into `/data/dump.rdb` of the
@@ -174,7 +191,8 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
         "--dest".into(),
         "/data/dump.rdb".into(),
     ];
-    args.extend(agent::store_args(&bs.s3, &bs.key));
+    let source = target(bs);
+    args.extend(source.map(|t| t.args(&bs.key)).unwrap_or_default());
     if spec.image.is_none()
         && let Some(max) = super::statefulset::max_rdb(spec)
     {
@@ -211,7 +229,22 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
             ..Default::default()
         },
     ];
-    env.extend(agent::credential_env(&bs.s3, true));
+    env.extend(source.map(|t| t.env(true)).unwrap_or_default());
+    let mut mounts = vec![
+        VolumeMount {
+            name: "data".into(),
+            mount_path: "/data".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    if let Some((_, m)) = source.and_then(|t| t.volume(true)) {
+        mounts.push(m);
+    }
     let mem = |q: &str| Quantity(q.into());
     Container {
         name: RESTORE_CONTAINER.into(),
@@ -220,18 +253,7 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
         command: Some(vec!["/redpilot".into()]),
         args: Some(args),
         env: Some(env),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "data".into(),
-                mount_path: "/data".into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..Default::default()
-            },
-        ]),
+        volume_mounts: Some(mounts),
         resources: Some(ResourceRequirements {
             requests: Some(
                 [

@@ -224,6 +224,10 @@ impl Reconciler {
                 &self.names,
                 &self.redis.spec,
             )]);
+            // A backup on a volume: the claim, read-only, for the restore.
+            if let Some((v, _)) = super::bootstrap::target(bs).and_then(|t| t.volume(true)) {
+                pod.volumes.get_or_insert_with(Vec::new).push(v);
+            }
         }
         let live_sts = match live_sts {
             Some(s) => Some(s.clone()),
