@@ -652,3 +652,130 @@ async fn backup_to_a_volume_and_restore_from_it() {
     );
     println!("deleted from the volume with its RedisBackup");
 }
+
+/// Faults around a backup: the S3 server down when the Job starts (the
+/// agent fails, the Job retries with backoff, and the retry after the
+/// server is back completes the backup) and the operator killed while the
+/// backup runs (a new operator finds the running Job and completes the
+/// status). The Redis keeps serving a writer throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
+    use k8s_openapi::api::batch::v1::Job;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backupfault", &[]).await;
+    let ns = tns.name.as_str();
+    let mut s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    secret(&client, ns, "s3", ACCESS_KEY, SECRET_KEY).await;
+    let mut opts = OperatorOptions::watching(&[ns]);
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut op = start_operator(&client, opts.clone()).await;
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    let src = wait_ready(&client, ns, "src", READY).await;
+    let primary = src.status.and_then(|s| s.primary).expect("primary");
+    seed(&client, ns, "src", &primary).await;
+    let pw = redis_password(&client, ns, "src").await;
+    let writer = Writer::start(&client, ns, "src", &pw, "f", 0);
+
+    // 1. The store is down when the Job starts; back during the backoff.
+    s3.kill();
+    let t = Instant::now();
+    create_backup(
+        &client,
+        ns,
+        "retried",
+        json!({"redis": "src", "target": backup_target(&s3, "s3")}),
+    )
+    .await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the first attempt to fail",
+        Duration::from_secs(60),
+        || async {
+            let j = jobs.get_opt("retried-backup").await.ok()??;
+            (j.status?.failed? >= 1).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "first attempt failed {:.1} s after the backup was created (store down)",
+        t.elapsed().as_secs_f64()
+    );
+    s3.restart();
+    let b = ended(&client, ns, "retried", Duration::from_secs(120)).await;
+    let st = b.status.expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}"
+    );
+    let j = jobs.get("retried-backup").await.expect("job");
+    let failed = j.status.and_then(|s| s.failed).unwrap_or(0);
+    assert!(failed >= 1);
+    println!(
+        "completed on a retry {:.1} s after creation, after {failed} failed attempt(s)",
+        t.elapsed().as_secs_f64()
+    );
+
+    // 2. The operator killed while the backup runs.
+    create_backup(
+        &client,
+        ns,
+        "orphaned",
+        json!({"redis": "src", "target": backup_target(&s3, "s3")}),
+    )
+    .await;
+    wait_for(
+        "the backup to be Running",
+        Duration::from_secs(60),
+        || async {
+            let b = Api::<RedisBackup>::namespaced(client.clone(), ns)
+                .get("orphaned")
+                .await
+                .ok()?;
+            b.status?.job.map(|_| ())
+        },
+    )
+    .await;
+    op.kill();
+    let t = Instant::now();
+    // The Job goes on without the operator.
+    wait_for("the Job to complete", Duration::from_secs(60), || async {
+        let j = jobs.get_opt("orphaned-backup").await.ok()??;
+        (j.status?.succeeded? >= 1).then_some(())
+    })
+    .await;
+    let b = Api::<RedisBackup>::namespaced(client.clone(), ns)
+        .get("orphaned")
+        .await
+        .expect("get");
+    assert_eq!(
+        b.status.and_then(|s| s.phase),
+        Some(redpilot::api::v1alpha1::BackupPhase::Running)
+    );
+    let _op2 = support::operator::spawn_operator(&client, opts.named("op-again")).await;
+    let b = ended(&client, ns, "orphaned", Duration::from_secs(60)).await;
+    let st = b.status.expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}"
+    );
+    assert!(st.sha256.is_some() && st.keys.is_some());
+    println!(
+        "a new operator completed the status {:.1} s after the old one was killed",
+        t.elapsed().as_secs_f64()
+    );
+
+    let tally = writer.stop().await;
+    assert_eq!(tally.failed, 0, "the Redis kept serving throughout");
+    println!(
+        "writer: {} writes acknowledged, 0 failed",
+        tally.acked.len()
+    );
+}
