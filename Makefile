@@ -23,7 +23,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup run run-stop version clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup bench-restore run run-stop version clean help
 
 all: build
 
@@ -116,6 +116,12 @@ bench-backup: engines tools-versitygw
 	$(CARGO) build --release --bin redpilot
 	REDPILOT_BACKUP_MB=$(BACKUP_MB) REDPILOT_AGENT_BIN=$${CARGO_TARGET_DIR:-target}/release/redpilot \
 		$(CARGO) test --test backup_agent -- --nocapture backup_throughput
+
+# Backup and restore on the dev cluster at BACKUP_MB MiB (tests/operator_backup.rs):
+# a RedisBackup of a 3-instance Redis to the S3 server, then a new
+# 3-instance Redis bootstrapped from it, to Ready with every key.
+bench-restore: engines tools-versitygw cluster-up
+	REDPILOT_BACKUP_MB=$(BACKUP_MB) $(CARGO) test --test operator_backup -- --nocapture backup_to_s3
 
 run: tools-cluster engines
 	bash dev/run.sh

@@ -1,3 +1,9 @@
+//! The `redpilot` binary: the operator (`run`), the backup agent (`backup`,
+//! `restore`, `delete`, what the Jobs and init containers run), `crd`.
+//!
+//! Length: the command line of five subcommands with their documented
+//! options, and the agent's thin glue to [`redpilot::backup`].
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

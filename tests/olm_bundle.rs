@@ -529,7 +529,7 @@ fn csv_metadata_is_complete_and_honest() {
     // Level 2: engine upgrades with rollback (tests/operator_upgrade.rs) and
     // operator upgrades that restart nothing (tests/olm_e2e.rs). Level 3
     // waits for backups and restores.
-    assert_eq!(ann["capabilities"], "Seamless Upgrades");
+    assert_eq!(ann["capabilities"], "Full Lifecycle");
     assert!(
         ann["categories"]
             .as_str()

@@ -124,6 +124,11 @@ async fn dbsize(client: &Client, ns: &str, redis: &str, pod: &str) -> i64 {
         .expect("DBSIZE")
 }
 
+/// `REDPILOT_BACKUP_MB` (`make bench-restore`).
+fn bench_megabytes() -> Option<u64> {
+    std::env::var("REDPILOT_BACKUP_MB").ok()?.parse().ok()
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
@@ -163,6 +168,46 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         .and_then(|s| s.primary.clone())
         .expect("primary");
     seed(&client, ns, "src", &primary).await;
+    // `make bench-restore`: a dataset of REDPILOT_BACKUP_MB MiB more (1 KiB
+    // values), to time the backup and the restore at that size.
+    let big_keys = bench_megabytes().map(|mb| mb * 1024).unwrap_or(0);
+    if big_keys > 0 {
+        let t = Instant::now();
+        let pw = redis_password(&client, ns, "src").await;
+        let mut node = connect_pod(&client, ns, &primary, &pw)
+            .await
+            .expect("connect");
+        // MSETs of 1,000 keys (1 MiB each): written through the primary,
+        // so the replicas (where backups come from) get them too.
+        // Values that do not compress (the RDB file is LZF-compressed):
+        // a xorshift stream.
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut noise = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for chunk in (0..big_keys).collect::<Vec<_>>().chunks(1000) {
+            let mut c = redis::cmd("MSET");
+            for i in chunk {
+                let mut v = format!("{i:>24}").into_bytes();
+                while v.len() < 1024 {
+                    v.extend_from_slice(&noise().to_le_bytes());
+                }
+                v.truncate(1024);
+                c.arg(format!("big:{i}")).arg(v);
+            }
+            node.query_within::<()>("MSET", &c, Duration::from_secs(60))
+                .await
+                .expect("MSET");
+        }
+        println!(
+            "populated {big_keys} keys of 1 KiB in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        wait_ready(&client, ns, "src", READY).await;
+    }
     let pw = redis_password(&client, ns, "src").await;
     let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
     writer.wait_progress(200, Duration::from_secs(30)).await;
@@ -176,7 +221,9 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         json!({"redis": "src", "target": backup_target(&s3, "s3")}),
     )
     .await;
-    let b1 = ended(&client, ns, "b1", Duration::from_secs(120)).await;
+    // Bench sizes get a second per MiB more.
+    let slow = Duration::from_secs(big_keys / 1024);
+    let b1 = ended(&client, ns, "b1", Duration::from_secs(120) + slow).await;
     let took = t.elapsed();
     let st = b1.status.clone().expect("status");
     assert_eq!(
@@ -299,7 +346,7 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         json!({"mode": "Replication", "instances": 3, "bootstrap": {"fromBackup": {"backup": "b1"}}}),
     )
     .await;
-    let restored = wait_ready(&client, ns, "restored", READY).await;
+    let restored = wait_ready(&client, ns, "restored", READY + slow).await;
     println!(
         "restored Redis Ready {:.1} s after creation",
         t.elapsed().as_secs_f64()
@@ -327,6 +374,27 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
             .await
             .expect("GET");
         assert_eq!(v, format!("value-{i}-{}", i * 7919 % 10007), "seed:{i}");
+    }
+    if big_keys > 0 {
+        let mut source = connect_pod(&client, ns, &primary, &pw)
+            .await
+            .expect("connect");
+        for i in (0..big_keys).step_by(4099) {
+            let k = format!("big:{i}");
+            let a: Vec<u8> = source
+                .query("GET", redis::cmd("GET").arg(&k))
+                .await
+                .expect("GET");
+            let b: Vec<u8> = node
+                .query("GET", redis::cmd("GET").arg(&k))
+                .await
+                .expect("GET");
+            assert!(a.len() == 1024 && a == b, "{k}");
+        }
+        println!(
+            "{} sampled 1 KiB values equal to the source's",
+            big_keys.div_ceil(4099)
+        );
     }
     println!(
         "restored: {keys} keys on all 3 instances, {} sampled values equal",

@@ -16,7 +16,12 @@
 //! `deletionPolicy` is `Delete`: then a finalizer holds the object until the
 //! backup and its manifest are removed from the bucket. A Redis never owns
 //! its backups: deleting it deletes none.
+//!
+//! Length: ~480 lines: one backup's life from the first pass to its end
+//! (start, follow the Job, read its outcome, the status writes) reads as one
+//! sequence; deletion is in `delete`, the pure Job builders in `job`.
 
+mod delete;
 pub mod job;
 
 use std::sync::Arc;
@@ -154,26 +159,6 @@ impl Pass {
             _ if st.job.is_none() => self.start().await,
             _ => self.follow(st).await,
         }
-    }
-
-    /// The finalizer, added or removed with server-side apply (this
-    /// operator's field manager owns only that entry).
-    async fn set_finalizer(&self, on: bool) -> Result<(), Error> {
-        let finalizers: Vec<&str> = if on { vec![FINALIZER] } else { vec![] };
-        let patch = serde_json::json!({
-            "apiVersion": "redpilot.io/v1alpha1",
-            "kind": "RedisBackup",
-            "metadata": {"name": self.name, "finalizers": finalizers},
-        });
-        self.ctx.metrics.kube("apply_redisbackup");
-        self.api
-            .patch(
-                &self.name,
-                &PatchParams::apply(FINALIZER_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        Ok(())
     }
 
     async fn start(&mut self) -> Result<Action, Error> {
@@ -464,117 +449,6 @@ impl Pass {
             .get_opt(pod)
             .await?;
         Ok(p.and_then(|p| p.status).and_then(|s| s.pod_ip))
-    }
-
-    /// Removes the stored backup and its manifest (`deletionPolicy:
-    /// Delete`). The operator reads the credentials for this only; a
-    /// missing object counts as deleted.
-    async fn delete_stored(&self) -> Result<(), Error> {
-        let Some(key) = self.status().key else {
-            return Ok(());
-        };
-        let Some(s3) = &self.b.spec.target.s3 else {
-            return Ok(());
-        };
-        let c = &s3.credentials;
-        self.ctx.metrics.kube("get_secret");
-        let secret: Option<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns)
-            .get_opt(&c.secret_name)
-            .await?;
-        let value = |k: &str| {
-            secret
-                .as_ref()
-                .and_then(|s| s.data.as_ref())
-                .and_then(|d| d.get(k))
-                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        };
-        let (Some(id), Some(secret_key)) =
-            (value(&c.access_key_id_key), value(&c.secret_access_key_key))
-        else {
-            let msg = format!(
-                "cannot delete the stored backup: Secret {} or its keys are missing",
-                c.secret_name
-            );
-            self.event(EventType::Warning, "StoredBackupNotDeleted", msg.clone())
-                .await;
-            return Err(Error::Secret {
-                name: c.secret_name.clone(),
-                reason: msg,
-            });
-        };
-        let target = crate::backup::S3Target {
-            endpoint: s3.endpoint.clone(),
-            region: s3.region.clone(),
-            bucket: s3.bucket.clone(),
-            path_style: s3.path_style,
-            access_key_id: id,
-            secret_access_key: secret_key.into(),
-            retries: 2,
-            retry_timeout: Duration::from_secs(20),
-        };
-        let result = async {
-            let store = crate::backup::open(&target)?;
-            crate::backup::store::delete(store.as_ref(), &target.location(&key), &key).await
-        }
-        .await;
-        match result {
-            Ok(()) => {
-                let note = format!("deleted {} and its manifest", target.location(&key));
-                self.event(EventType::Normal, "StoredBackupDeleted", note)
-                    .await;
-                Ok(())
-            }
-            Err(e) => {
-                let msg = format!("deleting {}: {e}", target.location(&key));
-                self.event(EventType::Warning, "StoredBackupNotDeleted", msg.clone())
-                    .await;
-                Err(Error::Backup {
-                    category: e.category(),
-                    message: msg,
-                })
-            }
-        }
-    }
-
-    /// A backup on a volume is deleted by a Job that mounts it (the
-    /// operator never mounts a volume). True once the Job ended; a failure
-    /// is reported and the RedisBackup goes anyway.
-    async fn delete_on_volume(&self) -> Result<bool, Error> {
-        let Some(key) = self.status().key else {
-            return Ok(true);
-        };
-        let name = job::job_name(&self.name, "delete");
-        self.ctx.metrics.kube("get_job");
-        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let Some(j) = jobs.get_opt(&name).await? else {
-            self.apply(job::delete_job(&self.b, self.target()?, &key))
-                .await?;
-            return Ok(false);
-        };
-        let location = self.target()?.location(&key);
-        let ended = |t: &str| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
-        };
-        if ended("Complete") {
-            let note = format!("deleted {location} and its manifest");
-            self.event(EventType::Normal, "StoredBackupDeleted", note)
-                .await;
-            return Ok(true);
-        }
-        if ended("Failed") {
-            let why = match self.agent_outcome(&name, false).await? {
-                Some(agent::Outcome::Failed { message, .. }) => message,
-                _ => "the delete Job failed".into(),
-            };
-            let note = format!("could not delete {location}; it may remain: {why}");
-            self.event(EventType::Warning, "StoredBackupNotDeleted", note)
-                .await;
-            return Ok(true);
-        }
-        Ok(false)
     }
 
     async fn claim_exists(&self, claim: &str) -> Result<bool, Error> {
