@@ -416,7 +416,17 @@ fn backup_throughput_compared_with_redis_cli_rdb() {
     let port = srv.port().to_string();
     let vdir = vol.path().to_str().unwrap().to_string();
     let local = run_agent_args(
-        &["backup", "--host", "127.0.0.1", "--port", &port, "--dir", &vdir, "--key", "bench/big.rdb"],
+        &[
+            "backup",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--dir",
+            &vdir,
+            "--key",
+            "bench/big.rdb",
+        ],
         SECRET_KEY,
     );
     assert!(local.ok, "{}", local.stderr);

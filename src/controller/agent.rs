@@ -160,6 +160,24 @@ pub fn credential_env(s3: &S3Location, optional: bool) -> Vec<EnvVar> {
     ]
 }
 
+/// What an agent container asks for: memory is bounded by the upload parts
+/// in flight (two of 8 MiB, plus the one filling), whatever the dataset.
+pub fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let q = |v: &str| Quantity(v.into());
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_string(), q("100m")),
+                ("memory".to_string(), q("64Mi")),
+            ]
+            .into(),
+        ),
+        limits: Some([("memory".to_string(), q("128Mi"))].into()),
+        ..Default::default()
+    }
+}
+
 /// Non-root, no privileges, read-only root.
 pub fn security_context() -> SecurityContext {
     SecurityContext {

@@ -143,13 +143,9 @@ impl Context {
         images: images::Images,
         stores: Stores,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "redpilot".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         let (monitor, triggers) = monitor::Monitor::new();
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: recorder(&client),
             client,
             metrics,
             images,
@@ -265,6 +261,42 @@ impl Context {
             Err(_) => 1,
         };
         backoff(n)
+    }
+}
+
+/// The event recorder of every controller: reported as `redpilot`, the
+/// instance being the operator's pod.
+pub fn recorder(client: &Client) -> Recorder {
+    Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "redpilot".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    )
+}
+
+/// Publishes one event about `obj` (its note cut to the API's bound);
+/// a failure to publish is logged, never fatal.
+pub async fn publish_event(
+    recorder: &Recorder,
+    metrics: &Metrics,
+    obj: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    metrics.kube("create_event");
+    let ev = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: Some(event_note(note)),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, obj).await {
+        tracing::warn!(error = %e, reason, "publishing an event failed");
     }
 }
 
@@ -411,13 +443,7 @@ pub async fn run_controllers(
                 ns.clone(),
                 Arc::new(backup::BackupContext {
                     client: client.clone(),
-                    recorder: Recorder::new(
-                        client.clone(),
-                        Reporter {
-                            controller: "redpilot".into(),
-                            instance: std::env::var("POD_NAME").ok(),
-                        },
-                    ),
+                    recorder: recorder(&client),
                     metrics: metrics.clone(),
                     redis: redis_store.clone(),
                 }),
@@ -427,13 +453,7 @@ pub async fn run_controllers(
                 ns.clone(),
                 Arc::new(schedule::ScheduleContext {
                     client: client.clone(),
-                    recorder: Recorder::new(
-                        client.clone(),
-                        Reporter {
-                            controller: "redpilot".into(),
-                            instance: std::env::var("POD_NAME").ok(),
-                        },
-                    ),
+                    recorder: recorder(&client),
                     metrics,
                 }),
             );

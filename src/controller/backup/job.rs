@@ -7,10 +7,9 @@ use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, Volume, VolumeMount,
+    Container, EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    SecretKeySelector, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
@@ -136,7 +135,6 @@ fn agent_job(
         volumes.push(v);
         mounts.push(m);
     }
-    let q = |v: &str| Quantity(v.into());
     let container = Container {
         name: CONTAINER.into(),
         image: Some(agent::operator_image()),
@@ -147,14 +145,7 @@ fn agent_job(
         volume_mounts: Some(mounts),
         // Parts of 8 MiB, two in flight and one filling: the agent peaks
         // near 50 MiB whatever the dataset's size.
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), q("100m")),
-                ("memory".to_string(), q("64Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".to_string(), q("128Mi"))])),
-            ..Default::default()
-        }),
+        resources: Some(agent::resources()),
         termination_message_path: Some(agent::RESULT_PATH.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(agent::security_context()),

@@ -32,7 +32,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -461,22 +461,8 @@ impl Pass {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        self.ctx.metrics.kube("create_event");
-        let note = super::event_note(note);
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Backup".into(),
-            secondary: None,
-        };
-        if let Err(e) = self
-            .ctx
-            .recorder
-            .publish(&ev, &self.b.object_ref(&()))
-            .await
-        {
-            tracing::warn!(error = %e, reason, "publishing an event failed");
-        }
+        let obj = self.b.object_ref(&());
+        let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);
+        super::publish_event(recorder, metrics, &obj, type_, reason, "Backup", note).await;
     }
 }

@@ -14,10 +14,8 @@
 //! bootstrap with a Degraded condition whose reason names the cause.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
-    ResourceRequirements, VolumeMount,
+    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
@@ -245,7 +243,6 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
     if let Some((_, m)) = source.and_then(|t| t.volume(true)) {
         mounts.push(m);
     }
-    let mem = |q: &str| Quantity(q.into());
     Container {
         name: RESTORE_CONTAINER.into(),
         image: Some(agent::operator_image()),
@@ -254,17 +251,7 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
         args: Some(args),
         env: Some(env),
         volume_mounts: Some(mounts),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [
-                    ("cpu".to_string(), mem("100m")),
-                    ("memory".to_string(), mem("64Mi")),
-                ]
-                .into(),
-            ),
-            limits: Some([("memory".to_string(), mem("128Mi"))].into()),
-            ..Default::default()
-        }),
+        resources: Some(agent::resources()),
         termination_message_path: Some(agent::RESULT_PATH.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         security_context: Some(agent::security_context()),

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
@@ -132,23 +132,9 @@ impl Reconciler {
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
-        self.ctx.metrics.kube("create_event");
-        let note = super::event_note(note);
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self
-            .ctx
-            .recorder
-            .publish(&ev, &self.redis.object_ref(&()))
-            .await
-        {
-            tracing::warn!(error = %e, reason, "publishing an event failed");
-        }
+        let obj = self.redis.object_ref(&());
+        let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);
+        super::publish_event(recorder, metrics, &obj, type_, reason, action, note).await;
     }
 
     /// A data-plane action failed: Degraded with a reason by category, a

@@ -18,7 +18,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::StreamExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -332,15 +332,15 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    ctx.metrics.kube("create_event");
-    let ev = Event {
+    let obj = s.object_ref(&());
+    super::publish_event(
+        &ctx.recorder,
+        &ctx.metrics,
+        &obj,
         type_,
-        reason: reason.into(),
-        note: Some(super::event_note(note)),
-        action: "Schedule".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &s.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "publishing an event failed");
-    }
+        reason,
+        "Schedule",
+        note,
+    )
+    .await;
 }
