@@ -71,9 +71,18 @@ async fn primary_restarts_in_place(prefix: &str, spec: Value) {
     // Writes flow again, through whichever primary the status names.
     writer.wait_progress(300, READY).await;
     let resumed = t.elapsed();
+    // A status written after the failover: Ready, and its instances show
+    // the recorded primary serving (the promotion is published by its own
+    // patch first, so a status read in between still lists the old roles).
     let redis = wait_for("Ready with every instance", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
-        (is_ready(&r) && r.status.as_ref()?.ready.as_deref() == Some("3/3")).then_some(r)
+        let st = r.status.as_ref()?;
+        let p = st.primary.as_deref()?;
+        let described = st
+            .instances
+            .iter()
+            .any(|i| i.name == p && i.role == "primary");
+        (is_ready(&r) && st.ready.as_deref() == Some("3/3") && described).then_some(r)
     })
     .await;
     let tally = writer.stop().await;
