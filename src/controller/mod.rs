@@ -264,6 +264,18 @@ impl Context {
     }
 }
 
+/// The API of `K` in the watched namespace `ns`, or in all namespaces.
+pub fn scoped_api<K>(client: &Client, ns: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// The event recorder of every controller: reported as `redpilot`, the
 /// instance being the operator's pod.
 pub fn recorder(client: &Client) -> Recorder {
@@ -396,16 +408,7 @@ pub async fn run_controllers(
         let images = images.clone();
         let health = health.clone();
         async move {
-            fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
-            where
-                K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-                <K as kube::Resource>::DynamicType: Default,
-            {
-                match ns {
-                    Some(ns) => Api::namespaced(client.clone(), ns),
-                    None => Api::all(client.clone()),
-                }
-            }
+            use self::scoped_api as api;
             let managed =
                 watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
             fn keep<K>(_: &mut K) {}

@@ -66,13 +66,8 @@ pub struct BackupContext {
 
 /// Runs the RedisBackup controller in `ns` (all namespaces when `None`).
 pub async fn run(client: Client, ns: Option<String>, ctx: Arc<BackupContext>) {
-    let (backups, jobs): (Api<RedisBackup>, Api<Job>) = match &ns {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let backups: Api<RedisBackup> = super::scoped_api(&client, &ns);
+    let jobs: Api<Job> = super::scoped_api(&client, &ns);
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
     Controller::new(backups, watcher::Config::default())
         .owns_stream(

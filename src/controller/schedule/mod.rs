@@ -47,13 +47,8 @@ pub struct ScheduleContext {
 
 /// Runs the schedule controller in `ns` (all namespaces when `None`).
 pub async fn run(client: Client, ns: Option<String>, ctx: Arc<ScheduleContext>) {
-    let (schedules, backups): (Api<RedisBackupSchedule>, Api<RedisBackup>) = match &ns {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let schedules: Api<RedisBackupSchedule> = super::scoped_api(&client, &ns);
+    let backups: Api<RedisBackup> = super::scoped_api(&client, &ns);
     Controller::new(schedules, watcher::Config::default())
         // A backup of a schedule that ends lets the next run start and
         // retention prune.
