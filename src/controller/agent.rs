@@ -160,9 +160,35 @@ pub fn credential_env(s3: &S3Location, optional: bool) -> Vec<EnvVar> {
     ]
 }
 
+/// A container running the agent (`redpilot <args>`) from the operator's
+/// image: restricted, with its resource bound, and its outcome written
+/// where its termination message is read from.
+pub fn container(
+    name: &str,
+    args: Vec<String>,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> k8s_openapi::api::core::v1::Container {
+    k8s_openapi::api::core::v1::Container {
+        name: name.into(),
+        image: Some(operator_image()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["/redpilot".into()]),
+        args: Some(args),
+        env: Some(env),
+        volume_mounts: Some(mounts),
+        resources: Some(resources()),
+        termination_message_path: Some(RESULT_PATH.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(security_context()),
+        ..Default::default()
+    }
+}
+
 /// What an agent container asks for: memory is bounded by the upload parts
-/// in flight (two of 8 MiB, plus the one filling), whatever the dataset.
-pub fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
+/// in flight (two of 8 MiB, plus the one filling), whatever the dataset
+/// (the agent peaks near 50 MiB).
+fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let q = |v: &str| Quantity(v.into());
     k8s_openapi::api::core::v1::ResourceRequirements {
@@ -179,7 +205,7 @@ pub fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
 }
 
 /// Non-root, no privileges, read-only root.
-pub fn security_context() -> SecurityContext {
+fn security_context() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),

@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
     SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -135,22 +135,7 @@ fn agent_job(
         volumes.push(v);
         mounts.push(m);
     }
-    let container = Container {
-        name: CONTAINER.into(),
-        image: Some(agent::operator_image()),
-        image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/redpilot".into()]),
-        args: Some(args),
-        env: Some(env),
-        volume_mounts: Some(mounts),
-        // Parts of 8 MiB, two in flight and one filling: the agent peaks
-        // near 50 MiB whatever the dataset's size.
-        resources: Some(agent::resources()),
-        termination_message_path: Some(agent::RESULT_PATH.into()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        security_context: Some(agent::security_context()),
-        ..Default::default()
-    };
+    let container = agent::container(CONTAINER, args, env, mounts);
     let pod_labels = BTreeMap::from([
         (
             "app.kubernetes.io/name".to_string(),

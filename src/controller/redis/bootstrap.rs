@@ -243,18 +243,5 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
     if let Some((_, m)) = source.and_then(|t| t.volume(true)) {
         mounts.push(m);
     }
-    Container {
-        name: RESTORE_CONTAINER.into(),
-        image: Some(agent::operator_image()),
-        image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/redpilot".into()]),
-        args: Some(args),
-        env: Some(env),
-        volume_mounts: Some(mounts),
-        resources: Some(agent::resources()),
-        termination_message_path: Some(agent::RESULT_PATH.into()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        security_context: Some(agent::security_context()),
-        ..Default::default()
-    }
+    agent::container(RESTORE_CONTAINER, args, env, mounts)
 }
