@@ -121,12 +121,7 @@ impl Pass {
             return Ok(false);
         };
         let location = self.target()?.location(&key);
-        let ended = |t: &str| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
-        };
+        let ended = |t: &str| job::condition(&j, t).is_some();
         if ended("Complete") {
             let note = format!("deleted {location} and its manifest");
             self.event(EventType::Normal, "StoredBackupDeleted", note)

@@ -47,6 +47,19 @@ pub fn choose_source(redis: &Redis) -> Option<String> {
         .map(|i| i.name.clone())
 }
 
+/// The Job's condition `type_` when it is true (`Complete`, `Failed`).
+pub fn condition<'a>(
+    j: &'a Job,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::batch::v1::JobCondition> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+}
+
 /// The object key of a backup: `<prefix>/<namespace>/<redis>/<backup>-<time>.rdb`
 /// (the time makes a re-created RedisBackup of the same name a new object).
 pub fn object_key(

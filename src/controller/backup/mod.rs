@@ -264,14 +264,7 @@ impl Pass {
             self.apply_job(&source, &host, &key).await?;
             return Ok(Action::await_change());
         };
-        let cond = |t: &str| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"))
-                .cloned()
-        };
-        if cond("Complete").is_some() {
+        if job::condition(&j, "Complete").is_some() {
             return match self.agent_outcome(&job_name, true).await? {
                 Some(agent::Outcome::Done(m)) => self.complete(st, *m).await,
                 Some(agent::Outcome::Failed { reason, message }) => {
@@ -283,7 +276,7 @@ impl Pass {
                 }
             };
         }
-        if let Some(c) = cond("Failed") {
+        if let Some(c) = job::condition(&j, "Failed").cloned() {
             return match self.agent_outcome(&job_name, false).await? {
                 Some(agent::Outcome::Failed { reason, message }) => {
                     self.fail(agent::bounded_reason(&reason), message).await
