@@ -264,6 +264,11 @@ impl Context {
     }
 }
 
+/// A time as the statuses write it: RFC 3339, whole seconds, UTC (`Z`).
+pub fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 /// The API of `K` in the watched namespace `ns`, or in all namespaces.
 pub fn scoped_api<K>(client: &Client, ns: &Option<String>) -> Api<K>
 where

@@ -207,7 +207,7 @@ impl Pass {
         );
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
-            started_at: Some(now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            started_at: Some(crate::controller::rfc3339(now)),
             location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             source: Some(source.clone()),
@@ -360,9 +360,7 @@ impl Pass {
     async fn fail(&mut self, reason: &'static str, message: String) -> Result<Action, Error> {
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Failed),
-            completed_at: Some(
-                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            ),
+            completed_at: Some(crate::controller::rfc3339(chrono::Utc::now())),
             reason: Some(reason.into()),
             message: Some(message.clone()),
             ..self.status()

@@ -47,7 +47,7 @@ impl Reconciler {
         if !saved && !running.is_empty() {
             match save_all(facts, primary, opts).await {
                 Ok(offset) => {
-                    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                    let now = crate::controller::rfc3339(chrono::Utc::now());
                     let note = format!(
                         "saved the dataset on {} instance(s) at offset {offset}; removing the pods (volumes and Secret stay)",
                         running.len()
@@ -77,7 +77,7 @@ impl Reconciler {
             && let Some(h) = self.hibernation.as_mut()
             && h.since.is_none()
         {
-            h.since = Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            h.since = Some(crate::controller::rfc3339(chrono::Utc::now()));
             let note = "all pods stopped; the volumes and the Secret are kept".to_string();
             self.event(EventType::Normal, "Hibernated", "Hibernate", note)
                 .await;

@@ -14,7 +14,7 @@ pub mod plan;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -23,7 +23,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::{Error, FIELD_MANAGER};
+use super::{Error, FIELD_MANAGER, rfc3339};
 use crate::api::v1alpha1::{
     BackupPhase, RedisBackup, RedisBackupSchedule, RedisBackupScheduleStatus, ScheduledRun,
 };
@@ -79,8 +79,10 @@ fn error_policy(s: Arc<RedisBackupSchedule>, err: &Error, ctx: Arc<ScheduleConte
     Action::requeue(Duration::from_secs(10))
 }
 
-fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+/// When an object was created.
+fn created(meta: &kube::api::ObjectMeta) -> Option<DateTime<Utc>> {
+    let t = meta.creation_timestamp.as_ref()?;
+    DateTime::<Utc>::from_timestamp(t.0.as_second(), 0)
 }
 
 fn parse_time(s: &str) -> Option<DateTime<Utc>> {
@@ -134,16 +136,12 @@ pub async fn reconcile(
         })
         .map(|b| b.name_any());
 
-    let created = s
-        .meta()
-        .creation_timestamp
-        .as_ref()
-        .map(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0).unwrap_or(now));
+    let schedule_created = created(s.meta());
     let last = old
         .last_schedule_time
         .as_deref()
         .and_then(parse_time)
-        .or(created)
+        .or(schedule_created)
         .unwrap_or(now);
     let due = plan::latest_due(&s.spec.schedule, tz, last, now).unwrap_or_default();
     let mut active = running.clone();
@@ -184,12 +182,7 @@ pub async fn reconcile(
         .iter()
         .map(|b| plan::Run {
             name: b.name_any(),
-            created: b
-                .meta()
-                .creation_timestamp
-                .as_ref()
-                .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0))
-                .unwrap_or(now),
+            created: created(b.meta()).unwrap_or(now),
             completed: match phase(b) {
                 Some(BackupPhase::Completed) => Some(true),
                 Some(BackupPhase::Failed) => Some(false),
