@@ -145,9 +145,15 @@ impl MessageSource {
             return None;
         }
         let (path, from) = self.log.as_ref()?;
-        let bytes = std::fs::read(path).ok()?;
-        let run = bytes.get(usize::try_from(*from).ok()?..)?;
-        let text = String::from_utf8_lossy(run);
+        // Only this run's part of the log (it is appended across restarts).
+        let mut run = Vec::new();
+        {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open(path).ok()?;
+            f.seek(SeekFrom::Start(*from)).ok()?;
+            f.read_to_end(&mut run).ok()?;
+        }
+        let text = String::from_utf8_lossy(&run);
         let lines: Vec<&str> = text.trim_end().lines().collect();
         let tail = lines[lines.len().saturating_sub(MESSAGE_LOG_LINES)..].join("\n");
         let mut start = tail.len().saturating_sub(MESSAGE_LOG_MAX);
