@@ -103,7 +103,7 @@ struct DeleteArgs {
 }
 
 /// Where the outcome goes besides stdout/stderr.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 struct ResultArgs {
     /// Also write the outcome (the manifest, or `{"reason","message"}`) to
     /// this file: a Job's `terminationMessagePath`, which the operator reads.
@@ -235,27 +235,21 @@ fn main() -> ExitCode {
             let Some(runtime) = runtime("backup") else {
                 return ExitCode::FAILURE;
             };
-            let result = ResultArgs {
-                result_file: args.result.result_file.clone(),
-            };
+            let result = args.result.clone();
             report(runtime.block_on(backup(args)), &result)
         }
         Command::Restore(args) => {
             let Some(runtime) = runtime("restore") else {
                 return ExitCode::FAILURE;
             };
-            let result = ResultArgs {
-                result_file: args.result.result_file.clone(),
-            };
+            let result = args.result.clone();
             report(runtime.block_on(restore(args)), &result)
         }
         Command::Delete(args) => {
             let Some(runtime) = runtime("delete") else {
                 return ExitCode::FAILURE;
             };
-            let result = ResultArgs {
-                result_file: args.result.result_file.clone(),
-            };
+            let result = args.result.clone();
             report(runtime.block_on(delete(args)), &result)
         }
         Command::Version => {
