@@ -19,7 +19,9 @@ TOOL_GROUPS_CLUSTER := kube etcd kwok
 TOOL_GROUPS_OLM := operator-sdk opm olm
 # Backups: an S3 server.
 TOOL_GROUPS_BACKUP := versitygw
-TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP)
+# Insights: Prometheus and promtool, Jaeger, the prometheus-operator CRDs.
+TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
+TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \

@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | redis-exporter)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -66,11 +66,27 @@ versitygw)
 	mod=github.com/versity/versitygw
 	pkgs=(github.com/versity/versitygw/cmd/versitygw)
 	;;
-redis-exporter)
-	dir=redis-exporter
-	mod=github.com/oliver006/redis_exporter
-	pkgs=(github.com/oliver006/redis_exporter)
-	names=(redis_exporter)
+prometheus)
+	# Prometheus and promtool: the insights suites scrape the dev cluster,
+	# evaluate the alert rules and run the rule unit tests with them.
+	dir=prometheus
+	mod=github.com/prometheus/prometheus
+	pkgs=(github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
+	;;
+jaeger)
+	# Jaeger all-in-one (OTLP in, query API out, memory storage): the trace
+	# suite sends the operator's spans to it and reads them back.
+	dir=jaeger
+	mod=github.com/jaegertracing/jaeger
+	pkgs=(github.com/jaegertracing/jaeger/cmd/jaeger)
+	;;
+prometheus-crds)
+	# Not a program: the monitoring.coreos.com CRDs of a pinned
+	# prometheus-operator release, linked as bin/prometheus-operator-crds.
+	dir=promcrds
+	mod=github.com/prometheus-operator/prometheus-operator
+	pkgs=()
+	names=()
 	;;
 *)
 	echo "tools/build.sh: unknown group '$group'" >&2
@@ -112,6 +128,9 @@ link() {
 		fi
 		ln -sfn "$dest/crds" "$bin/olm-crds"
 	fi
+	if [[ $group == prometheus-crds ]]; then
+		ln -sfn "$dest/crds" "$bin/prometheus-operator-crds"
+	fi
 }
 
 if [[ -f $dest/.complete ]]; then
@@ -148,6 +167,12 @@ tmp=$dest.tmp.$$
 rm -rf "$tmp"
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
+if [[ $group == prometheus-crds ]]; then
+	src=$(cd "$here/$dir" && go mod download -json "$mod@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+	mkdir -p "$tmp/crds"
+	cp "$src"/example/prometheus-operator-crd/*.yaml "$tmp/crds/"
+	chmod -R u+w "$tmp/crds"
+fi
 (
 	cd "$here/$dir"
 	for i in "${!pkgs[@]}"; do
