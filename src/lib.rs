@@ -7,6 +7,7 @@
 pub mod api;
 pub mod backup;
 pub mod controller;
+pub mod exporter;
 pub mod failpoint;
 pub mod redis;
 pub mod telemetry;

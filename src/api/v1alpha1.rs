@@ -25,8 +25,10 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 mod backup;
+mod monitoring;
 mod schedule;
 pub use backup::*;
+pub use monitoring::*;
 pub use schedule::*;
 
 /// Configuration keys the operator owns: setting them in `spec.config` would
@@ -198,6 +200,7 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     printcolumn(name = "Primary", type_ = "string", json_path = ".status.primary"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Memory", type_ = "string", json_path = ".status.memory.summary"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -325,6 +328,11 @@ pub struct RedisSpec {
     /// back to false brings the same data back. Needs `storage`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hibernate: bool,
+
+    /// Metrics: the exporter sidecar (on by default), the PodMonitor and
+    /// PrometheusRule, and the alerts' bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<MonitoringSpec>,
 }
 
 impl Default for RedisSpec {
@@ -347,6 +355,7 @@ impl Default for RedisSpec {
             upgrade: None,
             bootstrap: None,
             hibernate: false,
+            monitoring: None,
         }
     }
 }
@@ -647,6 +656,29 @@ pub struct RedisStatus {
     /// Ready again after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernation: Option<HibernationStatus>,
+    /// Memory of the primary (the instance holding the whole dataset), as
+    /// of the last reconcile; refreshed once it moved by 1 % of maxmemory
+    /// (or 1 MiB without a limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStatus>,
+}
+
+/// Memory use of one instance (`status.memory`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStatus {
+    /// The instance it was read from.
+    pub instance: String,
+    /// `used_memory`, bytes.
+    pub used_bytes: i64,
+    /// `maxmemory`, bytes (absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<i64>,
+    /// Used, in percent of maxmemory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<i32>,
+    /// For people: `12Mi/48Mi (25%)`.
+    pub summary: String,
 }
 
 /// A hibernation: when the data was saved, and since when no pod runs.
@@ -821,6 +853,11 @@ impl RedisSpec {
     /// Persistence settings with defaults applied.
     pub fn persistence(&self) -> PersistenceSpec {
         self.persistence.clone().unwrap_or_default()
+    }
+
+    /// Monitoring settings with defaults applied.
+    pub fn monitoring(&self) -> MonitoringSpec {
+        self.monitoring.clone().unwrap_or_default()
     }
 
     /// Failover settings with defaults applied.

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod backup;
 pub mod cache;
 pub mod images;
+pub mod insights;
 pub mod leader;
 pub mod monitor;
 pub mod redis;
@@ -17,6 +18,7 @@ pub mod schedule;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -123,6 +125,8 @@ pub struct Context {
     pub stores: Stores,
     /// Health of the primaries (failure detection for failover).
     pub monitor: monitor::Monitor,
+    /// The monitoring CRDs and the PodMonitors and PrometheusRules written.
+    pub insights: insights::objects::Insights,
     /// The monitor's reconcile requests, taken once by the controller.
     triggers: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Redis>>>>,
     /// Consecutive failures per object, for exponential backoff.
@@ -151,6 +155,7 @@ impl Context {
             images,
             stores,
             monitor,
+            insights: Default::default(),
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
@@ -374,9 +379,27 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
     if obj.meta().deletion_timestamp.is_some() {
         ctx.forget_written(&oref);
         ctx.forget_stuck(&oref);
+        if let Some(ns) = &oref.namespace {
+            ctx.insights.forget(ns, &oref.name);
+        }
     }
     let timer = std::time::Instant::now();
-    let result = redis::reconcile(obj, ctx.clone()).await;
+    // One span per reconcile; the data-plane actions and the Kubernetes
+    // requests are its children, and every log line in it has its trace id.
+    let span = tracing::info_span!(
+        "reconcile",
+        otel.name = "reconcile",
+        redis.namespace = oref.namespace.as_deref().unwrap_or(""),
+        redis.name = %oref.name,
+        redis.generation = obj.metadata.generation.unwrap_or(0),
+        trace_id = tracing::field::Empty,
+    );
+    if let Some(id) = crate::telemetry::trace_id(&span) {
+        span.record("trace_id", id);
+    }
+    ctx.metrics.in_flight.inc();
+    let result = redis::reconcile(obj, ctx.clone()).instrument(span).await;
+    ctx.metrics.in_flight.dec();
     ctx.metrics
         .reconcile_duration
         .observe(timer.elapsed().as_secs_f64());

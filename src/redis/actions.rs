@@ -31,6 +31,7 @@ use super::info::{LinkStatus, ReplicationInfo, Role};
 use super::topology::observe;
 
 /// `REPLICAOF NO ONE` on `endpoint`, then checks it reports the primary role.
+#[tracing::instrument(name = "redis.make_primary", skip_all, fields(endpoint = %endpoint))]
 pub async fn make_primary(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<()> {
     let mut node = Node::connect(endpoint, opts).await?;
     promote(&mut node).await
@@ -50,6 +51,7 @@ async fn promote(node: &mut Node) -> Result<()> {
 }
 
 /// `REPLICAOF <primary>` on `endpoint`, then checks it follows `primary`.
+#[tracing::instrument(name = "redis.make_replica_of", skip_all, fields(endpoint = %endpoint, primary = %primary))]
 pub async fn make_replica_of(
     endpoint: &Endpoint,
     primary: &Endpoint,
@@ -121,6 +123,7 @@ async fn wait_for_offset(
 
 /// Waits (at most `timeout`) until `replica` has applied everything `primary`
 /// had written when the call started.
+#[tracing::instrument(name = "redis.wait_caught_up", skip_all, fields(replica = %replica, primary = %primary))]
 pub async fn wait_caught_up(
     replica: &Endpoint,
     primary: &Endpoint,
@@ -220,6 +223,7 @@ pub struct RoleChangeReport {
 ///
 /// If anything fails before the promotion, the pause is lifted and nothing has
 /// changed. Calling it when `target` already is the primary is a no-op.
+#[tracing::instrument(name = "redis.switchover", skip_all, fields(target = %target, members = members.len()))]
 pub async fn switchover(
     members: &[Endpoint],
     target: &Endpoint,
@@ -499,6 +503,7 @@ pub fn choose_candidate(candidates: &[Candidate]) -> Option<&Candidate> {
 /// so a false detection cannot create two primaries. If one of `replicas` is
 /// already a primary (an earlier, interrupted failover), it is kept and the
 /// others are repointed: the call is idempotent.
+#[tracing::instrument(name = "redis.failover", skip_all, fields(old_primary = %old_primary, candidates = replicas.len()))]
 pub async fn failover(
     old_primary: &Endpoint,
     replicas: &[Endpoint],
@@ -595,6 +600,7 @@ pub enum FenceOutcome {
 
 /// Makes sure `endpoint` is a replica of `primary` (demoting it if it came back
 /// as a primary). Idempotent.
+#[tracing::instrument(name = "redis.fence", skip_all, fields(endpoint = %endpoint, primary = %primary))]
 pub async fn fence(
     endpoint: &Endpoint,
     primary: &Endpoint,

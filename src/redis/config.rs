@@ -269,6 +269,7 @@ pub async fn config_get(node: &mut Node, name: &str) -> Result<Option<String>> {
 /// wanted value. All names are validated before anything is changed: unknown,
 /// restart-only or too-new parameters fail the whole call with
 /// [`Error::Config`].
+#[tracing::instrument(name = "redis.config_set", skip_all, fields(endpoint = %node.endpoint(), keys = params.len()))]
 pub async fn apply_config(node: &mut Node, params: &[(&str, &str)]) -> Result<Vec<ConfigChange>> {
     let info = node.info_section("server").await?;
     let (engine, version) = match (info.server.engine, info.server.version) {

@@ -51,6 +51,10 @@ pub struct NodeStatus {
     /// For replicas: seconds since the link went down
     /// (`master_link_down_since_seconds`; -1 when it was never up).
     pub link_down_seconds: Option<i64>,
+    /// Bytes of memory the server uses (`used_memory`).
+    pub used_memory: Option<u64>,
+    /// Its `maxmemory` (0: no limit).
+    pub maxmemory: Option<u64>,
 }
 
 /// Why an instance could not be observed (message without secrets).
@@ -92,6 +96,8 @@ impl NodeStatus {
             keys: Some(info.total_keys()),
             last_io_seconds: r.last_io_seconds_ago,
             link_down_seconds: r.link_down_since_seconds,
+            used_memory: info.memory.used_memory,
+            maxmemory: info.memory.maxmemory,
         }
     }
 
@@ -118,6 +124,8 @@ impl NodeStatus {
             keys: None,
             last_io_seconds: None,
             link_down_seconds: None,
+            used_memory: None,
+            maxmemory: None,
         }
     }
 
@@ -319,6 +327,7 @@ fn add_lag_seconds(nodes: &mut [NodeStatus], infos: &[Option<Info>]) {
 ///
 /// Each query is bounded by `opts`' timeouts; unreachable instances become
 /// [`Anomaly::Unreachable`] instead of failing the whole observation.
+#[tracing::instrument(name = "redis.observe", skip_all, fields(instances = endpoints.len()))]
 pub async fn observe(endpoints: &[Endpoint], opts: &ConnectOptions) -> Topology {
     let results = join_all(endpoints.iter().map(|e| async move {
         let mut node = Node::connect(e, opts).await?;

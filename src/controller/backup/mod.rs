@@ -69,7 +69,13 @@ pub async fn run(client: Client, ns: Option<String>, ctx: Arc<BackupContext>) {
     let backups: Api<RedisBackup> = super::scoped_api(&client, &ns);
     let jobs: Api<Job> = super::scoped_api(&client, &ns);
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
-    Controller::new(backups, watcher::Config::default())
+    let controller = Controller::new(backups, watcher::Config::default());
+    // The per-Redis series (phase, last backup) are read from these caches.
+    ctx.metrics.add_source(crate::telemetry::StateSource {
+        redis: ctx.redis.clone(),
+        backups: controller.store(),
+    });
+    controller
         .owns_stream(
             watcher(jobs, managed)
                 .default_backoff()
@@ -96,6 +102,7 @@ fn error_policy(b: Arc<RedisBackup>, err: &Error, ctx: Arc<BackupContext>) -> Ac
 }
 
 /// One pass over one RedisBackup.
+#[tracing::instrument(name = "backup.reconcile", skip_all, fields(backup.namespace = b.namespace().unwrap_or_default(), backup.name = b.name_any(), redis = b.spec.redis))]
 pub async fn reconcile(b: Arc<RedisBackup>, ctx: Arc<BackupContext>) -> Result<Action, Error> {
     let ns = b.namespace().ok_or(Error::Incomplete("namespace"))?;
     let mut r = Pass {

@@ -80,7 +80,11 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         degraded_reason: None,
         servers_observed: false,
     };
-    r.run().await
+    let action = r.run().await?;
+    if !r.redis.spec.paused {
+        r.apply_insights().await;
+    }
+    Ok(action)
 }
 
 /// The state of one reconcile pass, shared by the capability modules.
@@ -177,6 +181,33 @@ impl Reconciler {
         self.event(EventType::Warning, reason, action, msg.clone())
             .await;
         self.notes.push(msg);
+    }
+
+    /// The PodMonitor and PrometheusRule, when the cluster serves them,
+    /// after every pass that got through: a failure here is reported (event,
+    /// metric) and holds nothing else up.
+    async fn apply_insights(&mut self) {
+        let (ctx, redis) = (&self.ctx, &self.redis);
+        match crate::controller::insights::objects::reconcile(
+            &ctx.client,
+            &ctx.insights,
+            &ctx.metrics,
+            redis,
+        )
+        .await
+        {
+            Ok(wrote) => self.wrote |= wrote,
+            Err(e) => {
+                ctx.metrics
+                    .reconcile_errors
+                    .with_label_values(&[e.category()])
+                    .inc();
+                let msg = format!("applying the PodMonitor and PrometheusRule: {e}");
+                tracing::warn!(error = %e, "monitoring objects");
+                self.event(EventType::Warning, "MonitoringFailed", "Apply", msg)
+                    .await;
+            }
+        }
     }
 
     fn connect_options(&self, password: &str) -> ConnectOptions {

@@ -363,6 +363,10 @@ pub struct PodFacts {
     pub restarts: i32,
     /// Exit code of the server container's last run, when it ended.
     pub last_exit: Option<i32>,
+    /// Bytes of memory the server uses, and its maxmemory (0: no limit).
+    pub used_memory: Option<u64>,
+    /// See `used_memory`.
+    pub maxmemory: Option<u64>,
     /// Seconds the pod has been not Ready without a break (since its Ready
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
@@ -488,6 +492,8 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
         };
         f.version = node.version.map(|v| v.to_string());
         f.engine = node.engine;
+        f.used_memory = node.used_memory;
+        f.maxmemory = node.maxmemory;
     }
 }
 

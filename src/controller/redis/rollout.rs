@@ -156,7 +156,14 @@ impl Reconciler {
             return false;
         }
         let sw = crate::redis::actions::SwitchoverOptions::default();
-        match crate::redis::actions::switchover(&members, &target, opts, &sw).await {
+        let result = crate::redis::actions::switchover(&members, &target, opts, &sw).await;
+        let outcome = if result.is_ok() { "done" } else { "error" };
+        self.ctx
+            .metrics
+            .switchovers
+            .with_label_values(&[outcome])
+            .inc();
+        match result {
             Ok(report) => {
                 self.event(
                     EventType::Normal,

@@ -352,8 +352,15 @@ pub fn statefulset(
         })
     });
 
+    let mut containers = vec![container];
+    if let Some((exporter, auth)) =
+        crate::controller::insights::sidecar::sidecar(redis, secret_name)
+    {
+        containers.push(exporter);
+        volumes.push(auth);
+    }
     let pod_spec = PodSpec {
-        containers: vec![container],
+        containers,
         volumes: Some(volumes),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),

@@ -18,7 +18,7 @@ use kube::runtime::events::EventType;
 
 use super::observe::{PodFacts, Role};
 use super::{Error, Reconciler, build, plan};
-use crate::api::v1alpha1::{InstanceStatus, Mode, Phase, Redis, RedisStatus};
+use crate::api::v1alpha1::{InstanceStatus, MemoryStatus, Mode, Phase, Redis, RedisStatus};
 use crate::redis::info::EngineKind;
 
 /// How long to wait before looking again while something is in progress.
@@ -357,6 +357,7 @@ impl Reconciler {
             upgrade: self.upgrade.clone(),
             bootstrap: self.bootstrap.clone(),
             hibernation: self.hibernation.clone(),
+            memory: memory_status(facts, primary),
         };
         status.conditions = merge(
             &old.conditions,
@@ -439,6 +440,12 @@ impl Reconciler {
 /// write).
 fn strip_offsets(s: &RedisStatus) -> RedisStatus {
     let mut s = s.clone();
+    // Memory moves with every write too: compared apart (`memory_moved`).
+    if let Some(m) = &mut s.memory {
+        m.used_bytes = 0;
+        m.percent = None;
+        m.summary = String::new();
+    }
     for i in &mut s.instances {
         i.offset = None;
         i.lag_bytes = None;
@@ -461,10 +468,56 @@ fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
         (Some(x), Some(y)) => x.abs_diff(y) >= OFFSET_REFRESH_BYTES,
         (x, y) => x.is_some() != y.is_some(),
     };
-    old.instances
+    memory_moved(old.memory.as_ref(), new.memory.as_ref())
+        || old
+            .instances
+            .iter()
+            .zip(&new.instances)
+            .any(|(a, b)| moved(a.offset, b.offset) || moved(a.lag_bytes, b.lag_bytes))
+}
+
+/// Whether memory use moved enough to be written: by 1 % of maxmemory, or
+/// by 1 MiB without a limit.
+fn memory_moved(old: Option<&MemoryStatus>, new: Option<&MemoryStatus>) -> bool {
+    match (old, new) {
+        (Some(a), Some(b)) => match (a.percent, b.percent) {
+            (Some(x), Some(y)) => x != y,
+            _ => a.used_bytes.abs_diff(b.used_bytes) >= 1 << 20,
+        },
+        (a, b) => a.is_some() != b.is_some(),
+    }
+}
+
+/// `status.memory`: the primary's memory, or the first instance that
+/// answered when there is no primary.
+fn memory_status(facts: &[PodFacts], primary: Option<&str>) -> Option<MemoryStatus> {
+    let f = facts
         .iter()
-        .zip(&new.instances)
-        .any(|(a, b)| moved(a.offset, b.offset) || moved(a.lag_bytes, b.lag_bytes))
+        .find(|f| Some(f.name.as_str()) == primary && f.used_memory.is_some())
+        .or_else(|| facts.iter().find(|f| f.used_memory.is_some()))?;
+    let used = f.used_memory? as i64;
+    let max = f.maxmemory.filter(|m| *m > 0).map(|m| m as i64);
+    let percent = max.map(|m| ((used as f64) * 100.0 / (m as f64)).round() as i32);
+    let summary = match (max, percent) {
+        (Some(m), Some(p)) => format!("{}/{} ({p}%)", mebibytes(used), mebibytes(m)),
+        _ => format!("{} (no limit)", mebibytes(used)),
+    };
+    Some(MemoryStatus {
+        instance: f.name.clone(),
+        used_bytes: used,
+        max_bytes: max,
+        percent,
+        summary,
+    })
+}
+
+fn mebibytes(bytes: i64) -> String {
+    let mib = bytes as f64 / (1024.0 * 1024.0);
+    if mib >= 10.0 {
+        format!("{mib:.0}Mi")
+    } else {
+        format!("{mib:.1}Mi")
+    }
 }
 
 /// The status as a JSON merge patch: `new`, plus an explicit `null` for

@@ -255,6 +255,11 @@ impl Reconciler {
                 .unavailable_seconds
                 .map(|s| format!("; the instance was unavailable for {s:.1}s"))
                 .unwrap_or_default();
+            self.ctx
+                .metrics
+                .upgrades
+                .with_label_values(&["succeeded"])
+                .inc();
             self.event(
                 EventType::Normal,
                 "UpgradeSucceeded",
@@ -291,6 +296,11 @@ impl Reconciler {
         if back == total && facts.len() as i32 == total {
             u.phase = UpgradePhase::RolledBack;
             u.finished_at = Some(now());
+            self.ctx
+                .metrics
+                .upgrades
+                .with_label_values(&["rolled_back"])
+                .inc();
             self.event(
                 EventType::Warning,
                 "UpgradeRolledBack",

@@ -1,0 +1,203 @@
+//! The alert rules: per Redis (selected by `namespace` and `redis`, with
+//! the bounds of `spec.monitoring.alerts`) and for the operator. The same
+//! text is written, fleet-wide, to `config/prometheus/rules.yaml`
+//! (`redpilot rules`), which `promtool test rules` checks alert by alert.
+
+use serde_json::{Value, json};
+
+use crate::api::v1alpha1::AlertBounds;
+
+/// Which Redis a rule group is about.
+pub enum Scope<'a> {
+    /// One Redis: its namespace and name.
+    One { namespace: &'a str, redis: &'a str },
+    /// Every Redis a Prometheus scrapes (the shipped rules file).
+    Fleet,
+}
+
+impl Scope<'_> {
+    fn selector(&self) -> String {
+        match self {
+            Scope::One { namespace, redis } => {
+                format!("namespace=\"{namespace}\",redis=\"{redis}\"")
+            }
+            Scope::Fleet => "redis!=\"\"".to_string(),
+        }
+    }
+}
+
+fn alert(
+    name: &str,
+    expr: String,
+    for_: &str,
+    severity: &str,
+    summary: &str,
+    description: &str,
+) -> Value {
+    json!({
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "description": description},
+    })
+}
+
+/// The rule group of the Redis in `scope`.
+pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
+    let s = scope.selector();
+    let name = match scope {
+        Scope::One { namespace, redis } => format!("redpilot.redis.{namespace}.{redis}"),
+        Scope::Fleet => "redpilot.redis".to_string(),
+    };
+    let pct = bounds.memory_percent;
+    let lag = bounds.replication_lag_bytes;
+    let backup_secs = i64::from(bounds.backup_max_age_hours) * 3600;
+    json!({
+        "name": name,
+        "rules": [
+            alert(
+                "RedisDown",
+                format!("redis_up{{{s}}} == 0 or up{{{s}}} == 0"),
+                "1m",
+                "critical",
+                "Redis instance {{ $labels.namespace }}/{{ $labels.pod }} is down",
+                "The server in pod {{ $labels.pod }} of Redis {{ $labels.redis }} has not answered its metrics sidecar (or the sidecar has not answered Prometheus) for a minute.",
+            ),
+            alert(
+                "RedisNoWritablePrimary",
+                format!("redpilot_redis_primary_available{{{s}}} == 0"),
+                "1m",
+                "critical",
+                "Redis {{ $labels.namespace }}/{{ $labels.redis }} has no primary that takes writes",
+                "The operator has seen no writable primary for a minute (condition PrimaryAvailable is False): writes fail. See `kubectl describe redis {{ $labels.redis }} -n {{ $labels.namespace }}`.",
+            ),
+            alert(
+                "RedisReplicationLinkDown",
+                format!("redis_master_link_up{{{s}}} == 0"),
+                "1m",
+                "warning",
+                "Replica {{ $labels.namespace }}/{{ $labels.pod }} has lost its primary",
+                "The replication link of {{ $labels.pod }} to {{ $labels.master_host }} has been down for a minute: the replica serves stale reads and cannot take over without loss.",
+            ),
+            alert(
+                "RedisReplicationLagging",
+                format!("(redis_master_repl_offset{{{s}}} - on(namespace, pod) group_right() redis_connected_slave_offset_bytes{{{s}}}) > {lag}"),
+                "2m",
+                "warning",
+                "A replica of Redis {{ $labels.namespace }}/{{ $labels.redis }} is behind",
+                "The replica at {{ $labels.slave_ip }} is {{ $value | humanize1024 }}B behind its primary {{ $labels.pod }} (bound: spec.monitoring.alerts.replicationLagBytes).",
+            ),
+            alert(
+                "RedisMemoryNearLimit",
+                format!("100 * redis_memory_used_bytes{{{s}}} / (redis_memory_max_bytes{{{s}}} > 0) > {pct}"),
+                "1m",
+                "warning",
+                "Redis instance {{ $labels.namespace }}/{{ $labels.pod }} is near maxmemory",
+                "{{ $labels.pod }} uses {{ $value | printf \"%.0f\" }}% of maxmemory (bound: spec.monitoring.alerts.memoryPercent): it will evict keys or refuse writes soon.",
+            ),
+            alert(
+                "RedisEvictingKeys",
+                format!("increase(redis_evicted_keys_total{{{s}}}[5m]) > 0"),
+                "1m",
+                "warning",
+                "Redis instance {{ $labels.namespace }}/{{ $labels.pod }} is evicting keys",
+                "{{ $labels.pod }} evicted {{ $value | printf \"%.0f\" }} keys in 5 minutes to stay under maxmemory.",
+            ),
+            alert(
+                "RedisRejectedConnections",
+                format!("increase(redis_rejected_connections_total{{{s}}}[5m]) > 0"),
+                "0m",
+                "warning",
+                "Redis instance {{ $labels.namespace }}/{{ $labels.pod }} rejects connections",
+                "{{ $labels.pod }} rejected {{ $value | printf \"%.0f\" }} connections in 5 minutes (maxclients reached).",
+            ),
+            alert(
+                "RedisBackupTooOld",
+                format!("time() - redpilot_backup_last_success_timestamp_seconds{{{s}}} > {backup_secs}"),
+                "10m",
+                "warning",
+                "The last backup of Redis {{ $labels.namespace }}/{{ $labels.redis }} is too old",
+                "The newest completed backup finished {{ $value | humanizeDuration }} ago (bound: spec.monitoring.alerts.backupMaxAgeHours).",
+            ),
+            alert(
+                "RedisBackupFailed",
+                format!("redpilot_backup_last_failed{{{s}}} == 1"),
+                "0m",
+                "warning",
+                "The last backup of Redis {{ $labels.namespace }}/{{ $labels.redis }} failed",
+                "The newest finished RedisBackup of {{ $labels.redis }} failed; see its status.reason and status.message.",
+            ),
+        ],
+    })
+}
+
+/// The operator's own rule group.
+pub fn operator_group() -> Value {
+    json!({
+        "name": "redpilot.operator",
+        "rules": [
+            alert(
+                "RedpilotReconcileErrors",
+                "sum(increase(redpilot_reconcile_errors_total[10m])) > 10".to_string(),
+                "10m",
+                "warning",
+                "Redpilot reconciles keep failing",
+                "More than 10 reconcile errors in 10 minutes, for 10 minutes; `sum by (category) (increase(redpilot_reconcile_errors_total[10m]))` says which kind.",
+            ),
+            alert(
+                "RedpilotNoLeader",
+                "max(redpilot_leader) == 0".to_string(),
+                "5m",
+                "critical",
+                "No Redpilot operator holds the leader lease",
+                "Every operator process is a standby: nothing reconciles, fails over or backs up.",
+            ),
+            alert(
+                "RedpilotDown",
+                "absent(redpilot_build_info)".to_string(),
+                "5m",
+                "critical",
+                "The Redpilot operator is not scraped",
+                "No operator process has answered Prometheus for 5 minutes: nothing reconciles, fails over or backs up.",
+            ),
+        ],
+    })
+}
+
+/// The shipped rules file: every group, fleet-wide, with default bounds.
+pub fn fleet_file() -> Value {
+    json!({
+        "groups": [redis_group(&Scope::Fleet, &AlertBounds::default()), operator_group()],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_redis_is_selected_by_namespace_and_name() {
+        let g = redis_group(
+            &Scope::One {
+                namespace: "prod",
+                redis: "cache",
+            },
+            &AlertBounds {
+                memory_percent: 80,
+                ..Default::default()
+            },
+        );
+        let rules = g["rules"].as_array().expect("rules");
+        assert!(rules.len() >= 9);
+        for r in rules {
+            let e = r["expr"].as_str().expect("expr");
+            assert!(e.contains("namespace=\"prod\",redis=\"cache\""), "{e}");
+        }
+        let mem = rules
+            .iter()
+            .find(|r| r["alert"] == "RedisMemoryNearLimit")
+            .expect("memory");
+        assert!(mem["expr"].as_str().unwrap_or_default().ends_with("> 80"));
+    }
+}

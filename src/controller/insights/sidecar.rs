@@ -1,0 +1,179 @@
+//! The metrics sidecar of every Redis pod (`spec.monitoring.exporter`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ResourceRequirements,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::api::v1alpha1::Redis;
+use crate::controller::redis::build::{PASSWORD_KEY, REDIS_PORT};
+
+/// Name of the sidecar container.
+pub const CONTAINER: &str = "exporter";
+/// Port of `/metrics`, named [`PORT_NAME`].
+pub const PORT: u16 = 9121;
+/// Name of the metrics port (the PodMonitor scrapes it).
+pub const PORT_NAME: &str = "metrics";
+/// The pod volume holding the server-auth Secret for the sidecar.
+const AUTH_VOLUME: &str = "exporter-auth";
+const AUTH_MOUNT: &str = "/etc/redpilot/auth";
+
+fn default_resources() -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.to_string());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), q("10m")),
+            ("memory".to_string(), q("16Mi")),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), q("64Mi"))])),
+        ..Default::default()
+    }
+}
+
+/// The sidecar and the volume it reads the password from, or `None` when
+/// `spec.monitoring.exporter` is false. `secret` is the server-auth Secret.
+pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
+    let m = redis.spec.monitoring();
+    if !m.exporter {
+        return None;
+    }
+    let (image, command, env) = match &m.exporter_image {
+        // The operator's image runs its own exporter, which follows a
+        // password rotation through the mounted Secret.
+        None => (
+            super::super::agent::operator_image(),
+            Some(vec![
+                "redpilot".to_string(),
+                "exporter".to_string(),
+                format!("--port={REDIS_PORT}"),
+                format!("--password-dir={AUTH_MOUNT}"),
+                "--log-format=json".to_string(),
+            ]),
+            vec![],
+        ),
+        // Another image: its entrypoint, configured by the environment.
+        Some(image) => (
+            image.clone(),
+            None,
+            vec![
+                EnvVar {
+                    name: "REDIS_ADDR".into(),
+                    value: Some(format!("redis://127.0.0.1:{REDIS_PORT}")),
+                    ..Default::default()
+                },
+                EnvVar {
+                    name: "REDIS_PASSWORD".into(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: secret.to_string(),
+                            key: PASSWORD_KEY.into(),
+                            optional: Some(false),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+        ),
+    };
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(image),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command,
+        env: (!env.is_empty()).then_some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some(PORT_NAME.into()),
+            container_port: i32::from(PORT),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        resources: Some(
+            m.exporter_resources
+                .clone()
+                .unwrap_or_else(default_resources),
+        ),
+        volume_mounts: Some(vec![VolumeMount {
+            name: AUTH_VOLUME.into(),
+            mount_path: AUTH_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let volume = Volume {
+        name: AUTH_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Some((container, volume))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::{MonitoringSpec, RedisSpec};
+
+    fn redis(m: Option<MonitoringSpec>) -> Redis {
+        Redis::new(
+            "cache",
+            RedisSpec {
+                monitoring: m,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn the_sidecar_is_on_by_default_and_runs_the_operator_image() {
+        let (c, v) = sidecar(&redis(None), "cache-server-auth").expect("on by default");
+        assert_eq!(c.name, CONTAINER);
+        let cmd = c.command.expect("command");
+        assert_eq!(&cmd[..2], ["redpilot", "exporter"]);
+        assert!(cmd.iter().any(|a| a == "--password-dir=/etc/redpilot/auth"));
+        assert_eq!(c.ports.expect("ports")[0].container_port, 9121);
+        assert_eq!(
+            v.secret.and_then(|s| s.secret_name).as_deref(),
+            Some("cache-server-auth")
+        );
+        assert_eq!(c.env, None, "no password in the environment");
+    }
+
+    #[test]
+    fn the_sidecar_can_be_off_or_another_image() {
+        let off = MonitoringSpec {
+            exporter: false,
+            ..Default::default()
+        };
+        assert!(sidecar(&redis(Some(off)), "s").is_none());
+        let other = MonitoringSpec {
+            exporter_image: Some("oliver006/redis_exporter:v1.80.0".into()),
+            ..Default::default()
+        };
+        let (c, _) = sidecar(&redis(Some(other)), "s").expect("on");
+        assert_eq!(c.image.as_deref(), Some("oliver006/redis_exporter:v1.80.0"));
+        assert_eq!(c.command, None, "its own entrypoint");
+        let env = c.env.expect("env");
+        assert!(env.iter().any(|e| e.name == "REDIS_ADDR"));
+        assert!(
+            env.iter()
+                .any(|e| e.name == "REDIS_PASSWORD" && e.value.is_none() && e.value_from.is_some())
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Series about the objects the operator manages, computed at each scrape
+//! from the watch caches: how many Redis are in each phase (operator-wide,
+//! by phase only), and per Redis (`namespace`, `redis` labels; one series
+//! per managed object, gone with it) its phase, instances, whether a
+//! primary takes writes, and its last backup. The alert rules read these.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::ResourceExt;
+
+use crate::api::v1alpha1::{BackupPhase, Phase, Redis, RedisBackup};
+use crate::exporter::render::Exposition;
+
+const PHASES: &[Phase] = &[
+    Phase::Pending,
+    Phase::Creating,
+    Phase::Ready,
+    Phase::Degraded,
+    Phase::Paused,
+    Phase::Hibernated,
+];
+
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Pending => "Pending",
+        Phase::Creating => "Creating",
+        Phase::Ready => "Ready",
+        Phase::Degraded => "Degraded",
+        Phase::Paused => "Paused",
+        Phase::Hibernated => "Hibernated",
+    }
+}
+
+fn unix(t: &str) -> Option<f64> {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .ok()
+        .map(|t| t.timestamp() as f64)
+}
+
+/// Per Redis: when the newest completed backup finished, and when the
+/// newest finished one finished and whether it failed.
+type LastBackups = (Option<f64>, Option<(f64, bool)>);
+
+/// Adds the series of `redis` and `backups` to `out`.
+pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBackup>]) {
+    let mut by_phase: BTreeMap<&str, f64> = PHASES.iter().map(|p| (phase_name(*p), 0.0)).collect();
+    for r in redis {
+        let ns = r.namespace().unwrap_or_default();
+        let name = r.name_any();
+        let status = r.status.clone().unwrap_or_default();
+        let phase = phase_name(status.phase.unwrap_or(Phase::Pending));
+        *by_phase.entry(phase).or_default() += 1.0;
+        let at = [("namespace", ns.as_str()), ("redis", name.as_str())];
+        out.add(
+            "redpilot_redis_phase",
+            "gauge",
+            "1 for the phase each Redis is in",
+            &[at[0], at[1], ("phase", phase)],
+            1.0,
+        );
+        out.add(
+            "redpilot_redis_desired_instances",
+            "gauge",
+            "Instances each Redis asks for",
+            &at,
+            f64::from(r.spec.desired_instances()),
+        );
+        out.add(
+            "redpilot_redis_ready_instances",
+            "gauge",
+            "Ready instances of each Redis",
+            &at,
+            f64::from(status.ready_instances),
+        );
+        // A hibernated or paused Redis is not expected to take writes.
+        if !matches!(status.phase, Some(Phase::Hibernated) | Some(Phase::Paused)) {
+            let available = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "PrimaryAvailable" && c.status == "True");
+            out.add(
+                "redpilot_redis_primary_available",
+                "gauge",
+                "1 when a primary of the Redis takes writes (condition PrimaryAvailable)",
+                &at,
+                if available { 1.0 } else { 0.0 },
+            );
+        }
+    }
+    for (phase, n) in &by_phase {
+        out.add(
+            "redpilot_managed_redis",
+            "gauge",
+            "Redis managed by this operator, by phase",
+            &[("phase", phase)],
+            *n,
+        );
+    }
+    // The newest completed backup, and whether the newest finished one failed.
+    let mut last: BTreeMap<(String, String), LastBackups> = BTreeMap::new();
+    for b in backups {
+        let Some(status) = &b.status else { continue };
+        let key = (b.namespace().unwrap_or_default(), b.spec.redis.clone());
+        let entry = last.entry(key).or_default();
+        let finished = status
+            .completed_at
+            .as_deref()
+            .and_then(unix)
+            .or_else(|| status.started_at.as_deref().and_then(unix));
+        match status.phase {
+            Some(BackupPhase::Completed) => {
+                if let Some(t) = finished {
+                    entry.0 = Some(entry.0.map_or(t, |have: f64| have.max(t)));
+                    if entry.1.is_none_or(|(have, _)| t >= have) {
+                        entry.1 = Some((t, false));
+                    }
+                }
+            }
+            Some(BackupPhase::Failed) => {
+                let t = finished.unwrap_or_else(|| {
+                    b.creation_timestamp()
+                        .map(|t| t.0.as_second() as f64)
+                        .unwrap_or(0.0)
+                });
+                if entry.1.is_none_or(|(have, _)| t >= have) {
+                    entry.1 = Some((t, true));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((ns, redis), (completed, newest)) in &last {
+        let at = [("namespace", ns.as_str()), ("redis", redis.as_str())];
+        if let Some(t) = completed {
+            out.add(
+                "redpilot_backup_last_success_timestamp_seconds",
+                "gauge",
+                "When the newest completed backup of each Redis finished",
+                &at,
+                *t,
+            );
+        }
+        if let Some((_, failed)) = newest {
+            out.add(
+                "redpilot_backup_last_failed",
+                "gauge",
+                "1 when the newest finished backup of each Redis failed",
+                &at,
+                if *failed { 1.0 } else { 0.0 },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::{
+        BackupTarget, RedisBackupSpec, RedisBackupStatus, RedisSpec, RedisStatus,
+    };
+
+    fn backup(redis: &str, phase: BackupPhase, done: &str) -> Arc<RedisBackup> {
+        let mut b = RedisBackup::new(
+            &format!("{redis}-{done}"),
+            RedisBackupSpec {
+                redis: redis.into(),
+                target: BackupTarget {
+                    s3: None,
+                    volume: None,
+                },
+                deletion_policy: Default::default(),
+            },
+        );
+        b.metadata.namespace = Some("ns".into());
+        b.status = Some(RedisBackupStatus {
+            phase: Some(phase),
+            completed_at: Some(done.into()),
+            ..Default::default()
+        });
+        Arc::new(b)
+    }
+
+    #[test]
+    fn phases_and_the_last_backup_are_exported() {
+        let mut r = Redis::new("cache", RedisSpec::default());
+        r.metadata.namespace = Some("ns".into());
+        r.status = Some(RedisStatus {
+            phase: Some(Phase::Ready),
+            ready_instances: 1,
+            ..Default::default()
+        });
+        let mut out = Exposition::default();
+        series(
+            &mut out,
+            &[Arc::new(r)],
+            &[
+                backup("cache", BackupPhase::Completed, "2026-01-01T00:00:00Z"),
+                backup("cache", BackupPhase::Failed, "2026-01-02T00:00:00Z"),
+                backup("other", BackupPhase::Completed, "2026-01-03T00:00:00Z"),
+            ],
+        );
+        let t = out.text();
+        for line in [
+            "redpilot_managed_redis{phase=\"Ready\"} 1",
+            "redpilot_managed_redis{phase=\"Degraded\"} 0",
+            "redpilot_redis_phase{namespace=\"ns\",redis=\"cache\",phase=\"Ready\"} 1",
+            "redpilot_redis_ready_instances{namespace=\"ns\",redis=\"cache\"} 1",
+            "redpilot_redis_primary_available{namespace=\"ns\",redis=\"cache\"} 0",
+            "redpilot_backup_last_success_timestamp_seconds{namespace=\"ns\",redis=\"cache\"} 1767225600",
+            "redpilot_backup_last_failed{namespace=\"ns\",redis=\"cache\"} 1",
+            "redpilot_backup_last_failed{namespace=\"ns\",redis=\"other\"} 0",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
+        }
+    }
+}

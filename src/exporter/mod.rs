@@ -1,0 +1,220 @@
+//! `redpilot exporter`: the Prometheus metrics sidecar of every Redis pod.
+//!
+//! Each scrape of `/metrics` asks the server in the same pod for `INFO ALL`
+//! over one kept connection and answers with [`render`]'s exposition plus
+//! the exporter's own series (`redis_up`, scrape duration and count). A
+//! server that does not answer within the bound gives `redis_up 0`, never a
+//! hung scrape. The password is read from the mounted server-auth Secret at
+//! each (re)connection, so a live rotation is followed without a restart
+//! (the current password first, then the one being retired).
+
+pub mod render;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::redis::{ConnectOptions, Endpoint, Node};
+use render::Exposition;
+
+/// Where the exporter finds its server and password.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The server (normally the same pod's, 127.0.0.1:6379).
+    pub endpoint: Endpoint,
+    /// Directory holding `password` (and during a rotation `previous`).
+    pub password_dir: Option<PathBuf>,
+    /// A fixed password when no directory is given.
+    pub password: Option<String>,
+    /// Bound of the connection and of each command.
+    pub timeout: Duration,
+}
+
+/// The exporter's state across scrapes.
+pub struct Exporter {
+    settings: Settings,
+    conn: Mutex<Option<Node>>,
+    scrapes: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Exporter {
+    /// An exporter that connects on its first scrape.
+    pub fn new(settings: Settings) -> Self {
+        Exporter {
+            settings,
+            conn: Mutex::new(None),
+            scrapes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// The passwords to try, current first.
+    fn passwords(&self) -> Vec<String> {
+        let Some(dir) = &self.settings.password_dir else {
+            return self.settings.password.clone().into_iter().collect();
+        };
+        let mut out = Vec::new();
+        for f in ["password", "previous"] {
+            let path = dir.join(f);
+            match std::fs::read_to_string(&path) {
+                Ok(p) => out.push(p.trim_end_matches(['\r', '\n']).to_string()),
+                // `previous` exists only during a rotation.
+                Err(e) if f == "previous" && e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "reading the password")
+                }
+            }
+        }
+        out.retain(|p| !p.is_empty());
+        out
+    }
+
+    async fn connect(&self) -> crate::redis::Result<Node> {
+        let t = self.settings.timeout;
+        let mut last = None;
+        let mut candidates = self.passwords();
+        if candidates.is_empty() {
+            candidates.push(String::new());
+        }
+        for password in candidates {
+            let mut opts = ConnectOptions::default().with_timeouts(t, t);
+            if !password.is_empty() {
+                opts = opts.with_password(password);
+            }
+            match Node::connect(&self.settings.endpoint, &opts).await {
+                Ok(node) => return Ok(node),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(crate::redis::Error::Timeout {
+            endpoint: self.settings.endpoint.to_string(),
+            operation: "connect",
+            after: t,
+        }))
+    }
+
+    /// `INFO ALL`, reconnecting once when the kept connection failed.
+    async fn info(&self) -> crate::redis::Result<String> {
+        let mut guard = self.conn.lock().await;
+        for attempt in 0..2 {
+            if guard.is_none() {
+                *guard = Some(self.connect().await?);
+            }
+            let Some(node) = guard.as_mut() else {
+                continue;
+            };
+            match node
+                .query::<String>("INFO", redis::cmd("INFO").arg("ALL"))
+                .await
+            {
+                Ok(text) => return Ok(text),
+                Err(e) => {
+                    *guard = None;
+                    if attempt == 1 {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Err(crate::redis::Error::Timeout {
+            endpoint: self.settings.endpoint.to_string(),
+            operation: "INFO",
+            after: self.settings.timeout,
+        })
+    }
+
+    /// One scrape: the exposition text.
+    pub async fn scrape(&self) -> String {
+        let start = Instant::now();
+        self.scrapes.fetch_add(1, Ordering::Relaxed);
+        let mut out = Exposition::default();
+        let up = match self.info().await {
+            Ok(text) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                render::info_samples(&mut out, &text, now);
+                true
+            }
+            Err(e) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(category = crate::controller::redis_category(&e), error = %e, "scrape failed");
+                false
+            }
+        };
+        out.add(
+            "redis_up",
+            "gauge",
+            "1 when the server answered the last scrape",
+            &[],
+            if up { 1.0 } else { 0.0 },
+        );
+        out.add(
+            "redis_exporter_scrapes_total",
+            "counter",
+            "Scrapes served",
+            &[],
+            self.scrapes.load(Ordering::Relaxed) as f64,
+        );
+        out.add(
+            "redis_exporter_scrape_errors_total",
+            "counter",
+            "Scrapes whose server did not answer",
+            &[],
+            self.errors.load(Ordering::Relaxed) as f64,
+        );
+        out.add(
+            "redis_exporter_last_scrape_error",
+            "gauge",
+            "1 when the last scrape failed",
+            &[],
+            if up { 0.0 } else { 1.0 },
+        );
+        out.add(
+            "redis_exporter_build_info",
+            "gauge",
+            "The exporter's build",
+            &[("version", crate::VERSION), ("exporter", "redpilot")],
+            1.0,
+        );
+        out.add(
+            "redis_exporter_last_scrape_duration_seconds",
+            "gauge",
+            "Duration of the last scrape",
+            &[],
+            start.elapsed().as_secs_f64(),
+        );
+        out.text()
+    }
+}
+
+/// Serves `/metrics` (and `/healthz`) on `listener` until the task ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    exporter: Arc<Exporter>,
+) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let e = exporter.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        e.scrape().await,
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    axum::serve(listener, app).await
+}
