@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod faults;
 pub mod operator;
+pub mod prometheus;
 pub mod s3_server;
 pub mod writer;
 
