@@ -75,6 +75,8 @@ fn otlp_provider() -> Option<SdkTracerProvider> {
     use opentelemetry_sdk::trace::SpanExporter as _;
     let set = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     set("OTEL_EXPORTER_OTLP_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))?;
+    // The HTTP client goes through rustls with ring, as everything else.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut exporter = match opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_timeout(std::time::Duration::from_secs(5))

@@ -310,6 +310,21 @@ pub async fn publish_event(
     note: String,
 ) {
     metrics.kube("create_event");
+    // Every event is also a log line (inside a reconcile: with its trace id).
+    let object = format!(
+        "{}/{}/{}",
+        obj.kind.as_deref().unwrap_or(""),
+        obj.namespace.as_deref().unwrap_or(""),
+        obj.name.as_deref().unwrap_or("")
+    );
+    match type_ {
+        kube::runtime::events::EventType::Warning => {
+            tracing::warn!(reason, object, note = %note, "event")
+        }
+        kube::runtime::events::EventType::Normal => {
+            tracing::info!(reason, object, note = %note, "event")
+        }
+    }
     let ev = kube::runtime::events::Event {
         type_,
         reason: reason.into(),

@@ -505,8 +505,15 @@ fn operator_command(
         .append(true)
         .open(log_path)
         .unwrap_or_else(|e| panic!("opening {}: {e}", log_path.display()));
+    // Text logs unless the options ask for JSON (REDPILOT_LOG_FORMAT).
+    let format = opts
+        .env
+        .iter()
+        .find(|(k, _)| k == "REDPILOT_LOG_FORMAT")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("text");
     let mut cmd = Command::new(bin);
-    cmd.args(["run", "--log-format", "text"])
+    cmd.args(["run", "--log-format", format])
         .args(["--metrics-addr", &metrics_addr.to_string()])
         .args(["--leader-election-namespace", OPERATOR_NAMESPACE])
         .args(["--lease-name", &opts.lease_name])
