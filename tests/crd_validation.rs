@@ -616,6 +616,8 @@ async fn kubectl_get_redis_shows_the_columns() {
             "ready": "3/3",
             "readyInstances": 3,
             "phase": "Ready",
+            "memory": {"instance": "cache-0", "usedBytes": 12582912, "maxBytes": 50331648,
+                       "percent": 25, "summary": "12Mi/48Mi (25%)"},
         }})),
     )
     .await
@@ -637,7 +639,7 @@ async fn kubectl_get_redis_shows_the_columns() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "AGE"
+            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
         ],
         "kubectl get redis header:\n{stdout}"
     );
@@ -650,6 +652,10 @@ async fn kubectl_get_redis_shows_the_columns() {
         row.get(..6),
         Some(&["cache", "Replication", "7.0.15", "cache-0", "3/3", "Ready"][..]),
         "kubectl get redis row:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("12Mi/48Mi (25%)"),
+        "MEMORY column:\n{stdout}"
     );
 
     // The short name and the category work too.

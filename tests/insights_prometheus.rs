@@ -327,6 +327,44 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         named.len()
     );
 
+    // promtool finds nothing to report in either exposition.
+    let ip = support::operator::pod_ip(&client, ns, &primary_pod).await;
+    let sidecar: std::net::SocketAddr = format!("{ip}:9121").parse().expect("addr");
+    for (what, addr) in [("operator", op.metrics_addr), ("exporter", sidecar)] {
+        let page = support::operator::http_get(addr, "/metrics")
+            .await
+            .unwrap_or_else(|| panic!("{what} /metrics"));
+        let lint = promtool_check_metrics(&page);
+        // The exporter keeps five names of the common Redis exporter that
+        // dashboards query, although promtool dislikes their unit suffix;
+        // anything else it reports fails.
+        let unexpected: Vec<&str> = lint
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .filter(|l| {
+                !(what == "exporter"
+                    && COMPATIBLE_NAMES.iter().any(|n| {
+                        *l == format!("{n} metric names should not contain abbreviated units")
+                    }))
+            })
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "promtool check metrics on the {what}:\n{lint}"
+        );
+        println!(
+            "promtool check metrics on the {what} ({} lines): {} findings{}",
+            page.lines().count(),
+            lint.lines().filter(|l| !l.trim().is_empty()).count(),
+            if what == "exporter" {
+                " (the kept unit-suffix names only)"
+            } else {
+                ""
+            }
+        );
+    }
+
     // The exporter's cost.
     let size = prom
         .query(&format!("max(scrape_samples_scraped{{{sel}}})"))
@@ -461,6 +499,45 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     drop(tns);
     // Later suites run without the CRDs, as most clusters do.
     remove_monitoring_crds(&client).await;
+}
+
+/// Names of the common Redis exporter kept for its dashboards although
+/// promtool reports their abbreviated units.
+const COMPATIBLE_NAMES: &[&str] = &[
+    "redis_aof_current_rewrite_duration_sec",
+    "redis_aof_last_rewrite_duration_sec",
+    "redis_instantaneous_ops_per_sec",
+    "redis_rdb_current_bgsave_duration_sec",
+    "redis_rdb_last_bgsave_duration_sec",
+];
+
+/// What `promtool check metrics` says about `page`, one finding per line
+/// (empty: nothing).
+fn promtool_check_metrics(page: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(support::repo_root().join("bin/promtool"))
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("bin/promtool (make tools-prometheus)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(page.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && text.trim().is_empty() {
+        return format!(
+            "promtool failed with {:?} and said nothing",
+            out.status.code()
+        );
+    }
+    text
 }
 
 async fn wait_for_alerts(

@@ -527,9 +527,11 @@ fn csv_metadata_is_complete_and_honest() {
         json!(format!("redpilot.v{version}"))
     );
     // Level 2: engine upgrades with rollback (tests/operator_upgrade.rs) and
-    // operator upgrades that restart nothing (tests/olm_e2e.rs). Level 3
-    // waits for backups and restores.
-    assert_eq!(ann["capabilities"], "Full Lifecycle");
+    // operator upgrades that restart nothing (tests/olm_e2e.rs). Level 3:
+    // backups, schedules, restores (tests/operator_backup.rs). Level 4:
+    // metrics, alerts, dashboards (tests/insights_prometheus.rs) and traces
+    // (tests/insights_traces.rs). Level 5 waits for the memory autopilot.
+    assert_eq!(ann["capabilities"], "Deep Insights");
     assert!(
         ann["categories"]
             .as_str()

@@ -349,7 +349,7 @@ async fn replication_in_restricted_namespace_replicates_and_reports() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "AGE"
+            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
         ],
         "{text}"
     );
@@ -358,7 +358,12 @@ async fn replication_in_restricted_namespace_replicates_and_reports() {
         .unwrap_or_default()
         .split_whitespace()
         .collect();
-    assert_eq!(row.len(), 7, "every column filled: {text}");
+    // MEMORY is two words: `1.1Mi/192Mi (1%)`.
+    assert_eq!(row.len(), 9, "every column filled: {text}");
+    assert!(
+        row[6].ends_with("/192Mi") && row[7].starts_with('(') && row[7].ends_with("%)"),
+        "MEMORY: used/maxmemory (75 % of the 256Mi limit) and percent: {text}"
+    );
     assert_eq!(row[0], name, "{text}");
     assert_eq!(row[1], "Replication", "{text}");
     assert!(row[2].starts_with("7.0."), "{text}");

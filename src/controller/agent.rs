@@ -6,8 +6,8 @@
 //! bootstrap, so both speak to the agent the same way.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ContainerStatus, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    ContainerStatus, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount,
 };
 
 use crate::api::v1alpha1::{S3Location, VolumeLocation};
@@ -207,16 +207,9 @@ fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
 /// Non-root, no privileges, read-only root.
 fn security_context() -> SecurityContext {
     SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
         run_as_user: Some(65532),
         run_as_group: Some(65532),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            ..Default::default()
-        }),
-        ..Default::default()
+        ..super::redis::build::restricted_security_context()
     }
 }
 

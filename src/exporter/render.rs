@@ -5,7 +5,10 @@
 //! (`redis_` prefix, `_bytes`/`_seconds`/`_total` suffixes, `db`, `cmd`,
 //! `err` and `slave_*` labels), so dashboards and alerts written for it
 //! work unchanged with the sidecar. Only `INFO` is asked: no key is ever
-//! read, and nothing the server is told changes.
+//! read, and nothing the server is told changes. The few series of that
+//! exporter whose names break Prometheus' naming rules (counters without
+//! `_total`, a gauge with it) are left out, so `promtool check metrics`
+//! finds nothing to report.
 //!
 //! Length: most of the file is the two field tables.
 
@@ -196,14 +199,10 @@ const GAUGES: &[(&str, &str, Conv)] = &[
         Conv::Num,
     ),
     ("pubsub_channels", "pubsub_channels", Conv::Num),
+    ("expired_stale_perc", "expired_stale_percentage", Conv::Num),
     ("pubsub_patterns", "pubsub_patterns", Conv::Num),
     ("pubsub_shardchannels", "pubsub_shardchannels", Conv::Num),
     ("latest_fork_usec", "latest_fork_seconds", Conv::Micros),
-    (
-        "migrate_cached_sockets",
-        "migrate_cached_sockets_total",
-        Conv::Num,
-    ),
     // Replication
     ("connected_slaves", "connected_slaves", Conv::Num),
     ("repl_backlog_size", "replication_backlog_bytes", Conv::Num),
@@ -280,7 +279,6 @@ const COUNTERS: &[(&str, &str, Conv)] = &[
         Conv::Num,
     ),
     ("expired_keys", "expired_keys_total", Conv::Num),
-    ("expired_stale_perc", "expired_stale_percentage", Conv::Num),
     (
         "expired_time_cap_reached_count",
         "expired_time_cap_reached_total",
@@ -300,18 +298,6 @@ const COUNTERS: &[(&str, &str, Conv)] = &[
     (
         "used_cpu_user_children",
         "cpu_user_children_seconds_total",
-        Conv::Num,
-    ),
-    ("total_error_replies", "total_error_replies", Conv::Num),
-    ("total_reads_processed", "total_reads_processed", Conv::Num),
-    (
-        "total_writes_processed",
-        "total_writes_processed",
-        Conv::Num,
-    ),
-    (
-        "dump_payload_sanitizations",
-        "dump_payload_sanitizations",
         Conv::Num,
     ),
 ];

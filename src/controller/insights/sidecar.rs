@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ResourceRequirements,
-    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, EnvVarSource, ResourceRequirements, SecretKeySelector,
+    SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -102,16 +102,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
             read_only: Some(true),
             ..Default::default()
         }]),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(crate::controller::redis::build::restricted_security_context()),
         ..Default::default()
     };
     let volume = Volume {

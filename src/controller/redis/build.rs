@@ -101,6 +101,22 @@ impl Names {
     }
 }
 
+/// The container security context every container the operator creates
+/// runs with: non-root, no privilege escalation, no capabilities, a
+/// read-only root filesystem.
+pub fn restricted_security_context() -> k8s_openapi::api::core::v1::SecurityContext {
+    k8s_openapi::api::core::v1::SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// Labels every child carries.
 pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
     let mut l = selector_labels(redis);

@@ -12,11 +12,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
-    EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction,
-    Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, SecretKeySelector, TCPSocketAction, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -256,16 +256,7 @@ pub fn statefulset(
             failure_threshold: Some(6),
             ..Default::default()
         }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(crate::controller::redis::build::restricted_security_context()),
         ..Default::default()
     };
 

@@ -629,4 +629,58 @@ mod tests {
         assert_eq!(waits, [2, 2, 2, 2, 2, 4, 8, 16, 32, 64, 120, 120]);
         assert_eq!(stuck_backoff(u32::MAX), STUCK_REQUEUE_MAX);
     }
+
+    #[test]
+    fn memory_is_the_primarys_and_written_only_when_it_moved() {
+        let fact = |name: &str, used: u64| PodFacts {
+            name: name.into(),
+            used_memory: Some(used),
+            maxmemory: Some(48 << 20),
+            ..Default::default()
+        };
+        let facts = [fact("cache-0", 1 << 20), fact("cache-1", 12 << 20)];
+        let m = memory_status(&facts, Some("cache-1")).expect("memory");
+        assert_eq!(m.instance, "cache-1");
+        assert_eq!(
+            (m.used_bytes, m.max_bytes, m.percent),
+            (12 << 20, Some(48 << 20), Some(25))
+        );
+        assert_eq!(m.summary, "12Mi/48Mi (25%)");
+        // No primary: the first instance that answered.
+        assert_eq!(
+            memory_status(&facts, None).map(|m| m.instance),
+            Some("cache-0".into())
+        );
+        // Less than a percent: no write; a percent: a write.
+        let a = memory_status(&[fact("p", 12 << 20)], Some("p"));
+        let b = memory_status(&[fact("p", (12 << 20) + (100 << 10))], Some("p"));
+        let c = memory_status(&[fact("p", 13 << 20)], Some("p"));
+        assert!(!memory_moved(a.as_ref(), b.as_ref()));
+        assert!(memory_moved(a.as_ref(), c.as_ref()));
+        assert!(memory_moved(a.as_ref(), None));
+        // Without a limit: 1 MiB.
+        let unlimited = |used: u64| {
+            memory_status(
+                &[PodFacts {
+                    name: "p".into(),
+                    used_memory: Some(used),
+                    maxmemory: Some(0),
+                    ..Default::default()
+                }],
+                None,
+            )
+        };
+        assert_eq!(
+            unlimited(3 << 20).map(|m| m.summary),
+            Some("3.0Mi (no limit)".into())
+        );
+        assert!(!memory_moved(
+            unlimited(3 << 20).as_ref(),
+            unlimited((3 << 20) + 1000).as_ref()
+        ));
+        assert!(memory_moved(
+            unlimited(3 << 20).as_ref(),
+            unlimited(5 << 20).as_ref()
+        ));
+    }
 }
