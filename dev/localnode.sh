@@ -63,8 +63,9 @@ start() {
 		[[ -n ${LOCALNODE_MEMORY_MIB:-} ]] && args+=(--memory-mib "$LOCALNODE_MEMORY_MIB")
 		[[ -n ${LOCALNODE_UNSCHEDULABLE:-} ]] && args+=(--unschedulable)
 		cd "$root"
-		# The operator's image runs the operator binary of the same build.
+		# The operator's image runs the operator binaries of the same build.
 		REDPILOT_IMAGE_BIN=${REDPILOT_IMAGE_BIN:-$target/debug/redpilot} \
+			REDPILOT_EXPORTER_BIN=${REDPILOT_EXPORTER_BIN:-$target/debug/redpilot-exporter} \
 			RUST_LOG=${RUST_LOG:-info} setsid "$bin" "${args[@]}" >>"$log" 2>&1 </dev/null &
 		echo $! >"$pidfile"
 		echo "localnode: started (pid $!, log $log)"

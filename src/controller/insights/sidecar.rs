@@ -41,16 +41,15 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         return None;
     }
     let (image, command, env) = match &m.exporter_image {
-        // The operator's image runs its own exporter, which follows a
-        // password rotation through the mounted Secret.
+        // The operator's image runs its own exporter (a small binary of its
+        // own, `redpilot-exporter`), which follows a password rotation
+        // through the mounted Secret.
         None => (
             super::super::agent::operator_image(),
             Some(vec![
-                "redpilot".to_string(),
-                "exporter".to_string(),
+                "redpilot-exporter".to_string(),
                 format!("--port={REDIS_PORT}"),
                 format!("--password-dir={AUTH_MOUNT}"),
-                "--log-format=json".to_string(),
             ]),
             vec![],
         ),
@@ -136,7 +135,7 @@ mod tests {
         let (c, v) = sidecar(&redis(None), "cache-server-auth").expect("on by default");
         assert_eq!(c.name, CONTAINER);
         let cmd = c.command.expect("command");
-        assert_eq!(&cmd[..2], ["redpilot", "exporter"]);
+        assert_eq!(cmd[0], "redpilot-exporter");
         assert!(cmd.iter().any(|a| a == "--password-dir=/etc/redpilot/auth"));
         assert_eq!(c.ports.expect("ports")[0].container_port, 9121);
         assert_eq!(

@@ -1,0 +1,113 @@
+//! `redpilot-exporter`: the metrics sidecar of every Redis pod, shipped in
+//! the operator's image next to `redpilot` (whose `redpilot exporter` runs
+//! the same code). A binary of its own keeps the sidecar small: it links only
+//! the exporter, not the operator, the backup agent or the Kubernetes client.
+//!
+//!   redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT]
+//!                     [--password-dir DIR] [--timeout-ms MS]
+//!
+//! Without `--password-dir` the password comes from `REDIS_PASSWORD`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use redpilot::exporter::{Exporter, Settings, serve};
+
+struct Args {
+    listen: String,
+    host: String,
+    port: u16,
+    password_dir: Option<std::path::PathBuf>,
+    timeout_ms: u64,
+}
+
+fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        listen: std::env::var("REDPILOT_EXPORTER_LISTEN").unwrap_or_else(|_| "0.0.0.0:9121".into()),
+        host: "127.0.0.1".into(),
+        port: 6379,
+        password_dir: None,
+        timeout_ms: 2000,
+    };
+    while let Some(arg) = argv.next() {
+        let (key, inline) = match arg.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        if key == "--help" || key == "-h" {
+            return Err(String::new());
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => argv.next().ok_or_else(|| format!("{key} needs a value"))?,
+        };
+        match key.as_str() {
+            "--listen" => a.listen = value,
+            "--host" => a.host = value,
+            "--port" => {
+                a.port = value
+                    .parse()
+                    .map_err(|_| format!("--port: not a port: {value}"))?
+            }
+            "--password-dir" => a.password_dir = Some(value.into()),
+            "--timeout-ms" => {
+                a.timeout_ms = value
+                    .parse()
+                    .map_err(|_| format!("--timeout-ms: not a number: {value}"))?
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("redpilot-exporter: {e}");
+            }
+            eprintln!(
+                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--timeout-ms MS]"
+            );
+            return if e.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    redpilot::telemetry::init(redpilot::telemetry::LogFormat::Json, false);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("redpilot-exporter: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = Settings {
+        endpoint: redpilot::redis::Endpoint::new(&args.host, args.port),
+        password_dir: args.password_dir,
+        password: std::env::var("REDIS_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty()),
+        timeout: Duration::from_millis(args.timeout_ms),
+    };
+    let listen = args.listen;
+    let result = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&listen).await?;
+        tracing::info!(listen = %listen, "exporter serving /metrics");
+        serve(listener, std::sync::Arc::new(Exporter::new(settings))).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "exporter stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
