@@ -295,18 +295,13 @@ fn command(cli: Cli) -> ExitCode {
             report(runtime.block_on(delete(args)), &result)
         }
         Command::Exporter(args) => {
-            // One thread: a scrape is one INFO, and the sidecar stays small.
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("redpilot exporter: starting the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(exporter(args)) {
+            let settings = redpilot::exporter::Settings::new(
+                &args.host,
+                args.port,
+                args.password_dir,
+                std::time::Duration::from_millis(args.timeout_ms),
+            );
+            match redpilot::exporter::run(&args.listen, settings) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "exporter stopped");
@@ -353,19 +348,6 @@ fn command(cli: Cli) -> ExitCode {
             }
         },
     }
-}
-
-async fn exporter(args: ExporterArgs) -> std::io::Result<()> {
-    use redpilot::exporter::{Exporter, Settings, serve};
-    let settings = Settings {
-        endpoint: redpilot::redis::Endpoint::new(&args.host, args.port),
-        password_dir: args.password_dir,
-        password: env_value("REDIS_PASSWORD"),
-        timeout: std::time::Duration::from_millis(args.timeout_ms),
-    };
-    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
-    tracing::info!(listen = %args.listen, "exporter serving /metrics");
-    serve(listener, std::sync::Arc::new(Exporter::new(settings))).await
 }
 
 /// The store named by `args`, with credentials from the environment.

@@ -26,9 +26,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, patch_redis, recent_events, redis_password,
-    server_pid, start_operator, wait_ready,
+    server_pid, signal, start_operator, wait_established, wait_ready,
 };
-use support::prometheus::{Prometheus, monitoring_crd_files};
+use support::prometheus::{Prometheus, dashboard_exprs, monitoring_crd_files};
 use support::{TestNamespace, client, wait_for};
 
 const READY: Duration = Duration::from_secs(180);
@@ -67,19 +67,7 @@ async fn install_monitoring_crds(client: &kube::Client) {
         )
         .await
         .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        wait_for(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || async {
-                let c = crds.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            },
-        )
-        .await;
+        wait_established(&crds, &name, Duration::from_secs(30)).await;
     }
 }
 
@@ -436,10 +424,10 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     }
     println!("memory filled: {i} keys of 1 KiB, maxmemory {max} bytes");
     let stopped = Instant::now();
-    signal(pid, "STOP");
+    signal(pid, "-STOP");
     let mut fired = (None, None);
     let waited = wait_for_alerts(&prom, replica, stopped, &mut fired).await;
-    signal(pid, "CONT");
+    signal(pid, "-CONT");
     let (down, memory) = fired;
     assert!(
         waited,
@@ -562,14 +550,6 @@ async fn wait_for_alerts(
     false
 }
 
-fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{sig} {pid}");
-}
-
 async fn info_field(node: &mut redpilot::redis::Node, section: &str, field: &str) -> u64 {
     let text: String = node
         .query("INFO", redis::cmd("INFO").arg(section))
@@ -592,17 +572,4 @@ async fn wait_for_series(prom: &Prometheus, q: &str, within: Duration) -> bool {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-}
-
-fn dashboard_exprs(file: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(support::repo_root().join("config/grafana").join(file))
-        .expect("dashboard");
-    let d: Value = serde_json::from_str(&text).expect("dashboard JSON");
-    d["panels"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
-        .filter_map(|t| t["expr"].as_str().map(String::from))
-        .collect()
 }

@@ -5,6 +5,8 @@
 //! same operator group, and every dashboard query uses only the variables
 //! the dashboard test substitutes.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -121,26 +123,10 @@ fn the_operator_prometheus_rule_carries_the_operator_group() {
     );
 }
 
-/// Every `expr` of every panel of a dashboard.
-pub fn dashboard_exprs(file: &str) -> Vec<String> {
-    let text =
-        std::fs::read_to_string(root().join("config/grafana").join(file)).expect("dashboard");
-    let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
-    let mut out = Vec::new();
-    for p in d["panels"].as_array().expect("panels") {
-        for t in p["targets"].as_array().into_iter().flatten() {
-            if let Some(e) = t["expr"].as_str() {
-                out.push(e.to_string());
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn dashboards_query_only_what_the_scrape_provides() {
     for file in ["redpilot-fleet.json", "redpilot-redis.json"] {
-        let exprs = dashboard_exprs(file);
+        let exprs = support::prometheus::dashboard_exprs(file);
         assert!(exprs.len() >= 20, "{file}: {} queries", exprs.len());
         for e in &exprs {
             let vars: Vec<&str> = e

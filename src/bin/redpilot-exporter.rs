@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redpilot::exporter::{Exporter, Settings, serve};
+use redpilot::exporter::Settings;
 
 struct Args {
     listen: String,
@@ -79,31 +79,13 @@ fn main() -> ExitCode {
         }
     };
     redpilot::telemetry::init(redpilot::telemetry::LogFormat::Json, false);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("redpilot-exporter: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let settings = Settings {
-        endpoint: redpilot::redis::Endpoint::new(&args.host, args.port),
-        password_dir: args.password_dir,
-        password: std::env::var("REDIS_PASSWORD")
-            .ok()
-            .filter(|p| !p.is_empty()),
-        timeout: Duration::from_millis(args.timeout_ms),
-    };
-    let listen = args.listen;
-    let result = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&listen).await?;
-        tracing::info!(listen = %listen, "exporter serving /metrics");
-        serve(listener, std::sync::Arc::new(Exporter::new(settings))).await
-    });
-    match result {
+    let settings = Settings::new(
+        &args.host,
+        args.port,
+        args.password_dir,
+        Duration::from_millis(args.timeout_ms),
+    );
+    match redpilot::exporter::run(&args.listen, settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "exporter stopped");

@@ -222,6 +222,7 @@ impl Context {
     /// the per-object maps never outgrow the Redis that exist.
     pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
         self.monitor.retain(&keep);
+        self.insights.retain(&keep);
         if let Ok(mut m) = self.failures.lock() {
             m.retain(|o, _| keep(o));
         }
@@ -394,9 +395,6 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
     if obj.meta().deletion_timestamp.is_some() {
         ctx.forget_written(&oref);
         ctx.forget_stuck(&oref);
-        if let Some(ns) = &oref.namespace {
-            ctx.insights.forget(ns, &oref.name);
-        }
     }
     let timer = std::time::Instant::now();
     // One span per reconcile; the data-plane actions and the Kubernetes

@@ -33,6 +33,35 @@ pub struct Settings {
     pub timeout: Duration,
 }
 
+impl Settings {
+    /// The server at `host:port`; the password from the files of
+    /// `password_dir`, or else from `REDIS_PASSWORD`.
+    pub fn new(host: &str, port: u16, password_dir: Option<PathBuf>, timeout: Duration) -> Self {
+        Settings {
+            endpoint: Endpoint::new(host, port),
+            password_dir,
+            password: std::env::var("REDIS_PASSWORD")
+                .ok()
+                .filter(|p| !p.is_empty()),
+            timeout,
+        }
+    }
+}
+
+/// Runs the exporter until it fails: one thread (a scrape is one `INFO`,
+/// and the sidecar stays small), `/metrics` on `listen`. What both
+/// `redpilot-exporter` and `redpilot exporter` run.
+pub fn run(listen: &str, settings: Settings) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        tracing::info!(listen, "exporter serving /metrics");
+        serve(listener, Arc::new(Exporter::new(settings))).await
+    })
+}
+
 /// The exporter's state across scrapes.
 pub struct Exporter {
     settings: Settings,

@@ -15,6 +15,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::redis::info::kv_list;
+
 /// How a value of `INFO` becomes a sample.
 #[derive(Clone, Copy)]
 enum Conv {
@@ -400,11 +402,6 @@ fn convert(value: &str, conv: Conv) -> Option<f64> {
     .filter(|v| v.is_finite())
 }
 
-/// Splits `a=1,b=2` into pairs.
-fn pairs(value: &str) -> BTreeMap<&str, &str> {
-    value.split(',').filter_map(|p| p.split_once('=')).collect()
-}
-
 /// Adds the samples of one `INFO ALL` reply. `now` (Unix seconds) dates
 /// `redis_start_time_seconds`.
 pub fn info_samples(out: &mut Exposition, info: &str, now: f64) {
@@ -453,7 +450,7 @@ pub fn info_samples(out: &mut Exposition, info: &str, now: f64) {
         } else if let Some(cmd) = key.strip_prefix("cmdstat_") {
             commandstats(out, cmd, value);
         } else if let Some(err) = key.strip_prefix("errorstat_") {
-            let kv = pairs(value);
+            let kv = kv_list(value);
             if let Some(n) = kv.get("count").and_then(|v| v.parse().ok()) {
                 out.add(
                     "redis_errors_total",
@@ -578,7 +575,7 @@ fn replication(out: &mut Exposition, fields: &BTreeMap<&str, &str>) {
         if idx.is_empty() || !idx.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let kv = pairs(value);
+        let kv = kv_list(value);
         let ip = kv.get("ip").copied().unwrap_or("");
         let port = kv.get("port").copied().unwrap_or("");
         let state = kv.get("state").copied().unwrap_or("");
@@ -609,7 +606,7 @@ fn replication(out: &mut Exposition, fields: &BTreeMap<&str, &str>) {
 }
 
 fn keyspace(out: &mut Exposition, db: &str, value: &str) {
-    let kv = pairs(value);
+    let kv = kv_list(value);
     let n = |k: &str| kv.get(k).and_then(|v| v.parse::<f64>().ok());
     if let Some(keys) = n("keys") {
         out.add(
@@ -641,7 +638,7 @@ fn keyspace(out: &mut Exposition, db: &str, value: &str) {
 }
 
 fn commandstats(out: &mut Exposition, cmd: &str, value: &str) {
-    let kv = pairs(value);
+    let kv = kv_list(value);
     let n = |k: &str| kv.get(k).and_then(|v| v.parse::<f64>().ok());
     let labels = [("cmd", cmd)];
     if let Some(calls) = n("calls") {

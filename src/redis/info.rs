@@ -351,7 +351,7 @@ fn status_ok(fields: &BTreeMap<String, String>, names: &[&str]) -> Option<bool> 
 }
 
 /// Splits `a=1,b=2` into pairs (entries without `=` are ignored).
-fn kv_list(value: &str) -> BTreeMap<&str, &str> {
+pub(crate) fn kv_list(value: &str) -> BTreeMap<&str, &str> {
     value
         .split(',')
         .filter_map(|part| part.split_once('='))

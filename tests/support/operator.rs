@@ -96,20 +96,21 @@ pub async fn install_crds(client: &Client) {
                     crds_path().display()
                 )
             });
-        wait_for(
-            &format!("CRD {name} to be Established"),
-            Duration::from_secs(30),
-            || async {
-                let crd = api.get(&name).await.ok()?;
-                let conds = crd.status?.conditions?;
-                conds
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            },
-        )
-        .await;
+        wait_established(&api, &name, Duration::from_secs(30)).await;
     }
+}
+
+/// Waits until the CRD `name` is Established (its type is served).
+pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str, within: Duration) {
+    wait_for(&format!("CRD {name} to be Established"), within, || async {
+        let crd = api.get(name).await.ok()?;
+        let conds = crd.status?.conditions?;
+        conds
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
 }
 
 fn read_yaml_docs(path: &Path) -> Vec<Value> {
@@ -424,7 +425,8 @@ pub struct Operator {
     _dir: tempfile::TempDir,
 }
 
-fn free_loopback_port() -> u16 {
+/// A free loopback TCP port (bound and released; the caller binds it next).
+pub fn free_loopback_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -1217,11 +1219,16 @@ pub async fn server_pid(node: &mut Node) -> u32 {
 
 /// `kill -9 pid`: a crash, no shutdown, no save.
 pub fn kill_9(pid: u32) {
+    signal(pid, "-9");
+}
+
+/// `kill <sig> pid` (e.g. `-STOP`, `-CONT`).
+pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
-        .args(["-9", &pid.to_string()])
+        .args([sig, &pid.to_string()])
         .status()
         .expect("run kill");
-    assert!(status.success(), "kill -9 {pid}");
+    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// Container restarts of a pod, summed.

@@ -3,7 +3,7 @@
 //! PodMonitors the operator created, plus one operator process, and
 //! evaluating the PrometheusRules the operator created.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -41,13 +41,6 @@ pub fn prometheus_binary() -> PathBuf {
         "bin/prometheus is missing: run `make tools-prometheus`"
     );
     p
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// Prometheus label name of a Kubernetes label (`app.kubernetes.io/name` →
@@ -155,7 +148,7 @@ impl Prometheus {
         });
         let cfg = dir.path().join("prometheus.yml");
         std::fs::write(&cfg, serde_yaml::to_string(&config).expect("yaml")).expect("write config");
-        let port = free_port();
+        let port = super::operator::free_loopback_port();
         let log = super::operator::log_dir().join(format!("prometheus-{port}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let child = Command::new(prometheus_binary())
@@ -260,4 +253,19 @@ pub fn encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// Every `expr` of every panel of a dashboard in `config/grafana/`.
+pub fn dashboard_exprs(file: &str) -> Vec<String> {
+    let path = super::repo_root().join("config/grafana").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let d: Value = serde_json::from_str(&text).expect("dashboard JSON");
+    d["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect()
 }

@@ -5,19 +5,20 @@
 //! owner reference to the Redis and a hash of what they were built from:
 //! an object whose hash is current is not written again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::rules::{self, Scope};
 use super::sidecar;
 use crate::api::v1alpha1::Redis;
-use crate::controller::redis::build::{self, HASH_ANNOTATION};
+use crate::controller::redis::build;
 use crate::controller::{Error, FIELD_MANAGER};
 
 const GROUP_VERSION: &str = "monitoring.coreos.com/v1";
@@ -30,16 +31,26 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-/// What the operator knows of the cluster's monitoring CRDs, and the hash
-/// of the objects it last wrote per Redis.
+/// The kinds written per Redis, with their plural.
+const KINDS: [(&str, &str); 2] = [
+    ("PodMonitor", "podmonitors"),
+    ("PrometheusRule", "prometheusrules"),
+];
+
+/// What the operator knows of the cluster's monitoring CRDs, and what it
+/// last did with each object: per Redis and kind, the hash it wrote, or
+/// `None` once it deleted it.
 #[derive(Default)]
 pub struct Insights {
     served: Mutex<Option<(Instant, bool)>>,
-    written: Mutex<HashMap<String, String>>,
+    written: Mutex<HashMap<Written, Option<String>>>,
 }
 
+/// A Redis and one of [`KINDS`].
+type Written = (ObjectRef<Redis>, &'static str);
+
 impl Insights {
-    /// Whether PodMonitor and PrometheusRule are served (cached a minute).
+    /// Whether PodMonitor and PrometheusRule are served (cached [`RECHECK`]).
     async fn served(&self, client: &Client) -> bool {
         if let Ok(s) = self.served.lock()
             && let Some((at, yes)) = *s
@@ -48,10 +59,9 @@ impl Insights {
             return yes;
         }
         let yes = match client.list_api_group_resources(GROUP_VERSION).await {
-            Ok(list) => {
-                let has = |n: &str| list.resources.iter().any(|r| r.name == n);
-                has("podmonitors") && has("prometheusrules")
-            }
+            Ok(list) => KINDS
+                .iter()
+                .all(|(_, plural)| list.resources.iter().any(|r| r.name == *plural)),
             Err(_) => false,
         };
         if let Ok(mut s) = self.served.lock() {
@@ -60,96 +70,73 @@ impl Insights {
         yes
     }
 
-    fn written(&self, key: &str) -> Option<String> {
-        self.written.lock().ok()?.get(key).cloned()
+    fn written(&self, redis: &ObjectRef<Redis>, kind: &'static str) -> Option<Option<String>> {
+        self.written
+            .lock()
+            .ok()?
+            .get(&(redis.clone(), kind))
+            .cloned()
     }
 
-    fn remember(&self, key: &str, hash: Option<String>) {
+    fn remember(&self, redis: &ObjectRef<Redis>, kind: &'static str, hash: Option<String>) {
         if let Ok(mut w) = self.written.lock() {
-            match hash {
-                Some(h) => w.insert(key.to_string(), h),
-                None => w.remove(key),
-            };
+            w.insert((redis.clone(), kind), hash);
         }
     }
 
-    /// Forgets a deleted Redis.
-    pub fn forget(&self, namespace: &str, name: &str) {
+    /// Keeps only the Redis `keep` keeps (the context's per-object maps are
+    /// pruned together, see [`crate::controller::Context::retain`]).
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
         if let Ok(mut w) = self.written.lock() {
-            w.retain(|k, _| !k.starts_with(&format!("{namespace}/{name}/")));
+            w.retain(|(o, _), _| keep(o));
         }
     }
 }
 
-/// The PodMonitor and PrometheusRule of `redis`, each with its hash.
-pub fn desired(redis: &Redis) -> Vec<(ApiResource, DynamicObject)> {
+/// The PodMonitor (when the sidecar runs) and the PrometheusRule of
+/// `redis`, by kind, each stamped with its hash.
+fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
     let m = redis.spec.monitoring();
     let ns = redis.namespace().unwrap_or_default();
     let name = redis.name_any();
     let mut labels = m.labels.clone();
     labels.extend(build::labels(redis));
-    let meta = |kind: &str| {
-        json!({
-            "name": name,
-            "namespace": ns,
-            "labels": labels,
-            "ownerReferences": build::owner_reference(redis).map(|o| vec![o]),
-            "kind": kind,
-        })
+    let object = |(kind, plural): (&'static str, &str), spec: serde_json::Value| {
+        let mut obj = DynamicObject::new(&name, &resource(kind, plural)).within(&ns);
+        obj.metadata.labels = Some(labels.clone());
+        obj.metadata.owner_references = build::owner_reference(redis).map(|o| vec![o]);
+        obj.data = json!({ "spec": spec });
+        (kind, build::stamp_hash(obj))
     };
     let mut out = Vec::new();
     if m.exporter {
-        let spec = json!({
-            "selector": {"matchLabels": build::selector_labels(redis)},
-            "namespaceSelector": {"matchNames": [ns]},
-            "podMetricsEndpoints": [{
-                "port": sidecar::PORT_NAME,
-                "path": "/metrics",
-                "interval": "15s",
-                "relabelings": [{
-                    "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
-                    "targetLabel": "redis",
-                    "action": "replace",
+        out.push(object(
+            KINDS[0],
+            json!({
+                "selector": {"matchLabels": build::selector_labels(redis)},
+                "namespaceSelector": {"matchNames": [ns]},
+                "podMetricsEndpoints": [{
+                    "port": sidecar::PORT_NAME,
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "relabelings": [{
+                        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+                        "targetLabel": "redis",
+                        "action": "replace",
+                    }],
                 }],
-            }],
-        });
-        out.push((
-            resource("PodMonitor", "podmonitors"),
-            object("PodMonitor", meta("PodMonitor"), spec),
+            }),
         ));
     }
     let scope = Scope::One {
         namespace: &ns,
         redis: &name,
     };
-    let spec = json!({"groups": [rules::redis_group(&scope, &m.alerts)]});
-    out.push((
-        resource("PrometheusRule", "prometheusrules"),
-        object("PrometheusRule", meta("PrometheusRule"), spec),
+    out.push(object(
+        KINDS[1],
+        json!({"groups": [rules::redis_group(&scope, &m.alerts)]}),
     ));
     out
-}
-
-fn object(kind: &str, meta: serde_json::Value, spec: serde_json::Value) -> DynamicObject {
-    let mut meta = meta;
-    if let Some(m) = meta.as_object_mut() {
-        m.remove("kind");
-        m.remove("annotations");
-    }
-    let value = json!({
-        "apiVersion": GROUP_VERSION,
-        "kind": kind,
-        "metadata": meta,
-        "spec": spec,
-    });
-    // The value is built above from serializable parts: it always parses.
-    let obj = serde_json::from_value(value)
-        .unwrap_or_else(|_| DynamicObject::new("", &resource(kind, "")));
-    build::stamp_hash(obj)
-}
-
-fn hash(obj: &DynamicObject) -> Option<String> {
-    obj.annotations().get(HASH_ANNOTATION).cloned()
 }
 
 /// Applies (or removes) the monitoring objects of `redis`. True when it
@@ -165,34 +152,29 @@ pub async fn reconcile(
     }
     let ns = redis.namespace().unwrap_or_default();
     let name = redis.name_any();
-    let want = redis.spec.monitoring();
-    let desired = if want.prometheus {
+    let oref = ObjectRef::from_obj(redis);
+    let desired = if redis.spec.monitoring().prometheus {
         desired(redis)
     } else {
         Vec::new()
     };
     let mut wrote = false;
-    for (kind, plural) in [
-        ("PodMonitor", "podmonitors"),
-        ("PrometheusRule", "prometheusrules"),
-    ] {
-        let ar = resource(kind, plural);
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-        let key = format!("{ns}/{name}/{kind}");
-        let target = desired.iter().find(|(r, _)| r.kind == kind).map(|(_, o)| o);
-        let known = insights.written(&key);
-        match target {
-            Some(obj) => {
-                let h = hash(obj);
-                if known.is_some() && known == h {
+    for (kind, plural) in KINDS {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &ns, &resource(kind, plural));
+        let known = insights.written(&oref, kind);
+        match desired.iter().find(|(k, _)| *k == kind) {
+            Some((_, obj)) => {
+                let h = build::stamped_hash(obj).map(String::from);
+                if known.as_ref() == Some(&h) {
                     continue;
                 }
                 // After a restart: the live object may already be current.
                 if known.is_none() {
                     metrics.kube("get");
                     let live = api.get_opt(&name).await.map_err(Error::Kube)?;
-                    if live.as_ref().and_then(hash) == h && h.is_some() {
-                        insights.remember(&key, h);
+                    if live.as_ref().and_then(build::stamped_hash) == h.as_deref() {
+                        insights.remember(&oref, kind, h);
                         continue;
                     }
                 }
@@ -204,11 +186,11 @@ pub async fn reconcile(
                 )
                 .await
                 .map_err(Error::Kube)?;
-                insights.remember(&key, h);
+                insights.remember(&oref, kind, h);
                 wrote = true;
             }
             None => {
-                if known.as_deref() == Some("") {
+                if known == Some(None) {
                     continue;
                 }
                 metrics.kube("delete");
@@ -217,20 +199,68 @@ pub async fn reconcile(
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
                     Err(e) => return Err(Error::Kube(e)),
                 }
-                insights.remember(&key, Some(String::new()));
+                insights.remember(&oref, kind, None);
             }
         }
     }
     Ok(wrote)
 }
 
-/// Labels a Prometheus scraping a PodMonitor gives every series of it, as
-/// the prometheus-operator sets them (used by the tests that scrape without
-/// the prometheus-operator).
-pub fn target_labels() -> BTreeMap<&'static str, &'static str> {
-    BTreeMap::from([
-        ("namespace", "__meta_kubernetes_namespace"),
-        ("pod", "__meta_kubernetes_pod_name"),
-        ("container", "__meta_kubernetes_pod_container_name"),
-    ])
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::{MonitoringSpec, RedisSpec};
+
+    fn redis(exporter: bool) -> Redis {
+        let mut r = Redis::new(
+            "cache",
+            RedisSpec {
+                monitoring: Some(MonitoringSpec {
+                    exporter,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        r.metadata.namespace = Some("shop".into());
+        r.metadata.uid = Some("u-1".into());
+        r
+    }
+
+    #[test]
+    fn both_objects_are_owned_stamped_and_typed() {
+        let objs = desired(&redis(true));
+        let kinds: Vec<&str> = objs.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, ["PodMonitor", "PrometheusRule"]);
+        for (kind, o) in &objs {
+            let v = serde_json::to_value(o).expect("json");
+            assert_eq!(v["apiVersion"], GROUP_VERSION);
+            assert_eq!(v["kind"], *kind);
+            assert_eq!(v["metadata"]["namespace"], "shop");
+            assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
+            assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
+            assert!(build::stamped_hash(o).is_some());
+        }
+        let pm = serde_json::to_value(&objs[0].1).expect("json");
+        assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+        // No sidecar, nothing to scrape: the rules only.
+        let kinds: Vec<&str> = desired(&redis(false)).iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, ["PrometheusRule"]);
+    }
+
+    #[test]
+    fn what_was_written_is_forgotten_with_the_redis() {
+        let i = Insights::default();
+        let (a, b) = (
+            ObjectRef::<Redis>::new("a").within("ns"),
+            ObjectRef::<Redis>::new("b").within("ns"),
+        );
+        i.remember(&a, "PodMonitor", Some("h".into()));
+        i.remember(&b, "PrometheusRule", None);
+        assert_eq!(i.written(&a, "PodMonitor"), Some(Some("h".into())));
+        assert_eq!(i.written(&b, "PrometheusRule"), Some(None));
+        i.retain(|o| *o != a);
+        assert_eq!(i.written(&a, "PodMonitor"), None);
+        assert_eq!(i.written(&b, "PrometheusRule"), Some(None));
+    }
 }

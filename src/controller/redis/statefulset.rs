@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::build::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
     REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION, labels, meta,
-    selector_labels, stamp_hash,
+    restricted_security_context, selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -256,7 +256,7 @@ pub fn statefulset(
             failure_threshold: Some(6),
             ..Default::default()
         }),
-        security_context: Some(crate::controller::redis::build::restricted_security_context()),
+        security_context: Some(restricted_security_context()),
         ..Default::default()
     };
 
