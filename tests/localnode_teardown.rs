@@ -1,5 +1,5 @@
 //! Stopping the local node leaves nothing behind: no pod process, network
-//! namespace, veth or bridge. `make cluster-down` stops the node with
+//! namespace, veth, memory cgroup or bridge. `make cluster-down` stops the node with
 //! `dev/localnode.sh stop`; this suite runs exactly that script against a
 //! second, independent node (own name, state directory, host-object prefix
 //! and pod subnet) so the shared dev node keeps serving the other suites.
@@ -47,6 +47,27 @@ fn netns_pids(ns: &str) -> Vec<u32> {
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect()
+}
+
+/// The node's memory cgroups (cgroup v1), under which every container runs.
+fn cgroup_root() -> PathBuf {
+    PathBuf::from("/sys/fs/cgroup/memory").join(PREFIX)
+}
+
+/// The memory cgroup of a process, as /proc/<pid>/cgroup names it.
+fn memory_cgroup_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| path.to_string())
+        })
+        .unwrap_or_default()
 }
 
 fn links_with_prefix(prefix: &str) -> Vec<String> {
@@ -118,6 +139,18 @@ async fn stopping_the_node_leaves_no_processes_namespaces_or_links() {
         "one server process per pod: {pids:?}"
     );
     assert!(pids.iter().all(|p| process_alive(*p)));
+    // Each container runs in a memory cgroup of its own under the node's.
+    let mut cgroups: Vec<String> = pids.iter().map(|p| memory_cgroup_of(*p)).collect();
+    assert!(
+        cgroups
+            .iter()
+            .all(|c| c.starts_with(&format!("/{PREFIX}/"))),
+        "memory cgroups of the pod processes: {cgroups:?}"
+    );
+    cgroups.sort();
+    cgroups.dedup();
+    assert_eq!(cgroups.len(), images.len(), "one cgroup per container");
+    assert!(cgroup_root().is_dir());
 
     let out = script("stop", &state);
     assert!(
@@ -137,6 +170,11 @@ async fn stopping_the_node_leaves_no_processes_namespaces_or_links() {
         links_with_prefix(PREFIX).is_empty(),
         "links left: {:?}",
         links_with_prefix(PREFIX)
+    );
+    assert!(
+        !cgroup_root().exists(),
+        "memory cgroups left under {}",
+        cgroup_root().display()
     );
     assert!(!state.join("localnode.pid").exists(), "pid file removed");
     // The run directories (volumes) are gone; container logs stay.

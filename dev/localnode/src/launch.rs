@@ -2,7 +2,8 @@
 //! program runs. It is started as
 //! `ip netns exec <pod-netns> unshare --mount --uts --propagation private localnode exec-container SPEC`,
 //! so it already sits in the pod's network namespace and in fresh mount and
-//! UTS namespaces. It builds the container's root on a tmpfs mounted at
+//! UTS namespaces. It first joins the container's memory cgroup (cgroup.rs),
+//! then builds the container's root on a tmpfs mounted at
 //! `/run/redpilot-localnode-root` (only visible in this mount namespace): every top-level host
 //! directory becomes an overlay with the host directory as the read-only
 //! lower layer and a per-container upper layer (the host's programs and
@@ -51,6 +52,9 @@ pub struct LaunchSpec {
     /// (and /proc, /sys, /dev) is read-only.
     #[serde(default)]
     pub read_only_root: bool,
+    /// The container's memory cgroup, joined before anything else runs.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -85,6 +89,17 @@ pub fn exec_container(spec_path: &Path) -> Error {
 fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     let text = std::fs::read_to_string(spec_path).at(spec_path)?;
     let spec: LaunchSpec = serde_json::from_str(&text)?;
+    // First of all, so that everything this process and the program
+    // allocate is charged to (and limited by) the container's cgroup. A
+    // failure leaves the container unlimited rather than not running.
+    if let Some(dir) = &spec.cgroup
+        && let Err(e) = std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+    {
+        eprintln!(
+            "localnode exec-container: joining memory cgroup {}: {e}",
+            dir.display()
+        );
+    }
     let root = Path::new(ROOT);
     std::fs::create_dir_all(root).at(root)?;
 

@@ -4,6 +4,7 @@
 //! their status like a kubelet, and provisions hostPath volumes for the
 //! default StorageClass. See dev/README.md.
 
+mod cgroup;
 mod cmd;
 mod env;
 mod error;
@@ -14,6 +15,7 @@ mod node;
 mod pod;
 mod probe;
 mod provisioner;
+mod resize;
 mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,7 +51,8 @@ enum Command {
     Run(RunArgs),
     /// Internal: set up a container's root and exec its program.
     ExecContainer { spec: PathBuf },
-    /// Kill every pod process and remove every namespace, veth and the bridge.
+    /// Kill every pod process and remove every namespace, veth, memory
+    /// cgroup and the bridge.
     Cleanup {
         #[arg(long, default_value = "rp")]
         instance_prefix: String,
@@ -84,7 +87,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 110)]
     max_pods: i64,
     /// Prefix of the host objects this node creates: bridge <p>node0,
-    /// network namespaces <p>-<id>, veths <p>v<id>.
+    /// network namespaces <p>-<id>, veths <p>v<id>, memory cgroups under
+    /// /sys/fs/cgroup/memory/<p>.
     #[arg(long, default_value = "rp")]
     instance_prefix: String,
     /// Run the default StorageClass's provisioner (one node per cluster should).
@@ -219,7 +223,9 @@ async fn run(args: RunArgs, names: net::Names) -> Result<()> {
 
     // Whatever an earlier run left behind goes first.
     net::cleanup_all(&names).await;
+    cgroup::cleanup_all(&names.prefix).await;
     remove_run_dirs(&state_dir);
+    let memory = cgroup::Memory::new(&names.prefix);
     let network = net::Network::new(names.clone(), gateway, prefix);
     network.ensure_bridge().await?;
 
@@ -266,6 +272,8 @@ async fn run(args: RunArgs, names: net::Names) -> Result<()> {
         memory_bytes,
         apiserver_port,
         stopping: std::sync::atomic::AtomicBool::new(false),
+        memory,
+        allocations: std::sync::Mutex::new(BTreeMap::new()),
     });
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -356,7 +364,7 @@ async fn watch_pods(ctx: Arc<NodeCtx>) -> Result<()> {
 }
 
 /// Stops every pod process: SIGTERM, then SIGKILL after `grace`; removes
-/// all pod namespaces, veths and the bridge.
+/// all pod namespaces, veths, memory cgroups and the bridge.
 async fn shutdown_pods(names: &net::Names, grace: Duration) {
     if !grace.is_zero() {
         let nss = net_namespaces(names).await;
@@ -378,6 +386,7 @@ async fn shutdown_pods(names: &net::Names, grace: Duration) {
         }
     }
     net::cleanup_all(names).await;
+    cgroup::cleanup_all(&names.prefix).await;
 }
 
 async fn net_namespaces(names: &net::Names) -> Vec<String> {

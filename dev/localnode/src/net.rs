@@ -17,6 +17,8 @@ use crate::error::{Error, Result};
 /// test) never touches the first one's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
+    /// The prefix itself (the node's memory cgroups live under it).
+    pub prefix: String,
     pub bridge: String,
     pub netns_prefix: String,
     pub veth_prefix: String,
@@ -34,6 +36,7 @@ impl Names {
             )));
         }
         Ok(Self {
+            prefix: prefix.to_string(),
             bridge: format!("{prefix}node0"),
             netns_prefix: format!("{prefix}-"),
             veth_prefix: format!("{prefix}v"),

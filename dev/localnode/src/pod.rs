@@ -9,7 +9,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Event, ObjectReference, Pod, Probe};
+use k8s_openapi::api::core::v1::{
+    Container, Event, ObjectReference, Pod, Probe, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -18,12 +20,14 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::cgroup;
 use crate::env::{Refs, expand, field_value, resource_value};
 use crate::error::{Error, IoContext, Result};
 use crate::images::{ImageError, ImageMap, ResolvedImage};
 use crate::launch::{LaunchSpec, MountSpec};
 use crate::net::{Network, PodNet};
 use crate::probe::{self, Outcome, Target};
+use crate::resize::{self, Amounts, Fit, Member, Named};
 use crate::volumes::{VolumeCtx, materialize};
 
 const DEFAULT_PATH: &str =
@@ -32,6 +36,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const FIRST_BACKOFF: Duration = Duration::from_secs(10);
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
 const VOLUME_RESYNC: Duration = Duration::from_secs(20);
+/// How soon a resize that failed to actuate (a memory limit below the
+/// current usage) is tried again.
+const RESIZE_RETRY: Duration = Duration::from_secs(3);
 
 /// What every pod worker shares.
 pub struct NodeCtx {
@@ -49,11 +56,45 @@ pub struct NodeCtx {
     pub apiserver_port: Option<u16>,
     /// Set on shutdown: no container is (re)started any more.
     pub stopping: std::sync::atomic::AtomicBool,
+    /// The memory cgroups that enforce containers' memory limits.
+    pub memory: cgroup::Memory,
+    /// Allocated requests of every pod this node runs, by UID: what a
+    /// resize must fit next to.
+    pub allocations: std::sync::Mutex<BTreeMap<String, Amounts>>,
 }
 
 impl NodeCtx {
     pub fn host_ip(&self) -> String {
         self.net.gateway.to_string()
+    }
+
+    /// Allocatable as the Node advertises it (memory in whole KiB).
+    fn allocatable(&self) -> Amounts {
+        Amounts {
+            cpu_millis: self.cpu_millis,
+            memory: self.memory_bytes / 1024 * 1024,
+        }
+    }
+
+    fn set_allocation(&self, uid: &str, requests: Option<Amounts>) {
+        if let Ok(mut m) = self.allocations.lock() {
+            match requests {
+                Some(r) => m.insert(uid.to_string(), r),
+                None => m.remove(uid),
+            };
+        }
+    }
+
+    /// The allocated requests of every pod but this one.
+    fn others(&self, uid: &str) -> Amounts {
+        self.allocations
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(u, _)| u.as_str() != uid)
+                    .fold(Amounts::default(), |acc, (_, a)| acc + *a)
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -109,6 +150,12 @@ struct Running {
     container_id: String,
     /// Where the container's termination message lands on the host.
     message: MessageSource,
+    /// The resources in force for this process (the kubelet's "actual").
+    resources: ResourceRequirements,
+    /// The container's memory cgroup, when limits are enforced.
+    cgroup: Option<PathBuf>,
+    /// The cgroup's OOM kill count when this run started.
+    oom_base: Option<u64>,
 }
 
 /// Where a container's termination message is read from when it exits
@@ -185,8 +232,12 @@ fn host_path_of(path: &str, mounts: &[MountSpec], tmp: &Path) -> Option<PathBuf>
 
 #[derive(Debug)]
 struct Ctr {
+    /// The spec; its `resources` are the allocated ones (below).
     spec: Container,
     init: bool,
+    /// The resources the node admitted (at start: the spec's; after an
+    /// accepted resize: the new ones). A (re)start runs with these.
+    allocated: ResourceRequirements,
     image_ref: String,
     image_id: String,
     run: Option<Running>,
@@ -209,9 +260,11 @@ struct Ctr {
 impl Ctr {
     fn new(spec: Container, init: bool, restart_base: i32) -> Self {
         let image_ref = spec.image.clone().unwrap_or_default();
+        let allocated = spec.resources.clone().unwrap_or_default();
         Self {
             spec,
             init,
+            allocated,
             image_id: String::new(),
             image_ref,
             run: None,
@@ -259,6 +312,58 @@ pub struct Worker {
     /// Process group of every container started in this pod (each is led by
     /// the container's first process); teardown waits until all are empty.
     groups: Vec<i32>,
+    resize: ResizeState,
+}
+
+/// A resize condition (`PodResizePending` / `PodResizeInProgress`), True
+/// while it is there.
+#[derive(Debug, Clone)]
+struct ResizeCond {
+    reason: Option<String>,
+    message: Option<String>,
+    generation: Option<i64>,
+    since: Timestamp,
+}
+
+impl ResizeCond {
+    /// Sets the condition; the transition time stays while reason and
+    /// message do.
+    fn set(
+        slot: &mut Option<ResizeCond>,
+        reason: Option<&str>,
+        message: Option<&str>,
+        generation: Option<i64>,
+    ) {
+        let same = slot
+            .as_ref()
+            .is_some_and(|c| c.reason.as_deref() == reason && c.message.as_deref() == message);
+        let since = match slot {
+            Some(c) if same => c.since,
+            _ => now(),
+        };
+        *slot = Some(ResizeCond {
+            reason: reason.map(String::from),
+            message: message.map(String::from),
+            generation,
+            since,
+        });
+    }
+}
+
+/// In-place resize bookkeeping of a pod (see resize.rs).
+#[derive(Debug, Default)]
+struct ResizeState {
+    pending: Option<ResizeCond>,
+    in_progress: Option<ResizeCond>,
+    /// The pod cgroup's memory limit as last written; `None` until the
+    /// first container started (the cgroup does not exist yet).
+    pod_limit: Option<Option<i64>>,
+    /// No actuation before this (after a failed one).
+    retry_at: Option<Instant>,
+    /// The generation whose actuation error was already recorded as an Event.
+    error_reported: Option<i64>,
+    /// What each regular container ran with before the resize in progress.
+    before: Vec<(String, ResourceRequirements)>,
 }
 
 fn now() -> Timestamp {
@@ -292,7 +397,25 @@ impl Worker {
         }
         for c in spec.containers {
             let base = old(false, &c.name);
-            ctrs.push(Ctr::new(c, false, base));
+            let mut ctr = Ctr::new(c, false, base);
+            // After a node restart the allocation is what the status last
+            // reported (the kubelet keeps it in a checkpoint): a resize the
+            // node had not accepted stays a resize to decide on.
+            if let Some(cs) = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|l| l.iter().find(|s| s.name == ctr.spec.name))
+                && let Some(res) = &cs.resources
+            {
+                ctr.allocated = ResourceRequirements {
+                    requests: cs.allocated_resources.clone().or(res.requests.clone()),
+                    limits: res.limits.clone(),
+                    ..Default::default()
+                };
+                ctr.spec.resources = Some(ctr.allocated.clone());
+            }
+            ctrs.push(ctr);
         }
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let start_time = pod
@@ -329,7 +452,24 @@ impl Worker {
             gone: false,
             status_ip: String::new(),
             groups: Vec::new(),
+            resize: ResizeState::default(),
         }
+    }
+
+    fn members(&self) -> Vec<Member<'_>> {
+        self.ctrs
+            .iter()
+            .map(|c| Member {
+                init: c.init,
+                resources: &c.allocated,
+            })
+            .collect()
+    }
+
+    /// Records this pod's allocated requests for other pods' fit checks.
+    fn register_allocation(&self) {
+        let requests = resize::pod_requests(&self.members());
+        self.ctx.set_allocation(&self.uid, Some(requests));
     }
 
     fn restart_policy(&self) -> String {
@@ -349,6 +489,9 @@ impl Worker {
         tracing::info!(pod = %format!("{}/{}", self.ns, self.name), uid = %self.uid, "pod worker started");
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if self.final_phase.is_none() {
+            self.register_allocation();
+        }
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
@@ -367,6 +510,7 @@ impl Worker {
             }
             self.push_status().await;
         }
+        self.ctx.set_allocation(&self.uid, None);
         tracing::info!(pod = %format!("{}/{}", self.ns, self.name), "pod worker finished");
     }
 
@@ -375,6 +519,8 @@ impl Worker {
         {
             return Ok(());
         }
+        // Before any (re)start: a container starts with what is allocated.
+        self.sync_resize().await;
         if self.net.is_none() {
             std::fs::create_dir_all(&self.run_dir).at(&self.run_dir)?;
             match self.ctx.net.create(&short_id(&self.uid)).await {
@@ -774,6 +920,8 @@ impl Worker {
         std::fs::create_dir_all(&layer_dir).at(&layer_dir)?;
         self.epoch += 1;
         let epoch = self.epoch;
+        let cgroup = self.container_cgroup(idx);
+        let oom_base = cgroup.as_deref().and_then(cgroup::oom_events);
         let spec = LaunchSpec {
             hostname: self.hostname(),
             private_tmp: tmp,
@@ -793,6 +941,7 @@ impl Worker {
             uid,
             gid,
             read_only_root,
+            cgroup: cgroup.clone(),
         };
         let spec_path = self.run_dir.join(format!("{cname}.launch.json"));
         std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?).at(&spec_path)?;
@@ -836,6 +985,13 @@ impl Worker {
         let pid = child
             .id()
             .ok_or_else(|| Error::Setup("container exited before it got a pid".into()))?;
+        // exec-container joins the cgroup itself before anything else; this
+        // makes sure of it (the same cgroup: harmless if it already did).
+        if let Some(dir) = &cgroup
+            && let Err(e) = cgroup::add_process(dir, pid)
+        {
+            tracing::debug!(pod = %self.name, container = %cname, error = %e, "adding the process to its cgroup");
+        }
         if let Ok(group) = i32::try_from(pid)
             && !self.groups.contains(&group)
         {
@@ -859,6 +1015,7 @@ impl Worker {
             container: c.clone(),
         };
         let c = &mut self.ctrs[idx];
+        let resources = c.allocated.clone();
         if c.last.is_some() {
             c.restart_count += 1;
         }
@@ -903,6 +1060,9 @@ impl Worker {
             env,
             container_id,
             message,
+            resources,
+            cgroup,
+            oom_base,
         });
         tracing::info!(pod = %self.name, container = %cname, pid, program = %inv.program, "container started");
         self.event("Normal", "Started", &format!("Started container {cname}"))
@@ -941,9 +1101,23 @@ impl Worker {
             (None, Some(sig)) => (128 + sig, Some(sig)),
             (None, None) => (255, None),
         };
-        let reason = if exit_code == 0 { "Completed" } else { "Error" };
+        // SIGKILLed while the OOM killer struck in its cgroup: OOMKilled,
+        // as the runtime reports it to the kubelet.
+        let oom_killed = signal == Some(9)
+            && run.cgroup.as_deref().is_some_and(|dir| {
+                cgroup::oom_events(dir)
+                    .zip(run.oom_base)
+                    .is_some_and(|(now, before)| now > before)
+            });
+        let reason = if oom_killed {
+            "OOMKilled"
+        } else if exit_code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        };
         let ran = run.started_instant.elapsed();
-        tracing::info!(pod = %self.name, container = %c.spec.name, exit_code, ?signal, "container exited");
+        tracing::info!(pod = %self.name, container = %c.spec.name, exit_code, ?signal, reason, "container exited");
         c.last = Some(Terminated {
             exit_code,
             signal,
@@ -1251,10 +1425,374 @@ impl Worker {
         if let Some(n) = self.net.take() {
             self.ctx.net.destroy(&n, &self.groups).await;
         }
+        // Whatever escaped the namespace and the process groups is killed
+        // with the cgroups.
+        self.ctx.memory.remove_pod(&short_id(&self.uid)).await;
+        self.resize.pod_limit = None;
+        self.ctx.set_allocation(&self.uid, None);
         if self.run_dir.exists()
             && let Err(e) = std::fs::remove_dir_all(&self.run_dir)
         {
             tracing::warn!(dir = %self.run_dir.display(), error = %e, "cannot remove pod directory");
+        }
+    }
+
+    /// The container's memory cgroup with its limit (and the pod's, the
+    /// first time), ready for the process to join; `None` without
+    /// enforcement. Failing here never fails the container.
+    fn container_cgroup(&mut self, idx: usize) -> Option<PathBuf> {
+        let pod_dir = self.ctx.memory.pod_dir(&short_id(&self.uid))?;
+        let c = &self.ctrs[idx];
+        let dir = pod_dir.join(&c.spec.name);
+        let limit = resize::memory_limit(&c.allocated);
+        let pod_limit = resize::pod_memory_limit(&self.members());
+        let first = self.resize.pod_limit.is_none();
+        let made = cgroup::ensure(&dir)
+            .and_then(|()| {
+                if first {
+                    cgroup::set_limit(&pod_dir, pod_limit)?;
+                }
+                Ok(())
+            })
+            .and_then(|()| cgroup::set_limit(&dir, limit));
+        match made {
+            Ok(()) => {
+                if first {
+                    self.resize.pod_limit = Some(pod_limit);
+                }
+                Some(dir)
+            }
+            Err(e) => {
+                tracing::warn!(pod = %self.name, container = %c.spec.name, error = %e,
+                    "memory cgroup not set up: the container runs without its memory limit");
+                None
+            }
+        }
+    }
+
+    /// The resources each regular container asks for now (the spec the API
+    /// holds, resized through `pods/resize`), by container index; init
+    /// containers are not resizable.
+    fn desired(&self) -> Vec<ResourceRequirements> {
+        let containers = self
+            .pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or(&[]);
+        self.ctrs
+            .iter()
+            .map(|c| {
+                if c.init {
+                    return c.allocated.clone();
+                }
+                containers
+                    .iter()
+                    .find(|s| s.name == c.spec.name)
+                    .map(|s| s.resources.clone().unwrap_or_default())
+                    .unwrap_or_else(|| c.allocated.clone())
+            })
+            .collect()
+    }
+
+    fn named<'a>(&'a self, res: &'a [ResourceRequirements]) -> Vec<Named<'a>> {
+        self.ctrs
+            .iter()
+            .zip(res)
+            .filter(|(c, _)| !c.init)
+            .map(|(c, r)| Named {
+                name: &c.spec.name,
+                init: c.init,
+                resources: r,
+            })
+            .collect()
+    }
+
+    /// The resources in force for a container: the running process's, or
+    /// the allocation when it does not run.
+    fn actual(c: &Ctr) -> &ResourceRequirements {
+        c.run.as_ref().map_or(&c.allocated, |r| &r.resources)
+    }
+
+    /// The kubelet's resize handling: a spec that differs from the
+    /// allocation is admitted if it fits the node (then actuated), or marked
+    /// `PodResizePending` (`Infeasible`: more than the node has; `Deferred`:
+    /// not next to the other pods, re-evaluated on every tick).
+    async fn sync_resize(&mut self) {
+        let generation = self.pod.metadata.generation;
+        let desired = self.desired();
+        let differs = self
+            .ctrs
+            .iter()
+            .zip(&desired)
+            .any(|(c, d)| !c.init && !resize::same(&c.allocated, d));
+        if differs {
+            let members: Vec<Member> = self
+                .ctrs
+                .iter()
+                .zip(&desired)
+                .map(|(c, d)| Member {
+                    init: c.init,
+                    resources: d,
+                })
+                .collect();
+            let wanted = resize::pod_requests(&members);
+            let verdict = resize::fit(wanted, self.ctx.others(&self.uid), self.ctx.allocatable());
+            let gen_ = generation.unwrap_or(0);
+            match &verdict {
+                Fit::Fits => {
+                    if self.resize.in_progress.is_none() {
+                        self.resize.before = self
+                            .ctrs
+                            .iter()
+                            .filter(|c| !c.init)
+                            .map(|c| (c.spec.name.clone(), Self::actual(c).clone()))
+                            .collect();
+                    }
+                    for (c, d) in self.ctrs.iter_mut().zip(&desired) {
+                        if !c.init {
+                            c.allocated = d.clone();
+                            c.spec.resources = Some(d.clone());
+                        }
+                    }
+                    self.register_allocation();
+                    self.resize.pending = None;
+                    // A new allocation clears an earlier actuation error.
+                    self.resize.in_progress = None;
+                    ResizeCond::set(&mut self.resize.in_progress, None, None, generation);
+                    self.resize.retry_at = None;
+                    tracing::info!(pod = %self.name, generation = gen_, "resize admitted");
+                    let msg = resize::event_message(
+                        "Pod resize started",
+                        &self.named(&desired),
+                        gen_,
+                        None,
+                    );
+                    self.event("Normal", "ResizeStarted", &msg).await;
+                }
+                Fit::Infeasible(why) | Fit::Deferred(why) => {
+                    let reason = if matches!(verdict, Fit::Infeasible(_)) {
+                        "Infeasible"
+                    } else {
+                        "Deferred"
+                    };
+                    ResizeCond::set(
+                        &mut self.resize.pending,
+                        Some(reason),
+                        Some(why),
+                        generation,
+                    );
+                    let msg = resize::event_message(
+                        &format!("Pod resize {reason}"),
+                        &self.named(&desired),
+                        gen_,
+                        Some(why),
+                    );
+                    self.event("Warning", &format!("Resize{reason}"), &msg)
+                        .await;
+                }
+            }
+        } else {
+            self.resize.pending = None;
+        }
+        self.actuate(generation).await;
+    }
+
+    /// Brings running containers (and the pod cgroup) to their allocation:
+    /// memory limit decreases first, increases last, never a limit below
+    /// what a container uses now (that stays `PodResizeInProgress` with
+    /// reason `Error`, retried). Once nothing differs, the resize is done.
+    async fn actuate(&mut self, generation: Option<i64>) {
+        let pod_dir = self.ctx.memory.pod_dir(&short_id(&self.uid));
+        let pod_limit = resize::pod_memory_limit(&self.members());
+        // The pod cgroup exists once a container started.
+        let pod_current = self.resize.pod_limit.filter(|_| pod_dir.is_some());
+        let pod_stale = pod_current.is_some_and(|cur| cur != pod_limit);
+        let stale: Vec<usize> = (0..self.ctrs.len())
+            .filter(|&i| {
+                let c = &self.ctrs[i];
+                c.run
+                    .as_ref()
+                    .is_some_and(|r| !resize::same(&r.resources, &c.allocated))
+            })
+            .collect();
+        if stale.is_empty() && !pod_stale {
+            if let Some(done) = self.resize.in_progress.take() {
+                self.resize.retry_at = None;
+                self.resize.error_reported = None;
+                let gen_ = done.generation.or(generation).unwrap_or(0);
+                let allocated: Vec<ResourceRequirements> =
+                    self.ctrs.iter().map(|c| c.allocated.clone()).collect();
+                let mut msg = resize::event_message(
+                    "Pod resize completed",
+                    &self.named(&allocated),
+                    gen_,
+                    None,
+                );
+                let changed: Vec<String> = std::mem::take(&mut self.resize.before)
+                    .iter()
+                    .filter_map(|(name, old)| {
+                        let c = self.ctrs.iter().find(|c| !c.init && &c.spec.name == name)?;
+                        Some(resize::changes(name, old, &c.allocated))
+                    })
+                    .flatten()
+                    .collect();
+                if !changed.is_empty() {
+                    msg.push_str(&format!(" ({})", changed.join(", ")));
+                }
+                tracing::info!(pod = %self.name, generation = gen_, "resize completed");
+                self.event("Normal", "ResizeCompleted", &msg).await;
+            }
+            return;
+        }
+        if self.resize.in_progress.is_none() {
+            ResizeCond::set(&mut self.resize.in_progress, None, None, generation);
+        }
+        if self.resize.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+
+        // The kubelet's best-effort check (since 1.34): a memory limit is
+        // not lowered below what is in use (cgroup v1 would refuse it, v2
+        // would OOM-kill).
+        let lowers = |old: Option<i64>, new: Option<i64>| match (old, new) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(o), Some(n)) => n < o,
+        };
+        let mut errors = Vec::new();
+        if let (Some(dir), Some(cur)) = (&pod_dir, pod_current)
+            && pod_stale
+            && lowers(cur, pod_limit)
+            && let (Some(new), Some(used)) = (pod_limit, cgroup::usage(dir))
+            && used > new
+        {
+            errors.push(format!(
+                "attempting to set pod memory limit ({new}) below current usage ({used})"
+            ));
+        }
+        for &i in &stale {
+            let c = &self.ctrs[i];
+            let Some(run) = &c.run else { continue };
+            let new = resize::memory_limit(&c.allocated);
+            if let Some(dir) = &run.cgroup
+                && lowers(resize::memory_limit(&run.resources), new)
+                && let (Some(new), Some(used)) = (new, cgroup::usage(dir))
+                && used > new
+            {
+                errors.push(format!(
+                    "attempting to set container \"{}\" memory limit ({new}) below current usage ({used})",
+                    c.spec.name
+                ));
+            }
+        }
+        if !errors.is_empty() {
+            let msg = if errors.len() == 1 {
+                format!("cannot decrease memory limits: {}", errors[0])
+            } else {
+                format!("cannot decrease memory limits: [{}]", errors.join(", "))
+            };
+            self.resize_error(generation, &msg).await;
+            return;
+        }
+
+        // Pod limit up first, then container decreases, the pod limit
+        // down, container increases (and changes without a memory limit
+        // change, which only need recording).
+        let pod_up = pod_stale && !lowers(pod_current.flatten(), pod_limit);
+        let pod_down = pod_stale && !pod_up;
+        let (decreases, others): (Vec<usize>, Vec<usize>) = stale.iter().partition(|&&i| {
+            let c = &self.ctrs[i];
+            c.run.as_ref().is_some_and(|r| {
+                lowers(
+                    resize::memory_limit(&r.resources),
+                    resize::memory_limit(&c.allocated),
+                )
+            })
+        });
+        enum Step {
+            Pod,
+            Ctr(usize),
+        }
+        let mut plan = Vec::new();
+        if pod_up {
+            plan.push(Step::Pod);
+        }
+        plan.extend(decreases.into_iter().map(Step::Ctr));
+        if pod_down {
+            plan.push(Step::Pod);
+        }
+        plan.extend(others.into_iter().map(Step::Ctr));
+        for step in plan {
+            match step {
+                Step::Pod => {
+                    if let Some(dir) = &pod_dir {
+                        if let Err(e) = cgroup::set_limit(dir, pod_limit) {
+                            let msg = format!("setting the pod memory limit: {e}");
+                            self.resize_error(generation, &msg).await;
+                            return;
+                        }
+                        self.resize.pod_limit = Some(pod_limit);
+                    }
+                }
+                Step::Ctr(i) => {
+                    let c = &mut self.ctrs[i];
+                    let Some(run) = c.run.as_mut() else { continue };
+                    let new = resize::memory_limit(&c.allocated);
+                    if let Some(dir) = &run.cgroup
+                        && new != resize::memory_limit(&run.resources)
+                        && let Err(e) = cgroup::set_limit(dir, new)
+                    {
+                        let msg = format!(
+                            "setting the memory limit of container \"{}\": {e}",
+                            c.spec.name
+                        );
+                        self.resize_error(generation, &msg).await;
+                        return;
+                    }
+                    run.resources = c.allocated.clone();
+                    tracing::info!(pod = %self.name, container = %c.spec.name, memory_limit = ?new, "container resized");
+                }
+            }
+        }
+        // The in-progress condition goes on the next pass, once the status
+        // shows the new resources (the kubelet clears it on its next sync).
+        if let Some(c) = self.resize.in_progress.as_ref()
+            && c.reason.is_some()
+        {
+            let gen_ = c.generation;
+            ResizeCond::set(&mut self.resize.in_progress, None, None, gen_);
+        }
+    }
+
+    /// An actuation that failed: `PodResizeInProgress` with reason `Error`,
+    /// one Warning event per generation, another try after RESIZE_RETRY.
+    async fn resize_error(&mut self, generation: Option<i64>, message: &str) {
+        let gen_ = self
+            .resize
+            .in_progress
+            .as_ref()
+            .and_then(|c| c.generation)
+            .or(generation);
+        ResizeCond::set(
+            &mut self.resize.in_progress,
+            Some("Error"),
+            Some(message),
+            gen_,
+        );
+        self.resize.retry_at = Some(Instant::now() + RESIZE_RETRY);
+        if self.resize.error_reported != Some(gen_.unwrap_or(0)) {
+            self.resize.error_reported = Some(gen_.unwrap_or(0));
+            tracing::warn!(pod = %self.name, error = message, "resize not actuated");
+            let allocated: Vec<ResourceRequirements> =
+                self.ctrs.iter().map(|c| c.allocated.clone()).collect();
+            let msg = resize::event_message(
+                "Pod resize error",
+                &self.named(&allocated),
+                gen_.unwrap_or(0),
+                Some(message),
+            );
+            self.event("Warning", "ResizeError", &msg).await;
         }
     }
 
@@ -1313,6 +1851,21 @@ impl Worker {
         } else if let Some(t) = &c.last {
             v["containerID"] = json!(t.container_id);
         }
+        // Always there, like the kubelet's: the apiserver refuses to resize
+        // a running pod whose statuses lack `resources` ("Pod running on
+        // node without support for resize").
+        let actual = Self::actual(c);
+        let mut resources = json!({});
+        if let Some(r) = actual.requests.as_ref().filter(|m| !m.is_empty()) {
+            resources["requests"] = json!(r);
+        }
+        if let Some(l) = actual.limits.as_ref().filter(|m| !m.is_empty()) {
+            resources["limits"] = json!(l);
+        }
+        v["resources"] = resources;
+        if let Some(r) = c.allocated.requests.as_ref().filter(|m| !m.is_empty()) {
+            v["allocatedResources"] = json!(r);
+        }
         v
     }
 
@@ -1344,6 +1897,7 @@ impl Worker {
         self.set_condition("ContainersReady", all_ready);
         self.set_condition("Ready", all_ready);
         let regular: Vec<&Ctr> = self.ctrs.iter().filter(|c| !c.init).collect();
+        let generation = self.pod.metadata.generation;
         let mut conditions = Vec::new();
         for (ty, (v, at)) in &self.conditions {
             let mut c = json!({
@@ -1354,6 +1908,9 @@ impl Worker {
                 "reason": null,
                 "message": null,
             });
+            if let Some(g) = generation {
+                c["observedGeneration"] = json!(g);
+            }
             if !*v && (*ty == "Ready" || *ty == "ContainersReady") {
                 let not_ready: Vec<&str> = regular
                     .iter()
@@ -1385,6 +1942,26 @@ impl Worker {
             }
             conditions.push(c);
         }
+        for (ty, cond) in [
+            ("PodResizePending", &self.resize.pending),
+            ("PodResizeInProgress", &self.resize.in_progress),
+        ] {
+            conditions.push(match cond {
+                Some(c) => json!({
+                    "type": ty,
+                    "status": "True",
+                    "lastProbeTime": null,
+                    "lastTransitionTime": Time(c.since),
+                    "reason": c.reason,
+                    "message": c.message,
+                    "observedGeneration": c.generation,
+                }),
+                // Conditions merge by type in a strategic merge patch: a
+                // finished resize's condition has to be deleted explicitly
+                // (a no-op when it is not there).
+                None => json!({"type": ty, "$patch": "delete"}),
+            });
+        }
         let statuses: Vec<Value> = regular.iter().map(|c| self.container_status(c)).collect();
         let init_statuses: Vec<Value> = self
             .ctrs
@@ -1404,9 +1981,15 @@ impl Worker {
         if !init_statuses.is_empty() {
             st["initContainerStatuses"] = json!(init_statuses);
         }
+        if let Some(g) = generation {
+            st["observedGeneration"] = json!(g);
+        }
         if !self.status_ip.is_empty() {
             st["podIP"] = json!(self.status_ip);
-            st["podIPs"] = json!([{"ip": self.status_ip}]);
+            // podIPs merge by `ip` in a strategic merge patch: after a node
+            // restart (a new address) the list would hold both and the
+            // apiserver refuses the whole status. Replaced, not merged.
+            st["podIPs"] = json!([{"$patch": "replace"}, {"ip": self.status_ip}]);
         }
         st
     }
