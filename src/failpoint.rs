@@ -18,6 +18,12 @@ pub fn hit(name: &str) {
     }
 }
 
+/// Whether `name` is armed (a point where a test makes the operator meet
+/// a condition it cannot cause itself, rather than exit).
+pub fn armed_here(name: &str) -> bool {
+    armed(std::env::var("REDPILOT_FAILPOINTS").ok().as_deref(), name)
+}
+
 fn armed(list: Option<&str>, name: &str) -> bool {
     list.is_some_and(|l| l.split(',').any(|p| p.trim() == name))
 }

@@ -24,9 +24,11 @@ use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+mod autopilot;
 mod backup;
 mod monitoring;
 mod schedule;
+pub use autopilot::*;
 pub use backup::*;
 pub use monitoring::*;
 pub use schedule::*;
@@ -175,6 +177,8 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     + self.spec.version + ' is a downgrade, which is refused (an older server cannot load data \
     written by a newer one); create a new Redis to run an older version'";
 
+const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.autopilot.memory) \
+    || (has(self.resources) && has(self.resources.limits) && 'memory' in self.resources.limits)";
 /// Desired state of a Redis (or Valkey) deployment.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -233,6 +237,9 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     validation = Rule::new(KNOWN_VERSION_RULE)
         .message(Message::Expression(KNOWN_VERSION_MESSAGE.into()))
         .field_path(".version"),
+    validation = Rule::new(AUTOPILOT_NEEDS_LIMIT_RULE)
+        .message("spec.autopilot.memory needs spec.resources.limits.memory: the memory limit the autopilot starts from")
+        .field_path(".autopilot.memory"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RedisSpec {
@@ -333,6 +340,13 @@ pub struct RedisSpec {
     /// PrometheusRule, and the alerts' bounds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<MonitoringSpec>,
+
+    /// Automatic scaling: the memory autopilot grows every instance's
+    /// memory (in place, without a restart, where the cluster allows it)
+    /// before the dataset reaches `maxmemory`, and shrinks it once the data
+    /// is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autopilot: Option<AutopilotSpec>,
 }
 
 impl Default for RedisSpec {
@@ -356,6 +370,7 @@ impl Default for RedisSpec {
             bootstrap: None,
             hibernate: false,
             monitoring: None,
+            autopilot: None,
         }
     }
 }
@@ -661,6 +676,9 @@ pub struct RedisStatus {
     /// (or 1 MiB without a limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStatus>,
+    /// What the autopilot decided and the size it keeps the instances at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autopilot: Option<AutopilotStatus>,
 }
 
 /// Memory use of one instance (`status.memory`).
@@ -858,6 +876,15 @@ impl RedisSpec {
     /// Monitoring settings with defaults applied.
     pub fn monitoring(&self) -> MonitoringSpec {
         self.monitoring.clone().unwrap_or_default()
+    }
+
+    /// The memory autopilot's policy, when it is enabled.
+    pub fn memory_autopilot(&self) -> Option<&MemoryAutopilotSpec> {
+        self.autopilot
+            .as_ref()?
+            .memory
+            .as_ref()
+            .filter(|m| m.enabled)
     }
 
     /// Failover settings with defaults applied.

@@ -66,9 +66,12 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
                 .map(|c| Container {
                     name: c.name,
                     image: c.image,
+                    // The memory autopilot compares them with its target.
+                    resources: c.resources,
                     ..Default::default()
                 })
                 .collect(),
+            node_name: spec.node_name,
             ..Default::default()
         });
     }
@@ -80,6 +83,8 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
                     image: c.image,
                     ready: c.ready,
                     restart_count: c.restart_count,
+                    // What the kubelet applied (in-place resize).
+                    resources: c.resources,
                     state: c.state.map(|s| ContainerState {
                         waiting: s.waiting,
                         ..Default::default()

@@ -244,7 +244,13 @@ impl Reconciler {
         let kept = kept::decide(live_sts.as_ref(), &sts, generation, observed, &in_use);
         kept::annotate(&mut sts, generation, &kept);
         sts = build::stamp_hash(sts);
-        if let Some(r) = &kept.newly {
+        // The memory autopilot's resize changes the template too; its pods
+        // are resized in place (see `autopilot::resize`), not kept.
+        let resized = super::autopilot::record(&self.redis).is_some()
+            && live_sts.as_ref().is_some_and(|l| {
+                super::kept::server_resources(l) != super::kept::server_resources(&sts)
+            });
+        if let Some(r) = kept.newly.as_ref().filter(|_| !resized) {
             let n = facts
                 .iter()
                 .filter(|f| f.revision.as_ref() == Some(r))

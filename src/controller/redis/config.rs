@@ -53,14 +53,9 @@ pub fn quantity_value(s: &str) -> Option<f64> {
 /// `maxmemory` for the server: 75% of the memory limit (or request), leaving
 /// room for replication buffers and copy-on-write during snapshots. `None`
 /// when the pod has no memory bound.
+/// The memory autopilot's limit, when it set one, stands for the spec's.
 pub fn maxmemory_bytes(redis: &Redis) -> Option<u64> {
-    let res = redis.spec.resources.as_ref()?;
-    let q = res
-        .limits
-        .as_ref()
-        .and_then(|l| l.get("memory"))
-        .or_else(|| res.requests.as_ref().and_then(|r| r.get("memory")))?;
-    quantity_bytes(q).map(|b| b / 4 * 3)
+    super::autopilot::limit(redis).map(super::autopilot::policy::maxmemory_of)
 }
 
 /// redis.conf lines the operator owns.
@@ -132,7 +127,12 @@ pub fn redis_conf(redis: &Redis) -> String {
 /// own lines, every user key that `is_dynamic` says cannot change live, and
 /// the count of live keys removed from the spec (`status.configResets`).
 pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String {
-    let mut parts = base_config(redis);
+    // maxmemory is set live, following each pod's limit in effect (see
+    // `autopilot::resize`); the limit itself is in the template.
+    let mut parts: Vec<String> = base_config(redis)
+        .into_iter()
+        .filter(|l| !l.starts_with("maxmemory "))
+        .collect();
     let resets = redis.status.as_ref().map_or(0, |s| s.config_resets);
     if resets > 0 {
         parts.push(format!("config-resets={resets}"));

@@ -65,6 +65,21 @@ pub fn server_image(sts: &StatefulSet) -> Option<&str> {
         .as_deref()
 }
 
+/// The server container's resources in the StatefulSet's template.
+pub fn server_resources(
+    sts: &StatefulSet,
+) -> Option<&k8s_openapi::api::core::v1::ResourceRequirements> {
+    sts.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == build::SERVER_CONTAINER)?
+        .resources
+        .as_ref()
+}
+
 /// The revisions the live StatefulSet keeps.
 pub fn kept_revisions(live: Option<&StatefulSet>) -> Vec<String> {
     live.and_then(|s| annotation(s, KEPT_ANNOTATION))

@@ -10,12 +10,14 @@
 //! | failover | [`failover`] | a lost primary replaced (fenced first), planned switchovers on request |
 //! | recovery | [`recovery`] | a new Redis: promote its first primary |
 //! | config | [`config`] | parameters that change live, with `CONFIG SET` |
+//! | autopilot | [`autopilot`] | the memory limit: decide (pure policy), resize in place, `maxmemory` live |
 //! | rollout | [`rollout`] | ordered restarts, switchovers |
 //! | upgrade | [`upgrade`] | version upgrades: progress, rollback (the restarts are the rollout's) |
 //! | status | [`status`] | conditions, events, one status patch, the requeue and its backoff |
 //!
 //! This file holds the pipeline and what every step shares.
 
+pub mod autopilot;
 pub mod bootstrap;
 pub mod build;
 pub mod children;
@@ -79,6 +81,8 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         progress_reason: None,
         degraded_reason: None,
         servers_observed: false,
+        autopilot_cond: None,
+        autopilot_due: None,
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -120,6 +124,10 @@ pub struct Reconciler {
     /// The data is saved and the pods are to go (children are applied with
     /// no replica and no published primary).
     hibernating: bool,
+    /// The memory autopilot's condition for this pass.
+    autopilot_cond: Option<status::Cond>,
+    /// When the memory autopilot wants to look again (a cooldown ending).
+    autopilot_due: Option<Duration>,
 }
 
 impl Reconciler {
@@ -349,6 +357,9 @@ impl Reconciler {
         // Which config keys are live; a removed one restarts the instances.
         self.track_live_config().await?;
 
+        // The memory limit, decided before the template is built from it.
+        self.autopilot(&facts, primary.as_deref()).await?;
+
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
         let hold = self
             .apply_children(
@@ -400,7 +411,14 @@ impl Reconciler {
         let (engine, _) = self.engine_version();
         self.apply_live_config(&facts, &opts, engine).await;
 
-        // 8. A switchover the user asked for, then restarts for settings
+        // 8. The memory autopilot's limit reaches the instances (in place,
+        // or by marking them for the restarts below).
+        let mut facts = facts;
+        if let Some(p) = &primary {
+            self.autopilot_resize(&mut facts, p, &opts).await?;
+        }
+
+        // 9. A switchover the user asked for, then restarts for settings
         // that cannot change live.
         if let Some(p) = &primary {
             if self.requested_switchover(&facts, p, &opts).await {
@@ -410,7 +428,7 @@ impl Reconciler {
             self.roll(&facts, p, desired, &opts).await?;
         }
 
-        // A switchover in step 8 moved the primary: report the new one.
+        // A switchover in step 9 moved the primary: report the new one.
         let primary = self.moved_primary.clone().or(primary);
         self.finish(&facts, primary.as_deref(), desired, false)
             .await

@@ -367,6 +367,17 @@ pub struct PodFacts {
     pub used_memory: Option<u64>,
     /// See `used_memory`.
     pub maxmemory: Option<u64>,
+    /// The server container's memory limit in the pod's spec (an in-place
+    /// resize changes it first).
+    pub mem_limit: Option<u64>,
+    /// The memory limit the kubelet reports in effect (`status.
+    /// containerStatuses[].resources`); `None` when it reports none.
+    pub mem_limit_applied: Option<u64>,
+    /// A resize the kubelet has not finished: the condition
+    /// (`PodResizePending`, `PodResizeInProgress`), its reason and message.
+    pub resize: Option<(String, String, String)>,
+    /// The node the pod runs on.
+    pub node: Option<String>,
     /// Seconds the pod has been not Ready without a break (since its Ready
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
@@ -434,12 +445,49 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                 } else {
                     unready_since.map(|t| now.saturating_sub(t))
                 },
+                mem_limit: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| {
+                        s.containers
+                            .iter()
+                            .find(|c| c.name == build::SERVER_CONTAINER)
+                    })
+                    .and_then(|c| memory_limit(c.resources.as_ref())),
+                mem_limit_applied: server.and_then(|c| memory_limit(c.resources.as_ref())),
+                resize: status
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|cs| {
+                        cs.iter().find(|c| {
+                            (c.type_ == "PodResizePending" || c.type_ == "PodResizeInProgress")
+                                && c.status == "True"
+                        })
+                    })
+                    .map(|c| {
+                        (
+                            c.type_.clone(),
+                            c.reason.clone().unwrap_or_default(),
+                            c.message.clone().unwrap_or_default(),
+                        )
+                    }),
+                node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
                 ..Default::default()
             }
         })
         .collect();
     out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
     out
+}
+
+/// The memory limit (or, without one, the request) of a container.
+pub fn memory_limit(r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>) -> Option<u64> {
+    let r = r?;
+    let q = r
+        .limits
+        .as_ref()
+        .and_then(|l| l.get("memory"))
+        .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
+    super::config::quantity_bytes(q)
 }
 
 /// Whether the StatefulSet controller has seen the StatefulSet's latest

@@ -235,7 +235,7 @@ pub fn statefulset(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        resources: spec.resources.clone(),
+        resources: super::autopilot::resources(redis),
         volume_mounts: Some(mounts),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {

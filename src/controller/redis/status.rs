@@ -271,6 +271,31 @@ impl Reconciler {
         if let Some(u) = &self.upgrade {
             conds.push(super::upgrade::condition(u));
         }
+        // The memory autopilot's condition; a pass that returned before the
+        // autopilot looked keeps the last one.
+        let kept_autopilot = || {
+            let c = self
+                .redis
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == super::autopilot::CONDITION)?;
+            Some(Cond::new(
+                super::autopilot::CONDITION,
+                c.status == "True",
+                c.reason.clone(),
+                c.message.clone(),
+            ))
+        };
+        if let Some(c) = self.autopilot_cond.take().or_else(|| {
+            self.redis
+                .spec
+                .memory_autopilot()
+                .and_then(|_| kept_autopilot())
+        }) {
+            conds.push(c);
+        }
         let old = self.redis.status.clone().unwrap_or_default();
         conds.push(primary_condition(
             facts,
@@ -358,6 +383,7 @@ impl Reconciler {
             bootstrap: self.bootstrap.clone(),
             hibernation: self.hibernation.clone(),
             memory: memory_status(facts, primary),
+            autopilot: self.redis.status.as_ref().and_then(|s| s.autopilot.clone()),
         };
         status.conditions = merge(
             &old.conditions,
@@ -426,7 +452,10 @@ impl Reconciler {
     fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
         if steady {
             self.ctx.forget_stuck(&self.oref);
-            return Action::requeue(STEADY_REQUEUE);
+            // The memory autopilot's cooldown may end sooner.
+            return Action::requeue(self.autopilot_due.map_or(STEADY_REQUEUE, |d| {
+                d.clamp(PROGRESS_REQUEUE, STEADY_REQUEUE)
+            }));
         }
         let seen = serde_json::to_string(&strip_offsets(status)).unwrap_or_default();
         let fingerprint =

@@ -1,0 +1,430 @@
+//! The memory autopilot (`spec.autopilot.memory`, Level 5): decides the
+//! memory limit every instance runs ([`policy`], pure), records it in
+//! `status.autopilot.memory` before anything changes (the StatefulSet's
+//! template and `maxmemory` follow it, see [`resources`]), and reports each
+//! decision (event, metric, the `MemoryAtMaximum` condition). [`resize`]
+//! moves the running instances to it: in place where the cluster allows
+//! it, by an ordered rolling restart where it does not.
+//!
+//! The primary's growth rate comes from the monitor, which samples its
+//! `used_memory` every second while the autopilot is on and asks for a
+//! reconcile as soon as the use reaches the level where the policy acts.
+
+pub mod policy;
+pub mod resize;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::runtime::events::EventType;
+
+use self::policy::{Bound, Decision, Observed, Policy, human, maxmemory_of, quantity};
+use super::Reconciler;
+use super::config::quantity_bytes;
+use super::observe::{PodFacts, memory_limit};
+use super::status::Cond;
+use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision, Redis};
+
+/// The condition the autopilot reports.
+pub const CONDITION: &str = "MemoryAtMaximum";
+
+/// The memory limit of `spec.resources`.
+pub fn spec_limit(redis: &Redis) -> Option<u64> {
+    memory_limit(redis.spec.resources.as_ref())
+}
+
+/// The autopilot's record, when it applies: it was made for the spec's
+/// current limit (a limit changed by hand starts over from the new one).
+pub fn record(redis: &Redis) -> Option<&MemoryAutopilotStatus> {
+    let st = redis.status.as_ref()?.autopilot.as_ref()?.memory.as_ref()?;
+    let base = spec_limit(redis)?;
+    (quantity_bytes(&Quantity(st.base.clone())) == Some(base) && st.limit_bytes > 0).then_some(st)
+}
+
+/// The memory limit the instances are to run: the autopilot's target, or
+/// the spec's.
+pub fn limit(redis: &Redis) -> Option<u64> {
+    record(redis)
+        .map(|r| r.limit_bytes as u64)
+        .or_else(|| spec_limit(redis))
+}
+
+/// The server container's resources: the spec's, with the memory limit the
+/// autopilot set; the request keeps its ratio to the limit (no request:
+/// the same as the limit, as Kubernetes defaults it).
+pub fn resources(redis: &Redis) -> Option<ResourceRequirements> {
+    let mut r = redis.spec.resources.clone()?;
+    let (Some(rec), Some(base)) = (record(redis), spec_limit(redis)) else {
+        return Some(r);
+    };
+    let target = rec.limit_bytes as u64;
+    let request = r
+        .requests
+        .as_ref()
+        .and_then(|q| q.get("memory"))
+        .and_then(quantity_bytes)
+        .filter(|req| *req < base)
+        .map_or(target, |req| {
+            let scaled = (req as f64 * target as f64 / base as f64).ceil() as u64;
+            scaled.div_ceil(policy::ROUND) * policy::ROUND
+        });
+    r.limits
+        .get_or_insert_with(Default::default)
+        .insert("memory".into(), Quantity(quantity(target)));
+    r.requests
+        .get_or_insert_with(Default::default)
+        .insert("memory".into(), Quantity(quantity(request.min(target))));
+    Some(r)
+}
+
+/// `next` as a merge patch: a field that went away is sent as null (an
+/// absent one would keep the old value).
+fn patch_value(next: &MemoryAutopilotStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(next).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        for key in ["method", "belowSince", "lastChange", "lastDecision"] {
+            o.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    v
+}
+
+/// How much more memory limit per instance the namespace's ResourceQuotas
+/// allow: the smallest room left under `limits.memory` (and, for the
+/// requests, `requests.memory`/`memory` scaled to limits), per instance.
+fn quota_room(quotas: &[ResourceQuota], instances: u64, request_ratio: f64) -> Option<u64> {
+    let mut room: Option<u64> = None;
+    for q in quotas {
+        let hard = q.status.as_ref().and_then(|s| s.hard.as_ref());
+        let used = q.status.as_ref().and_then(|s| s.used.as_ref());
+        for (key, per_limit) in [
+            ("limits.memory", 1.0),
+            ("requests.memory", request_ratio),
+            ("memory", request_ratio),
+        ] {
+            let Some(h) = hard.and_then(|h| h.get(key)).and_then(quantity_bytes) else {
+                continue;
+            };
+            let u = used
+                .and_then(|u| u.get(key))
+                .and_then(quantity_bytes)
+                .unwrap_or(0);
+            let left = h.saturating_sub(u) as f64 / per_limit.max(0.01);
+            let per = (left / instances.max(1) as f64) as u64;
+            room = Some(room.map_or(per, |r| r.min(per)));
+        }
+    }
+    room
+}
+
+impl Reconciler {
+    /// Decides the memory limit (before the children are applied, so the
+    /// template and `maxmemory` follow the decision in the same pass) and
+    /// points the monitor at the level to watch.
+    pub(super) async fn autopilot(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+    ) -> Result<(), super::Error> {
+        let Some(spec) = self.redis.spec.memory_autopilot().cloned() else {
+            self.ctx
+                .monitor
+                .watch_memory(&self.oref, None, Duration::ZERO);
+            return Ok(());
+        };
+        let (Some(base), Some(current)) = (spec_limit(&self.redis), limit(&self.redis)) else {
+            return Ok(());
+        };
+        let Some(policy) = Policy::from_spec(&spec, base) else {
+            return Ok(());
+        };
+        // Where the monitor asks for a pass: the scale-up level, and the
+        // scale-down level (the cooldown starts when the data goes).
+        let alert = (policy.up * maxmemory_of(current) as f64) as u64;
+        let low = (policy.down * maxmemory_of(current) as f64) as u64;
+        self.ctx.monitor.watch_memory(
+            &self.oref,
+            Some((low, alert)),
+            Duration::from_secs(policy.lookahead.max(0) as u64),
+        );
+        let Some(used) = primary
+            .and_then(|p| facts.iter().find(|f| f.name == p))
+            .filter(|f| f.reachable)
+            .and_then(|f| f.used_memory)
+        else {
+            self.autopilot_cond = Some(condition(None, facts));
+            return Ok(());
+        };
+        let rec = record(&self.redis).cloned();
+        let now = chrono::Utc::now();
+        let parse = |t: &Option<String>| {
+            t.as_deref()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.timestamp())
+        };
+        let below = policy::below_down(&policy, used, current);
+        let below_since = match (below, rec.as_ref().and_then(|r| parse(&r.below_since))) {
+            (true, Some(t)) => Some(t),
+            (true, None) => Some(now.timestamp()),
+            (false, _) => None,
+        };
+        let mut observed = Observed {
+            used,
+            rate: self.ctx.monitor.memory(&self.oref).and_then(|m| m.rate),
+            limit: current,
+            now: now.timestamp(),
+            below_since,
+            last_change: rec.as_ref().and_then(|r| parse(&r.last_change)),
+            bound: None,
+        };
+        let mut decision = policy::decide(&policy, &observed);
+        // Below the scale-down level: look again when the cooldowns end.
+        if let Some(since) = below_since {
+            let last = observed.last_change.unwrap_or(since);
+            let due = since.max(last) + policy.cooldown - observed.now;
+            self.autopilot_due = Some(Duration::from_secs(due.max(0) as u64 + 1));
+        }
+        if matches!(decision, Decision::Grow { .. } | Decision::AtMaximum { .. }) {
+            observed.bound = self.quota_bound(current).await;
+            decision = policy::decide(&policy, &observed);
+        }
+        let mut next = rec.clone().unwrap_or_else(|| MemoryAutopilotStatus {
+            limit: quantity(current),
+            limit_bytes: current as i64,
+            base: quantity(base),
+            ..Default::default()
+        });
+        next.below_since = below_since
+            .and_then(|t| chrono::DateTime::from_timestamp(t, 0).map(|t| t.to_rfc3339()));
+        let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut event = None;
+        let (action, to, why, direction, result) = match &decision {
+            Decision::Keep => ("", current, String::new(), "", ""),
+            Decision::Grow { to, why } => ("Grow", *to, why.clone(), "grow", "applied"),
+            Decision::Shrink { to, why } => ("Shrink", *to, why.clone(), "shrink", "applied"),
+            Decision::AtMaximum { wanted, why } => {
+                ("AtMaximum", *wanted, why.clone(), "at_maximum", "refused")
+            }
+            Decision::Bounded { wanted, why, .. } => {
+                ("Bounded", *wanted, why.clone(), "grow", "refused")
+            }
+        };
+        if !action.is_empty() {
+            let repeat = next
+                .last_decision
+                .as_ref()
+                .is_some_and(|d| d.action == action && d.from == quantity(current));
+            if matches!(action, "Grow" | "Shrink") {
+                next.limit = quantity(to);
+                next.limit_bytes = to as i64;
+                next.last_change = Some(stamp.clone());
+                next.below_since = None;
+            }
+            if !repeat || matches!(action, "Grow" | "Shrink") {
+                next.last_decision = Some(MemoryDecision {
+                    time: stamp,
+                    action: action.into(),
+                    from: quantity(current),
+                    to: quantity(to),
+                    reason: why.clone(),
+                });
+                self.ctx
+                    .metrics
+                    .autopilot
+                    .with_label_values(&[direction, result])
+                    .inc();
+                event = Some((action, current, to, why));
+            }
+        }
+        if rec.as_ref() != Some(&next) {
+            self.patch_status(serde_json::json!({"autopilot": {"memory": patch_value(&next)}}))
+                .await?;
+        }
+        if let Some((action, from, to, why)) = event {
+            let (kind, reason, text) = match action {
+                "Grow" => (
+                    EventType::Normal,
+                    "MemoryGrow",
+                    format!("memory limit {} → {}: {why}", human(from), human(to)),
+                ),
+                "Shrink" => (
+                    EventType::Normal,
+                    "MemoryShrink",
+                    format!("memory limit {} → {}: {why}", human(from), human(to)),
+                ),
+                "AtMaximum" => (
+                    EventType::Warning,
+                    "MemoryAtMaximum",
+                    format!("memory limit stays {}: {why}", human(from)),
+                ),
+                _ => (
+                    EventType::Warning,
+                    "MemoryBounded",
+                    format!(
+                        "memory limit stays {} (wanted {}): {why}",
+                        human(from),
+                        human(to)
+                    ),
+                ),
+            };
+            self.event(kind, reason, "Autoscale", text).await;
+        }
+        self.autopilot_cond = Some(condition(Some(&decision), facts));
+        Ok(())
+    }
+
+    /// The largest limit the namespace's ResourceQuotas take, when one
+    /// bounds memory.
+    async fn quota_bound(&mut self, current: u64) -> Option<(u64, Bound)> {
+        self.ctx.metrics.kube("list");
+        let quotas = match self.api::<ResourceQuota>().list(&Default::default()).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing ResourceQuotas for the memory autopilot");
+                return None;
+            }
+        };
+        let instances = self.redis.spec.desired_instances().max(1) as u64;
+        let r = resources(&self.redis);
+        let req = r
+            .as_ref()
+            .and_then(|r| r.requests.as_ref()?.get("memory").and_then(quantity_bytes));
+        let ratio = req.map_or(1.0, |q| q as f64 / current.max(1) as f64);
+        quota_room(&quotas, instances, ratio).map(|room| (current + room, Bound::Quota))
+    }
+}
+
+/// The `MemoryAtMaximum` condition for this pass: the policy's maximum, a
+/// ResourceQuota, or a node that cannot take a resize.
+fn condition(decision: Option<&Decision>, facts: &[PodFacts]) -> Cond {
+    match decision {
+        Some(Decision::AtMaximum { why, .. }) => {
+            Cond::new(CONDITION, true, "AtMaximum", why.clone())
+        }
+        Some(Decision::Bounded { why, by, .. }) => Cond::new(
+            CONDITION,
+            true,
+            match by {
+                Bound::Quota => "ResourceQuota",
+                Bound::Node => "NodeCapacity",
+            },
+            why.clone(),
+        ),
+        _ => match resize::node_refusal(facts) {
+            Some(msg) => Cond::new(CONDITION, true, "NodeCapacity", msg),
+            None => Cond::new(
+                CONDITION,
+                false,
+                "BelowMaximum",
+                "the autopilot can grow the memory further",
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::{AutopilotStatus, RedisStatus};
+    use crate::controller::redis::build::test_redis;
+    use std::collections::BTreeMap;
+
+    fn with_limit(limit: &str, request: Option<&str>) -> Redis {
+        let mut spec = crate::api::v1alpha1::RedisSpec::default();
+        let mut r = ResourceRequirements {
+            limits: Some(BTreeMap::from([("memory".into(), Quantity(limit.into()))])),
+            ..Default::default()
+        };
+        if let Some(req) = request {
+            r.requests = Some(BTreeMap::from([("memory".into(), Quantity(req.into()))]));
+        }
+        spec.resources = Some(r);
+        test_redis(spec)
+    }
+
+    fn targeted(mut r: Redis, base: &str, limit: u64) -> Redis {
+        r.status = Some(RedisStatus {
+            autopilot: Some(AutopilotStatus {
+                memory: Some(MemoryAutopilotStatus {
+                    limit: quantity(limit),
+                    limit_bytes: limit as i64,
+                    base: base.into(),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn the_target_replaces_the_limit_and_scales_the_request() {
+        let r = targeted(with_limit("64Mi", Some("32Mi")), "64Mi", 96 << 20);
+        assert_eq!(limit(&r), Some(96 << 20));
+        let res = resources(&r).unwrap();
+        assert_eq!(res.limits.unwrap()["memory"].0, "96Mi");
+        assert_eq!(res.requests.unwrap()["memory"].0, "48Mi");
+        // No request: the same as the limit.
+        let r = targeted(with_limit("64Mi", None), "64Mi", 96 << 20);
+        assert_eq!(resources(&r).unwrap().requests.unwrap()["memory"].0, "96Mi");
+        // maxmemory follows the target.
+        assert_eq!(
+            crate::controller::redis::config::maxmemory_bytes(&r),
+            Some((96u64 << 20) / 4 * 3)
+        );
+    }
+
+    #[test]
+    fn fields_that_went_away_are_nulled_in_the_patch() {
+        let v = patch_value(&MemoryAutopilotStatus {
+            limit: "96Mi".into(),
+            limit_bytes: 96 << 20,
+            base: "64Mi".into(),
+            ..Default::default()
+        });
+        assert_eq!(v["belowSince"], serde_json::Value::Null);
+        assert!(v.as_object().is_some_and(|o| o.contains_key("belowSince")));
+        assert_eq!(v["limit"], "96Mi");
+    }
+
+    #[test]
+    fn a_limit_changed_by_hand_starts_over() {
+        let r = targeted(with_limit("128Mi", None), "64Mi", 96 << 20);
+        assert_eq!(limit(&r), Some(128 << 20));
+        assert_eq!(resources(&r).unwrap().limits.unwrap()["memory"].0, "128Mi");
+    }
+
+    #[test]
+    fn quota_room_is_shared_by_the_instances() {
+        let q = |hard: &str, used: &str, key: &str| ResourceQuota {
+            status: Some(k8s_openapi::api::core::v1::ResourceQuotaStatus {
+                hard: Some(BTreeMap::from([(key.into(), Quantity(hard.into()))])),
+                used: Some(BTreeMap::from([(key.into(), Quantity(used.into()))])),
+            }),
+            ..Default::default()
+        };
+        let mi = 1u64 << 20;
+        assert_eq!(
+            quota_room(&[q("512Mi", "200Mi", "limits.memory")], 3, 1.0),
+            Some(104 * mi)
+        );
+        // Requests at half the limit: room for twice as much limit.
+        assert_eq!(
+            quota_room(&[q("512Mi", "200Mi", "requests.memory")], 3, 0.5),
+            Some(208 * mi)
+        );
+        assert_eq!(
+            quota_room(
+                &[
+                    q("512Mi", "200Mi", "limits.memory"),
+                    q("1Gi", "1000Mi", "requests.memory")
+                ],
+                3,
+                1.0
+            ),
+            Some(8 * mi)
+        );
+        assert_eq!(quota_room(&[], 3, 1.0), None);
+    }
+}

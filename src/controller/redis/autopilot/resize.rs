@@ -1,0 +1,421 @@
+//! Moves the running instances to the autopilot's memory limit.
+//!
+//! In place (method `InPlace`): the pod's `resize` subresource (Kubernetes
+//! 1.33 and later) changes the server container's memory, and `maxmemory`
+//! follows live with `CONFIG SET`, never above 75 % of the limit the kubelet
+//! reports in effect:
+//! - a grow resizes the replicas first and the primary only once every
+//!   replica runs the new limit, so a replica always has room for what the
+//!   primary may hold; each `maxmemory` rises once its pod's new limit is in
+//!   effect, the primary's last;
+//! - a shrink lowers `maxmemory` first, returns freed pages to the system
+//!   (`MEMORY PURGE`), then resizes.
+//!
+//! Where the cluster refuses in-place resize (no such subresource, or a pod
+//! it cannot be applied to), the method becomes `Restart`: every instance
+//! not at the limit counts as outdated, and the rollout restarts them in its
+//! order (replicas, a zero-loss switchover, the old primary), each coming
+//! back from the StatefulSet's template, which already has the limit. A
+//! resize the node cannot take (`PodResizePending`: `Infeasible` or
+//! `Deferred`) is reported in the `MemoryAtMaximum` condition; nothing is
+//! restarted for it, as a new pod would not fit either.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+
+use super::policy::{human, maxmemory_of};
+use super::{Reconciler, limit, record, resources};
+use crate::controller::FIELD_MANAGER;
+use crate::controller::redis::build;
+use crate::controller::redis::observe::PodFacts;
+use crate::redis::{ConnectOptions, Endpoint};
+
+/// Method recorded when the cluster resizes pods in place.
+pub const IN_PLACE: &str = "InPlace";
+/// Method recorded when it does not: ordered rolling restarts.
+pub const RESTART: &str = "Restart";
+
+/// A pod whose resize the node refuses or defers, said for people.
+pub fn node_refusal(facts: &[PodFacts]) -> Option<String> {
+    facts.iter().find_map(|f| {
+        let (cond, reason, msg) = f.resize.as_ref()?;
+        (cond == "PodResizePending" && (reason == "Infeasible" || reason == "Deferred")).then(
+            || {
+                format!(
+                    "{}: the node cannot take the resize ({reason}): {msg}",
+                    f.name
+                )
+            },
+        )
+    })
+}
+
+/// The `maxmemory` an instance may run now: 75 % of the smallest of the
+/// target, its pod's limit and the limit the kubelet reports in effect.
+pub fn allowed_maxmemory(f: &PodFacts, target: u64) -> Option<u64> {
+    let pod = f.mem_limit?;
+    let applied = f.mem_limit_applied.unwrap_or(pod);
+    Some(maxmemory_of(target.min(pod).min(applied)))
+}
+
+/// Whether the resize subresource's refusal means the cluster does not do
+/// in-place resize for this pod (as opposed to a passing failure).
+fn refused_in_place(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 404 | 405 | 415 | 422))
+}
+
+/// Which instances to resize now (pure): grows replicas first and the
+/// primary once every other instance runs the target; a shrink once the
+/// instance's `maxmemory` is below the target's.
+pub fn to_resize(facts: &[PodFacts], primary: &str, target: u64) -> Vec<String> {
+    let live: Vec<&PodFacts> = facts
+        .iter()
+        .filter(|f| !f.terminating && f.ip.is_some() && f.mem_limit.is_some())
+        .collect();
+    let others_done = live.iter().filter(|f| f.name != primary).all(|f| {
+        f.mem_limit_applied
+            .or(f.mem_limit)
+            .is_some_and(|l| l >= target)
+    });
+    live.iter()
+        .filter(|f| match f.mem_limit {
+            Some(l) if l < target => f.name != primary || others_done,
+            Some(l) if l > target => f
+                .maxmemory
+                .is_some_and(|m| m > 0 && m <= maxmemory_of(target)),
+            _ => false,
+        })
+        .map(|f| f.name.clone())
+        .collect()
+}
+
+impl Reconciler {
+    /// Moves the instances to the autopilot's limit (see the module).
+    pub(in crate::controller::redis) async fn autopilot_resize(
+        &mut self,
+        facts: &mut [PodFacts],
+        primary: &str,
+        opts: &ConnectOptions,
+    ) -> Result<(), super::super::Error> {
+        let Some(rec) = record(&self.redis).cloned() else {
+            return Ok(());
+        };
+        let Some(target) = limit(&self.redis) else {
+            return Ok(());
+        };
+        self.align_maxmemory(facts, target, opts).await;
+        if rec.method.as_deref() == Some(RESTART) {
+            for f in facts.iter_mut() {
+                if f.mem_limit.is_some_and(|l| l != target) {
+                    f.outdated = true;
+                }
+            }
+            return Ok(());
+        }
+        let Some(res) = resources(&self.redis) else {
+            return Ok(());
+        };
+        for name in to_resize(facts, primary, target) {
+            let shrink = facts
+                .iter()
+                .find(|f| f.name == name)
+                .and_then(|f| f.mem_limit)
+                .is_some_and(|l| l > target);
+            if shrink {
+                self.purge(facts, &name, opts).await;
+            }
+            match self.resize_pod(&name, &res).await {
+                Ok(()) => {}
+                Err(e) if refused_in_place(&e) => {
+                    self.fall_back_to_restarts(&name, &e, facts, target).await?;
+                    return Ok(());
+                }
+                // The API server checks the node's allocatable memory and
+                // the namespace's quotas: a restart would not fit either.
+                Err(kube::Error::Api(s))
+                    if s.code == 403 && !s.message.contains("forbidden: User") =>
+                {
+                    let reason = if s.message.contains("quota") {
+                        "ResourceQuota"
+                    } else {
+                        "NodeCapacity"
+                    };
+                    let msg = format!(
+                        "resizing {name} to {} was refused: {}",
+                        human(target),
+                        s.message
+                    );
+                    self.progressing.push(msg.clone());
+                    self.autopilot_cond = Some(super::super::status::Cond::new(
+                        super::CONDITION,
+                        true,
+                        reason,
+                        msg,
+                    ));
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let moving: Vec<String> = facts
+            .iter()
+            .filter(|f| !f.terminating)
+            .filter(|f| {
+                f.mem_limit.is_some_and(|l| l != target)
+                    || f.mem_limit_applied.is_some_and(|l| l != target)
+            })
+            .map(|f| f.name.clone())
+            .collect();
+        if !moving.is_empty() {
+            self.progressing.push(format!(
+                "memory autopilot: resizing {} to {} in place",
+                moving.join(", "),
+                human(target)
+            ));
+        }
+        if let Some(msg) = node_refusal(facts) {
+            self.progressing.push(msg);
+        }
+        Ok(())
+    }
+
+    /// `CONFIG SET maxmemory` where an instance's differs from what its
+    /// pod's limit allows; the facts are updated.
+    async fn align_maxmemory(
+        &mut self,
+        facts: &mut [PodFacts],
+        target: u64,
+        opts: &ConnectOptions,
+    ) {
+        let mut changed = Vec::new();
+        for f in facts.iter_mut().filter(|f| f.reachable && !f.terminating) {
+            let (Some(want), Some(ip), Some(have)) =
+                (allowed_maxmemory(f, target), f.ip.clone(), f.maxmemory)
+            else {
+                continue;
+            };
+            if have == want {
+                continue;
+            }
+            let ep = Endpoint::new(&ip, build::REDIS_PORT);
+            let result = async {
+                let mut node = crate::redis::Node::connect(&ep, opts).await?;
+                node.query::<()>(
+                    "CONFIG SET",
+                    redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("maxmemory")
+                        .arg(want.to_string()),
+                )
+                .await
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    changed.push(format!("{} {} → {}", f.name, human(have), human(want)));
+                    f.maxmemory = Some(want);
+                }
+                Err(e) => {
+                    self.data_plane_failed(format!("setting maxmemory on {}", f.name), &e)
+                        .await
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.event(
+                EventType::Normal,
+                "MaxmemorySet",
+                "Autoscale",
+                format!(
+                    "maxmemory set live (75% of the limit in effect): {}",
+                    changed.join(", ")
+                ),
+            )
+            .await;
+        }
+    }
+
+    /// `MEMORY PURGE` before a shrink, so freed pages leave the process
+    /// before its limit drops (a failure only makes the kubelet wait).
+    async fn purge(&mut self, facts: &[PodFacts], name: &str, opts: &ConnectOptions) {
+        let Some(ip) = facts
+            .iter()
+            .find(|f| f.name == name)
+            .and_then(|f| f.ip.clone())
+        else {
+            return;
+        };
+        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        let result = async {
+            let mut node = crate::redis::Node::connect(&ep, opts).await?;
+            node.query::<()>("MEMORY PURGE", redis::cmd("MEMORY").arg("PURGE"))
+                .await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(pod = name, error = %e, "MEMORY PURGE before a shrink");
+        }
+    }
+
+    /// Applies the server container's memory through the pod's `resize`
+    /// subresource (server-side apply, the operator's field manager).
+    async fn resize_pod(
+        &mut self,
+        name: &str,
+        res: &k8s_openapi::api::core::v1::ResourceRequirements,
+    ) -> Result<(), kube::Error> {
+        if crate::failpoint::armed_here("resize-refused") {
+            return Err(kube::Error::Api(
+                kube::core::Status::failure(
+                    "the failpoint resize-refused stands for a cluster without in-place resize",
+                    "NotFound",
+                )
+                .with_code(404)
+                .boxed(),
+            ));
+        }
+        let memory = |m: &Option<
+            std::collections::BTreeMap<
+                String,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            >,
+        >| { m.as_ref().and_then(|m| m.get("memory")).cloned() };
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [{
+                "name": build::SERVER_CONTAINER,
+                "resources": {
+                    "limits": {"memory": memory(&res.limits)},
+                    "requests": {"memory": memory(&res.requests)},
+                },
+            }]},
+        });
+        self.ctx.metrics.kube("patch");
+        self.wrote = true;
+        self.api::<Pod>()
+            .patch_subresource(
+                "resize",
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The cluster refused an in-place resize: record the `Restart` method
+    /// (the rollout restarts the instances in order from the template,
+    /// which has the new limit) and say why.
+    async fn fall_back_to_restarts(
+        &mut self,
+        name: &str,
+        e: &kube::Error,
+        facts: &mut [PodFacts],
+        target: u64,
+    ) -> Result<(), super::super::Error> {
+        let why = match e {
+            kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+            other => other.to_string(),
+        };
+        self.patch_status(serde_json::json!({"autopilot": {"memory": {"method": RESTART}}}))
+            .await?;
+        self.event(
+            EventType::Warning,
+            "ResizeRefused",
+            "Autoscale",
+            format!(
+                "in-place resize of {name} to {} refused: {why}; the instances restart in order \
+                 instead (replicas, a switchover, the old primary)",
+                human(target)
+            ),
+        )
+        .await;
+        for f in facts.iter_mut() {
+            if f.mem_limit.is_some_and(|l| l != target) {
+                f.outdated = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: u64 = 1 << 20;
+
+    fn pod(name: &str, spec: u64, applied: u64, maxmemory: u64) -> PodFacts {
+        PodFacts {
+            name: name.into(),
+            ip: Some("10.0.0.1".into()),
+            reachable: true,
+            mem_limit: Some(spec * MI),
+            mem_limit_applied: Some(applied * MI),
+            maxmemory: Some(maxmemory * MI),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_grow_resizes_replicas_first_and_the_primary_last() {
+        let facts = vec![
+            pod("c-0", 64, 64, 48),
+            pod("c-1", 64, 64, 48),
+            pod("c-2", 64, 64, 48),
+        ];
+        assert_eq!(to_resize(&facts, "c-0", 96 * MI), vec!["c-1", "c-2"]);
+        // Replicas patched, not yet in effect: the primary waits.
+        let facts = vec![
+            pod("c-0", 64, 64, 48),
+            pod("c-1", 96, 64, 48),
+            pod("c-2", 96, 96, 48),
+        ];
+        assert!(to_resize(&facts, "c-0", 96 * MI).is_empty());
+        let facts = vec![
+            pod("c-0", 64, 64, 48),
+            pod("c-1", 96, 96, 72),
+            pod("c-2", 96, 96, 72),
+        ];
+        assert_eq!(to_resize(&facts, "c-0", 96 * MI), vec!["c-0"]);
+    }
+
+    #[test]
+    fn maxmemory_follows_the_limit_in_effect() {
+        // Growing: the pod's new limit is not in effect yet.
+        assert_eq!(
+            allowed_maxmemory(&pod("a", 96, 64, 48), 96 * MI),
+            Some(48 * MI)
+        );
+        assert_eq!(
+            allowed_maxmemory(&pod("a", 96, 96, 48), 96 * MI),
+            Some(72 * MI)
+        );
+        // Shrinking: maxmemory drops before the pod's limit.
+        assert_eq!(
+            allowed_maxmemory(&pod("a", 96, 96, 72), 64 * MI),
+            Some(48 * MI)
+        );
+    }
+
+    #[test]
+    fn a_shrink_resizes_once_maxmemory_is_down() {
+        let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 96, 96, 48)];
+        assert_eq!(to_resize(&facts, "c-0", 64 * MI), vec!["c-1"]);
+    }
+
+    #[test]
+    fn node_refusals_are_named() {
+        let mut f = pod("c-1", 96, 64, 48);
+        assert_eq!(node_refusal(std::slice::from_ref(&f)), None);
+        f.resize = Some((
+            "PodResizePending".into(),
+            "Infeasible".into(),
+            "Node didn't have enough capacity".into(),
+        ));
+        assert!(node_refusal(&[f]).is_some_and(|m| m.contains("c-1") && m.contains("Infeasible")));
+    }
+}
