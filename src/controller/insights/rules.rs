@@ -121,6 +121,14 @@ pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
                 "The newest completed backup finished {{ $value | humanizeDuration }} ago (bound: spec.monitoring.alerts.backupMaxAgeHours).",
             ),
             alert(
+                "RedisMemoryAtMaximum",
+                format!("redpilot_redis_memory_at_maximum{{{s}}} == 1"),
+                "5m",
+                "warning",
+                "The memory autopilot of Redis {{ $labels.namespace }}/{{ $labels.redis }} cannot grow it further",
+                "{{ $labels.redis }} needs more memory and the autopilot cannot give it ({{ $labels.reason }}: spec.autopilot.memory.maxMemory, a ResourceQuota or the node); writes will be refused or keys evicted once maxmemory is reached. See the MemoryAtMaximum condition.",
+            ),
+            alert(
                 "RedisBackupFailed",
                 format!("redpilot_backup_last_failed{{{s}}} == 1"),
                 "0m",
