@@ -300,6 +300,38 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             json!({"persistence": {"aof": "sometimes"}}),
             vec!["spec.persistence.aof", "Unsupported value: \"sometimes\""],
         ),
+        (
+            "memory autopilot without a memory limit",
+            json!({"autopilot": {"memory": {"maxMemory": "1Gi"}}}),
+            vec![
+                "spec.autopilot.memory",
+                "needs spec.resources.limits.memory",
+            ],
+        ),
+        (
+            "memory autopilot with its thresholds inverted",
+            json!({"resources": {"limits": {"memory": "256Mi"}},
+                "autopilot": {"memory": {"maxMemory": "1Gi", "scaleUpPercent": 50, "scaleDownPercent": 60}}}),
+            vec![
+                "spec.autopilot.memory.scaleDownPercent",
+                "must be below scaleUpPercent",
+            ],
+        ),
+        (
+            "memory autopilot with min above max",
+            json!({"resources": {"limits": {"memory": "256Mi"}},
+                "autopilot": {"memory": {"maxMemory": "512Mi", "minMemory": "1Gi"}}}),
+            vec![
+                "spec.autopilot.memory.minMemory",
+                "(1Gi) must not exceed maxMemory (512Mi)",
+            ],
+        ),
+        (
+            "memory autopilot with a maximum that is not a quantity",
+            json!({"resources": {"limits": {"memory": "256Mi"}},
+                "autopilot": {"memory": {"maxMemory": "lots"}}}),
+            vec!["spec.autopilot.memory.maxMemory", "positive quantity"],
+        ),
     ];
     assert!(cases.len() >= 12);
 

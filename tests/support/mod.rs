@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod faults;
+pub mod fill;
 pub mod operator;
 pub mod prometheus;
 pub mod s3_server;

@@ -1,0 +1,727 @@
+//! The memory autopilot (`spec.autopilot.memory`) on the dev cluster, with
+//! real servers under `maxmemory-policy noeviction`, the local node applying
+//! in-place resizes to real memory cgroups:
+//! - without it, a steady fill is refused with `OOM command not allowed`
+//!   (when, and how much got in);
+//! - with it, the same fill to 3× the starting `maxmemory` gets no OOM
+//!   reply, evicts nothing, restarts no pod, and each time the primary
+//!   reaches 80 % of `maxmemory` every instance runs a larger one within
+//!   the bound (P7 < 30 s); the data deleted, it shrinks after the cooldown,
+//!   in place; capped by `maxMemory` it says so (condition, event, metric),
+//!   and a ResourceQuota that leaves no room is named in the condition;
+//! - a fill faster than a step can absorb, with the default lookahead.
+//!
+//! The tests run one at a time (they measure times on a 2-core machine).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use redpilot::api::v1alpha1::Redis;
+use redpilot::redis::Node;
+use serde_json::{Value, json};
+use support::fill::{Filler, Poller, VALUE, crossings_to_resize};
+use support::operator::{
+    OperatorOptions, apply_redis, connect_pod, container_restarts, patch_redis, pod_ip, pod_uids,
+    recent_events, redis_api, redis_password, redis_pods, start_operator, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+
+const MI: u64 = 1 << 20;
+/// The fill rate.
+const RATE: u64 = 2 * MI;
+/// The starting limit and its maxmemory.
+const START: &str = "64Mi";
+const START_MAXMEMORY: u64 = 48 * MI;
+const READY: Duration = Duration::from_secs(180);
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn spec(autopilot: Option<Value>) -> Value {
+    let mut s = json!({
+        "mode": "Replication",
+        "instances": 3,
+        "persistence": {"rdb": false},
+        "config": {"maxmemory-policy": "noeviction"},
+        "resources": {"limits": {"memory": START}, "requests": {"memory": START}},
+        "monitoring": {"exporter": false},
+    });
+    if let Some(a) = autopilot {
+        s["autopilot"] = json!({"memory": a});
+    }
+    s
+}
+
+/// The primary's ordinal, every instance's IP by ordinal, the password.
+async fn topology(client: &kube::Client, ns: &str, name: &str) -> (usize, Vec<String>, String) {
+    let r = redis_api(client, ns).get(name).await.expect("get Redis");
+    let primary = r.status.and_then(|s| s.primary).expect("a primary");
+    let ord: usize = primary.rsplit('-').next().unwrap().parse().unwrap();
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        ips.push(pod_ip(client, ns, &format!("{name}-{i}")).await);
+    }
+    (ord, ips, redis_password(client, ns, name).await)
+}
+
+async fn info_field(node: &mut Node, section: &str, field: &str) -> u64 {
+    let text: String = node
+        .query("INFO", redis::cmd("INFO").arg(section))
+        .await
+        .expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
+}
+
+async fn dbsize(node: &mut Node) -> u64 {
+    node.query("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE")
+}
+
+/// DBSIZE once it is `want` (a replica catching up), or the last one
+/// after 30 s.
+async fn wait_dbsize(node: &mut Node, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = dbsize(node).await;
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The server container's memory limit in each pod's spec and in effect.
+async fn pod_limits(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String, String)> {
+    redis_pods(client, ns, name)
+        .await
+        .into_iter()
+        .map(|(n, p)| {
+            let spec = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "redis"))
+                .and_then(|c| {
+                    c.resources
+                        .as_ref()?
+                        .limits
+                        .as_ref()?
+                        .get("memory")
+                        .cloned()
+                })
+                .map(|q| q.0)
+                .unwrap_or_default();
+            let applied = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.name == "redis"))
+                .and_then(|c| {
+                    c.resources
+                        .as_ref()?
+                        .limits
+                        .as_ref()?
+                        .get("memory")
+                        .cloned()
+                })
+                .map(|q| q.0)
+                .unwrap_or_default();
+            (n, spec, applied)
+        })
+        .collect()
+}
+
+fn autopilot_limit(r: &Redis) -> Option<String> {
+    Some(
+        r.status
+            .as_ref()?
+            .autopilot
+            .as_ref()?
+            .memory
+            .as_ref()?
+            .limit
+            .clone(),
+    )
+}
+
+fn condition(r: &Redis, type_: &str) -> Option<(String, String, String)> {
+    r.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// A quantity in bytes (the API server writes `1024Mi` as `1Gi`).
+fn bytes(q: &str) -> u64 {
+    redpilot::controller::redis::config::quantity_bytes(
+        &k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.to_string()),
+    )
+    .unwrap_or(0)
+}
+
+/// Every instance runs the Redis's target: pods' limits in spec and in
+/// effect, and maxmemory 75 % of it.
+async fn settled_at(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    ips: &[String],
+    pw: &str,
+) -> Option<String> {
+    let r = redis_api(client, ns).get(name).await.ok()?;
+    let target = autopilot_limit(&r)?;
+    let limits = pod_limits(client, ns, name).await;
+    let want = bytes(&target);
+    if limits.len() != 3
+        || !limits
+            .iter()
+            .all(|(_, s, a)| bytes(s) == want && bytes(a) == want)
+    {
+        return None;
+    }
+    for ip in ips {
+        let mut node = Node::connect(
+            &redpilot::redis::Endpoint::new(ip, 6379),
+            &redpilot::redis::ConnectOptions::default().with_password(pw),
+        )
+        .await
+        .ok()?;
+        if info_field(&mut node, "memory", "maxmemory").await != bytes(&target) / 4 * 3 {
+            return None;
+        }
+    }
+    Some(target)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_autopilot_a_steady_fill_is_refused_with_oom() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-off", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(&client, &ns.name, "plain", spec(None)).await;
+    wait_ready(&client, &ns.name, "plain", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "plain").await;
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fill",
+        0,
+        3 * START_MAXMEMORY,
+        RATE,
+        true,
+    );
+    let tally = filler.finish(Duration::from_secs(120)).await;
+    let first = tally
+        .first_oom
+        .expect("a fill past maxmemory without the autopilot is refused");
+    println!(
+        "autopilot off: first OOM after {:.1} s at {} MiB/s, {:.1} MiB written (maxmemory {} MiB)",
+        first.as_secs_f64(),
+        RATE / MI,
+        (tally.written * VALUE as u64) as f64 / MI as f64,
+        START_MAXMEMORY / MI
+    );
+    assert!(
+        tally.written * (VALUE as u64) < START_MAXMEMORY,
+        "{tally:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let policy = json!({
+        "maxMemory": "512Mi",
+        "lookaheadSeconds": 0,
+        "scaleDownCooldownSeconds": 30,
+    });
+    apply_redis(&client, &ns.name, "cache", spec(Some(policy))).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "cache").await;
+    let uids = pod_uids(&client, &ns.name, "cache").await;
+
+    // 1. Fill to 3x the starting maxmemory at a steady rate.
+    let poller = Poller::start(ips.clone(), pw.clone());
+    let total = 3 * START_MAXMEMORY;
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fill",
+        0,
+        total,
+        RATE,
+        false,
+    );
+    let tally = filler.finish(Duration::from_secs(240)).await;
+    let target = wait_for(
+        "every instance at the autopilot's limit",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "cache", &ips, &pw),
+    )
+    .await;
+    let readings = poller.stop().await;
+    let crossings = crossings_to_resize(&readings, primary, 0.8);
+    println!(
+        "fill of {} MiB at {} MiB/s in {:.1} s: {} keys written, {} OOM replies, {} other failures; \
+         limit {START} -> {target}",
+        total / MI,
+        RATE / MI,
+        tally.elapsed.as_secs_f64(),
+        tally.written,
+        tally.oom,
+        tally.failed
+    );
+    for (at, level, done) in &crossings {
+        println!(
+            "  primary at 80% of maxmemory {} MiB at {:.1} s: every instance above it after {}",
+            level / MI,
+            at.as_secs_f64(),
+            done.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+        );
+    }
+    let peak = readings[primary]
+        .iter()
+        .filter(|r| r.maxmemory > 0)
+        .map(|r| r.used as f64 * 100.0 / r.maxmemory as f64)
+        .fold(0.0, f64::max);
+    println!("  highest use seen on the primary: {peak:.1}% of its maxmemory");
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert_eq!(tally.oom, 0, "OOM replies with the autopilot on\n{events}");
+    assert_eq!(tally.failed, 0, "{:?}\n{events}", tally.first_failure);
+    assert_eq!(tally.written, total / VALUE as u64);
+    assert!(
+        crossings.len() >= 2,
+        "the fill crossed 80% at least twice: {crossings:?}"
+    );
+    for (_, level, done) in &crossings {
+        let d = done.unwrap_or_else(|| panic!("maxmemory {level} never raised on every instance"));
+        assert!(d < Duration::from_secs(30), "P7 {d:?} at maxmemory {level}");
+    }
+    assert!(
+        events.contains("MemoryGrow") && events.contains("MaxmemorySet"),
+        "{events}"
+    );
+    assert!(!events.contains("RollingRestart"), "{events}");
+    let mut evicted = 0;
+    for i in 0..3 {
+        let mut node = connect_pod(&client, &ns.name, &format!("cache-{i}"), &pw)
+            .await
+            .unwrap();
+        evicted += info_field(&mut node, "stats", "evicted_keys").await;
+        assert_eq!(
+            wait_dbsize(&mut node, tally.written).await,
+            tally.written,
+            "cache-{i}"
+        );
+    }
+    assert_eq!(evicted, 0, "evicted keys");
+    assert_eq!(
+        pod_uids(&client, &ns.name, "cache").await,
+        uids,
+        "no pod was replaced"
+    );
+    let restarts: i32 = redis_pods(&client, &ns.name, "cache")
+        .await
+        .values()
+        .map(container_restarts)
+        .sum();
+    assert_eq!(restarts, 0, "no container restarted");
+
+    // 2. The data goes (2,000 keys stay): a shrink after the cooldown, in
+    // place.
+    let grown = bytes(&target);
+    let mut node = connect_pod(&client, &ns.name, &format!("cache-{primary}"), &pw)
+        .await
+        .unwrap();
+    let keep = 2000u64;
+    for start in (keep..tally.written).step_by(1000) {
+        let mut del = redis::cmd("DEL");
+        for k in start..(start + 1000).min(tally.written) {
+            del.arg(format!("fill:{k}"));
+        }
+        let _: u64 = node.query("DEL", &del).await.expect("DEL");
+    }
+    let t = Instant::now();
+    let shrunk = wait_for(
+        "a shrink, in effect everywhere",
+        Duration::from_secs(240),
+        || async {
+            let s = settled_at(&client, &ns.name, "cache", &ips, &pw).await?;
+            (bytes(&s) < grown).then_some(s)
+        },
+    )
+    .await;
+    println!(
+        "data deleted (used {} MiB): shrunk {target} -> {shrunk} in {:.1} s (cooldown 30 s)",
+        info_field(&mut node, "memory", "used_memory").await / MI,
+        t.elapsed().as_secs_f64()
+    );
+    for i in 0..3 {
+        let mut n = connect_pod(&client, &ns.name, &format!("cache-{i}"), &pw)
+            .await
+            .unwrap();
+        assert_eq!(
+            dbsize(&mut n).await,
+            keep,
+            "cache-{i} kept the data through the shrink"
+        );
+    }
+    assert_eq!(
+        pod_uids(&client, &ns.name, "cache").await,
+        uids,
+        "no pod was replaced"
+    );
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(events.contains("MemoryShrink"), "{events}");
+
+    // 3. At the policy's maximum: the condition, an event, the metric, and
+    // no grow past it.
+    let max = bytes(&shrunk) + 32 * MI;
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"autopilot": {"memory": {"maxMemory": format!("{}Mi", max / MI)}}}}),
+    )
+    .await;
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "more",
+        0,
+        max,
+        RATE,
+        false,
+    );
+    let at_max = wait_for("MemoryAtMaximum", Duration::from_secs(120), || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        condition(&r, "MemoryAtMaximum").filter(|c| c.0 == "True")
+    })
+    .await;
+    let tally = filler.finish(Duration::from_secs(1)).await;
+    println!(
+        "at maxMemory {} MiB: {at_max:?}; the fill then got {} OOM replies",
+        max / MI,
+        tally.oom
+    );
+    assert_eq!(at_max.1, "AtMaximum");
+    assert!(at_max.2.contains("maxMemory"), "{at_max:?}");
+    let r = redis_api(&client, &ns.name).get("cache").await.unwrap();
+    assert_eq!(
+        autopilot_limit(&r).map(|l| bytes(&l)),
+        Some(max),
+        "grew to maxMemory and not past it"
+    );
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(events.contains("MemoryAtMaximum"), "{events}");
+    let metrics = op.metrics().await.unwrap_or_default();
+    let at_max_count = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "redpilot_autopilot_decisions_total{direction=\"at_maximum\",result=\"refused\"}",
+            )
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(at_max_count >= 1.0, "{metrics}");
+
+    // 4. A ResourceQuota with no room left: the condition names it, and
+    // nothing grows.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns.name);
+    let used_limits = 3 * max;
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "memory"},
+        "spec": {"hard": {"limits.memory": format!("{}Mi", used_limits / MI)}},
+    }))
+    .unwrap();
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    wait_for(
+        "the quota's usage counted",
+        Duration::from_secs(60),
+        || async {
+            let q = quotas.get("memory").await.ok()?;
+            q.status?.used?.get("limits.memory").cloned()
+        },
+    )
+    .await;
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"autopilot": {"memory": {"maxMemory": "512Mi"}}}}),
+    )
+    .await;
+    let bounded = wait_for(
+        "MemoryAtMaximum for the quota",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+            condition(&r, "MemoryAtMaximum").filter(|c| c.1 == "ResourceQuota")
+        },
+    )
+    .await;
+    println!("quota: {bounded:?}");
+    let r = redis_api(&client, &ns.name).get("cache").await.unwrap();
+    assert_eq!(
+        autopilot_limit(&r).map(|l| bytes(&l)),
+        Some(max),
+        "nothing grew past the quota"
+    );
+    // The quota gone, it grows again.
+    quotas
+        .delete("memory", &DeleteParams::default())
+        .await
+        .expect("delete the quota");
+    wait_for(
+        "a grow once the quota is gone",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+            (autopilot_limit(&r).map(|l| bytes(&l))? > max).then_some(())
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (name, uid) in &uids {
+        let p = pods.get(name).await.unwrap();
+        assert_eq!(
+            p.metadata.uid.as_ref(),
+            Some(uid),
+            "{name} was never replaced"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-fast", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    // The default lookahead (60 s).
+    apply_redis(
+        &client,
+        &ns.name,
+        "burst",
+        spec(Some(json!({"maxMemory": "1Gi"}))),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "burst", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "burst").await;
+    let rate = 16 * MI;
+    let poller = Poller::start(ips.clone(), pw.clone());
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fast",
+        0,
+        3 * START_MAXMEMORY,
+        rate,
+        false,
+    );
+    let tally = filler.finish(Duration::from_secs(120)).await;
+    let target = wait_for(
+        "every instance at the autopilot's limit",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "burst", &ips, &pw),
+    )
+    .await;
+    let readings = poller.stop().await;
+    let crossings = crossings_to_resize(&readings, primary, 0.8);
+    let events = recent_events(&client, &ns.name, 40).await;
+    let grows: Vec<&str> = events
+        .lines()
+        .filter(|l| l.contains("MemoryGrow"))
+        .collect();
+    println!(
+        "fast fill of {} MiB at {} MiB/s in {:.1} s: {} OOM replies (first after {:?}), {} grows, \
+         limit {START} -> {target}\n{}",
+        3 * START_MAXMEMORY / MI,
+        rate / MI,
+        tally.elapsed.as_secs_f64(),
+        tally.oom,
+        tally.first_oom,
+        grows.len(),
+        grows.join("\n")
+    );
+    for (at, level, done) in &crossings {
+        println!(
+            "  primary at 80% of maxmemory {} MiB at {:.1} s: every instance above it after {:?}",
+            level / MI,
+            at.as_secs_f64(),
+            done
+        );
+    }
+    // Whatever the fill got, what was answered OK is on every instance,
+    // nothing was evicted, and no pod restarted.
+    for i in 0..3 {
+        let mut node = connect_pod(&client, &ns.name, &format!("burst-{i}"), &pw)
+            .await
+            .unwrap();
+        assert_eq!(info_field(&mut node, "stats", "evicted_keys").await, 0);
+        assert_eq!(
+            wait_dbsize(&mut node, tally.written).await,
+            tally.written,
+            "burst-{i}"
+        );
+    }
+    let restarts: i32 = redis_pods(&client, &ns.name, "burst")
+        .await
+        .values()
+        .map(container_restarts)
+        .sum();
+    assert_eq!(restarts, 0);
+    assert!(!grows.is_empty(), "{events}");
+
+    // The same fill with the rate ignored (lookahead 0): each step starts at
+    // 80 %, and 20 % of maxmemory lasts less than a resize takes. What the
+    // fill gets is printed; nothing is lost or evicted either way.
+    apply_redis(
+        &client,
+        &ns.name,
+        "blind",
+        spec(Some(json!({"maxMemory": "1Gi", "lookaheadSeconds": 0}))),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "blind", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "blind").await;
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fast",
+        0,
+        3 * START_MAXMEMORY,
+        rate,
+        false,
+    );
+    let tally = filler.finish(Duration::from_secs(120)).await;
+    let target = wait_for(
+        "every instance at the autopilot's limit",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "blind", &ips, &pw),
+    )
+    .await;
+    println!(
+        "fast fill with lookahead 0: {} OOM replies (first after {:?}), {} of {} keys written \
+         in {:.1} s, limit {START} -> {target}",
+        tally.oom,
+        tally.first_oom,
+        tally.written,
+        3 * START_MAXMEMORY / VALUE as u64,
+        tally.elapsed.as_secs_f64()
+    );
+    for i in 0..3 {
+        let mut node = connect_pod(&client, &ns.name, &format!("blind-{i}"), &pw)
+            .await
+            .unwrap();
+        assert_eq!(info_field(&mut node, "stats", "evicted_keys").await, 0);
+        assert_eq!(wait_dbsize(&mut node, tally.written).await, tally.written);
+    }
+}
+
+/// A cluster that refuses in-place resize (the failpoint `resize-refused`
+/// answers for the API server, as one without the `resize` subresource
+/// would): the grow goes through the ordered rolling restart instead, and
+/// a writer following the primary loses no acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-restart", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env
+        .push(("REDPILOT_FAILPOINTS".into(), "resize-refused".into()));
+    let _op = start_operator(&client, opts).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "roll",
+        spec(Some(json!({"maxMemory": "256Mi"}))),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "roll", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "roll").await;
+    let before = pod_uids(&client, &ns.name, "roll").await;
+    let writer = support::writer::Writer::start(&client, &ns.name, "roll", &pw, "w", 1);
+    writer.wait_progress(100, Duration::from_secs(60)).await;
+    // 30 MiB of values, about 40 MiB used (8 KiB values take 10 KiB
+    // allocations): above 80 % of the 48 MiB maxmemory, below 100 %.
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fill",
+        0,
+        30 * MI,
+        4 * MI,
+        true,
+    );
+    let tally = filler.finish(Duration::from_secs(60)).await;
+    assert_eq!(tally.oom, 0, "{tally:?}");
+    let t = Instant::now();
+    let r = wait_for(
+        "every pod replaced at the new limit and Ready",
+        Duration::from_secs(300),
+        || async {
+            let r = redis_api(&client, &ns.name).get("roll").await.ok()?;
+            let after = pod_uids(&client, &ns.name, "roll").await;
+            let replaced = before
+                .iter()
+                .all(|(n, uid)| after.get(n).is_some_and(|u| u != uid));
+            let limit = autopilot_limit(&r)?;
+            let limits = pod_limits(&client, &ns.name, "roll").await;
+            (replaced
+                && support::operator::is_ready(&r)
+                && limits
+                    .iter()
+                    .all(|(_, s, a)| bytes(s) == bytes(&limit) && bytes(a) == bytes(&limit)))
+            .then_some(r)
+        },
+    )
+    .await;
+    writer.wait_progress(100, Duration::from_secs(60)).await;
+    let tally = writer.stop().await;
+    let method = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.memory.as_ref()?.method.clone());
+    let events = recent_events(&client, &ns.name, 60).await;
+    println!(
+        "grow by rolling restart to {:?} in {:.1} s; {} writes acknowledged, {} failed or refused",
+        autopilot_limit(&r),
+        t.elapsed().as_secs_f64(),
+        tally.acked.len(),
+        tally.failed
+    );
+    assert_eq!(method.as_deref(), Some("Restart"));
+    assert!(
+        events.contains("ResizeRefused") && events.contains("SwitchedOver"),
+        "{events}"
+    );
+    support::writer::assert_everywhere(&client, &ns.name, "roll", 3, &pw, &tally.acked).await;
+    for i in 0..3 {
+        let mut node = connect_pod(&client, &ns.name, &format!("roll-{i}"), &pw)
+            .await
+            .unwrap();
+        let limit = bytes(&autopilot_limit(&r).unwrap());
+        assert_eq!(
+            info_field(&mut node, "memory", "maxmemory").await,
+            limit / 4 * 3
+        );
+    }
+}
