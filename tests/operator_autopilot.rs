@@ -508,30 +508,22 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "autopilot-fast", &[]).await;
-    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
-    // The default lookahead (60 s).
-    apply_redis(
-        &client,
-        &ns.name,
-        "burst",
-        spec(Some(json!({"maxMemory": "1Gi"}))),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "burst", READY).await;
-    let (primary, ips, pw) = topology(&client, &ns.name, "burst").await;
-    let rate = 16 * MI;
+/// Creates Redis `name` with `policy`, fills it to 3x the starting
+/// maxmemory at `rate` without stopping at OOM replies, and checks that
+/// whatever was answered OK is on every instance, nothing was evicted and
+/// no container restarted. Prints what the fill got.
+async fn fill_fast(client: &kube::Client, ns: &str, name: &str, policy: Value, rate: u64) -> u64 {
+    apply_redis(client, ns, name, spec(Some(policy))).await;
+    wait_ready(client, ns, name, READY).await;
+    let (primary, ips, pw) = topology(client, ns, name).await;
     let poller = Poller::start(ips.clone(), pw.clone());
+    let total = 3 * START_MAXMEMORY;
     let filler = Filler::start(
         ips[primary].clone(),
         pw.clone(),
         "fast",
         0,
-        3 * START_MAXMEMORY,
+        total,
         rate,
         false,
     );
@@ -539,26 +531,24 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
     let target = wait_for(
         "every instance at the autopilot's limit",
         Duration::from_secs(60),
-        || settled_at(&client, &ns.name, "burst", &ips, &pw),
+        || settled_at(client, ns, name, &ips, &pw),
     )
     .await;
-    let readings = poller.stop().await;
-    let crossings = crossings_to_resize(&readings, primary, 0.8);
-    let events = recent_events(&client, &ns.name, 40).await;
+    let crossings = crossings_to_resize(&poller.stop().await, primary, 0.8);
+    let events = recent_events(client, ns, 80).await;
     let grows: Vec<&str> = events
         .lines()
-        .filter(|l| l.contains("MemoryGrow"))
+        .filter(|l| l.contains(&format!("Redis/{name} MemoryGrow")))
         .collect();
     println!(
-        "fast fill of {} MiB at {} MiB/s in {:.1} s: {} OOM replies (first after {:?}), {} grows, \
-         limit {START} -> {target}\n{}",
-        3 * START_MAXMEMORY / MI,
+        "{name}: fill of {} MiB at {} MiB/s in {:.1} s: {} OOM replies (first after {:?}), \
+         limit {START} -> {target}; last grow: {}",
+        total / MI,
         rate / MI,
         tally.elapsed.as_secs_f64(),
         tally.oom,
         tally.first_oom,
-        grows.len(),
-        grows.join("\n")
+        grows.last().map_or("", |g| g.trim())
     );
     for (at, level, done) in &crossings {
         println!(
@@ -568,71 +558,49 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
             done
         );
     }
-    // Whatever the fill got, what was answered OK is on every instance,
-    // nothing was evicted, and no pod restarted.
+    assert!(!grows.is_empty(), "{events}");
     for i in 0..3 {
-        let mut node = connect_pod(&client, &ns.name, &format!("burst-{i}"), &pw)
+        let mut node = connect_pod(client, ns, &format!("{name}-{i}"), &pw)
             .await
             .unwrap();
         assert_eq!(info_field(&mut node, "stats", "evicted_keys").await, 0);
         assert_eq!(
             wait_dbsize(&mut node, tally.written).await,
             tally.written,
-            "burst-{i}"
+            "{name}-{i}"
         );
     }
-    let restarts: i32 = redis_pods(&client, &ns.name, "burst")
+    let restarts: i32 = redis_pods(client, ns, name)
         .await
         .values()
         .map(container_restarts)
         .sum();
     assert_eq!(restarts, 0);
-    assert!(!grows.is_empty(), "{events}");
+    tally.oom
+}
 
-    // The same fill with the rate ignored (lookahead 0): each step starts at
-    // 80 %, and 20 % of maxmemory lasts less than a resize takes. What the
-    // fill gets is printed; nothing is lost or evicted either way.
-    apply_redis(
+/// A fill at 16 MiB/s: with the default lookahead (60 s) the growth rate
+/// sizes the grows; with the rate ignored (lookahead 0) each step starts
+/// at 80 %, and 20 % of maxmemory lasts less than a resize takes. What the
+/// fill gets is printed; nothing is lost or evicted either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-fast", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let rate = 16 * MI;
+    let oom = fill_fast(
         &client,
         &ns.name,
-        "blind",
-        spec(Some(json!({"maxMemory": "1Gi", "lookaheadSeconds": 0}))),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "blind", READY).await;
-    let (primary, ips, pw) = topology(&client, &ns.name, "blind").await;
-    let filler = Filler::start(
-        ips[primary].clone(),
-        pw.clone(),
-        "fast",
-        0,
-        3 * START_MAXMEMORY,
+        "burst",
+        json!({"maxMemory": "1Gi"}),
         rate,
-        false,
-    );
-    let tally = filler.finish(Duration::from_secs(120)).await;
-    let target = wait_for(
-        "every instance at the autopilot's limit",
-        Duration::from_secs(60),
-        || settled_at(&client, &ns.name, "blind", &ips, &pw),
     )
     .await;
-    println!(
-        "fast fill with lookahead 0: {} OOM replies (first after {:?}), {} of {} keys written \
-         in {:.1} s, limit {START} -> {target}",
-        tally.oom,
-        tally.first_oom,
-        tally.written,
-        3 * START_MAXMEMORY / VALUE as u64,
-        tally.elapsed.as_secs_f64()
-    );
-    for i in 0..3 {
-        let mut node = connect_pod(&client, &ns.name, &format!("blind-{i}"), &pw)
-            .await
-            .unwrap();
-        assert_eq!(info_field(&mut node, "stats", "evicted_keys").await, 0);
-        assert_eq!(wait_dbsize(&mut node, tally.written).await, tally.written);
-    }
+    assert_eq!(oom, 0, "the rate-sized grows kept ahead of the fill");
+    let blind = json!({"maxMemory": "1Gi", "lookaheadSeconds": 0});
+    fill_fast(&client, &ns.name, "blind", blind, rate).await;
 }
 
 /// A cluster that refuses in-place resize (the failpoint `resize-refused`

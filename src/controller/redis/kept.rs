@@ -52,32 +52,27 @@ fn annotation<'a>(sts: &'a StatefulSet, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// The server container's image in the StatefulSet's template.
-pub fn server_image(sts: &StatefulSet) -> Option<&str> {
+/// The server container in the StatefulSet's template.
+fn server_container(sts: &StatefulSet) -> Option<&k8s_openapi::api::core::v1::Container> {
     sts.spec
         .template
         .spec
         .as_ref()?
         .containers
         .iter()
-        .find(|c| c.name == build::SERVER_CONTAINER)?
-        .image
-        .as_deref()
+        .find(|c| c.name == build::SERVER_CONTAINER)
+}
+
+/// The server container's image in the StatefulSet's template.
+pub fn server_image(sts: &StatefulSet) -> Option<&str> {
+    server_container(sts)?.image.as_deref()
 }
 
 /// The server container's resources in the StatefulSet's template.
 pub fn server_resources(
     sts: &StatefulSet,
 ) -> Option<&k8s_openapi::api::core::v1::ResourceRequirements> {
-    sts.spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == build::SERVER_CONTAINER)?
-        .resources
-        .as_ref()
+    server_container(sts)?.resources.as_ref()
 }
 
 /// The revisions the live StatefulSet keeps.

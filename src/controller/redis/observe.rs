@@ -407,6 +407,11 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                 .map(|t| t.0.as_second())
                 .or(created);
             let revision = p.labels().get("controller-revision-hash").cloned();
+            let server_spec = p.spec.as_ref().and_then(|s| {
+                s.containers
+                    .iter()
+                    .find(|c| c.name == build::SERVER_CONTAINER)
+            });
             let server = status
                 .and_then(|s| s.container_statuses.as_ref())
                 .and_then(|cs| cs.iter().find(|c| c.name == build::SERVER_CONTAINER));
@@ -423,15 +428,7 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                 revision: revision.clone(),
                 role_label: p.labels().get(ROLE_LABEL).cloned(),
                 terminating: p.metadata.deletion_timestamp.is_some(),
-                image: p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| {
-                        s.containers
-                            .iter()
-                            .find(|c| c.name == build::SERVER_CONTAINER)
-                    })
-                    .and_then(|c| c.image.clone()),
+                image: server_spec.and_then(|c| c.image.clone()),
                 waiting: server.and_then(|c| {
                     let w = c.state.as_ref()?.waiting.as_ref()?;
                     Some((w.reason.clone()?, w.message.clone().unwrap_or_default()))
@@ -445,15 +442,7 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                 } else {
                     unready_since.map(|t| now.saturating_sub(t))
                 },
-                mem_limit: p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| {
-                        s.containers
-                            .iter()
-                            .find(|c| c.name == build::SERVER_CONTAINER)
-                    })
-                    .and_then(|c| memory_limit(c.resources.as_ref())),
+                mem_limit: server_spec.and_then(|c| memory_limit(c.resources.as_ref())),
                 mem_limit_applied: server.and_then(|c| memory_limit(c.resources.as_ref())),
                 resize: status
                     .and_then(|s| s.conditions.as_ref())
