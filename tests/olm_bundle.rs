@@ -530,8 +530,10 @@ fn csv_metadata_is_complete_and_honest() {
     // operator upgrades that restart nothing (tests/olm_e2e.rs). Level 3:
     // backups, schedules, restores (tests/operator_backup.rs). Level 4:
     // metrics, alerts, dashboards (tests/insights_prometheus.rs) and traces
-    // (tests/insights_traces.rs). Level 5 waits for the memory autopilot.
-    assert_eq!(ann["capabilities"], "Deep Insights");
+    // (tests/insights_traces.rs). Level 5: the memory autopilot grows in
+    // place before OOM, shrinks, and stops at its bounds
+    // (tests/operator_autopilot.rs).
+    assert_eq!(ann["capabilities"], "Auto Pilot");
     assert!(
         ann["categories"]
             .as_str()
