@@ -693,3 +693,131 @@ async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing()
         );
     }
 }
+
+/// The operator stops (as a crash would) right after it resized the first
+/// replica of a grow; a new operator finishes the grow. Then a deleted
+/// replica comes back at the new size, and a server killed with `kill -9`
+/// restarts in place with the new maxmemory; every key is everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grow_interrupted_by_an_operator_crash_is_finished_and_survives_pod_faults() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-crash", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]).no_restart();
+    opts.env
+        .push(("REDPILOT_FAILPOINTS".into(), "after-resize-replica".into()));
+    let mut op1 = start_operator(&client, opts).await;
+    let policy = json!({"maxMemory": "512Mi", "lookaheadSeconds": 0});
+    apply_redis(&client, &ns.name, "crash", spec(Some(policy))).await;
+    wait_ready(&client, &ns.name, "crash", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "crash").await;
+    // About 40 MiB used: above 80 % of the 48 MiB maxmemory.
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fill",
+        0,
+        30 * MI,
+        4 * MI,
+        true,
+    );
+    let tally = filler.finish(Duration::from_secs(60)).await;
+    assert_eq!(tally.oom, 0, "{tally:?}");
+    let status = wait_for(
+        "the operator to stop at the failpoint",
+        Duration::from_secs(60),
+        || {
+            let s = op1.exit_status();
+            async move { s }
+        },
+    )
+    .await;
+    assert_eq!(status.code(), Some(redpilot::failpoint::EXIT_CODE));
+    let limits = pod_limits(&client, &ns.name, "crash").await;
+    let grown: Vec<&str> = limits
+        .iter()
+        .filter(|(_, s, _)| bytes(s) > 64 * MI)
+        .map(|(n, _, _)| n.as_str())
+        .collect();
+    println!("operator stopped after resizing {grown:?}; pods: {limits:?}");
+    assert_eq!(
+        grown.len(),
+        1,
+        "one replica resized when it stopped: {limits:?}"
+    );
+    assert_ne!(
+        grown[0],
+        format!("crash-{primary}"),
+        "the primary is resized last"
+    );
+
+    let t = Instant::now();
+    let _op2 = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let target = wait_for(
+        "the grow finished by the next operator",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "crash", &ips, &pw),
+    )
+    .await;
+    println!(
+        "next operator finished the grow to {target} in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // A replica deleted: re-created from the template, at the new size.
+    let replica = format!("crash-{}", (primary + 1) % 3);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    pods.delete(&replica, &DeleteParams::default())
+        .await
+        .expect("delete a replica");
+    let r = wait_for(
+        "the deleted replica back and Ready",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, &ns.name).get("crash").await.ok()?;
+            let p = pods.get(&replica).await.ok()?;
+            (support::operator::is_ready(&r) && support::operator::pod_ready(&p)).then_some(r)
+        },
+    )
+    .await;
+    let ips_now = topology(&client, &ns.name, "crash").await.1;
+    let settled = wait_for(
+        "every instance at the target again",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "crash", &ips_now, &pw),
+    )
+    .await;
+    assert_eq!(Some(settled.clone()), autopilot_limit(&r));
+
+    // A server killed with kill -9 restarts in place, at the new maxmemory.
+    let victim = format!("crash-{}", (primary + 2) % 3);
+    let mut node = connect_pod(&client, &ns.name, &victim, &pw).await.unwrap();
+    support::operator::kill_9(support::operator::server_pid(&mut node).await);
+    wait_for(
+        "the killed server back and Ready",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, &ns.name).get("crash").await.ok()?;
+            let p = pods.get(&victim).await.ok()?;
+            (support::operator::is_ready(&r) && container_restarts(&p) > 0).then_some(())
+        },
+    )
+    .await;
+    let ips_now = topology(&client, &ns.name, "crash").await.1;
+    wait_for(
+        "every instance at the target after the crash",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "crash", &ips_now, &pw),
+    )
+    .await;
+    for i in 0..3 {
+        let mut n = connect_pod(&client, &ns.name, &format!("crash-{i}"), &pw)
+            .await
+            .unwrap();
+        assert_eq!(
+            wait_dbsize(&mut n, tally.written).await,
+            tally.written,
+            "crash-{i}"
+        );
+    }
+}

@@ -126,7 +126,11 @@ impl Reconciler {
                 self.purge(facts, &name, opts).await;
             }
             match self.resize_pod(&name, &res).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    if name != primary {
+                        crate::failpoint::hit("after-resize-replica");
+                    }
+                }
                 Err(e) if refused_in_place(&e) => {
                     self.fall_back_to_restarts(&name, &e, facts, target).await?;
                     return Ok(());
