@@ -620,16 +620,8 @@ async fn backup_to_a_volume_and_restore_from_it() {
     let tns = TestNamespace::new(&client, "volbackup", &[]).await;
     let ns = tns.name.as_str();
     let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "backups"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    }))
-    .expect("pvc");
+    support::operator::create_claim(&client, ns, "backups").await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    claims
-        .create(&PostParams::default(), &pvc)
-        .await
-        .expect("creating the claim");
     apply_redis(&client, ns, "src", json!({"mode": "Standalone"})).await;
     wait_ready(&client, ns, "src", READY).await;
     seed(&client, ns, "src", "src-0").await;

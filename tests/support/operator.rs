@@ -1281,3 +1281,17 @@ pub async fn pod_states(
         })
         .collect()
 }
+
+/// Creates a 1Gi ReadWriteOnce PersistentVolumeClaim `name` (a backup
+/// target on a volume).
+pub async fn create_claim(client: &Client, ns: &str, name: &str) {
+    let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("claim");
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap_or_else(|e| panic!("creating the claim {ns}/{name}: {e}"));
+}

@@ -1,0 +1,365 @@
+//! `kubectl redpilot`: what the plugin shows and asks, kept apart from its
+//! command line (`src/bin/kubectl-redpilot.rs`) so the screens are tested
+//! as plain text.
+//!
+//! - [`status`] renders one screen of a Redis: topology, roles, offsets and
+//!   lag, memory and the autopilot, the last failover and backup,
+//!   conditions, recent events.
+//! - [`switchover_target`] picks the replica a switchover goes to when the
+//!   user names none.
+//! - [`backup_target`] finds where a backup of a Redis goes: its schedule's
+//!   target, or its newest backup's.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Utc};
+
+use crate::api::v1alpha1::{BackupPhase, BackupTarget, Redis, RedisBackup, RedisBackupSchedule};
+
+/// One event, as the screen shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventLine {
+    /// When it last happened.
+    pub time: Option<DateTime<Utc>>,
+    /// `Normal` or `Warning`.
+    pub type_: String,
+    /// The reason.
+    pub reason: String,
+    /// The message.
+    pub note: String,
+}
+
+/// `3m`, `2h`, `4d` since `t`.
+pub fn age(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let s = (now - t).num_seconds().max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn parse_time(t: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(t)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// The newest backup of `redis` among `backups` (by completion, else start,
+/// else creation).
+pub fn newest_backup<'a>(redis: &str, backups: &'a [RedisBackup]) -> Option<&'a RedisBackup> {
+    let when = |b: &RedisBackup| {
+        let s = b.status.as_ref();
+        s.and_then(|s| s.completed_at.as_deref().or(s.started_at.as_deref()))
+            .and_then(parse_time)
+            .or_else(|| {
+                b.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
+            })
+    };
+    backups
+        .iter()
+        .filter(|b| b.spec.redis == redis)
+        .max_by_key(|b| when(b))
+}
+
+/// Where a new backup of `redis` goes: the target of a schedule of it, or
+/// of its newest backup.
+pub fn backup_target(
+    redis: &str,
+    schedules: &[RedisBackupSchedule],
+    backups: &[RedisBackup],
+) -> Option<BackupTarget> {
+    schedules
+        .iter()
+        .find(|s| s.spec.redis == redis)
+        .map(|s| s.spec.target.clone())
+        .or_else(|| newest_backup(redis, backups).map(|b| b.spec.target.clone()))
+}
+
+/// The replica a switchover goes to when none is named: a ready replica
+/// with a live link, the least behind (lowest ordinal on a tie).
+pub fn switchover_target(redis: &Redis) -> Option<String> {
+    let status = redis.status.as_ref()?;
+    status
+        .instances
+        .iter()
+        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
+        .min_by_key(|i| i.lag_bytes.unwrap_or(i64::MAX))
+        .map(|i| i.name.clone())
+}
+
+/// One screen about `redis`.
+pub fn status(
+    redis: &Redis,
+    backups: &[RedisBackup],
+    events: &[EventLine],
+    now: DateTime<Utc>,
+) -> String {
+    let mut out = String::new();
+    let ns = redis.metadata.namespace.as_deref().unwrap_or("");
+    let name = redis.metadata.name.as_deref().unwrap_or("");
+    let spec = &redis.spec;
+    let st = redis.status.clone().unwrap_or_default();
+    let phase = st.phase.map_or("Unknown".to_string(), |p| format!("{p:?}"));
+    let _ = writeln!(
+        out,
+        "Redis {ns}/{name}: {:?} {} ({}), {:?}, {phase}, {} ready, primary {}",
+        spec.engine,
+        spec.version,
+        st.current_version.as_deref().unwrap_or("not running"),
+        spec.mode,
+        st.ready.as_deref().unwrap_or("0/?"),
+        st.primary.as_deref().unwrap_or("none"),
+    );
+    let services = [st.write_service.as_deref(), st.read_service.as_deref()]
+        .iter()
+        .flatten()
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" (read-write), ");
+    if !services.is_empty() {
+        let ro = if st.read_service.is_some() {
+            " (read-only)"
+        } else {
+            " (read-write)"
+        };
+        let _ = writeln!(
+            out,
+            "Services: {services}{ro}; password in Secret {}",
+            st.auth_secret.as_deref().unwrap_or("?")
+        );
+    }
+    // Memory and the autopilot.
+    let memory = st.memory.as_ref().map_or("unknown".to_string(), |m| {
+        format!("{} on {}", m.summary, m.instance)
+    });
+    let _ = write!(out, "Memory: {memory}");
+    match st.autopilot.as_ref().and_then(|a| a.memory.as_ref()) {
+        Some(a) => {
+            let _ = write!(
+                out,
+                "; autopilot limit {} ({})",
+                a.limit,
+                a.method.as_deref().unwrap_or("InPlace")
+            );
+            if let Some(d) = &a.last_decision {
+                let when =
+                    parse_time(&d.time).map_or(String::new(), |t| format!(" {} ago", age(t, now)));
+                let _ = write!(
+                    out,
+                    ", last {} {} → {}{when}: {}",
+                    d.action, d.from, d.to, d.reason
+                );
+            }
+            let _ = writeln!(out);
+        }
+        None if spec.memory_autopilot().is_some() => {
+            let _ = writeln!(out, "; autopilot on, no decision yet");
+        }
+        None => {
+            let _ = writeln!(out, "; autopilot off");
+        }
+    }
+    // Topology.
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<24} {:<8} {:<6} {:>14} {:>10} {:<5}",
+        "INSTANCE", "ROLE", "READY", "OFFSET", "LAG", "LINK"
+    );
+    for i in &st.instances {
+        let dash = || "-".to_string();
+        let _ = writeln!(
+            out,
+            "{:<24} {:<8} {:<6} {:>14} {:>10} {:<5}",
+            i.name,
+            i.role,
+            if i.ready { "yes" } else { "no" },
+            i.offset.map_or_else(dash, |o| o.to_string()),
+            i.lag_bytes.map_or_else(dash, |l| format!("{l}B")),
+            i.link_up
+                .map_or_else(dash, |u| if u { "up" } else { "down" }.to_string()),
+        );
+    }
+    if st.instances.is_empty() {
+        let _ = writeln!(out, "(no instance observed yet)");
+    }
+    let _ = writeln!(out);
+    if let Some(f) = &st.last_failover {
+        let when = parse_time(&f.time).map_or(f.time.clone(), |t| format!("{} ago", age(t, now)));
+        let _ = writeln!(
+            out,
+            "Last failover: {} → {} ({}) {when}",
+            f.from, f.to, f.reason
+        );
+    }
+    if let Some(u) = &st.upgrade {
+        let _ = writeln!(
+            out,
+            "Upgrade: {:?} {} → {:?} {}: {:?} ({}/{})",
+            u.from.engine, u.from.version, u.to.engine, u.to.version, u.phase, u.done, u.total
+        );
+    }
+    match newest_backup(name, backups) {
+        Some(b) => {
+            let bs = b.status.clone().unwrap_or_default();
+            let phase = bs.phase.map_or("Pending".to_string(), |p| format!("{p:?}"));
+            let when = bs
+                .completed_at
+                .as_deref()
+                .or(bs.started_at.as_deref())
+                .and_then(parse_time)
+                .map_or(String::new(), |t| format!(", {} ago", age(t, now)));
+            let size = match (bs.phase, bs.size_bytes, bs.keys) {
+                (Some(BackupPhase::Completed), Some(s), Some(k)) => {
+                    format!(", {s} bytes, {k} keys")
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "Last backup: {} {phase}{when}{size}",
+                b.metadata.name.as_deref().unwrap_or("?")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "Last backup: none");
+        }
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "Conditions:");
+    for c in &st.conditions {
+        let _ = writeln!(
+            out,
+            "  {}={} {}: {}",
+            c.type_, c.status, c.reason, c.message
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "Recent events:");
+    if events.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for e in events {
+        let when = e.time.map_or("?".to_string(), |t| age(t, now));
+        let _ = writeln!(out, "  {when:>4} {:<7} {}: {}", e.type_, e.reason, e.note);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::{
+        AutopilotStatus, InstanceStatus, MemoryAutopilotStatus, MemoryDecision, MemoryStatus,
+        Phase, RedisSpec, RedisStatus,
+    };
+
+    fn redis() -> Redis {
+        let mut r = Redis::new("cache", RedisSpec::default());
+        r.metadata.namespace = Some("shop".into());
+        r.status = Some(RedisStatus {
+            phase: Some(Phase::Ready),
+            ready: Some("2/2".into()),
+            primary: Some("cache-0".into()),
+            current_version: Some("7.0.15".into()),
+            instances: vec![
+                InstanceStatus {
+                    name: "cache-0".into(),
+                    role: "primary".into(),
+                    ready: true,
+                    offset: Some(1200),
+                    ..Default::default()
+                },
+                InstanceStatus {
+                    name: "cache-1".into(),
+                    role: "replica".into(),
+                    ready: true,
+                    offset: Some(1100),
+                    lag_bytes: Some(100),
+                    link_up: Some(true),
+                },
+                InstanceStatus {
+                    name: "cache-2".into(),
+                    role: "replica".into(),
+                    ready: true,
+                    offset: Some(1200),
+                    lag_bytes: Some(0),
+                    link_up: Some(true),
+                },
+            ],
+            memory: Some(MemoryStatus {
+                instance: "cache-0".into(),
+                used_bytes: 12 << 20,
+                max_bytes: Some(48 << 20),
+                percent: Some(25),
+                summary: "12Mi/48Mi (25%)".into(),
+            }),
+            autopilot: Some(AutopilotStatus {
+                memory: Some(MemoryAutopilotStatus {
+                    limit: "96Mi".into(),
+                    limit_bytes: 96 << 20,
+                    base: "64Mi".into(),
+                    last_decision: Some(MemoryDecision {
+                        time: "2026-01-01T00:00:00Z".into(),
+                        action: "Grow".into(),
+                        from: "64Mi".into(),
+                        to: "96Mi".into(),
+                        reason: "used 39Mi is 82% of maxmemory 48Mi".into(),
+                    }),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn the_screen_shows_topology_memory_and_events() {
+        let now = parse_time("2026-01-01T00:05:00Z").unwrap();
+        let events = vec![EventLine {
+            time: parse_time("2026-01-01T00:04:00Z"),
+            type_: "Normal".into(),
+            reason: "MemoryGrow".into(),
+            note: "memory limit 64Mi → 96Mi".into(),
+        }];
+        let text = status(&redis(), &[], &events, now);
+        assert!(text.contains("Redis shop/cache: Redis 7.0 (7.0.15), Standalone, Ready, 2/2 ready, primary cache-0"), "{text}");
+        assert!(text.contains("Memory: 12Mi/48Mi (25%) on cache-0; autopilot limit 96Mi (InPlace), last Grow 64Mi → 96Mi 5m ago"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("cache-1")
+                && l.contains("replica")
+                && l.contains("100B")
+                && l.contains("up")),
+            "{text}"
+        );
+        assert!(text.contains("Last backup: none"), "{text}");
+        assert!(
+            text.contains("  1m Normal  MemoryGrow: memory limit 64Mi → 96Mi"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_switchover_goes_to_the_least_behind_linked_replica() {
+        assert_eq!(switchover_target(&redis()).as_deref(), Some("cache-2"));
+        let mut r = redis();
+        if let Some(s) = r.status.as_mut() {
+            s.instances[2].link_up = Some(false);
+        }
+        assert_eq!(switchover_target(&r).as_deref(), Some("cache-1"));
+    }
+
+    #[test]
+    fn ages_read_for_people() {
+        let t = parse_time("2026-01-01T00:00:00Z").unwrap();
+        assert_eq!(age(t, t + chrono::Duration::seconds(42)), "42s");
+        assert_eq!(age(t, t + chrono::Duration::hours(3)), "3h");
+        assert_eq!(age(t, t + chrono::Duration::days(2)), "2d");
+    }
+}

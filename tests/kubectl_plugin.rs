@@ -1,0 +1,150 @@
+//! `kubectl redpilot` (the `kubectl-redpilot` executable) against the dev
+//! cluster: every verb on a real Redis, through the real operator, and its
+//! errors for what it cannot do.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::PostParams;
+use redpilot::api::v1alpha1::{BackupPhase, Phase, RedisBackup};
+use serde_json::json;
+use support::operator::{OperatorOptions, apply_redis, redis_api, start_operator, wait_ready};
+use support::{TestNamespace, client, kubeconfig_path, wait_for};
+
+const READY: Duration = Duration::from_secs(240);
+
+/// Runs the plugin; returns (success, stdout + stderr).
+fn plugin(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-redpilot"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("run kubectl-redpilot");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("$ kubectl redpilot {}\n{text}", args.join(" "));
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_verb_works_on_a_real_redis() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "plugin", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    support::operator::create_claim(&client, ns, "backups").await;
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Replication", "instances": 3, "storage": {"size": "1Gi"},
+               "persistence": {"rdb": false}}),
+    )
+    .await;
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    let old_primary = r.status.and_then(|s| s.primary).expect("primary");
+
+    // version
+    let (ok, text) = plugin(&["version"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("kubectl-redpilot {}", redpilot::VERSION)),
+        "{text}"
+    );
+    assert!(text.contains("Kubernetes v1.37"), "{text}");
+
+    // status
+    let (ok, text) = plugin(&["-n", ns, "status", "cache"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("Redis {ns}/cache: Redis 7.0 (7.0")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("primary {old_primary}")), "{text}");
+    for i in 0..3 {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("cache-{i} "))),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("Memory: ") && text.contains("autopilot off"),
+        "{text}"
+    );
+    assert!(text.contains("Ready=True AllInstancesReady"), "{text}");
+    assert!(text.contains("Last backup: none"), "{text}");
+    assert!(
+        text.contains("PrimaryElected") || text.contains("Ready"),
+        "{text}"
+    );
+    let (ok, text) = plugin(&["-n", ns, "status", "absent"]);
+    assert!(
+        !ok && text.contains(&format!("Redis {ns}/absent not found")),
+        "{text}"
+    );
+
+    // switchover, to the replica least behind
+    let (ok, text) = plugin(&["-n", ns, "switchover", "cache"]);
+    assert!(ok, "{text}");
+    let r = redis_api(&client, ns).get("cache").await.unwrap();
+    let new_primary = r.status.and_then(|s| s.primary).expect("primary");
+    assert_ne!(new_primary, old_primary);
+    assert!(
+        text.contains(&format!("{new_primary} is the primary of cache")),
+        "{text}"
+    );
+    // The one-off request is withdrawn (it would pin the primary otherwise).
+    let r = redis_api(&client, ns).get("cache").await.unwrap();
+    assert_eq!(r.spec.failover.and_then(|f| f.switchover_to), None);
+    // ... and back, naming it.
+    let (ok, text) = plugin(&["-n", ns, "switchover", "cache", &old_primary]);
+    assert!(ok, "{text}");
+    let r = redis_api(&client, ns).get("cache").await.unwrap();
+    assert_eq!(r.status.and_then(|s| s.primary), Some(old_primary.clone()));
+
+    // backup: no target known yet, then the target of the first backup.
+    let (ok, text) = plugin(&["-n", ns, "backup", "cache"]);
+    assert!(!ok && text.contains("no target known for cache"), "{text}");
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let first: RedisBackup = serde_json::from_value(json!({
+        "apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+        "metadata": {"name": "first"},
+        "spec": {"redis": "cache", "target": {"volume": {"claimName": "backups", "path": "cache"}}},
+    }))
+    .unwrap();
+    backups
+        .create(&PostParams::default(), &first)
+        .await
+        .expect("first backup");
+    wait_for("the first backup", Duration::from_secs(180), || async {
+        let b = backups.get("first").await.ok()?;
+        (b.status?.phase? == BackupPhase::Completed).then_some(())
+    })
+    .await;
+    let (ok, text) = plugin(&["-n", ns, "backup", "cache", "--name", "second"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("second Completed in"), "{text}");
+    let second = backups.get("second").await.unwrap();
+    assert_eq!(
+        second.spec.target.volume.map(|v| v.claim_name).as_deref(),
+        Some("backups")
+    );
+    let (_, text) = plugin(&["-n", ns, "status", "cache"]);
+    assert!(text.contains("Last backup: second Completed"), "{text}");
+
+    // hibernate and wake
+    let (ok, text) = plugin(&["-n", ns, "hibernate", "cache"]);
+    assert!(ok && text.contains("cache: hibernated"), "{text}");
+    let r = redis_api(&client, ns).get("cache").await.unwrap();
+    assert_eq!(r.status.and_then(|s| s.phase), Some(Phase::Hibernated));
+    let (ok, text) = plugin(&["-n", ns, "wake", "cache"]);
+    assert!(ok && text.contains("cache: Ready, 3/3"), "{text}");
+
+    // A Redis without storage cannot hibernate: said before anything is sent.
+    apply_redis(&client, ns, "plain", json!({"mode": "Standalone"})).await;
+    let (ok, text) = plugin(&["-n", ns, "hibernate", "plain"]);
+    assert!(!ok && text.contains("plain has no spec.storage"), "{text}");
+}
