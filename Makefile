@@ -25,7 +25,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup bench-restore run run-stop version clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -133,6 +133,17 @@ run-stop:
 
 version:
 	$(CARGO) run --quiet -- version
+
+# The plain install without OLM (deploy/install.yaml, from the bundle's
+# sources; tests/plain_install.rs fails when it drifts).
+install-yaml:
+	bash hack/install.sh
+
+# The kubectl plugin: bin/kubectl-redpilot (put bin/ on the PATH, then
+# `kubectl redpilot status <redis>`).
+plugin:
+	$(CARGO) build --release --bin kubectl-redpilot
+	ln -sf $${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/kubectl-redpilot bin/kubectl-redpilot
 
 # OLM packaging (hack/bundle.sh, hack/catalog.sh). `make bundle VERSION=x.y.z`
 # regenerates bundle/ and bundle.Dockerfile (VERSION defaults to Cargo.toml's);
