@@ -24,7 +24,7 @@ TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
 TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS)
 
 .PHONY: bundle catalog olm-validate
-.PHONY: all build fmt fmt-check clippy lint unit tools tools-cluster engines \
+.PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
 	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
@@ -34,6 +34,11 @@ help:
 
 build:
 	$(CARGO) build --workspace --all-targets
+
+# The Debian and PyPI packages the test ground needs, installed when missing
+# (hack/setup.sh, shared with .ci/run). Needs root when something is missing.
+setup:
+	@bash hack/setup.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -78,7 +83,7 @@ integration: engines
 	$(CARGO) test --workspace --test "*" --no-fail-fast
 
 # The whole test run. The cluster comes down even when a step fails.
-test: lint unit tools release-bins cluster-up
+test: setup lint unit tools release-bins cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
@@ -125,7 +130,7 @@ bench-backup: engines tools-versitygw
 bench-restore: engines tools-versitygw cluster-up
 	REDPILOT_BACKUP_MB=$(BACKUP_MB) $(CARGO) test --test operator_backup -- --nocapture backup_to_s3
 
-run: tools-cluster engines
+run: setup tools-cluster engines
 	bash dev/run.sh
 
 run-stop:

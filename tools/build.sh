@@ -161,12 +161,26 @@ if [[ $group == opm ]]; then
 	ldflags+=" -X github.com/operator-framework/operator-registry/cmd/opm/version.opmVersion=$version"
 fi
 
-echo "tools: building $group $version into $dest"
+# About how long a cold build takes on 2 cores, for the progress line.
+case $group in
+kube) expect="5-10 min" ;;
+prometheus | jaeger | olm | operator-sdk) expect="about 5 min" ;;
+*) expect="1-3 min" ;;
+esac
+echo "tools: building $group $version into $dest ($expect on 2 cores the first time; cached afterwards)"
 start=$(date +%s)
 tmp=$dest.tmp.$$
 rm -rf "$tmp"
 mkdir -p "$tmp"
-trap 'rm -rf "$tmp"' EXIT
+# A progress line every 30 s instead of minutes of silence (go build prints
+# nothing while it downloads and compiles).
+(
+	while sleep 30 </dev/null >/dev/null 2>&1; do
+		echo "tools: still building $group $version: $(($(date +%s) - start))s elapsed"
+	done
+) &
+ticker=$!
+trap 'kill "$ticker" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 if [[ $group == prometheus-crds ]]; then
 	src=$(cd "$here/$dir" && go mod download -json "$mod@$version" | awk -F'"' '$2 == "Dir" {print $4}')
 	mkdir -p "$tmp/crds"
@@ -182,6 +196,7 @@ fi
 touch "$tmp/.complete"
 rm -rf "$dest"
 mv "$tmp" "$dest"
+kill "$ticker" 2>/dev/null || true
 trap - EXIT
 link
 echo "tools: built $group $version in $(($(date +%s) - start))s"
