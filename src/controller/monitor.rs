@@ -19,7 +19,7 @@
 //! connection, keeps the last [`MEMORY_WINDOW`] of samples for the growth
 //! rate, and asks for a reconcile when the use reaches (or, at that rate,
 //! will reach within the lookahead) the level the autopilot acts at — so a
-//! fill is caught in about a second, not at the next periodic reconcile.
+//! fill is caught within a second, not at the next periodic reconcile.
 //!
 //! Length: ~390 lines of code and ~100 of tests: one probe loop serves
 //! both watches (health and memory) over one connection per primary.
@@ -43,10 +43,13 @@ use crate::redis::{ConnectOptions, Endpoint, Node};
 /// Time between two probes of one primary.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Time between two memory samples of a primary (autopilot on).
-pub const MEMORY_INTERVAL: Duration = Duration::from_secs(1);
-/// The samples the growth rate is computed over.
-pub const MEMORY_WINDOW: Duration = Duration::from_secs(15);
+/// Time between two memory samples of a primary (autopilot on): every
+/// probe.
+pub const MEMORY_INTERVAL: Duration = PROBE_INTERVAL;
+/// The samples the growth rate is computed over: short, so a fill that
+/// starts is seen at its own rate within a second, not averaged with the
+/// quiet before it.
+pub const MEMORY_WINDOW: Duration = Duration::from_secs(5);
 
 /// The memory watch of one primary: where the autopilot acts, and the
 /// samples.
@@ -71,8 +74,8 @@ struct MemoryWatch {
 pub struct MemorySample {
     /// The last `used_memory`.
     pub used: u64,
-    /// Growth in bytes per second over the window; `None` with fewer than
-    /// 3 seconds of samples.
+    /// Growth in bytes per second over the window; `None` with less than
+    /// a second of samples.
     pub rate: Option<f64>,
 }
 
@@ -81,7 +84,7 @@ impl MemoryWatch {
         let (t1, last) = *self.samples.back()?;
         let rate = self.samples.front().and_then(|(t0, first)| {
             let dt = t1.duration_since(*t0).as_secs_f64();
-            (dt >= 3.0).then(|| (last as f64 - *first as f64) / dt)
+            (dt >= 1.0).then(|| (last as f64 - *first as f64) / dt)
         });
         Some(MemorySample { used: last, rate })
     }
@@ -99,23 +102,28 @@ impl MemoryWatch {
         let Some(alert) = self.alert else {
             return false;
         };
-        if used < self.low {
-            let ask = !self.told_low;
-            self.told_low = true;
-            return ask;
-        }
-        self.told_low = false;
+        // The scale-up level first: a fill that starts below the scale-down
+        // level is still caught by its rate.
         let projected = self.sample().map_or(used as f64, |s| {
             used as f64 + s.rate.unwrap_or(0.0).max(0.0) * self.lookahead.as_secs_f64()
         });
-        if projected >= alert as f64 {
+        let up = if projected >= alert as f64 {
             let ask = !self.told;
             self.told = true;
             ask
         } else {
             self.told = false;
             false
-        }
+        };
+        let down = if used < self.low {
+            let ask = !self.told_low;
+            self.told_low = true;
+            ask
+        } else {
+            self.told_low = false;
+            false
+        };
+        up || down
     }
 }
 
@@ -478,12 +486,27 @@ mod tests {
         // 10 bytes/s: 150 + 100 < 1000.
         assert!(!m.record(at(5), 150));
         assert_eq!(m.sample().and_then(|s| s.rate), Some(10.0));
-        // 50 bytes/s from here: 700 + 10 s at the window's rate crosses.
-        assert!(m.record(at(15), 700));
-        assert!(!m.record(at(16), 750), "asked once per crossing");
+        // A fill starts: the window holds only the last 5 s, so the rate is
+        // the fill's (96 bytes/s), and 600 + 10 s of it crosses.
+        assert!(m.record(at(7), 600));
+        assert_eq!(m.sample().and_then(|s| s.rate), Some(96.0));
+        assert!(!m.record(at(8), 650), "asked once per crossing");
         // Below again (a grow raised nothing yet, the data went): re-armed.
         assert!(!m.record(at(40), 100));
         assert!(m.record(at(41), 1000));
+        // A fill that starts below the low level is caught by its rate.
+        let mut f = MemoryWatch {
+            alert: Some(1000),
+            low: 300,
+            lookahead: Duration::from_secs(10),
+            ..Default::default()
+        };
+        assert!(f.record(at(0), 100), "below the low level: asked once");
+        assert!(!f.record(at(1), 100));
+        assert!(
+            f.record(at(2), 250),
+            "75 bytes/s for 10 s from 250 crosses 1000"
+        );
         // Falling below the low level asks once too.
         m.low = 200;
         assert!(m.record(at(42), 150));
