@@ -20,6 +20,9 @@
 # default rp), LOCALNODE_POD_NETWORK (default 10.244.0.1/16),
 # LOCALNODE_PROVISIONER (default true; one provisioner per cluster),
 # LOCALNODE_UNSCHEDULABLE (set: only pods naming the node in spec.nodeName).
+# The kubelet API (pod logs, for kubectl logs): LOCALNODE_KUBELET_ADDRESS
+# (default 127.0.0.1), LOCALNODE_KUBELET_PORT (default 10250; a second node
+# finding it taken picks a free port and advertises that one).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,7 +62,8 @@ start() {
 		local args=(run --kubeconfig "$kubeconfig" --repo "$root" --state-dir "$state"
 			--images "$root/dev/images.yaml" --node-name "$node" --cpu "${LOCALNODE_CPU:-8}"
 			--instance-prefix "$prefix" --pod-network "${LOCALNODE_POD_NETWORK:-10.244.0.1/16}"
-			--provisioner "${LOCALNODE_PROVISIONER:-true}")
+			--provisioner "${LOCALNODE_PROVISIONER:-true}"
+			--kubelet-address "${LOCALNODE_KUBELET_ADDRESS:-127.0.0.1}" --kubelet-port "${LOCALNODE_KUBELET_PORT:-10250}")
 		[[ -n ${LOCALNODE_MEMORY_MIB:-} ]] && args+=(--memory-mib "$LOCALNODE_MEMORY_MIB")
 		[[ -n ${LOCALNODE_UNSCHEDULABLE:-} ]] && args+=(--unschedulable)
 		cd "$root"

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::time::SystemTime;
 
 use serde::Deserialize;
 
@@ -38,12 +40,27 @@ struct Entry {
     entrypoint_arg_suffixes: Vec<String>,
 }
 
-/// The loaded image mapping.
-#[derive(Debug, Clone)]
+/// The loaded image mapping. It is read again when the file changes (seen
+/// at the next container start), so a mapping can be added or removed
+/// without restarting the node; a file that no longer parses is reported
+/// and the previous mapping kept.
+#[derive(Debug)]
 pub struct ImageMap {
     path: PathBuf,
     repo: PathBuf,
+    loaded: RwLock<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    /// Modification time and length of the file that was read.
+    stamp: Option<(SystemTime, u64)>,
     entries: Vec<Entry>,
+}
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
 }
 
 /// What an image resolved to.
@@ -80,6 +97,40 @@ pub enum ImageError {
 
 impl ImageMap {
     pub fn load(path: &Path, repo: &Path) -> Result<Self> {
+        let stamp = stamp(path);
+        let entries = Self::parse(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            repo: repo.to_path_buf(),
+            loaded: RwLock::new(Loaded { stamp, entries }),
+        })
+    }
+
+    /// Reads the file again if it changed since it was last read.
+    fn refresh(&self) {
+        let now = stamp(&self.path);
+        if self.loaded.read().is_ok_and(|l| l.stamp == now) {
+            return;
+        }
+        let Ok(mut loaded) = self.loaded.write() else {
+            return;
+        };
+        if loaded.stamp == now {
+            return;
+        }
+        loaded.stamp = now;
+        match Self::parse(&self.path) {
+            Ok(entries) => {
+                tracing::info!(path = %self.path.display(), images = entries.len(), "image mapping reloaded");
+                loaded.entries = entries;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "image mapping changed but cannot be used; keeping the previous one")
+            }
+        }
+    }
+
+    fn parse(path: &Path) -> Result<Vec<Entry>> {
         let text = std::fs::read_to_string(path).at(path)?;
         let file: MapFile = serde_yaml::from_str(&text).map_err(|e| Error::ImageMap {
             path: path.to_path_buf(),
@@ -96,23 +147,23 @@ impl ImageMap {
                 });
             }
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            repo: repo.to_path_buf(),
-            entries: file.images,
-        })
+        Ok(file.images)
     }
 
     /// Resolves an image reference to local programs.
     pub fn resolve(&self, image: &str) -> Result<ResolvedImage, ImageError> {
+        self.refresh();
+        let loaded = self
+            .loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entries = &loaded.entries;
         let norm = normalize(image);
-        let Some(entry) = self
-            .entries
+        let Some(entry) = entries
             .iter()
             .find(|e| e.patterns.iter().any(|p| glob(&normalize(p), &norm)))
         else {
-            let known = self
-                .entries
+            let known = entries
                 .iter()
                 .flat_map(|e| e.patterns.iter().map(String::as_str))
                 .collect::<Vec<_>>()
@@ -355,6 +406,31 @@ mod tests {
             "quay.io/oliver006/redis_exporter:v1"
         ));
         assert!(!glob("redis:6.2*", "xredis:6.2"));
+    }
+
+    #[test]
+    fn the_mapping_is_read_again_when_the_file_changes() {
+        let dir = std::env::temp_dir().join(format!("localnode-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("images.yaml");
+        let one =
+            "images:\n  - patterns: [\"a:*\"]\n    entrypoint: sh\n    binaries: {sh: /bin/sh}\n";
+        std::fs::write(&file, one).unwrap();
+        let map = ImageMap::load(&file, &dir).unwrap();
+        assert!(map.resolve("a:1").is_ok());
+        assert!(matches!(
+            map.resolve("b:1"),
+            Err(ImageError::Unmapped { .. })
+        ));
+        let two = format!(
+            "{one}  - patterns: [\"b:*\"]\n    entrypoint: sh\n    binaries: {{sh: /bin/sh}}\n"
+        );
+        std::fs::write(&file, two).unwrap();
+        assert!(map.resolve("b:1").is_ok());
+        // A broken file keeps the mapping in force.
+        std::fs::write(&file, "images: [oops").unwrap();
+        assert!(map.resolve("b:1").is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -86,14 +86,48 @@ pub fn exec_container(spec_path: &Path) -> Error {
     }
 }
 
+/// Waits (up to 2 s) until this process is in the memory cgroup `dir`,
+/// as /proc/self/cgroup tells.
+fn wait_joined(dir: &Path) -> bool {
+    let Ok(rel) = dir.strip_prefix(crate::cgroup::MEMORY_MOUNT) else {
+        return false;
+    };
+    let want = format!("/{}", rel.display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let joined = std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|s| {
+            s.lines().any(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+                controllers.is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                    && path == Some(want.as_str())
+            })
+        });
+        if joined {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     let text = std::fs::read_to_string(spec_path).at(spec_path)?;
     let spec: LaunchSpec = serde_json::from_str(&text)?;
     // First of all, so that everything this process and the program
     // allocate is charged to (and limited by) the container's cgroup. A
     // failure leaves the container unlimited rather than not running.
+    //
+    // `ip netns exec` mounts a fresh sysfs over /sys, which hides the
+    // cgroup tree: the write then fails with ENOENT, and the node (which
+    // writes this pid into the cgroup right after spawning it) does it
+    // instead; this process waits until /proc/self/cgroup shows it joined.
+    // Only a real failure is reported, on the container's stderr (its log).
     if let Some(dir) = &spec.cgroup
         && let Err(e) = std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+        && !(e.kind() == std::io::ErrorKind::NotFound && wait_joined(dir))
     {
         eprintln!(
             "localnode exec-container: joining memory cgroup {}: {e}",

@@ -9,7 +9,9 @@ mod cmd;
 mod env;
 mod error;
 mod images;
+mod kubelet;
 mod launch;
+mod logs;
 mod net;
 mod node;
 mod pod;
@@ -48,7 +50,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Register the node and run the pods bound to it.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Internal: set up a container's root and exec its program.
     ExecContainer { spec: PathBuf },
     /// Kill every pod process and remove every namespace, veth, memory
@@ -98,6 +100,13 @@ struct RunArgs {
     /// spec.nodeName land there).
     #[arg(long)]
     unschedulable: bool,
+    /// Address of the kubelet API (pod logs), advertised as the Node's
+    /// Hostname address: the API server connects there.
+    #[arg(long, default_value = "127.0.0.1")]
+    kubelet_address: std::net::IpAddr,
+    /// Port of the kubelet API (another free one when it is taken).
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
 }
 
 fn main() {
@@ -153,7 +162,7 @@ fn main() {
                     std::process::exit(2);
                 }
             };
-            if let Err(e) = rt.block_on(run(args, names.clone())) {
+            if let Err(e) = rt.block_on(run(*args, names.clone())) {
                 tracing::error!(error = %e, "localnode failed");
                 rt.block_on(shutdown_pods(&names, Duration::from_secs(0)));
                 std::process::exit(1);
@@ -235,9 +244,12 @@ async fn run(args: RunArgs, names: net::Names) -> Result<()> {
         .memory_mib
         .map(|m| m * 1024 * 1024)
         .unwrap_or_else(node::host_memory);
+    let kubelet = kubelet::bind(args.kubelet_address, args.kubelet_port, &args.node_name).await?;
     let info = node::NodeInfo {
         name: args.node_name.clone(),
         address: gateway.to_string(),
+        kubelet_address: kubelet.addr.ip().to_string(),
+        kubelet_port: kubelet.addr.port(),
         cpu_millis,
         memory_bytes,
         max_pods: args.max_pods,
@@ -254,7 +266,7 @@ async fn run(args: RunArgs, names: net::Names) -> Result<()> {
     }
     let node_obj = node::register(&client, &info).await?;
     node::renew_lease(&client, &node_obj, &info).await?;
-    tracing::info!(node = %info.name, address = %info.address, cpu_millis, memory_bytes, "node registered");
+    tracing::info!(node = %info.name, address = %info.address, kubelet = %kubelet.addr, cpu_millis, memory_bytes, "node registered");
 
     tokio::spawn(node::heartbeat(client.clone(), node_obj, info.clone()));
     if args.provisioner {
@@ -274,7 +286,9 @@ async fn run(args: RunArgs, names: net::Names) -> Result<()> {
         stopping: std::sync::atomic::AtomicBool::new(false),
         memory,
         allocations: std::sync::Mutex::new(BTreeMap::new()),
+        logs: logs::LogIndex::default(),
     });
+    tokio::spawn(kubelet::serve(kubelet, ctx.clone()));
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::Setup(format!("signal handler: {e}")))?;

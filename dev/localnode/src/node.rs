@@ -23,6 +23,11 @@ pub const LEASE_NS: &str = "kube-node-lease";
 pub struct NodeInfo {
     pub name: String,
     pub address: String,
+    /// Where the kubelet API listens (a loopback address): the Node's
+    /// `Hostname` address, which the API server prefers by default
+    /// (`--kubelet-preferred-address-types`).
+    pub kubelet_address: String,
+    pub kubelet_port: u16,
     pub cpu_millis: i64,
     pub memory_bytes: i64,
     pub max_pods: i64,
@@ -132,9 +137,9 @@ pub async fn update_status(client: &kube::Client, info: &NodeInfo) -> Result<()>
             ],
             "addresses": [
                 {"type": "InternalIP", "address": info.address},
-                {"type": "Hostname", "address": info.name},
+                {"type": "Hostname", "address": info.kubelet_address},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": info.kubelet_port}},
             "nodeInfo": {
                 "architecture": "amd64",
                 "bootID": boot_id(),

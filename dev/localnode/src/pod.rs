@@ -61,6 +61,9 @@ pub struct NodeCtx {
     /// Allocated requests of every pod this node runs, by UID: what a
     /// resize must fit next to.
     pub allocations: std::sync::Mutex<BTreeMap<String, Amounts>>,
+    /// Where each container run's output lies in its log file (for the
+    /// kubelet API's `/containerLogs`).
+    pub logs: crate::logs::LogIndex,
 }
 
 impl NodeCtx {
@@ -243,6 +246,9 @@ struct Ctr {
     run: Option<Running>,
     waiting: (String, Option<String>),
     last: Option<Terminated>,
+    /// The termination before `last`: `lastState` once the container has
+    /// terminated for good (the kubelet shows the previous instance there).
+    prev: Option<Terminated>,
     restart_count: i32,
     next_start: Instant,
     backoff: Duration,
@@ -270,6 +276,7 @@ impl Ctr {
             run: None,
             waiting: ("ContainerCreating".into(), None),
             last: None,
+            prev: None,
             restart_count: restart_base,
             next_start: Instant::now(),
             backoff: Duration::ZERO,
@@ -511,6 +518,7 @@ impl Worker {
             self.push_status().await;
         }
         self.ctx.set_allocation(&self.uid, None);
+        self.ctx.logs.forget_pod(&self.uid);
         tracing::info!(pod = %format!("{}/{}", self.ns, self.name), "pod worker finished");
     }
 
@@ -1007,6 +1015,9 @@ impl Worker {
         });
         let started_at = now();
         let container_id = format!("localnode://{}-{}-{}", short_id(&self.uid), cname, epoch);
+        self.ctx
+            .logs
+            .started(&container_id, &self.uid, &log_path, log_start);
         let pod_ip: IpAddr = net.ip.into();
         let target = Target {
             pod_ip,
@@ -1096,6 +1107,7 @@ impl Worker {
         }
         // Reap what the process left in its group (e.g. a forked BGSAVE).
         kill_group(run.pid, rustix::process::Signal::KILL);
+        self.ctx.logs.finished(&run.container_id);
         let (exit_code, signal) = match (status.code(), status.signal()) {
             (Some(code), _) => (code, None),
             (None, Some(sig)) => (128 + sig, Some(sig)),
@@ -1118,6 +1130,7 @@ impl Worker {
         };
         let ran = run.started_instant.elapsed();
         tracing::info!(pod = %self.name, container = %c.spec.name, exit_code, ?signal, reason, "container exited");
+        c.prev = c.last.take();
         c.last = Some(Terminated {
             exit_code,
             signal,
@@ -1832,8 +1845,8 @@ impl Worker {
             }
             json!({"waiting": w})
         };
-        let last_state = match (&c.last, c.done) {
-            (Some(t), false) => json!({"terminated": terminated_json(t)}),
+        let last_state = match (&c.last, &c.prev, c.done) {
+            (Some(t), _, false) | (_, Some(t), true) => json!({"terminated": terminated_json(t)}),
             _ => json!({}),
         };
         let mut v = json!({

@@ -1,0 +1,558 @@
+//! The scorecard as OperatorHub's pipeline runs it: `operator-sdk scorecard
+//! ./bundle` against the dev cluster, each test as a pod on the local node
+//! (init container `scorecard-untar` untars the bundle ConfigMap, then
+//! `scorecard-test <test>` prints its result), the results read from the
+//! pods' logs through the API server. Pod logs come from the local node's
+//! kubelet endpoint (`GET /containerLogs/…`), which `kubectl logs` uses too.
+//!
+//! Needs the dev cluster with the local node (`make cluster-up`), the image
+//! mappings of the scorecard images in dev/images.yaml, and bin/operator-sdk
+//! and bin/scorecard-test (`make tools`).
+
+mod localnode_common;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, ServiceAccount};
+use kube::api::{Api, ListParams};
+use localnode_common::*;
+use serde_json::{Value, json};
+use support::{TestNamespace, client, kubeconfig_path, repo_root, wait_for};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+/// The tests of bundle/tests/scorecard/config.yaml (basic and olm suites).
+const TESTS: [&str; 6] = [
+    "basic-check-spec",
+    "olm-bundle-validation",
+    "olm-crds-have-validation",
+    "olm-crds-have-resources",
+    "olm-spec-descriptors",
+    "olm-status-descriptors",
+];
+/// The scorecard's own deadline (`--wait-time`), and ours around it.
+const SCORECARD_WAIT: &str = "180s";
+const OUR_DEADLINE: Duration = Duration::from_secs(200);
+/// A scorecard pod left unscheduled this long fails the test.
+const UNSCHEDULED: Duration = Duration::from_secs(30);
+
+fn tool(name: &str) -> PathBuf {
+    let p = repo_root().join("bin").join(name);
+    assert!(
+        p.exists(),
+        "bin/{name} is missing: run `make tools` (it installs operator-sdk and scorecard-test)"
+    );
+    p
+}
+
+fn kubectl() -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(tool("kubectl"));
+    c.arg("--kubeconfig").arg(kubeconfig_path());
+    c
+}
+
+/// `kubectl logs` with extra arguments: (success, stdout, stderr).
+async fn kubectl_logs(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let out = kubectl()
+        .args(["-n", ns, "logs"])
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("running kubectl logs: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The namespace's `default` ServiceAccount (the scorecard's pods run as
+/// it; a pod created before the controller made it is refused).
+async fn wait_default_service_account(client: &kube::Client, ns: &str) {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        &format!("serviceaccount {ns}/default"),
+        Duration::from_secs(30),
+        || async { sas.get_opt("default").await.ok().flatten() },
+    )
+    .await;
+}
+
+/// The node advertises a kubelet endpoint the API server can reach: a port
+/// and a loopback `Hostname` address (the type the API server tries first).
+async fn require_kubelet_endpoint(client: &kube::Client) -> (String, i32) {
+    let node = Api::<Node>::all(client.clone())
+        .get(NODE)
+        .await
+        .unwrap_or_else(|e| panic!("reading node/{NODE}: {e}"));
+    let status = node.status.unwrap_or_default();
+    let port = status
+        .daemon_endpoints
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|e| e.port)
+        .unwrap_or(0);
+    let host = status
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .find(|a| a.type_ == "Hostname")
+        .map(|a| a.address)
+        .unwrap_or_default();
+    assert!(
+        port > 0 && host.starts_with("127."),
+        "node/{NODE} advertises no kubelet endpoint the API server can reach \
+         (Hostname address {host:?}, daemonEndpoints.kubeletEndpoint.Port {port}): \
+         is dev/localnode.sh running a localnode with the kubelet API? Restart it: \
+         dev/localnode.sh stop; dev/localnode.sh start"
+    );
+    (host, port)
+}
+
+// ---------------------------------------------------------------------------
+// kubectl logs
+
+/// `kubectl logs` of a local node pod: the current run only (the log file
+/// holds every run), `--previous`, `--tail`, `--limit-bytes`, and `-f`
+/// streaming until the container ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_serves_current_and_previous_runs_tail_limit_and_follow() {
+    let client = client().await;
+    require_localnode(&client).await;
+    let (host, port) = require_kubelet_endpoint(&client).await;
+    let ns = TestNamespace::new(&client, "ln-logs", &[]).await;
+    wait_default_service_account(&client, &ns.name).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    // Run 1 prints five lines and fails; run 2 prints them, then ticks
+    // once a second for four seconds and succeeds.
+    let script = r#"n=$(cat /data/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /data/n
+echo "run $n"; for i in 1 2 3 4 5; do echo "line $i"; done
+[ "$n" -ge 2 ] || exit 1
+for i in 1 2 3 4; do sleep 1; echo "tick $i"; done"#;
+    let mut p = pod(
+        "talker",
+        json!({
+            "name": "talk",
+            "image": "redis:7.0",
+            "command": ["sh", "-c", script],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }),
+    );
+    let spec = p.spec.as_mut().expect("pod spec");
+    spec.restart_policy = Some("OnFailure".into());
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "data", "emptyDir": {}})).expect("volume"),
+    ]);
+    create(&pods, &p).await;
+    // The second run is running.
+    wait_for(
+        "talker's second run (restartCount 1, running)",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("talker").await.ok()?;
+            let cs = container_status(&p, "talk")?;
+            (cs.restart_count == 1 && cs.state.as_ref()?.running.is_some()).then_some(())
+        },
+    )
+    .await;
+
+    // Follow: lines arrive while the container runs; kubectl returns once
+    // it has ended.
+    let started = Instant::now();
+    let mut follow = kubectl()
+        .args(["-n", &ns.name, "logs", "-f", "talker"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("running kubectl logs -f");
+    let mut lines = BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    let mut followed = Vec::new();
+    let read_all = async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            followed.push((started.elapsed(), l));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read_all)
+        .await
+        .expect("kubectl logs -f did not end within 30 s of a container that runs 4 s");
+    let status = follow.wait().await.expect("kubectl logs -f");
+    let mut err = String::new();
+    if let Some(mut e) = follow.stderr.take() {
+        let _ = e.read_to_string(&mut err).await;
+    }
+    assert!(status.success(), "kubectl logs -f failed: {err}");
+    let text: Vec<&str> = followed.iter().map(|(_, l)| l.as_str()).collect();
+    let run2 = [
+        "run 2", "line 1", "line 2", "line 3", "line 4", "line 5", "tick 1", "tick 2", "tick 3",
+        "tick 4",
+    ];
+    assert_eq!(text, run2, "kubectl logs -f talker");
+    let first = followed.first().map(|(t, _)| *t).unwrap_or_default();
+    let last = followed.last().map(|(t, _)| *t).unwrap_or_default();
+    assert!(
+        last - first >= Duration::from_millis(1500),
+        "kubectl logs -f gave everything at once ({first:?} .. {last:?}): not streamed"
+    );
+
+    // The container has ended (Completed); its log stays readable.
+    wait_for("talker Succeeded", Duration::from_secs(30), || async {
+        let p = pods.get("talker").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await;
+    let expect = |args: &[&str], want: &str| {
+        let ns = ns.name.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let want = want.to_string();
+        async move {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (ok, out, err) = kubectl_logs(&ns, &a).await;
+            assert!(ok, "kubectl logs {a:?} failed: {err}");
+            assert_eq!(out, want, "kubectl logs {a:?}");
+            println!(
+                "kubectl logs {}: {} bytes as expected",
+                a.join(" "),
+                out.len()
+            );
+        }
+    };
+    let run2_text = run2.iter().map(|l| format!("{l}\n")).collect::<String>();
+    expect(&["talker"], &run2_text).await;
+    expect(
+        &["talker", "--previous"],
+        "run 1\nline 1\nline 2\nline 3\nline 4\nline 5\n",
+    )
+    .await;
+    expect(&["talker", "--tail", "2"], "tick 3\ntick 4\n").await;
+    expect(&["talker", "--tail", "0"], "").await;
+    expect(&["talker", "--limit-bytes", "6"], "run 2\n").await;
+    expect(&["talker", "-c", "talk", "--tail", "1", "-p"], "line 5\n").await;
+    println!("kubectl logs: served by the local node at {host}:{port} through the API server");
+}
+
+/// `kubectl logs` of a container that never started says why, as the
+/// kubelet does; one that does not exist is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_logs_of_a_container_waiting_for_its_image_says_why() {
+    let client = client().await;
+    require_localnode(&client).await;
+    require_kubelet_endpoint(&client).await;
+    let ns = TestNamespace::new(&client, "ln-logs-wait", &[]).await;
+    wait_default_service_account(&client, &ns.name).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(
+        &pods,
+        &pod(
+            "nope",
+            json!({"name": "app", "image": "example.invalid/nope:1"}),
+        ),
+    )
+    .await;
+    wait_for(
+        "nope waiting for its image",
+        Duration::from_secs(60),
+        || async {
+            waiting_reason(&pods.get("nope").await.ok()?)
+                .filter(|(r, _)| r == "ErrImagePull" || r == "ImagePullBackOff")
+        },
+    )
+    .await;
+    let (ok, out, err) = kubectl_logs(&ns.name, &["nope"]).await;
+    assert!(
+        !ok,
+        "kubectl logs of a container that never ran succeeded: {out}"
+    );
+    assert!(
+        err.contains("container \"app\" in pod \"nope\" is waiting to start"),
+        "kubectl logs nope: {err}"
+    );
+    println!("kubectl logs nope: {}", err.trim());
+}
+
+fn container_status<'a>(p: &'a Pod, name: &str) -> Option<&'a ContainerStatus> {
+    let s = p.status.as_ref()?;
+    s.container_statuses
+        .iter()
+        .flatten()
+        .chain(s.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+// ---------------------------------------------------------------------------
+// The scorecard
+
+/// Why a scorecard pod cannot finish, if it cannot: a container stuck
+/// waiting (image not mapped, bad config), a failed untar, a pod left
+/// unscheduled or placed on another node.
+async fn stuck(pods: &Api<Pod>, p: &Pod, first_seen: Instant) -> Option<String> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let spec = p.spec.as_ref()?;
+    let status = p.status.clone().unwrap_or_default();
+    if let Some(node) = spec.node_name.as_deref()
+        && node != NODE
+    {
+        return Some(format!(
+            "scorecard pod {name} was scheduled to node {node}, not {NODE}"
+        ));
+    }
+    if spec.node_name.is_none() && first_seen.elapsed() > UNSCHEDULED {
+        let why = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled")
+            .and_then(|c| c.message.clone())
+            .unwrap_or_else(|| "no PodScheduled condition".into());
+        return Some(format!(
+            "scorecard pod {name} is still unscheduled after {}s: {why}",
+            UNSCHEDULED.as_secs()
+        ));
+    }
+    let images: BTreeMap<String, String> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+        .collect();
+    for cs in status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+    {
+        let image = images.get(&cs.name).cloned().unwrap_or_default();
+        let state = cs.state.clone().unwrap_or_default();
+        if let Some(w) = &state.waiting {
+            let reason = w.reason.clone().unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "ErrImagePull"
+                    | "ImagePullBackOff"
+                    | "InvalidImageName"
+                    | "CreateContainerConfigError"
+                    | "CreateContainerError"
+                    | "RunContainerError"
+            ) {
+                return Some(format!(
+                    "scorecard pod {name}: container {} (image {image}) cannot run: {reason}: {}",
+                    cs.name,
+                    w.message.clone().unwrap_or_default()
+                ));
+            }
+        }
+        let init = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == cs.name);
+        if let Some(t) = &state.terminated
+            && init
+            && t.exit_code != 0
+        {
+            let log = pods
+                .logs(
+                    &name,
+                    &kube::api::LogParams {
+                        container: Some(cs.name.clone()),
+                        tail_lines: Some(20),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| format!("(no log: {e})"));
+            return Some(format!(
+                "scorecard pod {name}: init container {} (image {image}) failed with exit code {} ({}); its log:\n{log}",
+                cs.name,
+                t.exit_code,
+                t.reason.clone().unwrap_or_default()
+            ));
+        }
+    }
+    None
+}
+
+/// One row of the result table.
+struct Row {
+    name: String,
+    suite: String,
+    state: String,
+    errors: Vec<String>,
+    log: String,
+}
+
+fn rows(list: &Value) -> Vec<Row> {
+    let mut out = Vec::new();
+    for item in list["items"].as_array().into_iter().flatten() {
+        let suite = item["spec"]["labels"]["suite"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        for r in item["status"]["results"].as_array().into_iter().flatten() {
+            out.push(Row {
+                name: r["name"].as_str().unwrap_or("").to_string(),
+                suite: suite.clone(),
+                state: r["state"].as_str().unwrap_or("").to_string(),
+                errors: r["errors"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.as_str().map(String::from))
+                    .collect(),
+                log: r["log"].as_str().unwrap_or("").to_string(),
+            });
+        }
+    }
+    out
+}
+
+fn table(rows: &[Row]) -> String {
+    let w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    let mut s = format!("{:<w$}  {:<5}  STATE\n", "TEST", "SUITE");
+    for r in rows {
+        s.push_str(&format!("{:<w$}  {:<5}  {}\n", r.name, r.suite, r.state));
+        for e in &r.errors {
+            s.push_str(&format!("{:<w$}         error: {e}\n", ""));
+        }
+    }
+    s
+}
+
+/// `operator-sdk scorecard ./bundle`: the basic and olm suites' six tests
+/// run as pods on the local node and all pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
+    let client = client().await;
+    require_localnode(&client).await;
+    require_kubelet_endpoint(&client).await;
+    let sdk = tool("operator-sdk");
+    tool("scorecard-test");
+    let ns = TestNamespace::new(&client, "scorecard", &[]).await;
+    wait_default_service_account(&client, &ns.name).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&sdk)
+        .arg("scorecard")
+        .arg(repo_root().join("bundle"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path())
+        .args(["--namespace", &ns.name, "--output", "json"])
+        .args(["--wait-time", SCORECARD_WAIT])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", sdk.display()));
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s).await;
+        s
+    });
+    let err_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+
+    // Watch the test pods while the scorecard waits for them: where they
+    // run, and whether one cannot finish (the scorecard itself would only
+    // give up after --wait-time, with a bare deadline error).
+    let mut seen: BTreeMap<String, (Instant, Option<String>)> = BTreeMap::new();
+    let exit = loop {
+        if let Some(status) = child.try_wait().expect("waiting for operator-sdk") {
+            break status;
+        }
+        if started.elapsed() > OUR_DEADLINE {
+            let _ = child.kill().await;
+            panic!(
+                "operator-sdk scorecard did not finish within {}s; test pods seen: {:?}",
+                OUR_DEADLINE.as_secs(),
+                seen.keys().collect::<Vec<_>>()
+            );
+        }
+        let list = pods
+            .list(&ListParams::default().labels("app=scorecard-test"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for p in &list {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            let entry = seen.entry(name).or_insert((Instant::now(), None));
+            if node.is_some() {
+                entry.1 = node;
+            }
+            if let Some(why) = stuck(&pods, p, entry.0).await {
+                let _ = child.kill().await;
+                panic!(
+                    "the scorecard's test pods cannot run on the local node:\n{why}\n\
+                     (image mappings: dev/images.yaml; node log: .dev/localnode/localnode.log)"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let took = started.elapsed();
+    let stdout = out_task.await.unwrap_or_default();
+    let stderr = err_task.await.unwrap_or_default();
+
+    let list: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "operator-sdk scorecard ({exit}) printed no JSON test list ({e}).\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        )
+    });
+    let rows = rows(&list);
+    println!(
+        "operator-sdk scorecard ./bundle: {} in {:.1}s ({} test pods, on {:?})\n{}",
+        exit,
+        took.as_secs_f64(),
+        seen.len(),
+        seen.values()
+            .filter_map(|(_, n)| n.clone())
+            .collect::<BTreeSet<_>>(),
+        table(&rows)
+    );
+    let names: BTreeSet<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    let want: BTreeSet<&str> = TESTS.into_iter().collect();
+    let failed: Vec<&Row> = rows.iter().filter(|r| r.state != "pass").collect();
+    assert!(
+        failed.is_empty(),
+        "scorecard tests did not pass:\n{}\n{}",
+        table(&rows),
+        failed
+            .iter()
+            .map(|r| format!("--- {} log:\n{}", r.name, r.log))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        names, want,
+        "the scorecard ran other tests than the basic and olm suites' six"
+    );
+    assert!(
+        exit.success(),
+        "operator-sdk scorecard exited with {exit}:\n{stderr}"
+    );
+    // Each test ran as a pod on the local node: its container logs are in
+    // the node's state directory (kept after the scorecard deleted the pods).
+    let state = repo_root().join(".dev/localnode/pods");
+    let ran: Vec<String> = std::fs::read_dir(&state)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", state.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("{}_scorecard-test-", ns.name)))
+        .filter(|n| state.join(n).join("scorecard-test.log").exists())
+        .collect();
+    assert_eq!(
+        ran.len(),
+        TESTS.len(),
+        "expected {} scorecard test pods run by {NODE} (logs in {}), found {ran:?}",
+        TESTS.len(),
+        state.display()
+    );
+}
