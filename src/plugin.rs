@@ -115,21 +115,18 @@ pub fn status(
         st.ready.as_deref().unwrap_or("0/?"),
         st.primary.as_deref().unwrap_or("none"),
     );
-    let services = [st.write_service.as_deref(), st.read_service.as_deref()]
-        .iter()
-        .flatten()
-        .copied()
-        .collect::<Vec<_>>()
-        .join(" (read-write), ");
+    let services: Vec<String> = [
+        (st.write_service.as_deref(), "read-write"),
+        (st.read_service.as_deref(), "read-only"),
+    ]
+    .into_iter()
+    .filter_map(|(name, kind)| Some(format!("{} ({kind})", name?)))
+    .collect();
     if !services.is_empty() {
-        let ro = if st.read_service.is_some() {
-            " (read-only)"
-        } else {
-            " (read-write)"
-        };
         let _ = writeln!(
             out,
-            "Services: {services}{ro}; password in Secret {}",
+            "Services: {}; password in Secret {}",
+            services.join(", "),
             st.auth_secret.as_deref().unwrap_or("?")
         );
     }

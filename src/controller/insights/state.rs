@@ -87,23 +87,22 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
                 if available { 1.0 } else { 0.0 },
             );
         }
-    }
-    for r in redis.iter().filter(|r| r.spec.memory_autopilot().is_some()) {
-        let (ns, name) = (r.namespace().unwrap_or_default(), r.name_any());
-        let cond = r.status.as_ref().and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == crate::controller::redis::autopilot::CONDITION)
-        });
-        let Some(c) = cond else { continue };
-        // Bounded: AtMaximum, ResourceQuota, NodeCapacity, BelowMaximum.
-        out.add(
-            "redpilot_redis_memory_at_maximum",
-            "gauge",
-            "1 when the memory autopilot of the Redis cannot grow it further (condition MemoryAtMaximum), with the reason",
-            &[("namespace", ns.as_str()), ("redis", name.as_str()), ("reason", c.reason.as_str())],
-            if c.status == "True" { 1.0 } else { 0.0 },
-        );
+        // The memory autopilot's bound, with its reason (AtMaximum,
+        // ResourceQuota, NodeCapacity, BelowMaximum).
+        let at_maximum = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::controller::redis::autopilot::CONDITION)
+            .filter(|_| r.spec.memory_autopilot().is_some());
+        if let Some(c) = at_maximum {
+            out.add(
+                "redpilot_redis_memory_at_maximum",
+                "gauge",
+                "1 when the memory autopilot of the Redis cannot grow it further (condition MemoryAtMaximum), with the reason",
+                &[at[0], at[1], ("reason", c.reason.as_str())],
+                if c.status == "True" { 1.0 } else { 0.0 },
+            );
+        }
     }
     for (phase, n) in &by_phase {
         out.add(

@@ -78,6 +78,73 @@ pub fn resources(redis: &Redis) -> Option<ResourceRequirements> {
     Some(r)
 }
 
+/// What a decision other than `Keep` records, counts and says.
+struct Report<'a> {
+    /// `status.autopilot.memory.lastDecision.action`.
+    action: &'static str,
+    /// The limit it goes to (or, refused, the one wanted).
+    to: u64,
+    /// The numbers behind it.
+    why: &'a str,
+    /// Whether the limit changes.
+    changes: bool,
+    /// `redpilot_autopilot_decisions_total{direction,result}`.
+    metric: [&'static str; 2],
+    /// The event: type, reason, message.
+    event: (EventType, &'static str, String),
+}
+
+fn report(decision: &Decision, from: u64) -> Option<Report<'_>> {
+    let moved = |to: u64, why: &str| format!("memory limit {} → {}: {why}", human(from), human(to));
+    Some(match decision {
+        Decision::Keep => return None,
+        Decision::Grow { to, why } => Report {
+            action: "Grow",
+            to: *to,
+            why,
+            changes: true,
+            metric: ["grow", "applied"],
+            event: (EventType::Normal, "MemoryGrow", moved(*to, why)),
+        },
+        Decision::Shrink { to, why } => Report {
+            action: "Shrink",
+            to: *to,
+            why,
+            changes: true,
+            metric: ["shrink", "applied"],
+            event: (EventType::Normal, "MemoryShrink", moved(*to, why)),
+        },
+        Decision::AtMaximum { wanted, why } => Report {
+            action: "AtMaximum",
+            to: *wanted,
+            why,
+            changes: false,
+            metric: ["at_maximum", "refused"],
+            event: (
+                EventType::Warning,
+                "MemoryAtMaximum",
+                format!("memory limit stays {}: {why}", human(from)),
+            ),
+        },
+        Decision::Bounded { wanted, why, .. } => Report {
+            action: "Bounded",
+            to: *wanted,
+            why,
+            changes: false,
+            metric: ["grow", "refused"],
+            event: (
+                EventType::Warning,
+                "MemoryBounded",
+                format!(
+                    "memory limit stays {} (wanted {}): {why}",
+                    human(from),
+                    human(*wanted)
+                ),
+            ),
+        },
+    })
+}
+
 /// `next` as a merge patch: a field that went away is sent as null (an
 /// absent one would keep the old value).
 fn patch_value(next: &MemoryAutopilotStatus) -> serde_json::Value {
@@ -199,75 +266,38 @@ impl Reconciler {
             .and_then(|t| chrono::DateTime::from_timestamp(t, 0).map(|t| t.to_rfc3339()));
         let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let mut event = None;
-        let (action, to, why, direction, result) = match &decision {
-            Decision::Keep => ("", current, String::new(), "", ""),
-            Decision::Grow { to, why } => ("Grow", *to, why.clone(), "grow", "applied"),
-            Decision::Shrink { to, why } => ("Shrink", *to, why.clone(), "shrink", "applied"),
-            Decision::AtMaximum { wanted, why } => {
-                ("AtMaximum", *wanted, why.clone(), "at_maximum", "refused")
-            }
-            Decision::Bounded { wanted, why, .. } => {
-                ("Bounded", *wanted, why.clone(), "grow", "refused")
-            }
-        };
-        if !action.is_empty() {
+        if let Some(r) = report(&decision, current) {
             let repeat = next
                 .last_decision
                 .as_ref()
-                .is_some_and(|d| d.action == action && d.from == quantity(current));
-            if matches!(action, "Grow" | "Shrink") {
-                next.limit = quantity(to);
-                next.limit_bytes = to as i64;
+                .is_some_and(|d| d.action == r.action && d.from == quantity(current));
+            if r.changes {
+                next.limit = quantity(r.to);
+                next.limit_bytes = r.to as i64;
                 next.last_change = Some(stamp.clone());
                 next.below_since = None;
             }
-            if !repeat || matches!(action, "Grow" | "Shrink") {
+            if !repeat || r.changes {
                 next.last_decision = Some(MemoryDecision {
                     time: stamp,
-                    action: action.into(),
+                    action: r.action.into(),
                     from: quantity(current),
-                    to: quantity(to),
-                    reason: why.clone(),
+                    to: quantity(r.to),
+                    reason: r.why.to_string(),
                 });
                 self.ctx
                     .metrics
                     .autopilot
-                    .with_label_values(&[direction, result])
+                    .with_label_values(&r.metric)
                     .inc();
-                event = Some((action, current, to, why));
+                event = Some(r.event);
             }
         }
         if rec.as_ref() != Some(&next) {
             self.patch_status(serde_json::json!({"autopilot": {"memory": patch_value(&next)}}))
                 .await?;
         }
-        if let Some((action, from, to, why)) = event {
-            let (kind, reason, text) = match action {
-                "Grow" => (
-                    EventType::Normal,
-                    "MemoryGrow",
-                    format!("memory limit {} → {}: {why}", human(from), human(to)),
-                ),
-                "Shrink" => (
-                    EventType::Normal,
-                    "MemoryShrink",
-                    format!("memory limit {} → {}: {why}", human(from), human(to)),
-                ),
-                "AtMaximum" => (
-                    EventType::Warning,
-                    "MemoryAtMaximum",
-                    format!("memory limit stays {}: {why}", human(from)),
-                ),
-                _ => (
-                    EventType::Warning,
-                    "MemoryBounded",
-                    format!(
-                        "memory limit stays {} (wanted {}): {why}",
-                        human(from),
-                        human(to)
-                    ),
-                ),
-            };
+        if let Some((kind, reason, text)) = event {
             self.event(kind, reason, "Autoscale", text).await;
         }
         self.autopilot_cond = Some(condition(Some(&decision), facts));

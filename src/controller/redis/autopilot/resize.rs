@@ -25,7 +25,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::policy::{human, maxmemory_of};
-use super::{Reconciler, limit, record, resources};
+use super::{Reconciler, record, resources};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::redis::build;
 use crate::controller::redis::observe::PodFacts;
@@ -57,6 +57,16 @@ pub fn allowed_maxmemory(f: &PodFacts, target: u64) -> Option<u64> {
     let pod = f.mem_limit?;
     let applied = f.mem_limit_applied.unwrap_or(pod);
     Some(maxmemory_of(target.min(pod).min(applied)))
+}
+
+/// Counts every instance not at `target` as outdated: the rollout
+/// restarts it from the template, which has the target.
+fn mark_for_restart(facts: &mut [PodFacts], target: u64) {
+    for f in facts.iter_mut() {
+        if f.mem_limit.is_some_and(|l| l != target) {
+            f.outdated = true;
+        }
+    }
 }
 
 /// Whether the resize subresource's refusal means the cluster does not do
@@ -101,16 +111,10 @@ impl Reconciler {
         let Some(rec) = record(&self.redis).cloned() else {
             return Ok(());
         };
-        let Some(target) = limit(&self.redis) else {
-            return Ok(());
-        };
+        let target = rec.limit_bytes as u64;
         self.align_maxmemory(facts, target, opts).await;
         if rec.method.as_deref() == Some(RESTART) {
-            for f in facts.iter_mut() {
-                if f.mem_limit.is_some_and(|l| l != target) {
-                    f.outdated = true;
-                }
-            }
+            mark_for_restart(facts, target);
             return Ok(());
         }
         let Some(res) = resources(&self.redis) else {
@@ -337,11 +341,7 @@ impl Reconciler {
             ),
         )
         .await;
-        for f in facts.iter_mut() {
-            if f.mem_limit.is_some_and(|l| l != target) {
-                f.outdated = true;
-            }
-        }
+        mark_for_restart(facts, target);
         Ok(())
     }
 }
