@@ -406,12 +406,12 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         .expect("connect replica");
     let pid = server_pid(&mut node).await;
     drop(node);
-    let max: u64 = info_field(&mut primary, "memory", "maxmemory").await;
+    let max: u64 = support::operator::info_u64(&mut primary, "memory", "maxmemory").await;
     assert!(max > 0, "maxmemory is derived from the 32Mi limit");
     let value = "x".repeat(1024);
     let mut i = 0u64;
     loop {
-        let used: u64 = info_field(&mut primary, "memory", "used_memory").await;
+        let used: u64 = support::operator::info_u64(&mut primary, "memory", "used_memory").await;
         if used * 100 >= max * 93 {
             break;
         }
@@ -548,17 +548,6 @@ async fn wait_for_alerts(
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     false
-}
-
-async fn info_field(node: &mut redpilot::redis::Node, section: &str, field: &str) -> u64 {
-    let text: String = node
-        .query("INFO", redis::cmd("INFO").arg(section))
-        .await
-        .expect("INFO");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 async fn wait_for_series(prom: &Prometheus, q: &str, within: Duration) -> bool {

@@ -499,19 +499,7 @@ fn condition(p: &Pod, ty: &str) -> Option<PodCondition> {
 
 /// The memory cgroup a process is in, on the host (from /proc/<pid>/cgroup).
 fn memory_cgroup(pid: u32) -> PathBuf {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/cgroup: {e}"));
-    let path = text
-        .lines()
-        .find_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            controllers
-                .split(',')
-                .any(|c| c == "memory")
-                .then(|| path.to_string())
-        })
-        .unwrap_or_else(|| panic!("no memory cgroup for {pid}: {text}"));
+    let path = memory_cgroup_of(pid).unwrap_or_else(|| panic!("no memory cgroup for {pid}"));
     PathBuf::from("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'))
 }
 

@@ -54,22 +54,6 @@ fn cgroup_root() -> PathBuf {
     PathBuf::from("/sys/fs/cgroup/memory").join(PREFIX)
 }
 
-/// The memory cgroup of a process, as /proc/<pid>/cgroup names it.
-fn memory_cgroup_of(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            controllers
-                .split(',')
-                .any(|c| c == "memory")
-                .then(|| path.to_string())
-        })
-        .unwrap_or_default()
-}
-
 fn links_with_prefix(prefix: &str) -> Vec<String> {
     std::fs::read_dir("/sys/class/net")
         .map(|rd| {
@@ -140,7 +124,10 @@ async fn stopping_the_node_leaves_no_processes_namespaces_or_links() {
     );
     assert!(pids.iter().all(|p| process_alive(*p)));
     // Each container runs in a memory cgroup of its own under the node's.
-    let mut cgroups: Vec<String> = pids.iter().map(|p| memory_cgroup_of(*p)).collect();
+    let mut cgroups: Vec<String> = pids
+        .iter()
+        .map(|p| memory_cgroup_of(*p).unwrap_or_default())
+        .collect();
     assert!(
         cgroups
             .iter()

@@ -169,15 +169,7 @@ fn scorecard_basic_and_olm_suites_pass() {
         }
     }
     let names: BTreeSet<&str> = tests.iter().map(|(n, _)| n.as_str()).collect();
-    let expected: BTreeSet<&str> = [
-        "basic-check-spec",
-        "olm-bundle-validation",
-        "olm-crds-have-validation",
-        "olm-crds-have-resources",
-        "olm-spec-descriptors",
-        "olm-status-descriptors",
-    ]
-    .into();
+    let expected: BTreeSet<&str> = SCORECARD_TESTS.into();
     assert_eq!(
         names, expected,
         "the scorecard config should run the basic and olm suites"

@@ -10,6 +10,7 @@
 //! and bin/scorecard-test (`make tools`).
 
 mod localnode_common;
+mod olm_common;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,15 +25,6 @@ use serde_json::{Value, json};
 use support::{TestNamespace, client, kubeconfig_path, repo_root, wait_for};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-/// The tests of bundle/tests/scorecard/config.yaml (basic and olm suites).
-const TESTS: [&str; 6] = [
-    "basic-check-spec",
-    "olm-bundle-validation",
-    "olm-crds-have-validation",
-    "olm-crds-have-resources",
-    "olm-spec-descriptors",
-    "olm-status-descriptors",
-];
 /// The scorecard's own deadline (`--wait-time`), and ours around it.
 const SCORECARD_WAIT: &str = "180s";
 const OUR_DEADLINE: Duration = Duration::from_secs(200);
@@ -518,7 +510,7 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
         table(&rows)
     );
     let names: BTreeSet<&str> = rows.iter().map(|r| r.name.as_str()).collect();
-    let want: BTreeSet<&str> = TESTS.into_iter().collect();
+    let want: BTreeSet<&str> = olm_common::SCORECARD_TESTS.into_iter().collect();
     let failed: Vec<&Row> = rows.iter().filter(|r| r.state != "pass").collect();
     assert!(
         failed.is_empty(),
@@ -550,9 +542,9 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
         .collect();
     assert_eq!(
         ran.len(),
-        TESTS.len(),
+        olm_common::SCORECARD_TESTS.len(),
         "expected {} scorecard test pods run by {NODE} (logs in {}), found {ran:?}",
-        TESTS.len(),
+        olm_common::SCORECARD_TESTS.len(),
         state.display()
     );
 }

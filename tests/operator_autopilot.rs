@@ -25,8 +25,8 @@ use redpilot::redis::Node;
 use serde_json::{Value, json};
 use support::fill::{Filler, Poller, VALUE, crossings_to_resize};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, container_restarts, patch_redis, pod_ip, pod_uids,
-    recent_events, redis_api, redis_password, redis_pods, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, container_restarts, info_u64, patch_redis, pod_ip,
+    pod_uids, recent_events, redis_api, redis_password, redis_pods, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -65,17 +65,6 @@ async fn topology(client: &kube::Client, ns: &str, name: &str) -> (usize, Vec<St
         ips.push(pod_ip(client, ns, &format!("{name}-{i}")).await);
     }
     (ord, ips, redis_password(client, ns, name).await)
-}
-
-async fn info_field(node: &mut Node, section: &str, field: &str) -> u64 {
-    let text: String = node
-        .query("INFO", redis::cmd("INFO").arg(section))
-        .await
-        .expect("INFO");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
 }
 
 async fn dbsize(node: &mut Node) -> u64 {
@@ -194,7 +183,7 @@ async fn settled_at(
         )
         .await
         .ok()?;
-        if info_field(&mut node, "memory", "maxmemory").await != bytes(&target) / 4 * 3 {
+        if info_u64(&mut node, "memory", "maxmemory").await != bytes(&target) / 4 * 3 {
             return None;
         }
     }
@@ -253,26 +242,10 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     let uids = pod_uids(&client, &ns.name, "cache").await;
 
     // 1. Fill to 3x the starting maxmemory at a steady rate.
-    let poller = Poller::start(ips.clone(), pw.clone());
     let total = 3 * START_MAXMEMORY;
-    let filler = Filler::start(
-        ips[primary].clone(),
-        pw.clone(),
-        "fill",
-        0,
-        total,
-        RATE,
-        false,
-    );
-    let tally = filler.finish(Duration::from_secs(240)).await;
-    let target = wait_for(
-        "every instance at the autopilot's limit",
-        Duration::from_secs(60),
-        || settled_at(&client, &ns.name, "cache", &ips, &pw),
-    )
-    .await;
-    let readings = poller.stop().await;
-    let crossings = crossings_to_resize(&readings, primary, 0.8);
+    let fill = fill_and_settle(&client, &ns.name, "cache", "fill", RATE, 240).await;
+    let (tally, target, readings, crossings) =
+        (fill.tally, fill.target, fill.readings, fill.crossings);
     println!(
         "fill of {} MiB at {} MiB/s in {:.1} s: {} keys written, {} OOM replies, {} other failures; \
          limit {START} -> {target}",
@@ -283,14 +256,7 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
         tally.oom,
         tally.failed
     );
-    for (at, level, done) in &crossings {
-        println!(
-            "  primary at 80% of maxmemory {} MiB at {:.1} s: every instance above it after {}",
-            level / MI,
-            at.as_secs_f64(),
-            done.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
-        );
-    }
+    print_crossings(&crossings);
     let peak = readings[primary]
         .iter()
         .filter(|r| r.maxmemory > 0)
@@ -314,19 +280,7 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
         "{events}"
     );
     assert!(!events.contains("RollingRestart"), "{events}");
-    let mut evicted = 0;
-    for i in 0..3 {
-        let mut node = connect_pod(&client, &ns.name, &format!("cache-{i}"), &pw)
-            .await
-            .unwrap();
-        evicted += info_field(&mut node, "stats", "evicted_keys").await;
-        assert_eq!(
-            wait_dbsize(&mut node, tally.written).await,
-            tally.written,
-            "cache-{i}"
-        );
-    }
-    assert_eq!(evicted, 0, "evicted keys");
+    every_key_kept(&client, &ns.name, "cache", &pw, tally.written).await;
     assert_eq!(
         pod_uids(&client, &ns.name, "cache").await,
         uids,
@@ -365,7 +319,7 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     .await;
     println!(
         "data deleted (used {} MiB): shrunk {target} -> {shrunk} in {:.1} s (cooldown 30 s)",
-        info_field(&mut node, "memory", "used_memory").await / MI,
+        info_u64(&mut node, "memory", "used_memory").await / MI,
         t.elapsed().as_secs_f64()
     );
     for i in 0..3 {
@@ -508,6 +462,82 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     }
 }
 
+/// A fill measured: what the filler got, the limit every instance ended at,
+/// each instance's memory readings and the 80 % crossings with their P7.
+struct Fill {
+    tally: support::fill::FillTally,
+    target: String,
+    readings: Vec<Vec<support::fill::Reading>>,
+    crossings: Vec<(Duration, u64, Option<Duration>)>,
+    pw: String,
+}
+
+/// Fills Redis `name` to 3x the starting maxmemory at `rate` (keys
+/// `prefix:N`, OOM replies retried) while every instance's memory is read,
+/// and waits until every instance runs the autopilot's limit.
+async fn fill_and_settle(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    prefix: &str,
+    rate: u64,
+    within_secs: u64,
+) -> Fill {
+    let (primary, ips, pw) = topology(client, ns, name).await;
+    let poller = Poller::start(ips.clone(), pw.clone());
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        prefix,
+        0,
+        3 * START_MAXMEMORY,
+        rate,
+        false,
+    );
+    let tally = filler.finish(Duration::from_secs(within_secs)).await;
+    let target = wait_for(
+        "every instance at the autopilot's limit",
+        Duration::from_secs(60),
+        || settled_at(client, ns, name, &ips, &pw),
+    )
+    .await;
+    let readings = poller.stop().await;
+    let crossings = crossings_to_resize(&readings, primary, 0.8);
+    Fill {
+        tally,
+        target,
+        readings,
+        crossings,
+        pw,
+    }
+}
+
+fn print_crossings(crossings: &[(Duration, u64, Option<Duration>)]) {
+    for (at, level, done) in crossings {
+        println!(
+            "  primary at 80% of maxmemory {} MiB at {:.1} s: every instance above it after {}",
+            level / MI,
+            at.as_secs_f64(),
+            done.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+        );
+    }
+}
+
+/// On every instance of `name`: nothing evicted, and all `written` keys.
+async fn every_key_kept(client: &kube::Client, ns: &str, name: &str, pw: &str, written: u64) {
+    for i in 0..3 {
+        let mut node = connect_pod(client, ns, &format!("{name}-{i}"), pw)
+            .await
+            .unwrap();
+        assert_eq!(
+            info_u64(&mut node, "stats", "evicted_keys").await,
+            0,
+            "{name}-{i} evicted keys"
+        );
+        assert_eq!(wait_dbsize(&mut node, written).await, written, "{name}-{i}");
+    }
+}
+
 /// Creates Redis `name` with `policy`, fills it to 3x the starting
 /// maxmemory at `rate` without stopping at OOM replies, and checks that
 /// whatever was answered OK is on every instance, nothing was evicted and
@@ -521,26 +551,9 @@ async fn fill_fast(
 ) -> String {
     apply_redis(client, ns, name, spec(Some(policy))).await;
     wait_ready(client, ns, name, READY).await;
-    let (primary, ips, pw) = topology(client, ns, name).await;
-    let poller = Poller::start(ips.clone(), pw.clone());
     let total = 3 * START_MAXMEMORY;
-    let filler = Filler::start(
-        ips[primary].clone(),
-        pw.clone(),
-        "fast",
-        0,
-        total,
-        rate,
-        false,
-    );
-    let tally = filler.finish(Duration::from_secs(120)).await;
-    let target = wait_for(
-        "every instance at the autopilot's limit",
-        Duration::from_secs(60),
-        || settled_at(client, ns, name, &ips, &pw),
-    )
-    .await;
-    let crossings = crossings_to_resize(&poller.stop().await, primary, 0.8);
+    let fill = fill_and_settle(client, ns, name, "fast", rate, 120).await;
+    let (tally, target) = (fill.tally, fill.target);
     let events = recent_events(client, ns, 80).await;
     let grows: Vec<&str> = events
         .lines()
@@ -556,26 +569,9 @@ async fn fill_fast(
         tally.first_oom,
         grows.first().map_or("", |g| g.trim())
     );
-    for (at, level, done) in &crossings {
-        println!(
-            "  primary at 80% of maxmemory {} MiB at {:.1} s: every instance above it after {:?}",
-            level / MI,
-            at.as_secs_f64(),
-            done
-        );
-    }
+    print_crossings(&fill.crossings);
     assert!(!grows.is_empty(), "{events}");
-    for i in 0..3 {
-        let mut node = connect_pod(client, ns, &format!("{name}-{i}"), &pw)
-            .await
-            .unwrap();
-        assert_eq!(info_field(&mut node, "stats", "evicted_keys").await, 0);
-        assert_eq!(
-            wait_dbsize(&mut node, tally.written).await,
-            tally.written,
-            "{name}-{i}"
-        );
-    }
+    every_key_kept(client, ns, name, &fill.pw, tally.written).await;
     let restarts: i32 = redis_pods(client, ns, name)
         .await
         .values()
@@ -697,7 +693,7 @@ async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing()
             .unwrap();
         let limit = bytes(&autopilot_limit(&r).unwrap());
         assert_eq!(
-            info_field(&mut node, "memory", "maxmemory").await,
+            info_u64(&mut node, "memory", "maxmemory").await,
             limit / 4 * 3
         );
     }

@@ -254,3 +254,19 @@ pub fn pod_netns(prefix: &str, uid: &str) -> String {
         .collect();
     format!("{prefix}-{id}")
 }
+
+/// The memory cgroup of a process, as /proc/<pid>/cgroup names it (e.g.
+/// `/rp/0123456789ab/server`); `None` when the process is gone or has none.
+pub fn memory_cgroup_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| path.to_string())
+        })
+}

@@ -8,6 +8,16 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The tests of bundle/tests/scorecard/config.yaml (basic and olm suites).
+pub const SCORECARD_TESTS: [&str; 6] = [
+    "basic-check-spec",
+    "olm-bundle-validation",
+    "olm-crds-have-validation",
+    "olm-crds-have-resources",
+    "olm-spec-descriptors",
+    "olm-status-descriptors",
+];
+
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

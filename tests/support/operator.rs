@@ -1205,16 +1205,22 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
+/// A numeric field of `INFO <section>`, read with the library's parser;
+/// fails the test when the server does not report it.
+pub async fn info_u64(node: &mut Node, section: &str, field: &str) -> u64 {
+    let info = node
+        .info_section(section)
+        .await
+        .unwrap_or_else(|e| panic!("INFO {section}: {e}"));
+    info.fields
+        .get(field)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
+}
+
 /// The server's process id (`INFO server`): pods run as local processes.
 pub async fn server_pid(node: &mut Node) -> u32 {
-    let info: String = node
-        .query("INFO", redis::cmd("INFO").arg("server"))
-        .await
-        .expect("INFO server");
-    info.lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("process_id in INFO")
+    info_u64(node, "server", "process_id").await as u32
 }
 
 /// `kill -9 pid`: a crash, no shutdown, no save.
