@@ -11,6 +11,7 @@ pub mod exporter;
 pub mod failpoint;
 pub mod plugin;
 pub mod redis;
+pub mod scorecard;
 pub mod telemetry;
 
 /// The operator's version, as built.

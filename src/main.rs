@@ -49,6 +49,10 @@ enum Command {
         #[arg(long)]
         output: Option<std::path::PathBuf>,
     },
+    /// Run one test of Redpilot's scorecard suite (what the scorecard's
+    /// `redpilot` test pods run) against the cluster, and print its result
+    /// as the scorecard's JSON. Exit 0 when it passes.
+    ScorecardTest(ScorecardArgs),
     /// Print the CustomResourceDefinitions as YAML, or write them to a file.
     Crd {
         /// Write to this file instead of standard output.
@@ -84,6 +88,21 @@ struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+}
+
+/// Options of `redpilot scorecard-test`.
+#[derive(clap::Args, Debug)]
+struct ScorecardArgs {
+    /// The test: redpilot-basic-install, redpilot-seamless-upgrades,
+    /// redpilot-full-lifecycle, redpilot-deep-insights, redpilot-auto-pilot.
+    test: String,
+    /// Namespace to create its objects in (default: the scorecard's,
+    /// `SCORECARD_NAMESPACE`, else the client's default).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Bound of each wait (a Redis Ready, an upgrade, a backup), 10 to 3600.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    timeout_seconds: u64,
 }
 
 /// Options of `redpilot exporter`.
@@ -250,7 +269,13 @@ fn report(r: Result<String, redpilot::backup::BackupError>, result: &ResultArgs)
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let traces = telemetry::init(cli.log_format, matches!(cli.command, Command::Run(_)));
+    // A scorecard test prints nothing but its result: the scorecard parses
+    // the pod's whole log as JSON.
+    let traces = if matches!(cli.command, Command::ScorecardTest(_)) {
+        None
+    } else {
+        telemetry::init(cli.log_format, matches!(cli.command, Command::Run(_)))
+    };
     let code = command(cli);
     if let Some(provider) = traces {
         // Sends what is queued (bounded: a collector that is down costs 5 s).
@@ -307,6 +332,28 @@ fn command(cli: Cli) -> ExitCode {
                     tracing::error!(error = %e, "exporter stopped");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        Command::ScorecardTest(args) => {
+            let Some(runtime) = runtime("scorecard-test") else {
+                return ExitCode::FAILURE;
+            };
+            let status = runtime.block_on(redpilot::scorecard::run(
+                &args.test,
+                args.namespace,
+                std::time::Duration::from_secs(args.timeout_seconds),
+            ));
+            match serde_json::to_string_pretty(&status) {
+                Ok(json) => println!("{json}"),
+                Err(e) => {
+                    eprintln!("redpilot scorecard-test: encoding the result: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            if status.results.iter().all(|r| r.state == "pass") {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
         }
         Command::Version => {

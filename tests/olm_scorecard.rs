@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, ServiceAccount};
 use kube::api::{Api, ListParams};
 use localnode_common::*;
+use redpilot::scorecard::{TESTS, highest_level};
 use serde_json::{Value, json};
+use support::operator::{OperatorOptions, redis_api, start_operator};
 use support::{TestNamespace, client, kubeconfig_path, repo_root, wait_for};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -402,37 +404,50 @@ fn rows(list: &Value) -> Vec<Row> {
 
 fn table(rows: &[Row]) -> String {
     let w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    let mut s = format!("{:<w$}  {:<5}  STATE\n", "TEST", "SUITE");
+    let sw = rows.iter().map(|r| r.suite.len()).max().unwrap_or(5).max(5);
+    let mut s = format!("{:<w$}  {:<sw$}  STATE\n", "TEST", "SUITE");
     for r in rows {
-        s.push_str(&format!("{:<w$}  {:<5}  {}\n", r.name, r.suite, r.state));
+        s.push_str(&format!("{:<w$}  {:<sw$}  {}\n", r.name, r.suite, r.state));
         for e in &r.errors {
-            s.push_str(&format!("{:<w$}         error: {e}\n", ""));
+            s.push_str(&format!("{:<w$}  {:<sw$}  error: {e}\n", "", ""));
         }
     }
     s
 }
 
-/// `operator-sdk scorecard ./bundle`: the basic and olm suites' six tests
-/// run as pods on the local node and all pass.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
-    let client = client().await;
-    require_localnode(&client).await;
-    require_kubelet_endpoint(&client).await;
-    let sdk = tool("operator-sdk");
-    tool("scorecard-test");
-    let ns = TestNamespace::new(&client, "scorecard", &[]).await;
-    wait_default_service_account(&client, &ns.name).await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+/// One `operator-sdk scorecard ./bundle` run.
+struct ScorecardRun {
+    exit: std::process::ExitStatus,
+    took: Duration,
+    rows: Vec<Row>,
+    stderr: String,
+    /// Test pods seen, with the node each ran on.
+    nodes: BTreeSet<String>,
+    pods: usize,
+}
 
+/// Runs `operator-sdk scorecard ./bundle` in namespace `ns` with `args`,
+/// watching its test pods: where they run, and whether one cannot finish
+/// (the scorecard itself would only give up after --wait-time, with a bare
+/// deadline error).
+async fn scorecard(
+    client: &kube::Client,
+    ns: &str,
+    args: &[&str],
+    wait: &str,
+    deadline: Duration,
+) -> ScorecardRun {
+    let sdk = tool("operator-sdk");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
     let mut child = tokio::process::Command::new(&sdk)
         .arg("scorecard")
         .arg(repo_root().join("bundle"))
         .arg("--kubeconfig")
         .arg(kubeconfig_path())
-        .args(["--namespace", &ns.name, "--output", "json"])
-        .args(["--wait-time", SCORECARD_WAIT])
+        .args(["--namespace", ns, "--output", "json"])
+        .args(["--wait-time", wait])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -451,19 +466,16 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
         s
     });
 
-    // Watch the test pods while the scorecard waits for them: where they
-    // run, and whether one cannot finish (the scorecard itself would only
-    // give up after --wait-time, with a bare deadline error).
     let mut seen: BTreeMap<String, (Instant, Option<String>)> = BTreeMap::new();
     let exit = loop {
         if let Some(status) = child.try_wait().expect("waiting for operator-sdk") {
             break status;
         }
-        if started.elapsed() > OUR_DEADLINE {
+        if started.elapsed() > deadline {
             let _ = child.kill().await;
             panic!(
                 "operator-sdk scorecard did not finish within {}s; test pods seen: {:?}",
-                OUR_DEADLINE.as_secs(),
+                deadline.as_secs(),
                 seen.keys().collect::<Vec<_>>()
             );
         }
@@ -492,59 +504,288 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
     let took = started.elapsed();
     let stdout = out_task.await.unwrap_or_default();
     let stderr = err_task.await.unwrap_or_default();
-
     let list: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
             "operator-sdk scorecard ({exit}) printed no JSON test list ({e}).\nstdout:\n{stdout}\nstderr:\n{stderr}"
         )
     });
-    let rows = rows(&list);
-    println!(
-        "operator-sdk scorecard ./bundle: {} in {:.1}s ({} test pods, on {:?})\n{}",
+    let run = ScorecardRun {
         exit,
-        took.as_secs_f64(),
-        seen.len(),
-        seen.values()
-            .filter_map(|(_, n)| n.clone())
-            .collect::<BTreeSet<_>>(),
-        table(&rows)
+        took,
+        rows: rows(&list),
+        stderr,
+        nodes: seen.values().filter_map(|(_, n)| n.clone()).collect(),
+        pods: seen.len(),
+    };
+    println!(
+        "operator-sdk scorecard ./bundle {}: {} in {:.1}s ({} test pods, on {:?})\n{}",
+        args.join(" "),
+        run.exit,
+        run.took.as_secs_f64(),
+        run.pods,
+        run.nodes,
+        table(&run.rows)
     );
-    let names: BTreeSet<&str> = rows.iter().map(|r| r.name.as_str()).collect();
-    let want: BTreeSet<&str> = olm_common::SCORECARD_TESTS.into_iter().collect();
+    run
+}
+
+/// Fails with the table and each failed test's log unless every row passed.
+fn assert_all_pass(rows: &[Row]) {
     let failed: Vec<&Row> = rows.iter().filter(|r| r.state != "pass").collect();
     assert!(
         failed.is_empty(),
         "scorecard tests did not pass:\n{}\n{}",
-        table(&rows),
+        table(rows),
         failed
             .iter()
             .map(|r| format!("--- {} log:\n{}", r.name, r.log))
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// `operator-sdk scorecard ./bundle`: the basic and olm suites' six tests
+/// run as pods on the local node and all pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
+    let client = client().await;
+    require_localnode(&client).await;
+    require_kubelet_endpoint(&client).await;
+    tool("scorecard-test");
+    let ns = TestNamespace::new(&client, "scorecard", &[]).await;
+    wait_default_service_account(&client, &ns.name).await;
+
+    let run = scorecard(
+        &client,
+        &ns.name,
+        &["--selector", "suite in (basic,olm)"],
+        SCORECARD_WAIT,
+        OUR_DEADLINE,
+    )
+    .await;
+    let names: BTreeSet<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
+    let want: BTreeSet<&str> = olm_common::SCORECARD_TESTS.into_iter().collect();
+    assert_all_pass(&run.rows);
     assert_eq!(
         names, want,
         "the scorecard ran other tests than the basic and olm suites' six"
     );
     assert!(
-        exit.success(),
-        "operator-sdk scorecard exited with {exit}:\n{stderr}"
+        run.exit.success(),
+        "operator-sdk scorecard exited with {}:\n{}",
+        run.exit,
+        run.stderr
+    );
+    assert_eq!(
+        run.nodes,
+        BTreeSet::from([NODE.to_string()]),
+        "the test pods ran elsewhere than {NODE}"
     );
     // Each test ran as a pod on the local node: its container logs are in
     // the node's state directory (kept after the scorecard deleted the pods).
+    assert_eq!(
+        ran_on_local_node(&ns.name).len(),
+        olm_common::SCORECARD_TESTS.len(),
+        "expected {} scorecard test pods run by {NODE}",
+        olm_common::SCORECARD_TESTS.len(),
+    );
+}
+
+/// The scorecard test pods of namespace `ns` whose container the local node
+/// ran (their logs are kept in its state directory after the pods are gone).
+fn ran_on_local_node(ns: &str) -> Vec<String> {
     let state = repo_root().join(".dev/localnode/pods");
-    let ran: Vec<String> = std::fs::read_dir(&state)
+    std::fs::read_dir(&state)
         .unwrap_or_else(|e| panic!("reading {}: {e}", state.display()))
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("{}_scorecard-test-", ns.name)))
+        .filter(|n| n.starts_with(&format!("{ns}_scorecard-test-")))
         .filter(|n| state.join(n).join("scorecard-test.log").exists())
-        .collect();
-    assert_eq!(
-        ran.len(),
-        olm_common::SCORECARD_TESTS.len(),
-        "expected {} scorecard test pods run by {NODE} (logs in {}), found {ran:?}",
-        olm_common::SCORECARD_TESTS.len(),
-        state.display()
+        .collect()
+}
+
+/// The CSV's `capabilities` annotation.
+fn csv_capability() -> String {
+    let path = repo_root().join("bundle/manifests/redpilot.clusterserviceversion.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let csv: Value = serde_yaml::from_str(&text).expect("the CSV is YAML");
+    csv["metadata"]["annotations"]["capabilities"]
+        .as_str()
+        .expect("the CSV has no capabilities annotation")
+        .to_string()
+}
+
+/// Redpilot's own suite (`suite: redpilot`, scorecard/config.yaml): one test
+/// per capability level, each run by the scorecard as a pod of the
+/// operator's image (`redpilot scorecard-test <test>`; the local node maps
+/// the image to this tree's binary) as the ServiceAccount of
+/// scorecard/rbac.yaml, against an operator watching the namespace. Every
+/// test passes, and the CSV claims no level above the highest whose test,
+/// and every lower level's, passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorecard_redpilot_suite_passes_for_every_level_the_csv_claims() {
+    let client = client().await;
+    require_localnode(&client).await;
+    require_kubelet_endpoint(&client).await;
+    let ns = TestNamespace::new(&client, "sc-redpilot", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let out = kubectl()
+        .args(["apply", "--server-side", "-n", &ns.name, "-f"])
+        .arg(repo_root().join("scorecard/rbac.yaml"))
+        .output()
+        .await
+        .expect("running kubectl apply");
+    assert!(
+        out.status.success(),
+        "kubectl apply -f scorecard/rbac.yaml: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "serviceaccount redpilot-scorecard",
+        Duration::from_secs(30),
+        || async { sas.get_opt("redpilot-scorecard").await.ok().flatten() },
+    )
+    .await;
+
+    let run = scorecard(
+        &client,
+        &ns.name,
+        &[
+            "--selector",
+            "suite=redpilot",
+            "--service-account",
+            "redpilot-scorecard",
+        ],
+        "600s",
+        Duration::from_secs(660),
+    )
+    .await;
+    for r in &run.rows {
+        println!("--- {} ({}):\n{}", r.name, r.state, r.log);
+    }
+
+    // The CSV claims a level only when its test and every lower one pass.
+    let claimed = csv_capability();
+    let position = |level: &str| TESTS.iter().position(|t| t.level == level);
+    let claimed_at = position(&claimed).unwrap_or_else(|| {
+        panic!("the CSV claims {claimed:?}, a level the redpilot scorecard suite has no test for")
+    });
+    let passed: Vec<&str> = run
+        .rows
+        .iter()
+        .filter(|r| r.state == "pass")
+        .map(|r| r.name.as_str())
+        .collect();
+    let earned = highest_level(&passed);
+    assert!(
+        earned.and_then(position).is_some_and(|e| e >= claimed_at),
+        "the CSV claims {claimed:?} but the scorecard backs only {earned:?}:\n{}",
+        table(&run.rows)
+    );
+    println!("CSV capability {claimed:?}; the scorecard backs {earned:?}");
+
+    assert_all_pass(&run.rows);
+    let names: BTreeSet<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
+    let want: BTreeSet<&str> = TESTS.iter().map(|t| t.name).collect();
+    assert_eq!(
+        names, want,
+        "the redpilot suite ran other tests than its five"
+    );
+    assert!(
+        run.exit.success(),
+        "operator-sdk scorecard exited with {}:\n{}",
+        run.exit,
+        run.stderr
+    );
+    assert_eq!(
+        ran_on_local_node(&ns.name).len(),
+        TESTS.len(),
+        "expected {} redpilot test pods run by {NODE}",
+        TESTS.len()
+    );
+    // Each test deleted what it created.
+    let left: Vec<String> = redis_api(&client, &ns.name)
+        .list(&ListParams::default())
+        .await
+        .expect("listing Redis")
+        .items
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| r.metadata.name)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the scorecard tests left Redis behind: {left:?}"
+    );
+}
+
+/// Each test of the suite, run where no operator watches its namespace,
+/// fails within its bound and says which level does not work, what did not
+/// happen and where to look: the failure a user sees when Redpilot is not
+/// installed for the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scorecard_redpilot_tests_fail_clearly_without_an_operator() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sc-noop", &[]).await;
+    support::operator::install_crds(&client).await;
+    let bin = support::operator::operator_binary();
+    let runs = TESTS.iter().map(|t| {
+        let mut c = tokio::process::Command::new(&bin);
+        c.args([
+            "scorecard-test",
+            t.name,
+            "--namespace",
+            &ns.name,
+            "--timeout-seconds",
+            "10",
+        ])
+        .env("KUBECONFIG", kubeconfig_path())
+        .kill_on_drop(true);
+        async move { (t, c.output().await) }
+    });
+    for (t, out) in futures::future::join_all(runs).await {
+        let out = out.unwrap_or_else(|e| panic!("running redpilot scorecard-test {}: {e}", t.name));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!(
+                "{} printed no JSON ({e}):\n{stdout}\n{}",
+                t.name,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let r = &v["results"][0];
+        println!("{}: {} — {}", t.name, r["state"], r["errors"][0]);
+        assert_eq!(r["name"], t.name);
+        assert_eq!(r["state"], "fail", "{}: {r}", t.name);
+        assert_eq!(out.status.code(), Some(1), "{} exit status", t.name);
+        let error = r["errors"][0].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("{}: Redis sc-", t.level))
+                && error.contains("Ready did not happen within 10s")
+                && error.contains("no operator has reconciled it"),
+            "{}: unclear error {error:?}",
+            t.name
+        );
+        assert!(
+            r["suggestions"][0]
+                .as_str()
+                .unwrap_or_default()
+                .contains("operator running"),
+            "{}: {r}",
+            t.name
+        );
+    }
+    // What they created is gone.
+    let left: Vec<String> = redis_api(&client, &ns.name)
+        .list(&ListParams::default())
+        .await
+        .expect("listing Redis")
+        .items
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| r.metadata.name)
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
