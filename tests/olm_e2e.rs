@@ -16,9 +16,12 @@
 //! The first install is the previous release (catalog/releases.txt): its
 //! catalog and its operator built from its git commit (make release-bins).
 //! Then the CatalogSource is pointed at this tree's catalog, which adds this
-//! release; the Subscription upgrades, and the old CSV disappears. A Replication Redis created before the upgrade, under a
-//! writer, keeps every pod (UID and restart count), stays Ready throughout,
-//! and the writer sees no error: an operator upgrade restarts nothing.
+//! release; the Subscription upgrades, and the old CSV disappears. It stays
+//! on `stable`, the channel 0.1.0's catalog offered: this tree's catalog
+//! keeps it next to the semver template's `stable-v0`, with the same
+//! entries. A Replication Redis created before the upgrade, under a writer,
+//! keeps every pod (UID and restart count), stays Ready throughout, and the
+//! writer sees no error: an operator upgrade restarts nothing.
 //!
 //! Every process the test starts is stopped when it ends, pass or fail.
 

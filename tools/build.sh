@@ -50,7 +50,9 @@ operator-sdk)
 opm)
 	dir=opm
 	mod=github.com/operator-framework/operator-registry
-	pkgs=(github.com/operator-framework/operator-registry/cmd/opm)
+	# catalog-semver (tools/opm/cmd/): OLM's semver catalog template run on
+	# the catalog's rendered bundles (hack/catalog.sh).
+	pkgs=(github.com/operator-framework/operator-registry/cmd/opm redpilot.dev/tools/opm/cmd/catalog-semver)
 	tags=containers_image_openpgp
 	;;
 olm)
@@ -109,8 +111,23 @@ case $group in
 operator-sdk | opm | olm)
 	# These wrappers may pin more than the main module (tools/operator-sdk
 	# pins a newer validator library), so their builds are keyed by go.mod
-	# and go.sum as well: a changed pin rebuilds.
-	dest+=-$(cat "$here/$dir/go.mod" "$here/$dir/go.sum" | sha256sum | cut -c1-8)
+	# and go.sum as well: a changed pin rebuilds. A module with programs of
+	# its own (tools/<dir>/cmd/) is keyed by their sources too: an edit
+	# rebuilds.
+	own=()
+	if [[ -d $here/$dir/cmd ]]; then
+		mapfile -t own < <(cd "$here/$dir" && find cmd -type f -name '*.go' | LC_ALL=C sort)
+	fi
+	dest+=-$(
+		cd "$here/$dir"
+		{
+			cat go.mod go.sum
+			if ((${#own[@]})); then
+				printf '%s\n' "${own[@]}"
+				cat "${own[@]}"
+			fi
+		} | sha256sum | cut -c1-8
+	)
 	;;
 esac
 link() {
