@@ -59,7 +59,8 @@ olm)
 	dir=olm
 	mod=github.com/operator-framework/operator-lifecycle-manager
 	pkgs=(github.com/operator-framework/operator-lifecycle-manager/cmd/olm
-		github.com/operator-framework/operator-lifecycle-manager/cmd/catalog)
+		github.com/operator-framework/operator-lifecycle-manager/cmd/catalog
+		github.com/operator-framework/operator-lifecycle-manager/cmd/package-server)
 	tags=containers_image_openpgp
 	;;
 versitygw)

@@ -28,7 +28,7 @@ fn group_of(name: &str) -> &'static str {
     match name {
         "operator-sdk" | "scorecard-test" => "operator-sdk",
         "opm" => "opm",
-        "olm" | "catalog" | "olm-crds" => "olm",
+        "olm" | "catalog" | "package-server" | "olm-crds" => "olm",
         "kubectl" => "kube",
         _ => "?",
     }

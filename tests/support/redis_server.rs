@@ -124,6 +124,11 @@ pub struct TlsFiles {
 impl TlsFiles {
     /// Generates a CA and a server certificate (SAN 127.0.0.1, localhost) into `dir`.
     pub fn generate(dir: &Path) -> Self {
+        Self::generate_for(dir, &["127.0.0.1", "localhost"])
+    }
+
+    /// Generates a CA and a server certificate for `names` into `dir`.
+    pub fn generate_for(dir: &Path, names: &[&str]) -> Self {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -134,8 +139,9 @@ impl TlsFiles {
         let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
         let issuer = Issuer::new(ca_params, ca_key);
         let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("server params");
+        let params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("server params");
         let cert = params.signed_by(&key, &issuer).expect("server cert");
         fs::create_dir_all(dir).expect("tls dir");
         let files = Self {
