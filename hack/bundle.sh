@@ -31,7 +31,10 @@
 # Environment: BUNDLE_DIR (default bundle), BUNDLE_DOCKERFILE (default
 # bundle.Dockerfile), IMAGE_REPO (default quay.io/redpilot/redpilot),
 # CREATED_AT (overrides the file; nothing is recorded then), CHANNELS
-# (default candidate,fast,stable), DEFAULT_CHANNEL (default stable).
+# (default: the catalog's six, candidate,candidate-v0,fast,fast-v0,stable,
+# stable-v0), DEFAULT_CHANNEL (default stable-v0, the catalog's). The bundle's
+# channel labels are informational: OLM reads the channels of the file-based
+# catalog (make catalog, from catalog/releases.txt).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,8 +50,8 @@ fi
 bundle_dir=${BUNDLE_DIR:-bundle}
 dockerfile=${BUNDLE_DOCKERFILE:-bundle.Dockerfile}
 image_repo=${IMAGE_REPO:-quay.io/redpilot/redpilot}
-channels=${CHANNELS:-candidate,fast,stable}
-default_channel=${DEFAULT_CHANNEL:-stable}
+channels=${CHANNELS:-candidate,candidate-v0,fast,fast-v0,stable,stable-v0}
+default_channel=${DEFAULT_CHANNEL:-stable-v0}
 manifests=config/manifests
 sdk=$root/bin/operator-sdk
 
