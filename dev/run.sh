@@ -32,7 +32,9 @@ if [[ -d $root/config/rbac ]]; then
 fi
 
 echo "run: building the operator"
-(cd "$root" && cargo build --quiet --bin redpilot)
+# Both programs of the operator's image: the pods' metrics sidecar runs
+# redpilot-exporter (dev/images.yaml maps the image to both).
+(cd "$root" && cargo build --quiet --bin redpilot --bin redpilot-exporter)
 target=${CARGO_TARGET_DIR:-$root/target}
 operator=$target/debug/redpilot
 
