@@ -604,6 +604,19 @@ fn ran_on_local_node(ns: &str) -> Vec<String> {
         .collect()
 }
 
+/// The Redis of namespace `ns` not being deleted.
+async fn live_redis(client: &kube::Client, ns: &str) -> Vec<String> {
+    redis_api(client, ns)
+        .list(&ListParams::default())
+        .await
+        .expect("listing Redis")
+        .items
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| r.metadata.name)
+        .collect()
+}
+
 /// The CSV's `capabilities` annotation.
 fn csv_capability() -> String {
     let path = repo_root().join("bundle/manifests/redpilot.clusterserviceversion.yaml");
@@ -706,15 +719,7 @@ async fn scorecard_redpilot_suite_passes_for_every_level_the_csv_claims() {
         TESTS.len()
     );
     // Each test deleted what it created.
-    let left: Vec<String> = redis_api(&client, &ns.name)
-        .list(&ListParams::default())
-        .await
-        .expect("listing Redis")
-        .items
-        .into_iter()
-        .filter(|r| r.metadata.deletion_timestamp.is_none())
-        .filter_map(|r| r.metadata.name)
-        .collect();
+    let left = live_redis(&client, &ns.name).await;
     assert!(
         left.is_empty(),
         "the scorecard tests left Redis behind: {left:?}"
@@ -778,14 +783,6 @@ async fn scorecard_redpilot_tests_fail_clearly_without_an_operator() {
         );
     }
     // What they created is gone.
-    let left: Vec<String> = redis_api(&client, &ns.name)
-        .list(&ListParams::default())
-        .await
-        .expect("listing Redis")
-        .items
-        .into_iter()
-        .filter(|r| r.metadata.deletion_timestamp.is_none())
-        .filter_map(|r| r.metadata.name)
-        .collect();
+    let left = live_redis(&client, &ns.name).await;
     assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -163,24 +163,22 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
     ctx.note(format!("Redis 6.2 Ready, {KEYS} keys written on {primary}"));
 
     ctx.apply("Redis", redis(&name, spec("7.0"))).await?;
-    let api = ctx.redis_api();
-    let within = ctx.timeout;
     let (r, took) = ctx
-        .wait(
+        .wait_redis(
+            &name,
+            None,
             &format!("Redis {name} upgraded to 7.0 and Ready"),
-            within,
             "see status.upgrade and the Redis's events: an upgrade that cannot finish stops and says why",
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move {
-                    let r = api.get(&name).await.map_err(|e| format!("reading it: {e}"))?;
-                    let v = r.status.as_ref().and_then(|s| s.current_version.clone()).unwrap_or_default();
-                    if super::ready(&r) && v.starts_with("7.0") {
-                        Ok(r)
-                    } else {
-                        Err(format!("currentVersion {v:?}; {}", super::describe(&r)))
-                    }
+            |r| {
+                let v = r
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.current_version.clone())
+                    .unwrap_or_default();
+                if super::ready(&r) && v.starts_with("7.0") {
+                    Ok(r)
+                } else {
+                    Err(format!("currentVersion {v:?}; {}", super::describe(&r)))
                 }
             },
         )
@@ -399,27 +397,18 @@ pub(super) async fn deep_insights(ctx: &mut Ctx) -> Result<(), Failure> {
             }
         }
     }
-    let api = ctx.redis_api();
-    let within = ctx.timeout;
     let (used, _) = ctx
-        .wait(
+        .wait_redis(
+            &name,
+            None,
             &format!("Redis {name} reporting status.memory"),
-            within,
             "the operator reads INFO memory of the primary into status.memory",
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move {
-                    let r = api
-                        .get(&name)
-                        .await
-                        .map_err(|e| format!("reading it: {e}"))?;
-                    r.status
-                        .and_then(|s| s.memory)
-                        .map(|m| m.used_bytes)
-                        .filter(|u| *u > 0)
-                        .ok_or_else(|| "no status.memory".to_string())
-                }
+            |r| {
+                r.status
+                    .and_then(|s| s.memory)
+                    .map(|m| m.used_bytes)
+                    .filter(|u| *u > 0)
+                    .ok_or_else(|| "no status.memory".to_string())
             },
         )
         .await?;
@@ -485,24 +474,17 @@ pub(super) async fn auto_pilot(ctx: &mut Ctx) -> Result<(), Failure> {
             )
         })?;
     ctx.note(format!("deleted the primary's pod {old}"));
-    let api = ctx.redis_api();
-    let old2 = old.clone();
     let (new, took) = ctx
-        .wait(
+        .wait_redis(
+            &name,
+            Some(FAILOVER_BOUND),
             "a replica promoted",
-            FAILOVER_BOUND,
             "the operator fails over when the primary's pod is gone; see status.lastFailover, the events and the operator's log",
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                let old = old2.clone();
-                async move {
-                    let r = api.get(&name).await.map_err(|e| format!("reading it: {e}"))?;
-                    let s = r.status.clone().unwrap_or_default();
-                    match (&s.primary, &s.last_failover) {
-                        (Some(p), Some(f)) if *p != old && f.from == old => Ok(p.clone()),
-                        _ => Err(super::describe(&r)),
-                    }
+            |r| {
+                let s = r.status.clone().unwrap_or_default();
+                match (&s.primary, &s.last_failover) {
+                    (Some(p), Some(f)) if *p != old && f.from == old => Ok(p.clone()),
+                    _ => Err(super::describe(&r)),
                 }
             },
         )

@@ -338,26 +338,42 @@ impl Ctx {
         ))
     }
 
+    /// Waits until Redis `name` passes `check` (which gives what it wants
+    /// from the Redis, or says what is missing), for at most `within`
+    /// (default: the test's bound); `what` and `suggestion` word the failure.
+    async fn wait_redis<T>(
+        &mut self,
+        name: &str,
+        within: Option<Duration>,
+        what: &str,
+        suggestion: &str,
+        check: impl Fn(Redis) -> Result<T, String>,
+    ) -> Result<(T, Duration), Failure> {
+        let api = self.redis_api();
+        let within = within.unwrap_or(self.timeout);
+        let check = &check;
+        self.wait(what, within, suggestion, || {
+            let api = api.clone();
+            let name = name.to_string();
+            async move {
+                let r = api
+                    .get(&name)
+                    .await
+                    .map_err(|e| format!("reading it: {e}"))?;
+                check(r)
+            }
+        })
+        .await
+    }
+
     /// Waits until Redis `name` is Ready for its current generation.
     async fn wait_ready(&mut self, name: &str) -> Result<(Redis, Duration), Failure> {
-        let api = self.redis_api();
-        let within = self.timeout;
-        self.wait(
+        self.wait_redis(
+            name,
+            None,
             &format!("Redis {name} Ready"),
-            within,
             "is the Redpilot operator running and watching this namespace? See `kubectl describe redis` and the operator's log",
-            || {
-                let api = api.clone();
-                let name = name.to_string();
-                async move {
-                    let r = api.get(&name).await.map_err(|e| format!("reading it: {e}"))?;
-                    if ready(&r) {
-                        Ok(r)
-                    } else {
-                        Err(describe(&r))
-                    }
-                }
-            },
+            |r| if ready(&r) { Ok(r) } else { Err(describe(&r)) },
         )
         .await
     }
