@@ -100,18 +100,21 @@ fn topology(r: &Redis) -> Result<(String, Vec<String>), Failure> {
     Ok((primary, replicas))
 }
 
+/// Creates Redis `name` with `spec` and waits until it is Ready.
+async fn create_ready(ctx: &mut Ctx, name: &str, spec: Value) -> Result<Redis, Failure> {
+    ctx.apply("Redis", redis(name, spec)).await?;
+    Ok(ctx.wait_ready(name).await?.0)
+}
+
 /// Basic Install: a Replication Redis becomes Ready and replicates.
 pub(super) async fn basic_install(ctx: &mut Ctx) -> Result<(), Failure> {
     let name = ctx.name("install");
-    ctx.apply(
-        "Redis",
-        redis(
-            &name,
-            json!({"mode": "Replication", "engine": "Redis", "version": "7.0", "instances": 2}),
-        ),
+    let r = create_ready(
+        ctx,
+        &name,
+        json!({"mode": "Replication", "engine": "Redis", "version": "7.0", "instances": 2}),
     )
     .await?;
-    let (r, _) = ctx.wait_ready(&name).await?;
     let (primary, replicas) = topology(&r)?;
     if replicas.len() != 1 {
         return Err(Failure::new(
@@ -154,8 +157,7 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
     let name = ctx.name("upgrade");
     let spec =
         |v: &str| json!({"mode": "Replication", "engine": "Redis", "version": v, "instances": 2});
-    ctx.apply("Redis", redis(&name, spec("6.2"))).await?;
-    let (r, _) = ctx.wait_ready(&name).await?;
+    let r = create_ready(ctx, &name, spec("6.2")).await?;
     let password = ctx.password(&r).await?;
     let (primary, _) = topology(&r)?;
     let tag = ctx.suffix.clone();
@@ -226,15 +228,12 @@ pub(super) async fn full_lifecycle(ctx: &mut Ctx) -> Result<(), Failure> {
                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "256Mi"}}}}),
     )
     .await?;
-    ctx.apply(
-        "Redis",
-        redis(
-            &name,
-            json!({"mode": "Standalone", "engine": "Redis", "version": "7.0"}),
-        ),
+    let r = create_ready(
+        ctx,
+        &name,
+        json!({"mode": "Standalone", "engine": "Redis", "version": "7.0"}),
     )
     .await?;
-    let (r, _) = ctx.wait_ready(&name).await?;
     let password = ctx.password(&r).await?;
     let (primary, _) = topology(&r)?;
     let tag = ctx.suffix.clone();
@@ -295,16 +294,13 @@ pub(super) async fn full_lifecycle(ctx: &mut Ctx) -> Result<(), Failure> {
         status.location.unwrap_or_default()
     ));
 
-    ctx.apply(
-        "Redis",
-        redis(
-            &restored,
-            json!({"mode": "Standalone", "engine": "Redis", "version": "7.0",
+    let r2 = create_ready(
+        ctx,
+        &restored,
+        json!({"mode": "Standalone", "engine": "Redis", "version": "7.0",
                    "bootstrap": {"fromBackup": {"backup": backup}}}),
-        ),
     )
     .await?;
-    let (r2, _) = ctx.wait_ready(&restored).await?;
     let done = r2
         .status
         .as_ref()
@@ -365,15 +361,12 @@ fn sample(page: &str, name: &str) -> Option<f64> {
 /// Deep Insights: the metrics sidecar and the status.
 pub(super) async fn deep_insights(ctx: &mut Ctx) -> Result<(), Failure> {
     let name = ctx.name("insights");
-    ctx.apply(
-        "Redis",
-        redis(
-            &name,
-            json!({"mode": "Standalone", "engine": "Redis", "version": "7.0"}),
-        ),
+    let r = create_ready(
+        ctx,
+        &name,
+        json!({"mode": "Standalone", "engine": "Redis", "version": "7.0"}),
     )
     .await?;
-    let (r, _) = ctx.wait_ready(&name).await?;
     let (primary, _) = topology(&r)?;
     let ip = ctx.pod_ip(&primary).await?;
     let page = http_get(&ip, 9121, "/metrics").await.map_err(|e| {
@@ -438,15 +431,12 @@ pub(super) async fn deep_insights(ctx: &mut Ctx) -> Result<(), Failure> {
 /// Auto Pilot: the primary's pod deleted, a replica is promoted.
 pub(super) async fn auto_pilot(ctx: &mut Ctx) -> Result<(), Failure> {
     let name = ctx.name("failover");
-    ctx.apply(
-        "Redis",
-        redis(
-            &name,
-            json!({"mode": "Replication", "engine": "Redis", "version": "7.0", "instances": 3}),
-        ),
+    let r = create_ready(
+        ctx,
+        &name,
+        json!({"mode": "Replication", "engine": "Redis", "version": "7.0", "instances": 3}),
     )
     .await?;
-    let (r, _) = ctx.wait_ready(&name).await?;
     let password = ctx.password(&r).await?;
     let (old, _) = topology(&r)?;
     let tag = ctx.suffix.clone();
