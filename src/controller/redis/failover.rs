@@ -280,12 +280,21 @@ async fn answers_late(health: Option<&Health>, opts: &ConnectOptions) -> bool {
 }
 
 impl Reconciler {
-    /// Keeps the monitor on the recorded primary (Replication with more
-    /// than one instance); stops it otherwise.
+    /// Keeps the monitor on the recorded primary of a Replication with more
+    /// than one instance (failure detection), and on the primary of any
+    /// Redis whose memory autopilot is on (its memory samples: a Standalone
+    /// filling up is caught within a probe, not at the next reconcile);
+    /// stops it otherwise.
     pub(super) fn watch_primary(&self, facts: &[PodFacts], primary: Option<&str>, password: &str) {
         let monitor = &self.ctx.monitor;
         let spec = &self.redis.spec;
-        let watched = spec.mode == Mode::Replication && spec.desired_instances() >= 2;
+        let autopilot = spec
+            .autopilot
+            .as_ref()
+            .and_then(|a| a.memory.as_ref())
+            .is_some_and(|m| m.enabled);
+        let watched =
+            (spec.mode == Mode::Replication && spec.desired_instances() >= 2) || autopilot;
         let Some(p) = primary.filter(|_| watched && !password.is_empty()) else {
             monitor.unwatch(&self.oref);
             return;
