@@ -1,7 +1,8 @@
-//! The five tests of the `redpilot` scorecard suite, one per capability
-//! level. Each creates its own Redis (and what else it needs), checks the
-//! level's promise against the running servers, and leaves the deletion to
-//! the runner.
+//! Five tests of the `redpilot` scorecard suite, one per capability level
+//! (the memory autopilot's, the second Auto Pilot test, is in `memory.rs`).
+//! Each creates its own Redis (and what else it needs), checks the level's
+//! promise against the running servers, and leaves the deletion to the
+//! runner.
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ fn key(i: usize) -> String {
     format!("scorecard:{i}")
 }
 
-fn redis_failed(what: &str, e: impl std::fmt::Display) -> Failure {
+pub(super) fn redis_failed(what: &str, e: impl std::fmt::Display) -> Failure {
     Failure::new(
         format!("{what}: {e}"),
         "see the server's log (`kubectl logs <pod> -c redis`) and the Redis's events",
@@ -83,7 +84,7 @@ async fn check_keys(node: &mut Node, tag: &str, on: &str) -> Result<(), Failure>
 }
 
 /// The primary's pod name and the replicas' of a Ready Redis.
-fn topology(r: &Redis) -> Result<(String, Vec<String>), Failure> {
+pub(super) fn topology(r: &Redis) -> Result<(String, Vec<String>), Failure> {
     let status = r.status.clone().unwrap_or_default();
     let primary = status.primary.clone().ok_or_else(|| {
         Failure::new(
@@ -101,7 +102,7 @@ fn topology(r: &Redis) -> Result<(String, Vec<String>), Failure> {
 }
 
 /// Creates Redis `name` with `spec` and waits until it is Ready.
-async fn create_ready(ctx: &mut Ctx, name: &str, spec: Value) -> Result<Redis, Failure> {
+pub(super) async fn create_ready(ctx: &mut Ctx, name: &str, spec: Value) -> Result<Redis, Failure> {
     ctx.apply("Redis", redis(name, spec)).await?;
     Ok(ctx.wait_ready(name).await?.0)
 }
@@ -463,6 +464,7 @@ pub(super) async fn auto_pilot(ctx: &mut Ctx) -> Result<(), Failure> {
                 "grant the scorecard's ServiceAccount `delete` on pods (scorecard/rbac.yaml)",
             )
         })?;
+    let deleted = Instant::now();
     ctx.note(format!("deleted the primary's pod {old}"));
     let (new, took) = ctx
         .wait_redis(
@@ -490,16 +492,29 @@ pub(super) async fn auto_pilot(ctx: &mut Ctx) -> Result<(), Failure> {
         .map(|i| i.role.map(|r| format!("{r:?}")).unwrap_or_default())
         .map_err(|e| redis_failed("INFO replication", e))?;
     check_keys(&mut n, &tag, &new).await?;
-    n.query::<()>("SET", redis::cmd("SET").arg("scorecard:after").arg(&tag))
-        .await
-        .map_err(|e| {
-            Failure::new(
-                format!("the new primary {new} ({role}) refused a write: {e}"),
-                "the promoted replica should accept writes",
-            )
-        })?;
+    // A promoted primary refuses writes (NOREPLICAS) until a replica
+    // follows it again, when `min-replicas-to-write` fences it; the bound
+    // counts from the deletion.
+    let mut cmd = redis::cmd("SET");
+    cmd.arg("scorecard:after").arg(&tag);
+    let written = loop {
+        match n.query::<()>("SET", &cmd).await {
+            Ok(()) => break deleted.elapsed(),
+            Err(e) if deleted.elapsed() > FAILOVER_BOUND => {
+                return Err(Failure::new(
+                    format!(
+                        "the new primary {new} ({role}) still refused writes {}s after the deletion: {e}",
+                        FAILOVER_BOUND.as_secs()
+                    ),
+                    "the promoted replica takes writes once a replica follows it; see INFO replication on it and the events",
+                ));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     ctx.note(format!(
-        "{new} ({role}) has every acknowledged key and takes writes"
+        "{new} ({role}) has every acknowledged key; first write acknowledged {:.1}s after the deletion",
+        written.as_secs_f64()
     ));
     // The deleted pod comes back as a replica and the Redis is Ready again.
     ctx.wait_ready(&name).await?;

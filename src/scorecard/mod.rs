@@ -12,6 +12,7 @@
 //! `sc-<level>-<suffix>` and deleted when the test ends, pass or fail.
 
 mod levels;
+mod memory;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -38,9 +39,9 @@ pub struct TestDef {
     pub summary: &'static str,
 }
 
-/// The suite, in capability order: a CSV may claim a level only when this
-/// test and those of every lower level pass.
-pub const TESTS: [TestDef; 5] = [
+/// The suite, in capability order: a CSV may claim a level only when its
+/// tests and those of every lower level pass.
+pub const TESTS: [TestDef; 6] = [
     TestDef {
         name: "redpilot-basic-install",
         level: "Basic Install",
@@ -66,17 +67,31 @@ pub const TESTS: [TestDef; 5] = [
         level: "Auto Pilot",
         summary: "the primary's pod deleted, a replica is promoted and every acknowledged key is kept",
     },
+    TestDef {
+        name: "redpilot-memory-autopilot",
+        level: "Auto Pilot",
+        summary: "a Redis filled past its scale-up level is grown in place with every key kept",
+    },
 ];
 
 /// The highest capability level whose test passed together with the tests
 /// of every lower level (`passed` holds the names of the tests that
 /// passed): the most a CSV may claim.
 pub fn highest_level(passed: &[&str]) -> Option<&'static str> {
-    TESTS
-        .iter()
-        .take_while(|t| passed.contains(&t.name))
-        .last()
-        .map(|t| t.level)
+    let mut levels: Vec<&'static str> = TESTS.iter().map(|t| t.level).collect();
+    levels.dedup();
+    let mut earned = None;
+    for level in levels {
+        let all = TESTS
+            .iter()
+            .filter(|t| t.level == level)
+            .all(|t| passed.contains(&t.name));
+        if !all {
+            break;
+        }
+        earned = Some(level);
+    }
+    earned
 }
 
 /// A scorecard test result (`scorecard.operatorframework.io/v1alpha3`
@@ -170,7 +185,8 @@ async fn run_one(def: &TestDef, namespace: Option<String>, timeout: Duration) ->
         "redpilot-seamless-upgrades" => levels::seamless_upgrades(&mut ctx).await,
         "redpilot-full-lifecycle" => levels::full_lifecycle(&mut ctx).await,
         "redpilot-deep-insights" => levels::deep_insights(&mut ctx).await,
-        _ => levels::auto_pilot(&mut ctx).await,
+        "redpilot-auto-pilot" => levels::auto_pilot(&mut ctx).await,
+        _ => memory::memory_autopilot(&mut ctx).await,
     };
     ctx.cleanup().await;
     ctx.note(format!("took {:.1}s", started.elapsed().as_secs_f64()));
@@ -533,6 +549,7 @@ mod tests {
                 "Seamless Upgrades",
                 "Full Lifecycle",
                 "Deep Insights",
+                "Auto Pilot",
                 "Auto Pilot"
             ]
         );
@@ -559,6 +576,20 @@ mod tests {
         ];
         assert_eq!(highest_level(&gap), Some("Seamless Upgrades"));
         assert_eq!(highest_level(&["redpilot-auto-pilot"]), None);
+        // Auto Pilot needs both of its tests: failover alone earns only
+        // the level below.
+        let no_memory: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| *n != "redpilot-memory-autopilot")
+            .collect();
+        assert_eq!(highest_level(&no_memory), Some("Deep Insights"));
+        let no_failover: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| *n != "redpilot-auto-pilot")
+            .collect();
+        assert_eq!(highest_level(&no_failover), Some("Deep Insights"));
     }
 
     #[test]
