@@ -698,21 +698,24 @@ async fn a_replica_rolled_back_over_a_newer_dump_resyncs_instead_of_crashing() {
     spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     // The first upgraded replica saves a dump in its own format (RDB 10),
     // as its periodic save would.
-    let upgraded = wait_for("one replica on 7.0", READY, || async {
+    // A replica on 7.0 whose server answers: the second replica's pod may
+    // already carry the 7.0 image while its server is still starting.
+    let (upgraded, mut node) = wait_for("one replica on 7.0, answering", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
         let s = r.status?;
         (s.upgrade?.done >= 1).then_some(())?;
         let primary = s.primary?;
-        pod_state(&client, &ns.name)
-            .await
-            .into_iter()
-            .find(|(n, _, image, _)| image == "redis:7.0" && *n != primary)
-            .map(|(n, ..)| n)
+        for (n, _, image, _) in pod_state(&client, &ns.name).await {
+            if image == "redis:7.0"
+                && n != primary
+                && let Ok(node) = support::operator::connect_pod(&client, &ns.name, &n, &pw).await
+            {
+                return Some((n, node));
+            }
+        }
+        None
     })
     .await;
-    let mut node = support::operator::connect_pod(&client, &ns.name, &upgraded, &pw)
-        .await
-        .expect("connect");
     let _: String = node.query("SAVE", &redis::cmd("SAVE")).await.expect("SAVE");
     // Back to 6.2 before the primary moves: the upgraded replicas restart
     // on 6.2, which cannot read RDB 10.
