@@ -696,18 +696,24 @@ async fn a_replica_rolled_back_over_a_newer_dump_resyncs_instead_of_crashing() {
     .await;
     let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "d", 0, PACE);
     spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
-    // The first upgraded replica saves a dump in its own format (RDB 10),
-    // as its periodic save would.
-    // A replica on 7.0 whose server answers: the second replica's pod may
-    // already carry the 7.0 image while its server is still starting.
-    let (upgraded, mut node) = wait_for("one replica on 7.0, answering", READY, || async {
+    // The first upgraded replica (on 7.0 and Ready in status; the second
+    // replica's pod may already carry the 7.0 image while its server is
+    // still starting) saves a dump in its own format (RDB 10), as its
+    // periodic save would.
+    let (upgraded, mut node) = wait_for("one replica on 7.0, Ready", READY, || async {
         let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
         let s = r.status?;
         (s.upgrade?.done >= 1).then_some(())?;
         let primary = s.primary?;
+        let ready: Vec<String> = s
+            .instances
+            .iter()
+            .filter(|i| i.ready && i.name != primary)
+            .map(|i| i.name.clone())
+            .collect();
         for (n, _, image, _) in pod_state(&client, &ns.name).await {
             if image == "redis:7.0"
-                && n != primary
+                && ready.contains(&n)
                 && let Ok(node) = support::operator::connect_pod(&client, &ns.name, &n, &pw).await
             {
                 return Some((n, node));
