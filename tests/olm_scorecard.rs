@@ -563,13 +563,20 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
         OUR_DEADLINE,
     )
     .await;
-    let names: BTreeSet<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
-    let want: BTreeSet<&str> = olm_common::SCORECARD_TESTS.into_iter().collect();
-    assert_all_pass(&run.rows);
-    assert_eq!(
-        names, want,
-        "the scorecard ran other tests than the basic and olm suites' six"
+    assert_suite_ran(
+        &run,
+        &ns.name,
+        olm_common::SCORECARD_TESTS.into_iter().collect(),
     );
+}
+
+/// Every row passed, the scorecard ran exactly the tests `want` and exited
+/// 0, and each test ran as a pod on the local node (its container logs are
+/// in the node's state directory, kept after the scorecard deleted the pods).
+fn assert_suite_ran(run: &ScorecardRun, ns: &str, want: BTreeSet<&str>) {
+    assert_all_pass(&run.rows);
+    let names: BTreeSet<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, want, "the scorecard ran other tests than these");
     assert!(
         run.exit.success(),
         "operator-sdk scorecard exited with {}:\n{}",
@@ -581,13 +588,11 @@ async fn scorecard_basic_and_olm_suites_pass_as_pods_on_the_local_node() {
         BTreeSet::from([NODE.to_string()]),
         "the test pods ran elsewhere than {NODE}"
     );
-    // Each test ran as a pod on the local node: its container logs are in
-    // the node's state directory (kept after the scorecard deleted the pods).
     assert_eq!(
-        ran_on_local_node(&ns.name).len(),
-        olm_common::SCORECARD_TESTS.len(),
+        ran_on_local_node(ns).len(),
+        want.len(),
         "expected {} scorecard test pods run by {NODE}",
-        olm_common::SCORECARD_TESTS.len(),
+        want.len(),
     );
 }
 
@@ -699,25 +704,7 @@ async fn scorecard_redpilot_suite_passes_for_every_level_the_csv_claims() {
     );
     println!("CSV capability {claimed:?}; the scorecard backs {earned:?}");
 
-    assert_all_pass(&run.rows);
-    let names: BTreeSet<&str> = run.rows.iter().map(|r| r.name.as_str()).collect();
-    let want: BTreeSet<&str> = TESTS.iter().map(|t| t.name).collect();
-    assert_eq!(
-        names, want,
-        "the redpilot suite ran other tests than its five"
-    );
-    assert!(
-        run.exit.success(),
-        "operator-sdk scorecard exited with {}:\n{}",
-        run.exit,
-        run.stderr
-    );
-    assert_eq!(
-        ran_on_local_node(&ns.name).len(),
-        TESTS.len(),
-        "expected {} redpilot test pods run by {NODE}",
-        TESTS.len()
-    );
+    assert_suite_ran(&run, &ns.name, TESTS.iter().map(|t| t.name).collect());
     // Each test deleted what it created.
     let left = live_redis(&client, &ns.name).await;
     assert!(

@@ -103,7 +103,7 @@ pub(super) fn topology(r: &Redis) -> Result<(String, Vec<String>), Failure> {
 
 /// Creates Redis `name` with `spec` and waits until it is Ready.
 pub(super) async fn create_ready(ctx: &mut Ctx, name: &str, spec: Value) -> Result<Redis, Failure> {
-    ctx.apply("Redis", redis(name, spec)).await?;
+    ctx.apply(redis(name, spec)).await?;
     Ok(ctx.wait_ready(name).await?.0)
 }
 
@@ -165,7 +165,7 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
     write_keys(&mut ctx.connect(&primary, &password).await?, &tag).await?;
     ctx.note(format!("Redis 6.2 Ready, {KEYS} keys written on {primary}"));
 
-    ctx.apply("Redis", redis(&name, spec("7.0"))).await?;
+    ctx.apply(redis(&name, spec("7.0"))).await?;
     let (r, took) = ctx
         .wait_redis(
             &name,
@@ -223,7 +223,6 @@ pub(super) async fn full_lifecycle(ctx: &mut Ctx) -> Result<(), Failure> {
     let backup = ctx.name("b1");
     let restored = ctx.name("restored");
     ctx.apply(
-        "PersistentVolumeClaim",
         json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                "metadata": {"name": claim},
                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "256Mi"}}}}),
@@ -241,7 +240,6 @@ pub(super) async fn full_lifecycle(ctx: &mut Ctx) -> Result<(), Failure> {
     write_keys(&mut ctx.connect(&primary, &password).await?, &tag).await?;
 
     ctx.apply(
-        "RedisBackup",
         json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
                "metadata": {"name": backup},
                "spec": {"redis": name, "target": {"volume": {"claimName": claim, "path": "scorecard"}}}}),

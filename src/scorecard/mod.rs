@@ -17,8 +17,8 @@ mod memory;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
@@ -235,7 +235,7 @@ pub(crate) struct Ctx {
     timeout: Duration,
     log: Vec<String>,
     /// (kind, name), deleted in reverse order.
-    created: Vec<(&'static str, String)>,
+    created: Vec<(String, String)>,
     suffix: String,
 }
 
@@ -260,37 +260,37 @@ impl Ctx {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    /// Server-side applies `object` (kind `kind`) and remembers it for
-    /// cleanup.
-    async fn apply(&mut self, kind: &'static str, object: Value) -> Result<(), Failure> {
+    /// The API of `kind`, one of the kinds a test creates.
+    fn api_of(&self, kind: &str) -> Option<Api<DynamicObject>> {
+        let ar = match kind {
+            "Redis" => ApiResource::erase::<Redis>(&()),
+            "RedisBackup" => ApiResource::erase::<RedisBackup>(&()),
+            "PersistentVolumeClaim" => ApiResource::erase::<PersistentVolumeClaim>(&()),
+            _ => return None,
+        };
+        Some(Api::namespaced_with(self.client.clone(), &self.ns, &ar))
+    }
+
+    /// Server-side applies `object` (its `kind` one of those of
+    /// [`Ctx::api_of`]) and remembers it for cleanup.
+    async fn apply(&mut self, object: Value) -> Result<(), Failure> {
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
         let name = object["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let pp = PatchParams::apply(MANAGER).force();
-        let res = match kind {
-            "Redis" => self
-                .redis_api()
-                .patch(&name, &pp, &Patch::Apply(&object))
-                .await
-                .map(|_| ()),
-            "RedisBackup" => self
-                .backups()
-                .patch(&name, &pp, &Patch::Apply(&object))
-                .await
-                .map(|_| ()),
-            _ => Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
-                self.client.clone(),
-                &self.ns,
+        let api = self.api_of(&kind).ok_or_else(|| {
+            Failure::new(
+                format!("the scorecard does not create {kind:?} objects"),
+                "a test may create Redis, RedisBackup and PersistentVolumeClaim objects",
             )
-            .patch(&name, &pp, &Patch::Apply(&object))
-            .await
-            .map(|_| ()),
-        };
+        })?;
+        let pp = PatchParams::apply(MANAGER).force();
+        let res = api.patch(&name, &pp, &Patch::Apply(&object)).await;
         if !self.created.iter().any(|(k, n)| *k == kind && *n == name) {
-            self.created.push((kind, name.clone()));
+            self.created.push((kind.clone(), name.clone()));
         }
-        res.map_err(|e| {
+        res.map(|_| ()).map_err(|e| {
             Failure::new(
                 format!("creating {kind} {name} was refused: {e}"),
                 "check that the Redpilot CRDs are installed and that the scorecard's ServiceAccount has scorecard/rbac.yaml's Role",
@@ -301,18 +301,10 @@ impl Ctx {
     async fn cleanup(&mut self) {
         let dp = DeleteParams::background();
         while let Some((kind, name)) = self.created.pop() {
-            let res = match kind {
-                "Redis" => self.redis_api().delete(&name, &dp).await.map(|_| ()),
-                "RedisBackup" => self.backups().delete(&name, &dp).await.map(|_| ()),
-                _ => Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
-                    self.client.clone(),
-                    &self.ns,
-                )
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
+            let Some(api) = self.api_of(&kind) else {
+                continue;
             };
-            if let Err(e) = res {
+            if let Err(e) = api.delete(&name, &dp).await {
                 self.note(format!("cleanup: deleting {kind} {name}: {e}"));
             }
         }
