@@ -3,6 +3,8 @@
 //! - the user's Secret gets a new password (with quotes, a backslash and a
 //!   space) while a writer that re-reads the Secret keeps writing: every
 //!   instance ends up refusing the old password and accepting the new one,
+//!   every pod stays Ready (the readiness probe, whose environment is fixed
+//!   when its container starts, does not use the rotated password),
 //!   replication keeps working (a replica killed afterwards restarts with the
 //!   new password and relinks), no acknowledged write is lost, and the
 //!   password never appears on a server's command line;
@@ -115,6 +117,32 @@ async fn a_password_rotated_under_a_writer_locks_nobody_out() {
     }
     wait_ready(&client, &ns.name, "cache", READY).await;
     writer.wait_progress(200, Duration::from_secs(60)).await;
+    // Every instance stays Ready after the old password is gone: the
+    // readiness probes of pods started before the rotation (their
+    // environment was fixed then) must not depend on it. Three failed
+    // probes, 2 s apart, would take a pod out within 6 s; watch 12 s.
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(12) {
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("get");
+        let unready: Vec<String> = redis_pods(&client, &ns.name, "cache")
+            .await
+            .into_iter()
+            .filter(|(_, p)| !pod_ready(p))
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            unready.is_empty() && r.status.as_ref().and_then(|s| s.ready.as_deref()) == Some("3/3"),
+            "{:.1}s after the rotation: pods not ready {unready:?}, Redis ready {:?}{}",
+            watched.elapsed().as_secs_f64(),
+            r.status.and_then(|s| s.ready),
+            support::diag::report().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // A replica restarting now starts with the new password and relinks.
     let primary = redis_api(&client, &ns.name)
@@ -129,7 +157,6 @@ async fn a_password_rotated_under_a_writer_locks_nobody_out() {
         .find(|(n, _)| *n != primary)
         .cloned()
         .expect("a replica");
-    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let before = pod_api.get(&victim).await.expect("replica pod");
     let mut n = connect(&ip, new).await.expect("connect to the replica");
     let pid = server_pid(&mut n).await;

@@ -38,6 +38,16 @@ pub const PASSWORD_KEY: &str = "password";
 pub const AUTH_CONF_KEY: &str = "auth.conf";
 /// Server-auth Secret key: the password being retired during a rotation.
 pub const PREVIOUS_KEY: &str = "previous";
+/// Server-auth Secret key: the password of [`PROBE_USER`], generated once
+/// per Redis and never rotated.
+pub const PROBE_PASSWORD_KEY: &str = "probe-password";
+/// The ACL user the readiness probe authenticates as: it may run `PING`
+/// and `INFO` and nothing else. A probe's environment is fixed when its
+/// container starts (the kubelet resolves it then), so it must not hold the
+/// application password, which rotates live: a probe still sending the
+/// retired password would fail and take every instance started before the
+/// rotation out of its Services.
+pub const PROBE_USER: &str = "redpilot-probe";
 /// Where the start script writes `auth.conf` (from the environment, which
 /// the kubelet resolves at every container start: a mounted file can lag
 /// behind a rotation) for redis.conf to include.
@@ -255,26 +265,37 @@ pub fn conf_quoted(v: &str) -> String {
     out
 }
 
-/// The server-auth Secret: the password the servers run (`password`, also
-/// read by the readiness probe), the same as redis.conf lines (`auth.conf`,
-/// so it never appears on a command line), and during a rotation the
-/// password being retired (`previous`).
+/// The server-auth Secret: the password the servers run (`password`), the
+/// same as redis.conf lines (`auth.conf`, so it never appears on a command
+/// line) with the readiness probe's user ([`PROBE_USER`], password
+/// `probe-password`), and during a rotation the password being retired
+/// (`previous`).
 pub fn server_auth_secret(
     redis: &Redis,
     names: &Names,
     password: &str,
     previous: Option<&str>,
+    probe: &str,
 ) -> Secret {
     let conf = if password.is_empty() {
         String::new()
     } else {
         let q = conf_quoted(password);
-        format!("requirepass {q}\nmasterauth {q}\n")
+        let mut conf = format!("requirepass {q}\nmasterauth {q}\n");
+        if !probe.is_empty() {
+            let p = conf_quoted(&format!(">{probe}"));
+            conf.push_str(&format!("user {PROBE_USER} on {p} -@all +ping +info\n"));
+        }
+        conf
     };
     let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
     let mut data = BTreeMap::from([
         (PASSWORD_KEY.to_string(), bytes(password)),
         (AUTH_CONF_KEY.to_string(), bytes(&conf)),
+        (
+            PROBE_PASSWORD_KEY.to_string(),
+            bytes(if password.is_empty() { "" } else { probe }),
+        ),
     ]);
     if let Some(p) = previous {
         data.insert(PREVIOUS_KEY.to_string(), bytes(p));

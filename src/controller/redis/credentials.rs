@@ -39,6 +39,9 @@ pub struct ServerAuth {
     pub current: String,
     /// During a rotation: the password being retired.
     pub previous: Option<String>,
+    /// The readiness probe's password ([`build::PROBE_USER`]): generated
+    /// once, never rotated; empty until generated.
+    pub probe: String,
 }
 
 fn key(secret: &Secret, key: &str) -> Option<String> {
@@ -54,6 +57,7 @@ pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
     Some(ServerAuth {
         current: key(secret, build::PASSWORD_KEY)?,
         previous: key(secret, build::PREVIOUS_KEY),
+        probe: key(secret, build::PROBE_PASSWORD_KEY).unwrap_or_default(),
     })
 }
 
@@ -116,6 +120,7 @@ impl Reconciler {
             &self.names,
             &auth.current,
             auth.previous.as_deref(),
+            &auth.probe,
         );
         self.ctx.metrics.kube("apply");
         self.wrote = true;
@@ -141,21 +146,30 @@ impl Reconciler {
             let auth = ServerAuth {
                 current: desired.to_string(),
                 previous: None,
+                probe: new_probe_password()?,
             };
             if !paused {
                 self.write_server_auth(&auth).await?;
             }
             return Ok(auth);
         };
-        let auth = read_server_auth(live).unwrap_or(ServerAuth {
+        let mut auth = read_server_auth(live).unwrap_or(ServerAuth {
             current: desired.to_string(),
             previous: None,
+            probe: String::new(),
         });
+        // A Secret written before the probe had a user of its own (or
+        // edited): the probe's password is made once here. Servers started
+        // before it have the old probe, which needs none.
+        if auth.probe.is_empty() {
+            auth.probe = new_probe_password()?;
+        }
         let want = build::server_auth_secret(
             &self.redis,
             &self.names,
             &auth.current,
             auth.previous.as_deref(),
+            &auth.probe,
         );
         if !paused && !super::children::in_sync(live, &want)? {
             self.write_server_auth(&auth).await?;
@@ -204,6 +218,7 @@ impl Reconciler {
                 self.write_server_auth(&ServerAuth {
                     current: desired.to_string(),
                     previous: Some(auth.current.clone()),
+                    probe: auth.probe.clone(),
                 })
                 .await?;
                 self.event(
@@ -222,6 +237,7 @@ impl Reconciler {
                 self.write_server_auth(&ServerAuth {
                     current: auth.current.clone(),
                     previous: None,
+                    probe: auth.probe.clone(),
                 })
                 .await?;
                 self.event(
@@ -244,6 +260,11 @@ impl Reconciler {
         self.data_plane_category(format!("{what} failed ({category})"), category)
             .await;
     }
+}
+
+/// A new password for the readiness probe's user.
+fn new_probe_password() -> Result<String, Error> {
+    build::generate_password().map_err(|e| Error::Random(e.to_string()))
 }
 
 type StepError = (&'static str, crate::redis::Error);
@@ -309,6 +330,7 @@ mod tests {
         ServerAuth {
             current: current.into(),
             previous: previous.map(String::from),
+            probe: String::new(),
         }
     }
 

@@ -23,8 +23,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::build::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
-    REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION, labels, meta,
-    restricted_security_context, selector_labels, stamp_hash,
+    PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION,
+    labels, meta, restricted_security_context, selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -115,9 +115,16 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// read-only Service selects ready replicas, so reads never land on an
 /// instance that is empty, stale or still loading. Valkey 8.1+ names the
 /// fields `role:replica` and `primary_*`.
+///
+/// It authenticates as [`super::build::PROBE_USER`] (only `PING` and `INFO`)
+/// with a password that never rotates: its environment is resolved once,
+/// when the container starts, and must stay valid after a live password
+/// rotation. Without a password (auth off) it sends none.
 fn probe_script(cli: &str) -> String {
+    let user = super::build::PROBE_USER;
     format!(
-        r#"i=$(REDISCLI_AUTH="$REDIS_PASSWORD" VALKEYCLI_AUTH="$REDIS_PASSWORD" {cli} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
+        r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
+i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
 echo "$i" | grep -qx 'loading:0' || exit 1
 echo "$i" | grep -Eqx 'role:(slave|replica)' || exit 0
 echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
@@ -165,6 +172,18 @@ pub fn statefulset(
                 secret_key_ref: Some(SecretKeySelector {
                     name: secret_name.to_string(),
                     key: PASSWORD_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        EnvVar {
+            name: "REDPILOT_PROBE_PASSWORD".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret_name.to_string(),
+                    key: PROBE_PASSWORD_KEY.into(),
                     optional: Some(false),
                 }),
                 ..Default::default()
@@ -569,7 +588,7 @@ mod tests {
         let script = probe_script(&format!("sh {}", cli.display()));
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
-            .env("REDIS_PASSWORD", "")
+            .env("REDPILOT_PROBE_PASSWORD", "")
             .output()
             .expect("run sh");
         out.status.success()
