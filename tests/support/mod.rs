@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod diag;
 pub mod faults;
 pub mod fill;
 pub mod operator;
@@ -108,6 +109,7 @@ impl TestNamespace {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("creating test namespace {name}: {e}"));
+        diag::track_namespace(&name);
         TestNamespace { name }
     }
 }
@@ -117,6 +119,7 @@ impl Drop for TestNamespace {
         // Drop cannot await, and the test's own client is driven by the test's
         // runtime, which is blocked here. So the namespace is deleted from a
         // short-lived runtime on another thread, with a client of its own.
+        diag::untrack_namespace(&self.name);
         let name = self.name.clone();
         let joined = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -142,7 +145,7 @@ impl Drop for TestNamespace {
     }
 }
 
-async fn try_client() -> Option<Client> {
+pub(crate) async fn try_client() -> Option<Client> {
     let kubeconfig = Kubeconfig::read_from(kubeconfig_path()).ok()?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -164,8 +167,9 @@ where
         }
         if start.elapsed() >= timeout {
             panic!(
-                "timed out after {:.1}s waiting for {what}",
-                timeout.as_secs_f64()
+                "timed out after {:.1}s waiting for {what}{}",
+                timeout.as_secs_f64(),
+                diag::report().await
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

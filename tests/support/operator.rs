@@ -898,9 +898,10 @@ pub async fn wait_ready(client: &Client, ns: &str, name: &str, timeout: Duration
                 })
                 .unwrap_or_else(|| "not found".into());
             panic!(
-                "Redis {ns}/{name} not Ready within {:.0}s: {status}\nrecent events in {ns}:\n{}",
+                "Redis {ns}/{name} not Ready within {:.0}s: {status}\nrecent events in {ns}:\n{}{}",
                 timeout.as_secs_f64(),
-                recent_events(client, ns, 25).await
+                recent_events(client, ns, 25).await,
+                super::diag::report().await
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
