@@ -218,7 +218,7 @@ async fn failover_runs(engine: Engine) {
     // A former primary that comes back *as a primary* (wrong config) is
     // demoted by fence(); from then on it rejects writes.
     let stray = members[(primary + 1) % 3].clone();
-    make_primary(&stray, &opts).await.unwrap();
+    make_primary(&stray, &opts, &[]).await.unwrap();
     assert_eq!(
         fence(&stray, &members[primary], &opts).await.unwrap(),
         FenceOutcome::Demoted

@@ -71,8 +71,43 @@ async fn topology_case(primary_engine: Engine, replica_engine: Engine) {
         );
     }
 
-    // Two primaries (split brain).
-    make_primary(&r2.endpoint(), &opts).await.unwrap();
+    // Two primaries (split brain). The settings given are in place before
+    // the promotion (the operator passes its write fence).
+    make_primary(
+        &r2.endpoint(),
+        &opts,
+        &[
+            ("min-replicas-max-lag", "9".into()),
+            ("min-replicas-to-write", "1".into()),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut promoted = Node::connect(&r2.endpoint(), &opts).await.unwrap();
+    let fence: Vec<String> = promoted
+        .query(
+            "CONFIG GET",
+            redis::cmd("CONFIG").arg("GET").arg("min-replicas-*"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        fence
+            .windows(2)
+            .any(|w| w == ["min-replicas-to-write", "1"])
+            && fence.windows(2).any(|w| w == ["min-replicas-max-lag", "9"]),
+        "{fence:?}"
+    );
+    let refused: redpilot::redis::Result<redis::Value> = promoted
+        .query("SET", redis::cmd("SET").arg("fenced").arg("1"))
+        .await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("NOREPLICAS")),
+        "a promoted server with no replica refuses writes: {refused:?}"
+    );
+    drop(promoted);
     let t = observe(&members, &opts).await;
     assert_eq!(t.primary, None);
     let mut both = vec![pe.clone(), r2.endpoint()];

@@ -612,7 +612,8 @@ pub struct RedisStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Human summary: Pending, Creating, Ready, Degraded, Paused, Failed.
+    /// Human summary: Pending, Creating, Ready, Recovering, Updating,
+    /// Degraded, Paused, Hibernated (see [`Phase`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
     /// Ready, Progressing, Degraded and PrimaryAvailable, with transition
@@ -804,15 +805,26 @@ fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
-/// Summary phase.
+/// Summary phase. A Redis goes Pending → Creating → Ready once; after it
+/// was first Ready it never shows Creating again: an instance coming back
+/// by itself (a restart, a re-created pod) is Recovering, and a change the
+/// operator is carrying out (a rolling restart, an upgrade, a password
+/// rotation, a resize, a switchover) is Updating.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum Phase {
     /// Accepted, nothing created yet.
     Pending,
-    /// Children created; waiting for instances.
+    /// Children created; waiting for the instances' first start.
     Creating,
     /// Every instance is ready and replication is healthy.
     Ready,
+    /// Was Ready; an instance is not ready and nothing is being changed:
+    /// waiting for it to come back (it restarted, its pod was re-created,
+    /// a replica is resyncing).
+    Recovering,
+    /// Was Ready; the operator is carrying out a change (see the
+    /// Progressing condition).
+    Updating,
     /// Running, but something needs attention (see conditions).
     Degraded,
     /// Reconciliation of children is paused.

@@ -31,13 +31,28 @@ use super::info::{LinkStatus, ReplicationInfo, Role};
 use super::topology::observe;
 
 /// `REPLICAOF NO ONE` on `endpoint`, then checks it reports the primary role.
+/// `settings` are set first (`CONFIG SET`), so the new primary has them from
+/// its first write: the operator passes its write fence
+/// (`min-replicas-to-write`, `min-replicas-max-lag`, `repl-timeout`).
 #[tracing::instrument(name = "redis.make_primary", skip_all, fields(endpoint = %endpoint))]
-pub async fn make_primary(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+pub async fn make_primary(
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+    settings: &[(&str, String)],
+) -> Result<()> {
     let mut node = Node::connect(endpoint, opts).await?;
-    promote(&mut node).await
+    promote(&mut node, settings).await
 }
 
-async fn promote(node: &mut Node) -> Result<()> {
+async fn promote(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
+    for (key, value) in settings {
+        let _: redis::Value = node
+            .query(
+                "CONFIG SET",
+                redis::cmd("CONFIG").arg("SET").arg(*key).arg(value),
+            )
+            .await?;
+    }
     node.replicaof(None).await?;
     let r = node.replication().await?;
     if r.role != Some(Role::Primary) {
@@ -179,6 +194,9 @@ pub struct SwitchoverOptions {
     pub catch_up_timeout: Duration,
     /// How often the target's offset is polled while writes are paused.
     pub poll_interval: Duration,
+    /// Set on the target (`CONFIG SET`) before it is promoted (see
+    /// [`make_primary`]).
+    pub promote_settings: Vec<(&'static str, String)>,
 }
 
 impl Default for SwitchoverOptions {
@@ -187,6 +205,7 @@ impl Default for SwitchoverOptions {
             max_write_pause: Duration::from_secs(5),
             catch_up_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_millis(1),
+            promote_settings: Vec::new(),
         }
     }
 }
@@ -305,7 +324,7 @@ pub async fn switchover(
     }
     .await;
     let promoted = match caught_up {
-        Ok(offset) => match promote(&mut tn).await {
+        Ok(offset) => match promote(&mut tn, &sw.promote_settings).await {
             Ok(()) => Ok(offset),
             // The reply may have been lost after the target switched roles:
             // if it did, continue (the old primary must be demoted), else abort.
@@ -554,7 +573,7 @@ pub async fn failover(
                     replicas.len()
                 ))
             })?;
-            make_primary(&c.endpoint, opts).await?;
+            make_primary(&c.endpoint, opts, &[]).await?;
             (c.endpoint.clone(), c.offset)
         }
         many => {

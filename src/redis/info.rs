@@ -255,6 +255,11 @@ pub struct ReplicationInfo {
     pub replica_read_only: Option<bool>,
     /// `connected_slaves`.
     pub connected_replicas: Option<u32>,
+    /// Primary with a write fence (`min-replicas-to-write` and
+    /// `min-replicas-max-lag` both set): how many replicas acknowledged
+    /// within the lag bound (`min_slaves_good_slaves`); `None` without a
+    /// fence.
+    pub good_replicas: Option<u32>,
     /// Replicas listed by this primary, in index order.
     pub replicas: Vec<ReplicaEntry>,
     /// `master_failover_state` (6.2+).
@@ -533,6 +538,7 @@ impl Info {
             replica_priority: num(f, &["replica_priority", "slave_priority"]),
             replica_read_only: flag(f, &["replica_read_only", "slave_read_only"]),
             connected_replicas: num(f, &["connected_replicas", "connected_slaves"]),
+            good_replicas: num(f, &["min_replicas_good_replicas", "min_slaves_good_slaves"]),
             replicas: replicas.into_iter().map(|(_, e)| e).collect(),
             failover_state: text(f, &["primary_failover_state", "master_failover_state"]),
             replid: text(f, &["primary_replid", "master_replid"]),

@@ -55,6 +55,9 @@ pub struct NodeStatus {
     pub used_memory: Option<u64>,
     /// Its `maxmemory` (0: no limit).
     pub maxmemory: Option<u64>,
+    /// For primaries with a write fence: replicas that acknowledged within
+    /// the lag bound (see [`super::info::ReplicationInfo::good_replicas`]).
+    pub good_replicas: Option<u32>,
 }
 
 /// Why an instance could not be observed (message without secrets).
@@ -98,6 +101,7 @@ impl NodeStatus {
             link_down_seconds: r.link_down_since_seconds,
             used_memory: info.memory.used_memory,
             maxmemory: info.memory.maxmemory,
+            good_replicas: r.good_replicas,
         }
     }
 
@@ -126,6 +130,7 @@ impl NodeStatus {
             link_down_seconds: None,
             used_memory: None,
             maxmemory: None,
+            good_replicas: None,
         }
     }
 

@@ -73,6 +73,14 @@ pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
                 "The operator has seen no writable primary for a minute (condition PrimaryAvailable is False): writes fail. See `kubectl describe redis {{ $labels.redis }} -n {{ $labels.namespace }}`.",
             ),
             alert(
+                "RedisPrimaryFenced",
+                format!("redpilot_redis_primary_fenced{{{s}}} == 1"),
+                "30s",
+                "critical",
+                "Redis {{ $labels.namespace }}/{{ $labels.redis }} refuses writes: no replica acknowledges its primary",
+                "The primary answers but refuses every write with NOREPLICAS (min-replicas-to-write), because no replica acknowledged it within spec.failover.maxLagSeconds: its replicas are down, restarting or cut off. With 2 instances this happens whenever the one replica restarts; run 3 to keep writes during restarts, or set spec.failover.fence: false to trade split-brain safety for availability.",
+            ),
+            alert(
                 "RedisReplicationLinkDown",
                 format!("redis_master_link_up{{{s}}} == 0"),
                 "1m",

@@ -16,6 +16,8 @@ const PHASES: &[Phase] = &[
     Phase::Pending,
     Phase::Creating,
     Phase::Ready,
+    Phase::Recovering,
+    Phase::Updating,
     Phase::Degraded,
     Phase::Paused,
     Phase::Hibernated,
@@ -26,6 +28,8 @@ fn phase_name(p: Phase) -> &'static str {
         Phase::Pending => "Pending",
         Phase::Creating => "Creating",
         Phase::Ready => "Ready",
+        Phase::Recovering => "Recovering",
+        Phase::Updating => "Updating",
         Phase::Degraded => "Degraded",
         Phase::Paused => "Paused",
         Phase::Hibernated => "Hibernated",
@@ -85,6 +89,18 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
                 "1 when a primary of the Redis takes writes (condition PrimaryAvailable)",
                 &at,
                 if available { 1.0 } else { 0.0 },
+            );
+            let fenced = status.conditions.iter().any(|c| {
+                c.type_ == "PrimaryAvailable"
+                    && c.status == "False"
+                    && c.reason == crate::controller::redis::status::FENCED
+            });
+            out.add(
+                "redpilot_redis_primary_fenced",
+                "gauge",
+                "1 when the primary answers but refuses writes because no replica acknowledges it (condition PrimaryAvailable, reason Fenced)",
+                &at,
+                if fenced { 1.0 } else { 0.0 },
             );
         }
         // The memory autopilot's bound, with its reason (AtMaximum,
@@ -223,6 +239,7 @@ mod tests {
             "redpilot_redis_phase{namespace=\"ns\",redis=\"cache\",phase=\"Ready\"} 1",
             "redpilot_redis_ready_instances{namespace=\"ns\",redis=\"cache\"} 1",
             "redpilot_redis_primary_available{namespace=\"ns\",redis=\"cache\"} 0",
+            "redpilot_redis_primary_fenced{namespace=\"ns\",redis=\"cache\"} 0",
             "redpilot_backup_last_success_timestamp_seconds{namespace=\"ns\",redis=\"cache\"} 1767225600",
             "redpilot_backup_last_failed{namespace=\"ns\",redis=\"cache\"} 1",
             "redpilot_backup_last_failed{namespace=\"ns\",redis=\"other\"} 0",

@@ -89,6 +89,14 @@ fn base_config(redis: &Redis) -> Vec<String> {
     if let Some(bytes) = maxmemory_bytes(redis) {
         lines.push(format!("maxmemory {bytes}"));
     }
+    // The write fence, so a booting server has it from its first write; it
+    // is also kept live (`CONFIG SET`, see `apply_live_config`) and set on a
+    // replica before it is promoted.
+    if redis.spec.mode == crate::api::v1alpha1::Mode::Replication {
+        for (k, v) in super::failover::fencing_config(redis) {
+            lines.push(format!("{k} {v}"));
+        }
+    }
     // The password (requirepass, masterauth) from the server-auth Secret.
     lines.push(format!("include {}", build::AUTH_CONF_PATH));
     lines
@@ -128,10 +136,16 @@ pub fn redis_conf(redis: &Redis) -> String {
 /// the count of live keys removed from the spec (`status.configResets`).
 pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String {
     // maxmemory is set live, following each pod's limit in effect (see
-    // `autopilot::resize`); the limit itself is in the template.
+    // `autopilot::resize`); the limit itself is in the template. The fence
+    // is set live too.
+    let live: Vec<String> = super::failover::fencing_config(redis)
+        .into_iter()
+        .map(|(k, _)| format!("{k} "))
+        .chain(["maxmemory ".to_string()])
+        .collect();
     let mut parts: Vec<String> = base_config(redis)
         .into_iter()
-        .filter(|l| !l.starts_with("maxmemory "))
+        .filter(|l| !live.iter().any(|k| l.starts_with(k.as_str())))
         .collect();
     let resets = redis.status.as_ref().map_or(0, |s| s.config_resets);
     if resets > 0 {
@@ -341,6 +355,40 @@ mod tests {
         assert!(conf.contains("\nmaxmemory-policy allkeys-lru\n"));
         assert!(conf.contains("\nnotify-keyspace-events \"\"\n"));
         assert!(conf.contains("\nclient-output-buffer-limit \"pubsub 32mb 8mb 60\"\n"));
+    }
+
+    #[test]
+    fn a_replication_server_boots_fenced_and_the_fence_restarts_nothing() {
+        let spec = |instances: i32, lag: i32| {
+            let mut s = RedisSpec {
+                mode: crate::api::v1alpha1::Mode::Replication,
+                instances: Some(instances),
+                ..Default::default()
+            };
+            let mut f = s.failover();
+            f.max_lag_seconds = lag;
+            s.failover = Some(f);
+            redis(s)
+        };
+        let conf = redis_conf(&spec(3, 7));
+        for line in [
+            "min-replicas-to-write 1",
+            "min-replicas-max-lag 7",
+            "repl-timeout 7",
+            "repl-ping-replica-period 1",
+        ] {
+            assert!(conf.contains(&format!("\n{line}\n")), "{line} in:\n{conf}");
+        }
+        // One instance: nothing to fence with.
+        assert!(redis_conf(&spec(1, 7)).contains("\nmin-replicas-to-write 0\n"));
+        // Standalone: no replication settings at all.
+        assert!(!redis_conf(&redis(RedisSpec::default())).contains("min-replicas"));
+        // Set live: changing the bound restarts nothing.
+        let never = |_: &str| false;
+        assert_eq!(
+            restart_hash(&spec(3, 7), never),
+            restart_hash(&spec(3, 20), never)
+        );
     }
 
     #[test]

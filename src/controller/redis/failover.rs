@@ -385,7 +385,8 @@ impl Reconciler {
             return;
         }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
-        if let Err(e) = crate::redis::actions::make_primary(&ep, opts).await {
+        let fence = fencing_config(&self.redis);
+        if let Err(e) = crate::redis::actions::make_primary(&ep, opts, &fence).await {
             self.count_failover("error");
             self.data_plane_failed(format!("promoting {to}"), &e).await;
             return;

@@ -378,6 +378,9 @@ pub struct PodFacts {
     pub resize: Option<(String, String, String)>,
     /// The node the pod runs on.
     pub node: Option<String>,
+    /// For a primary with a write fence: replicas that acknowledged within
+    /// `maxLagSeconds`; 0 means it refuses writes (`NOREPLICAS`).
+    pub good_replicas: Option<u32>,
     /// Seconds the pod has been not Ready without a break (since its Ready
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
@@ -531,6 +534,7 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
         f.engine = node.engine;
         f.used_memory = node.used_memory;
         f.maxmemory = node.maxmemory;
+        f.good_replicas = node.good_replicas;
     }
 }
 

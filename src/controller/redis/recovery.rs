@@ -56,7 +56,8 @@ impl Reconciler {
             return;
         }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
-        match crate::redis::actions::make_primary(&ep, opts).await {
+        let fence = super::failover::fencing_config(&self.redis);
+        match crate::redis::actions::make_primary(&ep, opts, &fence).await {
             Ok(()) => {
                 crate::failpoint::hit("after-promote");
                 let note = format!("{best} is the first primary");

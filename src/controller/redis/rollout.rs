@@ -155,7 +155,10 @@ impl Reconciler {
                 .push(format!("recording the switchover target {to}: {e}"));
             return false;
         }
-        let sw = crate::redis::actions::SwitchoverOptions::default();
+        let sw = crate::redis::actions::SwitchoverOptions {
+            promote_settings: super::failover::fencing_config(&self.redis),
+            ..Default::default()
+        };
         let result = crate::redis::actions::switchover(&members, &target, opts, &sw).await;
         let outcome = if result.is_ok() { "done" } else { "error" };
         self.ctx

@@ -107,6 +107,9 @@ pub fn merge(
         .collect()
 }
 
+/// The `PrimaryAvailable` reason of a primary whose write fence is closed.
+pub const FENCED: &str = "Fenced";
+
 /// `PrimaryAvailable`: whether the primary accepts writes, and, after a
 /// failover to it, what happened, when, and the offsets involved.
 fn primary_condition(
@@ -117,15 +120,29 @@ fn primary_condition(
     let Some(p) = primary else {
         return Cond::new("PrimaryAvailable", false, "NoPrimary", "no primary yet");
     };
-    let serving = facts
+    let Some(serving) = facts
         .iter()
-        .any(|f| f.name == p && f.reachable && f.role == Some(Role::Primary));
-    if !serving {
+        .find(|f| f.name == p && f.reachable && f.role == Some(Role::Primary))
+    else {
         return Cond::new(
             "PrimaryAvailable",
             false,
             "PrimaryNotServing",
             format!("primary {p} does not answer as primary"),
+        );
+    };
+    // The write fence is closed: the server answers every write with
+    // NOREPLICAS until a replica acknowledges it again.
+    if serving.good_replicas == Some(0) {
+        return Cond::new(
+            "PrimaryAvailable",
+            false,
+            FENCED,
+            format!(
+                "primary {p} refuses writes (NOREPLICAS): no replica acknowledged it within \
+                 spec.failover.maxLagSeconds (min-replicas-to-write 1); writes resume as soon \
+                 as a replica follows it again"
+            ),
         );
     }
     match last.filter(|l| l.to == p) {
@@ -310,10 +327,8 @@ impl Reconciler {
             Phase::Hibernated
         } else if all_ready {
             Phase::Ready
-        } else if facts.is_empty() {
-            Phase::Pending
         } else {
-            Phase::Creating
+            not_ready_phase(old.phase, facts.is_empty(), !self.progressing.is_empty())
         };
         let instances: Vec<InstanceStatus> = facts
             .iter()
@@ -394,6 +409,15 @@ impl Reconciler {
         // Offsets move with every write; compare without them so a busy but
         // healthy Redis does not cause a status write per reconcile.
         let steady = all_ready && !degraded;
+        if old.ready != status.ready {
+            tracing::info!(
+                redis = %self.oref,
+                from = old.ready.as_deref().unwrap_or("-"),
+                to = status.ready.as_deref().unwrap_or("-"),
+                phase = ?status.phase,
+                "readiness changed"
+            );
+        }
         if !status_differs(&old, &status) {
             return Ok(self.requeue(steady, &status));
         }
@@ -461,7 +485,43 @@ impl Reconciler {
         let fingerprint =
             build::stable_hash(&[&seen, &self.progressing.join("\n"), &self.notes.join("\n")]);
         let n = self.ctx.stuck_passes(&self.oref, fingerprint, self.wrote);
-        Action::requeue(stuck_backoff(n))
+        let wait = stuck_backoff(n);
+        // Why this pass waits, once per state (and again when the backoff
+        // stretches), so a Redis that stays unready says so in the log.
+        if n == 0 || n >= PATIENT_PASSES && wait != stuck_backoff(n - 1) {
+            let why = if !self.notes.is_empty() {
+                self.notes.join("; ")
+            } else if !self.progressing.is_empty() {
+                self.progressing.join("; ")
+            } else {
+                format!(
+                    "waiting for instances: {} ready",
+                    status.ready.as_deref().unwrap_or("?")
+                )
+            };
+            tracing::info!(
+                redis = %self.oref,
+                phase = ?status.phase,
+                next_pass_in = ?wait,
+                same_state_passes = n,
+                "not ready: {why}"
+            );
+        }
+        Action::requeue(wait)
+    }
+}
+
+/// The phase of a Redis that is not Ready, not Degraded, not paused and not
+/// hibernated: Pending/Creating until it was first Ready (`old` is the
+/// phase the last pass wrote), then Updating while the operator carries out
+/// a change and Recovering while it waits for instances to come back.
+fn not_ready_phase(old: Option<Phase>, no_instances: bool, changing: bool) -> Phase {
+    let created = !matches!(old, None | Some(Phase::Pending | Phase::Creating));
+    match (created, no_instances, changing) {
+        (false, true, _) => Phase::Pending,
+        (false, false, _) => Phase::Creating,
+        (true, _, true) => Phase::Updating,
+        (true, _, false) => Phase::Recovering,
     }
 }
 
@@ -650,6 +710,31 @@ mod tests {
         };
         assert_eq!(same["primary"], "cache-0");
         assert_eq!(same["instances"][0]["name"], "cache-1");
+    }
+
+    #[test]
+    fn creating_is_only_before_the_first_ready() {
+        use Phase::*;
+        // (phase last written, no instance, a change in progress) -> phase
+        let cases = [
+            (None, true, false, Pending),
+            (Some(Pending), false, false, Creating),
+            (Some(Creating), false, true, Creating),
+            (Some(Ready), false, false, Recovering),
+            (Some(Ready), false, true, Updating),
+            (Some(Recovering), false, true, Updating),
+            (Some(Updating), false, false, Recovering),
+            (Some(Degraded), false, false, Recovering),
+            (Some(Hibernated), true, true, Updating),
+            (Some(Paused), false, false, Recovering),
+        ];
+        for (old, empty, changing, want) in cases {
+            assert_eq!(
+                not_ready_phase(old, empty, changing),
+                want,
+                "{old:?} {empty} {changing}"
+            );
+        }
     }
 
     #[test]
