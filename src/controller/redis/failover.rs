@@ -41,9 +41,13 @@ use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, Mode, Redis};
 use crate::controller::monitor::{Health, Target, Verdict};
 use crate::redis::{ConnectOptions, Endpoint};
 
-/// A replica whose last byte from the primary is at most this old still
-/// hears from it (the primary pings every second, see [`fencing_config`]).
-pub const LIVE_LINK_SECS: i64 = 3;
+/// Whether a replica whose last byte from the primary is `age` seconds old
+/// may still be acknowledging it, and so keeping its write fence open: the
+/// primary pings every second and counts a replica as good while its last
+/// acknowledgement is at most `maxLagSeconds` old (see [`fencing_config`]).
+pub fn live_link(age: i64, spec: &FailoverSpec) -> bool {
+    age <= i64::from(spec.max_lag_seconds.clamp(2, 60))
+}
 
 /// How long the last look at a silent primary may take.
 const LAST_LOOK: Duration = Duration::from_secs(1);
@@ -180,7 +184,7 @@ pub fn decide(
         f.reachable
             && f.role == Some(Role::Replica)
             && f.link_up == Some(true)
-            && f.link_age.is_some_and(|a| a <= LIVE_LINK_SECS)
+            && f.link_age.is_some_and(|a| live_link(a, spec))
             && primary_ip.is_some()
             && f.following.as_deref() == primary_ip
     }) {
@@ -188,6 +192,30 @@ pub fn decide(
             "primary {primary} does not answer the operator, but replica {} still hears from it",
             r.name
         ));
+    }
+    // A silent primary may be alive beyond the operator's reach, serving
+    // the clients on its side. It has fenced itself only if no replica
+    // acknowledges it; a replica the operator cannot see may be doing just
+    // that (a partition that leaves the primary and some replicas on the
+    // other side), and promoting then makes two primaries that both take
+    // writes. So with the fence on, a silent primary is replaced only when
+    // every other instance answers the operator and none still hears from
+    // it: then the old primary has no replica left and refuses writes.
+    if loss == Loss::Unresponsive && spec.fence {
+        let unseen: Vec<&str> = facts
+            .iter()
+            .filter(|f| f.name != primary && f.ip.is_some() && !f.reachable)
+            .map(|f| f.name.as_str())
+            .collect();
+        if !unseen.is_empty() {
+            return Decision::Wait(format!(
+                "primary {primary} does not answer the operator, and neither does {}: \
+                 they may still acknowledge it and keep its write fence open, so promoting \
+                 now could leave two primaries taking writes; waiting until they answer \
+                 or are gone",
+                unseen.join(", ")
+            ));
+        }
     }
     if !spec.enabled {
         // The user named the instance to promote.

@@ -165,6 +165,87 @@ fn no_failover_while_a_replica_still_hears_from_the_primary() {
 }
 
 #[test]
+fn the_live_link_bound_follows_max_lag() {
+    // maxLagSeconds 10: a byte 8 s ago may still count as an
+    // acknowledgement that keeps the primary's fence open.
+    let slow = FailoverSpec {
+        max_lag_seconds: 10,
+        ..on()
+    };
+    let facts = [lost(primary(0)), replica(1, 900, true, 8)];
+    let h = health(Verdict::Silent, 30);
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &slow, &names()),
+        Decision::Wait(w) if w.contains("c-1 still hears")
+    ));
+    // With the default 2 s, 8 s of quiet is a dead link.
+    assert_eq!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        promote("c-1", Loss::Unresponsive)
+    );
+    assert!(live_link(2, &on()) && !live_link(3, &on()));
+    assert!(live_link(
+        60,
+        &FailoverSpec {
+            max_lag_seconds: 90,
+            ..on()
+        }
+    ));
+}
+
+#[test]
+fn a_silent_primary_is_not_replaced_while_a_replica_the_operator_cannot_see_may_feed_its_fence() {
+    let h = health(Verdict::Silent, 30);
+    // 5 instances split {operator, c-1, c-2} | {c-0, c-3, c-4}: c-3 and c-4
+    // may keep acknowledging c-0, which then keeps taking writes.
+    let facts = [
+        lost(primary(0)),
+        replica(1, 900, false, 30),
+        replica(2, 950, false, 30),
+        lost(replica(3, 0, false, 0)),
+        lost(replica(4, 0, false, 0)),
+    ];
+    assert!(matches!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        Decision::Wait(w) if w.contains("c-3, c-4") && w.contains("fence")
+    ));
+    // 3 instances split {operator, c-1} | {c-0, c-2}: the same.
+    let three = [
+        lost(primary(0)),
+        replica(1, 900, false, 30),
+        lost(replica(2, 0, false, 0)),
+    ];
+    assert!(matches!(
+        decide(&three, "c-0", Some(&h), &on(), &names()),
+        Decision::Wait(_)
+    ));
+    // A pod without an address cannot feed anything.
+    let mut gone = lost(replica(2, 0, false, 0));
+    gone.ip = None;
+    let facts = [lost(primary(0)), replica(1, 900, false, 30), gone];
+    assert_eq!(
+        decide(&facts, "c-0", Some(&h), &on(), &names()),
+        promote("c-1", Loss::Unresponsive)
+    );
+    // A primary known down (nothing listens), gone or restarted takes no
+    // writes whatever its replicas do: replaced at once.
+    let down = health(Verdict::Down, 0);
+    assert_eq!(
+        decide(&three, "c-0", Some(&down), &on(), &names()),
+        promote("c-1", Loss::Down)
+    );
+    // Without the fence the user chose availability: the old rule.
+    let unfenced = FailoverSpec {
+        fence: false,
+        ..on()
+    };
+    assert_eq!(
+        decide(&three, "c-0", Some(&h), &unfenced, &names()),
+        promote("c-1", Loss::Unresponsive)
+    );
+}
+
+#[test]
 fn a_health_report_about_another_pod_or_address_is_ignored() {
     let facts = [lost(primary(0)), replica(1, 900, false, 1)];
     let mut h = health(Verdict::Down, 0);

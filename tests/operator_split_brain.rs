@@ -1,0 +1,157 @@
+//! Split brain, against the dev cluster with real servers: the network
+//! splits into {the operator, some replicas} | {the primary, the other
+//! replicas}. The primary's side keeps acknowledging it, so its write fence
+//! stays open and it keeps taking writes from the clients beside it. An
+//! operator that promoted one of its own side's replicas would make a
+//! second primary; when the split heals one side's writes are discarded.
+//!
+//! The operator must not promote: a silent primary is replaced only when
+//! every other instance answers the operator and none still hears from it.
+//! Checked for 5 instances (split 2 | 3) and 3 (split 1 | 2) under a writer
+//! inside the primary's namespace that counts acknowledged writes: it keeps
+//! writing through the split (the fault is real), the operator keeps the
+//! primary, and after the heal every acknowledged write is on every
+//! instance.
+//!
+//! The split is made of blackhole routes inside the pods' namespaces
+//! (`RouteSplit`): the primary's side stops answering the node, from which
+//! the operator and its monitor dial, and the two sides stop reaching each
+//! other; exec probes run inside each pod and keep working.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::faults::{InsideWriter, RouteSplit, pod_netns};
+use support::operator::{
+    OperatorOptions, apply_redis, pod_ip, recent_events, redis_api, redis_password, start_operator,
+    wait_ready,
+};
+use support::writer::assert_everywhere;
+use support::{TestNamespace, client};
+
+const READY: Duration = Duration::from_secs(180);
+/// How long the split holds: well past the silence bound
+/// (`maxLagSeconds + 3` = 5 s) and the fence's (`maxLagSeconds + 2`).
+const SPLIT: Duration = Duration::from_secs(15);
+
+async fn split_keeps_the_primary(instances: usize) {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, &format!("split{instances}"), &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": instances, "persistence": {"rdb": false}}),
+    )
+    .await;
+    let ready = wait_ready(&client, &ns.name, "cache", READY).await;
+    let primary = ready.status.and_then(|s| s.primary).expect("primary");
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let mut pods = Vec::new();
+    for i in 0..instances {
+        let name = format!("cache-{i}");
+        let ip = pod_ip(&client, &ns.name, &name).await;
+        pods.push((name, ip));
+    }
+    // The primary and a minority of the replicas on one side; the
+    // operator and the other replicas on the other.
+    let replicas: Vec<&(String, String)> = pods.iter().filter(|(n, _)| *n != primary).collect();
+    let with_primary = (instances - 1) / 2;
+    let (far, near) = replicas.split_at(with_primary);
+    let primary_ip = pod_ip(&client, &ns.name, &primary).await;
+    let far_side: Vec<String> = far
+        .iter()
+        .map(|(_, ip)| ip.clone())
+        .chain([primary_ip.clone()])
+        .collect();
+    let near_side: Vec<String> = near.iter().map(|(_, ip)| ip.clone()).collect();
+
+    let inside = InsideWriter::start(&pod_netns(&primary_ip), &pw, "far");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut split = RouteSplit::default();
+    for ip in &far_side {
+        split.cut(ip, &near_side);
+        split.cut_from_node(ip);
+    }
+    for ip in &near_side {
+        split.cut(ip, &far_side);
+    }
+    let t0 = Instant::now();
+    // Hold the split; the primary must stay the published one all along.
+    while t0.elapsed() < SPLIT {
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("get");
+        let now = r.status.as_ref().and_then(|s| s.primary.clone());
+        assert_eq!(
+            now.as_deref(),
+            Some(primary.as_str()),
+            "{:.1}s into the split the operator moved the primary{}",
+            t0.elapsed().as_secs_f64(),
+            support::diag::report().await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Why it waits, in the status.
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("get");
+    let progressing = r
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Progressing"))
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .expect("Progressing");
+    assert!(
+        progressing.0 == "FailoverPending" && progressing.1.contains("write fence open"),
+        "{progressing:?}"
+    );
+    split.heal();
+    let healed = Instant::now();
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let inside = inside.stop();
+    // The fault was real: the primary's side kept writing well past the
+    // moment a fence would have closed (maxLagSeconds + 2 = 4 s).
+    let late: Vec<_> = inside
+        .acks
+        .iter()
+        .filter(|a| a.sent >= t0 + Duration::from_secs(8) && a.sent < t0 + SPLIT)
+        .collect();
+    assert!(
+        late.len() > 100,
+        "the primary's side acknowledged only {} writes 8-15 s into the split ({} in all, {} refused)",
+        late.len(),
+        inside.acks.len(),
+        inside.failed
+    );
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(!events.contains("FailedOver"), "{events}");
+    let keys = inside.keys();
+    assert_everywhere(&client, &ns.name, "cache", instances, &pw, &keys).await;
+    println!(
+        "split of {instances} ({} with the primary | operator + {}): the primary kept serving \
+         its side, {} writes acknowledged there ({} during 8-15 s), 0 lost; no promotion; \
+         Ready {:.1}s after the heal",
+        far_side.len(),
+        near_side.len(),
+        inside.acks.len(),
+        late.len(),
+        healed.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_side_operator_does_not_promote_with_five_instances() {
+    split_keeps_the_primary(5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_side_operator_does_not_promote_with_three_instances() {
+    split_keeps_the_primary(3).await;
+}
