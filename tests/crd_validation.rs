@@ -880,3 +880,72 @@ async fn backup_specs_are_checked_at_admission() {
         good_crons.len()
     );
 }
+
+/// A name its children cannot carry is refused at creation, naming
+/// `metadata.name` and the limit, for the three kinds: a Redis (its
+/// StatefulSet's `controller-revision-hash` label is the name plus up to 11
+/// characters), a RedisBackup (a label value on its Job's pods) and a
+/// RedisBackupSchedule (its runs are `<name>-<YYYYmmddHHMM>` RedisBackups).
+/// A name at the limit is accepted.
+#[tokio::test]
+async fn names_longer_than_the_children_allow_are_refused() {
+    use redpilot::api::v1alpha1::{
+        MAX_BACKUP_NAME, MAX_REDIS_NAME, MAX_SCHEDULE_NAME, RedisBackup, RedisBackupSchedule,
+    };
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::new(&client, "crd-names", &[]).await;
+    assert_eq!(
+        (MAX_REDIS_NAME, MAX_BACKUP_NAME, MAX_SCHEDULE_NAME),
+        (52, 63, 50)
+    );
+    let api = |kind: &str| -> Api<DynamicObject> {
+        let ar = match kind {
+            "Redis" => ApiResource::erase::<Redis>(&()),
+            "RedisBackup" => ApiResource::erase::<RedisBackup>(&()),
+            _ => ApiResource::erase::<RedisBackupSchedule>(&()),
+        };
+        Api::namespaced_with(client.clone(), &ns.name, &ar)
+    };
+    let target = json!({"s3": {"bucket": "backups", "credentials": {"secretName": "s3"}}});
+    let cases = [
+        ("Redis", MAX_REDIS_NAME, json!({"mode": "Standalone"})),
+        (
+            "RedisBackup",
+            MAX_BACKUP_NAME,
+            json!({"redis": "c", "target": target}),
+        ),
+        (
+            "RedisBackupSchedule",
+            MAX_SCHEDULE_NAME,
+            json!({"redis": "c", "schedule": "@daily", "target": target}),
+        ),
+    ];
+    // A DNS label of `len` characters.
+    let name = |len: usize| {
+        let mut n: String = "n".repeat(len);
+        n.replace_range(len / 2..len / 2 + 1, "-");
+        n
+    };
+    let mut failures = Vec::new();
+    for (kind, max, spec) in cases {
+        let at_limit = name(max);
+        if let Err(e) = api(kind)
+            .create(&dry_run_post(), &object(kind, &at_limit, spec.clone()))
+            .await
+        {
+            failures.push(format!("{kind} named with {max} characters refused: {e}"));
+        }
+        let over = name(max + 1);
+        let result = api(kind)
+            .create(&dry_run_post(), &object(kind, &over, spec.clone()))
+            .await;
+        let limit = format!("metadata.name: a {kind} name is at most {max} characters");
+        failures.extend(check_rejection(
+            &format!("{kind} named with {} characters", max + 1),
+            result,
+            &[&over, &limit],
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

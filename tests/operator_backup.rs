@@ -71,6 +71,17 @@ async fn create_backup(client: &Client, ns: &str, name: &str, spec: Value) {
         .unwrap_or_else(|e| panic!("creating RedisBackup {name}: {e}"));
 }
 
+/// Waits for the backup to be Running and returns the name of its Job.
+async fn job_of(client: &Client, ns: &str, name: &str) -> String {
+    let api: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        &format!("{name} to be Running"),
+        Duration::from_secs(60),
+        || async { api.get(name).await.ok()?.status?.job },
+    )
+    .await
+}
+
 /// Waits for the backup to end (Completed or Failed) and returns it.
 async fn ended(client: &Client, ns: &str, name: &str, timeout: Duration) -> RedisBackup {
     let api: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
@@ -497,9 +508,10 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
     );
 }
 
-/// A schedule every minute with `keepLast: 1`: it runs twice, the second
-/// run's retention deletes the first backup and its stored object, and once
-/// suspended it starts no more.
+/// Two schedules every minute, one with `keepLast: 1`, one with `maxAge:
+/// 1m`: each runs twice, and retention deletes each one's first backup and
+/// its stored object once the second completes; once suspended, a schedule
+/// starts no more runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_schedule_runs_twice_and_prunes_by_retention() {
     use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
@@ -514,87 +526,95 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
     seed(&client, ns, "cache", "cache-0").await;
 
     let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
-    let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
-        "metadata": {"name": "every-minute"},
-        "spec": {"redis": "cache", "schedule": "* * * * *", "timeZone": "Europe/Paris",
-                 "target": backup_target(&s3, "s3"), "retention": {"keepLast": 1}}});
-    schedules
-        .patch(
-            "every-minute",
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&s),
-        )
-        .await
-        .expect("creating the schedule");
+    let names = ["every-minute", "young"];
+    for (name, retention) in names
+        .iter()
+        .zip([json!({"keepLast": 1}), json!({"maxAge": "1m"})])
+    {
+        let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
+            "metadata": {"name": name},
+            "spec": {"redis": "cache", "schedule": "* * * * *", "timeZone": "Europe/Paris",
+                     "target": backup_target(&s3, "s3"), "retention": retention}});
+        schedules
+            .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&s))
+            .await
+            .expect("creating the schedule");
+    }
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
-    let lp = kube::api::ListParams::default().labels("redpilot.io/schedule=every-minute");
-    let mut seen: Vec<(String, String)> = Vec::new();
+    let lp =
+        |s: &str| kube::api::ListParams::default().labels(&format!("redpilot.io/schedule={s}"));
+    // Per schedule: (backup, key) of each completed run, in order.
+    let mut seen: Vec<Vec<(String, String)>> = vec![Vec::new(); names.len()];
+    let mut pruned = [false; 2];
     let start = Instant::now();
-    // Two completed runs, the first pruned with its object.
-    loop {
-        let items = backups.list(&lp).await.expect("list").items;
-        for b in &items {
-            let st = b.status.clone().unwrap_or_default();
-            if st.phase == Some(BackupPhase::Completed)
-                && let Some(k) = st.key
-                && !seen
-                    .iter()
-                    .any(|(n, _)| *n == kube::ResourceExt::name_any(b))
-            {
-                println!(
-                    "run {} completed at {:.0} s: {k}",
-                    kube::ResourceExt::name_any(b),
-                    start.elapsed().as_secs_f64()
-                );
-                seen.push((kube::ResourceExt::name_any(b), k));
+    // Two completed runs each, the first pruned with its object.
+    while pruned.iter().any(|p| !p) {
+        for (i, name) in names.iter().enumerate() {
+            let items = backups.list(&lp(name)).await.expect("list").items;
+            for b in &items {
+                let st = b.status.clone().unwrap_or_default();
+                let bname = kube::ResourceExt::name_any(b);
+                if st.phase == Some(BackupPhase::Completed)
+                    && let Some(k) = st.key
+                    && !seen[i].iter().any(|(n, _)| *n == bname)
+                {
+                    println!(
+                        "{name}: run {bname} completed at {:.0} s: {k}",
+                        start.elapsed().as_secs_f64()
+                    );
+                    seen[i].push((bname, k));
+                }
             }
-        }
-        if seen.len() >= 2 {
-            let first = &seen[0];
-            let gone = backups.get_opt(&first.0).await.expect("get").is_none();
-            let files = s3.files(BUCKET);
-            if gone && !files.iter().any(|f| f.starts_with(&first.1)) {
-                assert!(
-                    files.contains(&seen[1].1),
-                    "the newest backup is kept: {files:?}"
-                );
-                break;
+            if seen[i].len() >= 2 && !pruned[i] {
+                let first = &seen[i][0];
+                let gone = backups.get_opt(&first.0).await.expect("get").is_none();
+                let files = s3.files(BUCKET);
+                if gone && !files.iter().any(|f| f.starts_with(&first.1)) {
+                    assert!(
+                        files.contains(&seen[i][1].1),
+                        "{name}: the newest backup is kept: {files:?}"
+                    );
+                    println!(
+                        "{name}: two runs, the first pruned with its object, {:.0} s after the schedules were created",
+                        start.elapsed().as_secs_f64()
+                    );
+                    pruned[i] = true;
+                }
             }
         }
         assert!(
-            start.elapsed() < Duration::from_secs(200),
-            "two runs and a prune within 200 s; seen {seen:?}\n{}",
+            start.elapsed() < Duration::from_secs(240),
+            "two runs and a prune for each schedule within 240 s; seen {seen:?}\n{}",
             recent_events(&client, ns, 20).await
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!(
-        "two runs, the first pruned with its object, {:.0} s after the schedule was created",
-        start.elapsed().as_secs_f64()
-    );
-    let st = schedules
-        .get("every-minute")
-        .await
-        .expect("get")
-        .status
-        .expect("status");
-    assert_eq!(st.kept, 1, "{st:?}");
-    assert!(
-        st.last_successful_time.is_some() && st.next_schedule_time.is_some(),
-        "{st:?}"
-    );
-    assert_eq!(
-        st.last_runs.first().map(|r| r.name.clone()),
-        Some(seen[1].0.clone()),
-        "{st:?}"
-    );
+    for (i, name) in names.iter().enumerate() {
+        let st = schedules
+            .get(name)
+            .await
+            .expect("get")
+            .status
+            .expect("status");
+        assert!(st.kept >= 1, "{name}: {st:?}");
+        assert!(
+            st.last_successful_time.is_some() && st.next_schedule_time.is_some(),
+            "{name}: {st:?}"
+        );
+        assert!(
+            st.last_runs.iter().all(|r| r.name != seen[i][0].0),
+            "{name}: the pruned run is not listed: {st:?}"
+        );
+    }
     let events = recent_events(&client, ns, 30).await;
     assert!(
         events.contains("BackupsPruned") && events.contains("BackupScheduled"),
         "{events}"
     );
 
-    // Suspended: the next due time passes without a run.
+    // Suspended: due times pass without a run. Retention (keepLast: 1)
+    // keeps the number of backups the same whatever happens, so the names
+    // are compared: no backup that was not there before.
     schedules
         .patch(
             "every-minute",
@@ -603,10 +623,29 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
         )
         .await
         .expect("suspend");
-    let before = backups.list(&lp).await.expect("list").items.len();
+    let listed = || async {
+        let mut n: Vec<String> = backups
+            .list(&lp("every-minute"))
+            .await
+            .expect("list")
+            .items
+            .iter()
+            .map(kube::ResourceExt::name_any)
+            .collect();
+        n.sort();
+        n
+    };
+    // A run whose pass had begun before the suspend was seen may still
+    // appear: the names are taken once the suspend is observed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = listed().await;
     tokio::time::sleep(Duration::from_secs(65)).await;
-    let after = backups.list(&lp).await.expect("list").items.len();
-    assert_eq!(before, after, "a suspended schedule started a backup");
+    let after = listed().await;
+    let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
+    assert!(
+        new.is_empty(),
+        "a suspended schedule started {new:?} (before: {before:?})"
+    );
 }
 
 /// A backup to a PersistentVolumeClaim: stored on the volume by the Job,
@@ -753,11 +792,12 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
     )
     .await;
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let retried_job = job_of(&client, ns, "retried").await;
     wait_for(
         "the first attempt to fail",
         Duration::from_secs(60),
         || async {
-            let j = jobs.get_opt("retried-backup").await.ok()??;
+            let j = jobs.get_opt(&retried_job).await.ok()??;
             (j.status?.failed? >= 1).then_some(())
         },
     )
@@ -774,7 +814,7 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
         Some(redpilot::api::v1alpha1::BackupPhase::Completed),
         "{st:?}"
     );
-    let j = jobs.get("retried-backup").await.expect("job");
+    let j = jobs.get(&retried_job).await.expect("job");
     let failed = j.status.and_then(|s| s.failed).unwrap_or(0);
     assert!(failed >= 1);
     println!(
@@ -790,23 +830,12 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
         json!({"redis": "src", "target": backup_target(&s3, "s3")}),
     )
     .await;
-    wait_for(
-        "the backup to be Running",
-        Duration::from_secs(60),
-        || async {
-            let b = Api::<RedisBackup>::namespaced(client.clone(), ns)
-                .get("orphaned")
-                .await
-                .ok()?;
-            b.status?.job.map(|_| ())
-        },
-    )
-    .await;
+    let orphaned_job = job_of(&client, ns, "orphaned").await;
     op.kill();
     let t = Instant::now();
     // The Job goes on without the operator.
     wait_for("the Job to complete", Duration::from_secs(60), || async {
-        let j = jobs.get_opt("orphaned-backup").await.ok()??;
+        let j = jobs.get_opt(&orphaned_job).await.ok()??;
         (j.status?.succeeded? >= 1).then_some(())
     })
     .await;
@@ -837,5 +866,255 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
     println!(
         "writer: {} writes acknowledged, 0 failed",
         tally.acked.len()
+    );
+}
+
+/// Two backups whose names share their first 56 characters (as every run
+/// of a schedule with a long name does) each get a Job of their own,
+/// controlled by them, and each stores its own object: both Completed, each
+/// `location` naming an object that exists and whose manifest names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backups_with_a_long_common_prefix_never_share_a_job() {
+    use k8s_openapi::api::batch::v1::Job;
+    use redpilot::api::v1alpha1::BackupPhase;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backupnames", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    secret(&client, ns, "s3", ACCESS_KEY, SECRET_KEY).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(&client, ns, "cache", json!({"mode": "Standalone"})).await;
+    wait_ready(&client, ns, "cache", READY).await;
+    seed(&client, ns, "cache", "cache-0").await;
+
+    // 58 characters, the first 57 in common.
+    let base = "nightly-backup-of-the-cache-in-the-shop-namespace-x";
+    let names = [format!("{base}-0001-a"), format!("{base}-0001-b")];
+    assert_eq!(names[0][..57], names[1][..57]);
+    for n in &names {
+        assert_eq!(n.len(), 58, "{n}");
+        create_backup(
+            &client,
+            ns,
+            n,
+            json!({"redis": "cache", "target": backup_target(&s3, "s3")}),
+        )
+        .await;
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let mut seen_jobs = Vec::new();
+    let mut seen_keys = Vec::new();
+    for n in &names {
+        let b = ended(&client, ns, n, Duration::from_secs(120)).await;
+        let uid = b.metadata.uid.clone().expect("uid");
+        let st = b.status.clone().expect("status");
+        assert_eq!(
+            st.phase,
+            Some(BackupPhase::Completed),
+            "{n}: {st:?}\n{}",
+            recent_events(&client, ns, 20).await
+        );
+        let job = st.job.clone().expect("job");
+        assert!(job.len() <= 63, "{job}");
+        let j = jobs.get(&job).await.expect("the backup's Job");
+        let controller = j
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .find(|o| o.controller == Some(true))
+            .expect("a controller owner reference");
+        assert_eq!(
+            (controller.name.as_str(), controller.uid.as_str()),
+            (n.as_str(), uid.as_str()),
+            "Job {job}"
+        );
+        let key = st.key.clone().expect("key");
+        let files = s3.files(BUCKET);
+        assert!(
+            files.contains(&key),
+            "{n} is Completed but {key} was never written: {files:?}"
+        );
+        let manifest: Value = serde_json::from_slice(
+            &std::fs::read(s3.bucket_dir(BUCKET).join(format!("{key}.manifest.json")))
+                .expect("the manifest"),
+        )
+        .expect("manifest json");
+        assert_eq!(manifest["key"], json!(key), "{n}");
+        println!("{n}: Job {job}, stored {key}");
+        seen_jobs.push(job);
+        seen_keys.push(key);
+    }
+    assert_ne!(seen_jobs[0], seen_jobs[1], "the two backups shared a Job");
+    assert_ne!(seen_keys[0], seen_keys[1]);
+}
+
+/// A backup whose pod cannot start fails instead of running for ever, and
+/// a schedule is not blocked by it:
+///
+/// - the agent's image cannot be pulled: Failed, `ImagePullFailed`, the
+///   message naming the image, and its Job stopped (no pod left waiting);
+/// - a schedule every minute whose backups go to a claim that never binds
+///   (the pod stays unschedulable) with `timeoutSeconds: 70`: the first run
+///   is still Running when the next is due (skipped, `RunSkipped`), then
+///   its Job's deadline fails it (`DeadlineExceeded`), and a later run
+///   starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_that_cannot_start_fails_and_frees_its_schedule() {
+    use k8s_openapi::api::batch::v1::Job;
+    use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backupstuck", &[]).await;
+    let ns = tns.name.as_str();
+    let mut opts = OperatorOptions::watching(&[ns]);
+    // No image of the local node: the agent's pod waits in ErrImagePull.
+    let missing_image = "redpilot-test/no-such-agent:1";
+    opts.env
+        .push(("OPERATOR_IMAGE".into(), missing_image.into()));
+    let _op = start_operator(&client, opts).await;
+    // The metrics sidecar runs the operator's image too: off here.
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Standalone", "monitoring": {"exporter": false}}),
+    )
+    .await;
+    wait_ready(&client, ns, "cache", READY).await;
+    support::operator::create_claim(&client, ns, "backups").await;
+    let never: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "never-bound"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "redpilot-test-no-such-class",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("claim");
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &never)
+        .await
+        .expect("creating the claim that never binds");
+
+    // 1. The image cannot be pulled.
+    let t = Instant::now();
+    create_backup(
+        &client,
+        ns,
+        "no-image",
+        json!({"redis": "cache", "target": {"volume": {"claimName": "backups"}}}),
+    )
+    .await;
+    let job = job_of(&client, ns, "no-image").await;
+    let b = ended(&client, ns, "no-image", Duration::from_secs(120)).await;
+    let st = b.status.expect("status");
+    println!(
+        "no-image: {:?} {:?} after {:.0} s: {}",
+        st.phase,
+        st.reason,
+        t.elapsed().as_secs_f64(),
+        st.message.clone().unwrap_or_default()
+    );
+    assert_eq!(st.phase, Some(BackupPhase::Failed), "{st:?}");
+    assert_eq!(st.reason.as_deref(), Some("ImagePullFailed"), "{st:?}");
+    assert!(
+        st.message
+            .as_deref()
+            .is_some_and(|m| m.contains(missing_image)),
+        "{st:?}"
+    );
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the stuck Job to be stopped (Failed, no pod left)",
+        Duration::from_secs(30),
+        || async {
+            let st = jobs.get(&job).await.ok()?.status?;
+            let failed = st
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Failed" && c.status == "True");
+            (failed && st.active.unwrap_or(0) == 0).then_some(())
+        },
+    )
+    .await;
+
+    // 2. A schedule whose first run cannot be scheduled.
+    let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
+    let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
+        "metadata": {"name": "stuck"},
+        "spec": {"redis": "cache", "schedule": "* * * * *", "timeoutSeconds": 70,
+                 "target": {"volume": {"claimName": "never-bound"}}}});
+    schedules
+        .patch(
+            "stuck",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("creating the schedule");
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels("redpilot.io/schedule=stuck");
+    let start = Instant::now();
+    let first = wait_for("the first run", Duration::from_secs(75), || async {
+        let items = backups.list(&lp).await.ok()?.items;
+        items.first().map(kube::ResourceExt::name_any)
+    })
+    .await;
+    println!(
+        "first run {first} at {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    let failed = wait_for(
+        "the first run to fail by its deadline",
+        Duration::from_secs(160),
+        || async {
+            let b = backups.get(&first).await.ok()?;
+            let st = b.status?;
+            (st.phase == Some(BackupPhase::Failed)).then_some(st)
+        },
+    )
+    .await;
+    println!(
+        "{first}: {:?} at {:.0} s: {}",
+        failed.reason,
+        start.elapsed().as_secs_f64(),
+        failed.message.clone().unwrap_or_default()
+    );
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("DeadlineExceeded"),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("70 s") && m.contains("spec.timeoutSeconds")),
+        "{failed:?}"
+    );
+    let st = schedules
+        .get("stuck")
+        .await
+        .expect("schedule")
+        .status
+        .expect("status");
+    assert!(st.skipped >= 1, "a run was due while the first ran: {st:?}");
+    let events = recent_events(&client, ns, 40).await;
+    assert!(
+        events.contains("RunSkipped") && events.contains(&format!("{first} is still running")),
+        "{events}"
+    );
+    let next = wait_for(
+        "a run after the failed one",
+        Duration::from_secs(75),
+        || async {
+            let items = backups.list(&lp).await.ok()?.items;
+            items
+                .iter()
+                .map(kube::ResourceExt::name_any)
+                .find(|n| *n != first)
+        },
+    )
+    .await;
+    println!(
+        "the schedule started {next} at {:.0} s",
+        start.elapsed().as_secs_f64()
     );
 }

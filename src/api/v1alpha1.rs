@@ -177,6 +177,12 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     + self.spec.version + ' is a downgrade, which is refused (an older server cannot load data \
     written by a newer one); create a new Redis to run an older version'";
 
+/// The longest Redis name: the StatefulSet of that name labels its pods
+/// `controller-revision-hash: <name>-<hash>` (a hash of up to 10
+/// characters), and a label value is at most 63 characters. Its other
+/// children (`<name>-headless`, `<name>-14`) are shorter.
+pub const MAX_REDIS_NAME: usize = 52;
+
 const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.autopilot.memory) \
     || (has(self.resources) && has(self.resources.limits) && 'memory' in self.resources.limits)";
 /// Desired state of a Redis (or Valkey) deployment.
@@ -194,6 +200,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new(NO_DOWNGRADE_RULE)
         .message(Message::Expression(NO_DOWNGRADE_MESSAGE.into()))
         .field_path(".spec.version"),
+    validation = Rule::new(backup::name_length_rule(MAX_REDIS_NAME))
+        .optional_old_self(true)
+        .message(backup::name_length_message("Redis", MAX_REDIS_NAME, "its StatefulSet's pods carry the label controller-revision-hash, <name>-<hash of up to 10 characters>, and labels are at most 63 characters")),
     doc = "A Redis or Valkey deployment managed by Redpilot: standalone, or a primary with replicas.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(

@@ -264,8 +264,13 @@ async fn run(cli: Cli) -> Result<()> {
                      to copy one from; create a RedisBackup with spec.target once"
                 )
             })?;
+            // `<redis>-<YYYYmmddHHMMSS>`, the Redis's name cut so that the
+            // whole is a RedisBackup name (at most 63 characters).
             let name = name.unwrap_or_else(|| {
-                format!("{redis}-{}", chrono::Utc::now().format("%Y%m%d%H%M%S"))
+                let stamp = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
+                let room = redpilot::api::v1alpha1::MAX_BACKUP_NAME - stamp.len() - 1;
+                let base: String = redis.chars().take(room).collect();
+                format!("{}-{stamp}", base.trim_end_matches(['-', '.']))
             });
             let body = json!({
                 "apiVersion": "redpilot.io/v1alpha1",

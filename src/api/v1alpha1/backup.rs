@@ -4,9 +4,30 @@
 
 use kube::CustomResource;
 use kube::KubeSchema;
+use kube::core::Message;
 use serde::{Deserialize, Serialize};
 
 use super::DNS_SUBDOMAIN;
+
+/// The longest RedisBackup name: it is the value of the `redpilot.io/backup`
+/// label on its Job's pods, and label values are at most 63 characters.
+pub const MAX_BACKUP_NAME: usize = 63;
+
+/// CEL at a kind's root: a new object's `metadata.name` is at most `max`
+/// characters (names cannot change, so only creation is checked).
+pub(crate) fn name_length_rule(max: usize) -> String {
+    format!("oldSelf.hasValue() || size(self.metadata.name) <= {max}")
+}
+
+/// The message of [`name_length_rule`]: the limit and why (`because`).
+/// The API server's error names the object. A message expression with the
+/// name's length is over the CEL cost budget at a kind's root (the name's
+/// length is unbounded in the schema), so the message is fixed.
+pub(crate) fn name_length_message(kind: &str, max: usize, because: &str) -> Message {
+    Message::Message(format!(
+        "metadata.name: a {kind} name is at most {max} characters ({because})"
+    ))
+}
 
 /// A backup of one Redis, taken once. The spec cannot change after
 /// creation (except `deletionPolicy`): a new backup is a new object.
@@ -21,6 +42,9 @@ use super::DNS_SUBDOMAIN;
     shortname = "rbk",
     category = "redpilot",
     status = "RedisBackupStatus",
+    validation = Rule::new(name_length_rule(MAX_BACKUP_NAME))
+        .optional_old_self(true)
+        .message(name_length_message("RedisBackup", MAX_BACKUP_NAME, "it is a label value on its Job's pods, and labels are at most 63 characters")),
     doc = "A backup of a Redis: a snapshot taken from a replica (the primary when there is none), stored with its manifest in an S3-compatible bucket.",
     printcolumn(name = "Redis", type_ = "string", json_path = ".spec.redis"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -66,6 +90,25 @@ pub struct RedisBackupSpec {
     /// (default) keeps it, `Delete` removes the object and its manifest.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Seconds the backup Job may run before it is stopped and the backup
+    /// fails with reason `DeadlineExceeded` (the Job's
+    /// `activeDeadlineSeconds`; default 3600, 30 to 604800). Read when the
+    /// Job is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 604800))]
+    pub timeout_seconds: Option<i64>,
+}
+
+impl RedisBackupSpec {
+    /// Default of `timeoutSeconds`: how long a backup Job may run (its
+    /// `activeDeadlineSeconds`) before it is stopped and the backup fails.
+    pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
+
+    /// `timeoutSeconds` with its default applied.
+    pub fn timeout_seconds(&self) -> i64 {
+        self.timeout_seconds
+            .unwrap_or(Self::DEFAULT_TIMEOUT_SECONDS)
+    }
 }
 
 /// Where a backup is stored: an S3-compatible bucket or a volume.
@@ -231,9 +274,10 @@ pub struct RedisBackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     /// Why it failed, as a bounded category: RedisNotFound,
-    /// CredentialsNotFound, NoSourceInstance, SourceFailed,
-    /// StoreAccessDenied, StoreNotFound, StoreFailed, InvalidRequest,
-    /// JobFailed.
+    /// CredentialsNotFound, ClaimNotFound, SourceFailed, StoreAccessDenied,
+    /// StoreNotFound, StoreFailed, InvalidRequest, DeadlineExceeded,
+    /// ImagePullFailed, PodConfigInvalid, Unschedulable, JobNotOwned,
+    /// JobRejected, ManifestMismatch, JobFailed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// What happened, in words (never a secret).

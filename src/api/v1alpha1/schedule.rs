@@ -5,7 +5,16 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+use super::backup::{MAX_BACKUP_NAME, name_length_message, name_length_rule};
 use super::{BackupTarget, DNS_SUBDOMAIN};
+
+/// What a schedule appends to its name to name a run:
+/// `-<YYYYmmddHHMM>` (when it was due).
+pub const RUN_SUFFIX_LEN: usize = 13;
+
+/// The longest RedisBackupSchedule name: its runs' names (the name and
+/// [`RUN_SUFFIX_LEN`]) must be RedisBackup names.
+pub const MAX_SCHEDULE_NAME: usize = MAX_BACKUP_NAME - RUN_SUFFIX_LEN;
 
 /// One cron field: `*` or a value or range, with an optional step, in a
 /// comma-separated list.
@@ -52,6 +61,9 @@ pub const CRON_RULE: &str = concat!(
     shortname = "rbks",
     category = "redpilot",
     status = "RedisBackupScheduleStatus",
+    validation = Rule::new(name_length_rule(MAX_SCHEDULE_NAME))
+        .optional_old_self(true)
+        .message(name_length_message("RedisBackupSchedule", MAX_SCHEDULE_NAME, "its backups are named <name>-<YYYYmmddHHMM>, and a RedisBackup name is at most 63 characters")),
     doc = "RedisBackups of a Redis taken on a cron schedule (never two at once), pruned by retention: expired backups are deleted from the bucket too.",
     printcolumn(name = "Redis", type_ = "string", json_path = ".spec.redis"),
     printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
@@ -96,6 +108,12 @@ pub struct RedisBackupScheduleSpec {
     /// objects.
     #[serde(default)]
     pub retention: Retention,
+    /// `timeoutSeconds` of its backups: seconds a backup Job may run
+    /// before it is stopped and the backup fails (default 3600, 30 to
+    /// 604800).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 604800))]
+    pub timeout_seconds: Option<i64>,
 }
 
 /// Which completed backups a schedule keeps. Without either bound, all.

@@ -112,7 +112,7 @@ impl Pass {
         let Some(key) = self.status().key else {
             return Ok(true);
         };
-        let name = job::job_name(&self.name, "delete");
+        let name = job::delete_job_name(&self.b);
         self.ctx.metrics.kube("get_job");
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let Some(j) = jobs.get_opt(&name).await? else {

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use sha2::{Digest, Sha256};
 
 use crate::api::v1alpha1::{Redis, RedisBackup};
 use crate::controller::agent::{self, Target};
@@ -78,18 +79,130 @@ pub fn object_key(
     }
 }
 
-/// A Job's name: the backup's with `-<what>`, within 63 characters.
-pub fn job_name(backup: &str, what: &str) -> String {
-    let mut base: String = backup.chars().take(62 - what.len()).collect();
-    while base.ends_with('-') {
+/// A Job's name, `<prefix>-<hash>-<what>` within 63 characters (a Job's
+/// name is also a label value on its pods): the prefix is the backup's name
+/// cut to fit, the hash the first 8 hex digits of the SHA-256 of the
+/// backup's full name and UID. Two backups whose names share a long prefix
+/// (every run of a schedule with a long name), or a backup re-created under
+/// the same name, never share a Job.
+pub fn job_name(backup: &str, uid: &str, what: &str) -> String {
+    let digest = Sha256::digest(format!("{backup}/{uid}").as_bytes());
+    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let room = 63usize.saturating_sub(what.len() + hash.len() + 2);
+    let mut base: String = backup.chars().take(room).collect();
+    while base.ends_with('-') || base.ends_with('.') {
         base.pop();
     }
-    format!("{base}-{what}")
+    if base.is_empty() {
+        format!("{hash}-{what}")
+    } else {
+        format!("{base}-{hash}-{what}")
+    }
 }
 
-/// The Job that runs `redpilot backup` against `host` (the pod IP of
-/// `source`) and stores the snapshot under `key` in `target`.
-pub fn job(b: &RedisBackup, target: Target<'_>, source: &str, host: &str, key: &str) -> Job {
+/// Whether the Job's controller owner reference is the backup with `uid`:
+/// a Job of that name that another object controls is not this backup's,
+/// and neither is its outcome.
+pub fn controlled_by(j: &Job, uid: &str) -> bool {
+    j.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Why a manifest cannot describe this backup: it names another key than
+/// the one this backup's Job was given (`None` when it matches).
+pub fn manifest_mismatch(expected: Option<&str>, m: &crate::backup::Manifest) -> Option<String> {
+    match expected {
+        Some(k) if k == m.key => None,
+        Some(k) => Some(format!(
+            "the Job's manifest describes key {}, not this backup's key {k}; the outcome is not this backup's",
+            m.key
+        )),
+        None => Some(format!(
+            "the Job's manifest describes key {} but this backup has no key in its status",
+            m.key
+        )),
+    }
+}
+
+/// How long a Job's pod may stay unschedulable before the backup fails
+/// (room for a cluster autoscaler to add a node).
+pub const UNSCHEDULABLE_BOUND_SECONDS: i64 = 300;
+
+/// How long a pod may wait with an image pull or container configuration
+/// error (a registry hiccup clears by itself within this) before the
+/// backup fails.
+pub const START_ERROR_BOUND_SECONDS: i64 = 30;
+
+/// Why a Job's pod cannot start, once it has been so for longer than its
+/// bound at `now`: a bounded reason and a message naming the pod and what
+/// the cluster said. `None` while it may still start (or has started).
+pub fn cannot_start(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<(&'static str, String)> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.as_ref()?;
+    let since = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.and_then(|t| chrono::DateTime::<chrono::Utc>::from_timestamp(t.0.as_second(), 0))
+            .map(|t| (now - t).num_seconds())
+    };
+    let age = since(pod.metadata.creation_timestamp.as_ref()).unwrap_or(0);
+    for c in status.container_statuses.iter().flatten() {
+        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = w.reason.as_deref().unwrap_or_default();
+        let category = match reason {
+            "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull" => {
+                "ImagePullFailed"
+            }
+            "CreateContainerConfigError" | "CreateContainerError" => "PodConfigInvalid",
+            _ => continue,
+        };
+        if age <= START_ERROR_BOUND_SECONDS {
+            return None;
+        }
+        let what = w.message.as_deref().unwrap_or("no message");
+        let image = c.image.as_str();
+        return Some((
+            category,
+            format!(
+                "pod {name} cannot start its container {} (image {image}): {reason}: {what}",
+                c.name
+            ),
+        ));
+    }
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    let waited = since(unschedulable.last_transition_time.as_ref()).unwrap_or(age);
+    (waited > UNSCHEDULABLE_BOUND_SECONDS).then(|| {
+        (
+            "Unschedulable",
+            format!(
+                "pod {name} could not be scheduled for {waited} s: {}",
+                unschedulable.message.as_deref().unwrap_or("no message")
+            ),
+        )
+    })
+}
+
+/// The Job `name` that runs `redpilot backup` against `host` (the pod IP
+/// of `source`) and stores the snapshot under `key` in `target`, stopped
+/// after the backup's `spec.timeoutSeconds`.
+pub fn job(
+    b: &RedisBackup,
+    name: &str,
+    target: Target<'_>,
+    source: &str,
+    host: &str,
+    key: &str,
+) -> Job {
     let redis = Names::new(&b.spec.redis);
     let mut args = vec![
         "backup".to_string(),
@@ -114,7 +227,18 @@ pub fn job(b: &RedisBackup, target: Target<'_>, source: &str, host: &str, key: &
         ..Default::default()
     }];
     env.extend(target.env(false));
-    agent_job(b, "backup", args, env, target)
+    let mut j = agent_job(b, name, args, env, target);
+    if let Some(spec) = j.spec.as_mut() {
+        spec.active_deadline_seconds = Some(b.spec.timeout_seconds());
+    }
+    j
+}
+
+/// The name of the Job that deletes a backup stored on a volume.
+pub fn delete_job_name(b: &RedisBackup) -> String {
+    let name = b.metadata.name.clone().unwrap_or_default();
+    let uid = b.metadata.uid.clone().unwrap_or_default();
+    job_name(&name, &uid, "delete")
 }
 
 /// The Job that removes a backup stored on a volume (`redpilot delete`),
@@ -122,13 +246,13 @@ pub fn job(b: &RedisBackup, target: Target<'_>, source: &str, host: &str, key: &
 pub fn delete_job(b: &RedisBackup, target: Target<'_>, key: &str) -> Job {
     let mut args = vec!["delete".to_string()];
     args.extend(target.args(key));
-    agent_job(b, "delete", args, target.env(false), target)
+    agent_job(b, &delete_job_name(b), args, target.env(false), target)
 }
 
 /// A Job of the operator's image running the agent with `args`.
 fn agent_job(
     b: &RedisBackup,
-    what: &str,
+    job_name: &str,
     args: Vec<String>,
     env: Vec<EnvVar>,
     target: Target<'_>,
@@ -160,7 +284,7 @@ fn agent_job(
     labels.insert(build::MANAGED_BY_LABEL.into(), build::MANAGED_BY.into());
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&name, what)),
+            name: Some(job_name.to_string()),
             namespace: b.metadata.namespace.clone(),
             labels: Some(labels),
             owner_references: b.controller_owner_ref(&()).map(|o| vec![o]),
@@ -266,8 +390,188 @@ mod tests {
         );
         assert_eq!(object_key(None, "ns", "c", "b", "t"), "ns/c/b-t.rdb");
         let long = "a".repeat(70);
-        assert!(job_name(&long, "backup").len() <= 63);
-        assert_eq!(job_name("nightly", "backup"), "nightly-backup");
+        assert!(job_name(&long, "u1", "backup").len() <= 63);
+        let short = job_name("nightly", "u1", "backup");
+        assert!(
+            short.starts_with("nightly-") && short.ends_with("-backup"),
+            "{short}"
+        );
+        assert_eq!(short.len(), "nightly-".len() + 8 + "-backup".len());
+        // Two runs of a schedule with a long name: the same first 56
+        // characters, then the time they were due.
+        let base = "a-schedule-whose-name-is-long-enough-to-fill-fifty-chars";
+        let (one, two) = (
+            format!("{base}-202611270400"),
+            format!("{base}-202611270500"),
+        );
+        assert_ne!(
+            job_name(&one, "u1", "backup"),
+            job_name(&two, "u2", "backup")
+        );
+        assert_ne!(
+            job_name(&one, "u1", "backup"),
+            job_name(&two, "u1", "backup")
+        );
+        // A RedisBackup re-created under the same name gets another Job.
+        assert_ne!(
+            job_name(&one, "u1", "backup"),
+            job_name(&one, "u3", "backup")
+        );
+        for n in [&one, &two, &"x.y-".repeat(20)] {
+            let j = job_name(n, "u1", "delete");
+            assert!(j.len() <= 63, "{j}");
+            assert!(
+                j.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'),
+                "{j}"
+            );
+            assert!(!j.contains("--") && !j.contains(".-"), "{j}");
+        }
+    }
+
+    #[test]
+    fn only_a_job_this_backup_controls_and_a_manifest_of_its_key_are_trusted() {
+        let mut j = Job::default();
+        assert!(!controlled_by(&j, "u1"));
+        let owner = |uid: &str, controller: Option<bool>| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "redpilot.io/v1alpha1".into(),
+                kind: "RedisBackup".into(),
+                name: "b1".into(),
+                uid: uid.into(),
+                controller,
+                ..Default::default()
+            }
+        };
+        j.metadata.owner_references = Some(vec![owner("u2", Some(true))]);
+        assert!(!controlled_by(&j, "u1"), "another backup's Job");
+        j.metadata.owner_references = Some(vec![owner("u1", None)]);
+        assert!(
+            !controlled_by(&j, "u1"),
+            "an owner that is not the controller"
+        );
+        j.metadata.owner_references = Some(vec![owner("u2", None), owner("u1", Some(true))]);
+        assert!(controlled_by(&j, "u1"));
+
+        let m = crate::backup::Manifest {
+            format: 1,
+            key: "e2e/ns/c/first-20261127T040000Z.rdb".into(),
+            size_bytes: 1,
+            sha256: "ab".into(),
+            keys: None,
+            keys_db: None,
+            rdb_version: 10,
+            engine: "Redis".into(),
+            engine_version: None,
+            source: "c-0".into(),
+            replid: None,
+            offset: None,
+            started_at: "t0".into(),
+            completed_at: "t1".into(),
+        };
+        assert_eq!(manifest_mismatch(Some(m.key.as_str()), &m), None);
+        let why = manifest_mismatch(Some("e2e/ns/c/second-20261127T040100Z.rdb"), &m)
+            .expect("a mismatch");
+        assert!(
+            why.contains("first-20261127T040000Z.rdb")
+                && why.contains("second-20261127T040100Z.rdb"),
+            "{why}"
+        );
+        assert!(manifest_mismatch(None, &m).is_some());
+    }
+
+    fn waiting_pod(
+        age_s: i64,
+        waiting: Option<&str>,
+        unschedulable_for: Option<i64>,
+    ) -> (
+        k8s_openapi::api::core::v1::Pod,
+        chrono::DateTime<chrono::Utc>,
+    ) {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodStatus,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-27T04:00:00Z")
+            .expect("time")
+            .with_timezone(&chrono::Utc);
+        let at = |s: i64| {
+            Time(
+                k8s_openapi::jiff::Timestamp::from_second(
+                    (now - chrono::Duration::seconds(s)).timestamp(),
+                )
+                .expect("timestamp"),
+            )
+        };
+        let mut p = Pod::default();
+        p.metadata.name = Some("b1-0a1b2c3d-backup-x7k2p".into());
+        p.metadata.creation_timestamp = Some(at(age_s));
+        p.status = Some(PodStatus {
+            container_statuses: waiting.map(|r| {
+                vec![ContainerStatus {
+                    name: CONTAINER.into(),
+                    image: "registry.example/redpilot:9".into(),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some(r.into()),
+                            message: Some("pull access denied".into()),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]
+            }),
+            conditions: unschedulable_for.map(|s| {
+                vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    message: Some(
+                        "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims"
+                            .into(),
+                    ),
+                    last_transition_time: Some(at(s)),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        (p, now)
+    }
+
+    #[test]
+    fn a_pod_that_cannot_start_fails_the_backup_after_its_bound() {
+        let check = |age, waiting, unsched| {
+            let (p, now) = waiting_pod(age, waiting, unsched);
+            cannot_start(&p, now)
+        };
+        // A pull error clears by itself within the bound; not after it.
+        assert_eq!(check(10, Some("ErrImagePull"), None), None);
+        let (reason, msg) = check(31, Some("ImagePullBackOff"), None).expect("failed");
+        assert_eq!(reason, "ImagePullFailed");
+        assert!(
+            msg.contains("ImagePullBackOff") && msg.contains("registry.example/redpilot:9"),
+            "{msg}"
+        );
+        assert_eq!(
+            check(60, Some("CreateContainerConfigError"), None).map(|(r, _)| r),
+            Some("PodConfigInvalid")
+        );
+        // Waiting for its image to be pulled, or starting: fine.
+        assert_eq!(check(600, Some("ContainerCreating"), None), None);
+        // Unschedulable: only past its own bound.
+        assert_eq!(
+            check(600, None, Some(UNSCHEDULABLE_BOUND_SECONDS - 5)),
+            None
+        );
+        let (reason, msg) =
+            check(600, None, Some(UNSCHEDULABLE_BOUND_SECONDS + 5)).expect("failed");
+        assert_eq!(reason, "Unschedulable");
+        assert!(
+            msg.contains("unbound immediate PersistentVolumeClaims"),
+            "{msg}"
+        );
+        assert_eq!(check(5, None, None), None);
     }
 
     #[test]
@@ -280,7 +584,15 @@ mod tests {
         .expect("backup");
         b.metadata.namespace = Some("ns".into());
         let target = Target::of(b.spec.target.s3.as_ref(), None).expect("target");
-        let j = job(&b, target, "cache-1", "10.244.0.5", "ns/cache/b1-t.rdb");
+        let j = job(
+            &b,
+            "b1-0a1b2c3d-backup",
+            target,
+            "cache-1",
+            "10.244.0.5",
+            "ns/cache/b1-t.rdb",
+        );
+        assert_eq!(j.metadata.name.as_deref(), Some("b1-0a1b2c3d-backup"));
         let owner = &j.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!(
             (owner.kind.as_str(), owner.controller),
@@ -297,6 +609,11 @@ mod tests {
             "{args}"
         );
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        // A Job that runs too long is stopped (spec.timeoutSeconds).
+        assert_eq!(
+            spec.active_deadline_seconds,
+            Some(crate::api::v1alpha1::RedisBackupSpec::DEFAULT_TIMEOUT_SECONDS)
+        );
         assert_eq!(
             spec.pod_failure_policy.expect("policy").rules[0]
                 .on_exit_codes

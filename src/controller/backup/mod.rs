@@ -51,6 +51,9 @@ pub const FINALIZER: &str = "redpilot.io/delete-stored-backup";
 /// as [`FIELD_MANAGER`], and an apply of the finalizer under that name
 /// would give up (delete) the spec it applied.
 pub const FINALIZER_MANAGER: &str = "redpilot-finalizer";
+/// The field manager that cuts the deadline of a Job whose pod cannot
+/// start (the rest of the Job stays [`FIELD_MANAGER`]'s).
+pub const STOP_MANAGER: &str = "redpilot-stop";
 
 /// Shared by the backup reconciles.
 pub struct BackupContext {
@@ -126,6 +129,14 @@ struct Pass {
 impl Pass {
     fn status(&self) -> RedisBackupStatus {
         self.b.status.clone().unwrap_or_default()
+    }
+
+    fn uid(&self) -> Result<String, Error> {
+        self.b
+            .metadata
+            .uid
+            .clone()
+            .ok_or(Error::Incomplete("metadata.uid"))
     }
 
     fn target(&self) -> Result<Target<'_>, Error> {
@@ -212,19 +223,22 @@ impl Pass {
             &self.name,
             &now.format("%Y%m%dT%H%M%SZ").to_string(),
         );
+        let job_name = job::job_name(&self.name, &self.uid()?, "backup");
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
             started_at: Some(crate::controller::rfc3339(now)),
             location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             source: Some(source.clone()),
-            job: Some(job::job_name(&self.name, "backup")),
+            job: Some(job_name.clone()),
             ..Default::default()
         };
         // The key and source first: a pass after a crash here re-creates
         // the same Job.
         self.write_status(&st).await?;
-        self.apply_job(&source, &host, &key).await?;
+        if let Some(refused) = self.apply_job(&job_name, &source, &host, &key).await? {
+            return self.fail("JobRejected", refused).await;
+        }
         let note = format!(
             "backing up {source} of Redis {} to {}",
             spec.redis,
@@ -234,9 +248,24 @@ impl Pass {
         Ok(Action::await_change())
     }
 
-    async fn apply_job(&self, source: &str, host: &str, key: &str) -> Result<(), Error> {
-        let j = job::job(&self.b, self.target()?, source, host, key);
-        self.apply(j).await
+    /// Applies the backup Job; `Some(why)` when the API server refuses it
+    /// as invalid (retrying the same Job cannot help).
+    async fn apply_job(
+        &self,
+        name: &str,
+        source: &str,
+        host: &str,
+        key: &str,
+    ) -> Result<Option<String>, Error> {
+        let j = job::job(&self.b, name, self.target()?, source, host, key);
+        match self.apply(j).await {
+            Ok(()) => Ok(None),
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 422 => Ok(Some(format!(
+                "the API server refused Job {name}: {}",
+                e.message
+            ))),
+            Err(e) => Err(e),
+        }
     }
 
     async fn apply(&self, j: Job) -> Result<(), Error> {
@@ -268,12 +297,26 @@ impl Pass {
                 let msg = format!("the source instance {source} is gone");
                 return self.fail("SourceFailed", msg).await;
             };
-            self.apply_job(&source, &host, &key).await?;
+            if let Some(refused) = self.apply_job(&job_name, &source, &host, &key).await? {
+                return self.fail("JobRejected", refused).await;
+            }
             return Ok(Action::await_change());
         };
+        let uid = self.uid()?;
+        if !job::controlled_by(&j, &uid) {
+            let msg = format!(
+                "Job {job_name} is not controlled by this RedisBackup (uid {uid}); its outcome is not this backup's"
+            );
+            return self.fail("JobNotOwned", msg).await;
+        }
         if job::condition(&j, "Complete").is_some() {
             return match self.agent_outcome(&job_name, true).await? {
-                Some(agent::Outcome::Done(m)) => self.complete(st, *m).await,
+                Some(agent::Outcome::Done(m)) => {
+                    match job::manifest_mismatch(st.key.as_deref(), &m) {
+                        Some(why) => self.fail("ManifestMismatch", why).await,
+                        None => self.complete(st, *m).await,
+                    }
+                }
                 Some(agent::Outcome::Failed { reason, message }) => {
                     self.fail(agent::bounded_reason(&reason), message).await
                 }
@@ -284,6 +327,18 @@ impl Pass {
             };
         }
         if let Some(c) = job::condition(&j, "Failed").cloned() {
+            if c.reason.as_deref() == Some("DeadlineExceeded") {
+                let limit = j
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.active_deadline_seconds)
+                    .unwrap_or_else(|| self.b.spec.timeout_seconds());
+                let msg = format!(
+                    "the backup did not end within {limit} s (spec.timeoutSeconds); Job {job_name} was stopped: {}",
+                    c.message.unwrap_or_default()
+                );
+                return self.fail("DeadlineExceeded", msg).await;
+            }
             return match self.agent_outcome(&job_name, false).await? {
                 Some(agent::Outcome::Failed { reason, message }) => {
                     self.fail(agent::bounded_reason(&reason), message).await
@@ -295,7 +350,71 @@ impl Pass {
                 }
             };
         }
-        Ok(Action::await_change())
+        // Running, or waiting for a pod that may never start.
+        let pods = self.job_pods(&job_name).await?;
+        let now = chrono::Utc::now();
+        if let Some((reason, msg)) = pods.iter().find_map(|p| job::cannot_start(p, now)) {
+            let failed = self.fail(reason, msg).await?;
+            // The Job would otherwise wait until its deadline; if it cannot
+            // be stopped now, that deadline still ends it.
+            if let Err(e) = self.stop_job(&job_name).await {
+                tracing::warn!(job = %job_name, error = %e, "could not stop a backup Job whose pod cannot start");
+            }
+            return Ok(failed);
+        }
+        let started = pods.iter().any(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                })
+        });
+        // Pod changes do not wake this controller: look again soon while
+        // no agent runs (none started yet, or a retry is due); a running
+        // agent's end changes the Job, which does.
+        if started {
+            Ok(Action::await_change())
+        } else {
+            Ok(Action::requeue(Duration::from_secs(10)))
+        }
+    }
+
+    /// The pods of the Job `job_name`.
+    async fn job_pods(&self, job_name: &str) -> Result<Vec<Pod>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        self.ctx.metrics.kube("list_pods");
+        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}"));
+        Ok(pods.list(&lp).await?.items)
+    }
+
+    /// Ends a Job that cannot do its work: its deadline is cut to one
+    /// second past its start, so the Job controller fails it and removes
+    /// its pods at once (the Job stays, with its condition, until the
+    /// RedisBackup is deleted). Applied under a field manager of its own, so
+    /// the Job's other fields stay the operator's.
+    async fn stop_job(&self, job_name: &str) -> Result<(), Error> {
+        let patch = serde_json::json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": job_name},
+            "spec": {"activeDeadlineSeconds": 1},
+        });
+        self.ctx.metrics.kube("apply_job");
+        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        match jobs
+            .patch(
+                job_name,
+                &PatchParams::apply(STOP_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The outcome the agent left in the newest pod of the Job that
@@ -305,13 +424,9 @@ impl Pass {
         job_name: &str,
         ok: bool,
     ) -> Result<Option<agent::Outcome>, Error> {
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        self.ctx.metrics.kube("list_pods");
-        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job_name}"));
-        let mut found: Vec<(String, i32, Option<String>)> = pods
-            .list(&lp)
+        let mut found: Vec<(String, i32, Option<String>)> = self
+            .job_pods(job_name)
             .await?
-            .items
             .into_iter()
             .filter_map(|p| {
                 let created = p.metadata.creation_timestamp.as_ref()?.0.to_string();

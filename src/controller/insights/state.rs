@@ -202,6 +202,7 @@ mod tests {
                     volume: None,
                 },
                 deletion_policy: Default::default(),
+                timeout_seconds: None,
             },
         );
         b.metadata.namespace = Some("ns".into());

@@ -276,6 +276,7 @@ pub fn backup_for(s: &RedisBackupSchedule, ns: &str, due: DateTime<Utc>) -> Redi
             redis: s.spec.redis.clone(),
             target: s.spec.target.clone(),
             deletion_policy: crate::api::v1alpha1::DeletionPolicy::Delete,
+            timeout_seconds: s.spec.timeout_seconds,
         },
     );
     b.metadata.namespace = Some(ns.to_string());
