@@ -489,16 +489,19 @@ impl Reconciler {
         // Why this pass waits, once per state (and again when the backoff
         // stretches), so a Redis that stays unready says so in the log.
         if n == 0 || n >= PATIENT_PASSES && wait != stuck_backoff(n - 1) {
-            let why = if !self.notes.is_empty() {
-                self.notes.join("; ")
-            } else if !self.progressing.is_empty() {
-                self.progressing.join("; ")
-            } else {
-                format!(
-                    "waiting for instances: {} ready",
-                    status.ready.as_deref().unwrap_or("?")
-                )
+            // What the conditions this pass wrote say: Degraded's message
+            // when it stands, else Progressing's, else Ready's.
+            let message = |t: &str, only_true: bool| {
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == t && (!only_true || c.status == "True"))
+                    .map(|c| c.message.as_str())
             };
+            let why = message("Degraded", true)
+                .or_else(|| message("Progressing", true))
+                .or_else(|| message("Ready", false))
+                .unwrap_or("");
             tracing::info!(
                 redis = %self.oref,
                 phase = ?status.phase,
