@@ -211,9 +211,13 @@ struct RestoreArgs {
     #[arg(long, default_value = "redis", value_parser = ["redis", "valkey"])]
     server_engine: String,
     /// Bootstrap mode (an init container): restore only in the pod named
-    /// here (compared with `$POD_NAME`), only while no primary is published
-    /// (`$REDPILOT_PRIMARY` empty: once one is, the data comes from it),
-    /// and only once (`<dest>.restored` marks a finished restore).
+    /// here (compared with `$POD_NAME`), only while the bootstrap is not
+    /// finished (`$REDPILOT_BOOTSTRAPPED` empty) and no primary is
+    /// published (`$REDPILOT_PRIMARY` empty: once one is, the data comes
+    /// from it), and only once for the Redis whose UID is
+    /// `$REDPILOT_RESTORE_OWNER`: `<dest>.restored` holds that UID and the
+    /// checksum restored. A file left by another object (a retained volume
+    /// of a deleted Redis of the same name) is overwritten, with its AOF.
     #[arg(long)]
     only_pod: Option<String>,
     #[command(flatten)]
@@ -477,8 +481,18 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
                 "a primary is published ({p}); the data comes from it"
             ));
         }
-        if marker.exists() {
-            return skip(format!("already restored ({} exists)", marker.display()));
+        if let Some(done) = env_value("REDPILOT_BOOTSTRAPPED") {
+            return skip(format!(
+                "the bootstrap finished ({done}); this instance keeps its own data"
+            ));
+        }
+        let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
+        let previous = std::fs::read_to_string(&marker).unwrap_or_default();
+        if restored_for(&previous, &owner) {
+            return skip(format!(
+                "already restored for this Redis ({} names it)",
+                marker.display()
+            ));
         }
     }
     let (store, location) = open_store(&args.store)?;
@@ -497,11 +511,33 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
     )
     .await?;
     if args.only_pod.is_some() {
-        std::fs::write(&marker, &m.sha256).map_err(|e| {
+        // The server must start from the restored file alone: an AOF left
+        // on a retained volume would be loaded instead once AOF is on.
+        if let Some(dir) = args.dest.parent() {
+            let aof = dir.join("appendonlydir");
+            if aof.exists() {
+                std::fs::remove_dir_all(&aof).map_err(|e| {
+                    redpilot::backup::BackupError::Invalid(format!(
+                        "removing {}: {e}",
+                        aof.display()
+                    ))
+                })?;
+            }
+        }
+        let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
+        std::fs::write(&marker, format!("{owner} {}\n", m.sha256)).map_err(|e| {
             redpilot::backup::BackupError::Invalid(format!("writing {}: {e}", marker.display()))
         })?;
     }
     manifest_json(&m)
+}
+
+/// Whether a restore marker's text names `owner` (a Redis UID): the file
+/// holds `<uid> <sha256>`. A marker without a UID (written before UIDs were
+/// recorded) or with another one belongs to another object.
+fn restored_for(marker: &str, owner: &str) -> bool {
+    let mut words = marker.split_whitespace();
+    !owner.is_empty() && words.next() == Some(owner) && words.next().is_some()
 }
 
 async fn delete(args: DeleteArgs) -> Result<String, redpilot::backup::BackupError> {
@@ -569,4 +605,18 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     metrics.leader.set(0);
     http.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restored_for;
+
+    #[test]
+    fn a_restore_marker_counts_only_for_the_redis_it_names() {
+        assert!(restored_for("uid-1 abc\n", "uid-1"));
+        assert!(!restored_for("uid-2 abc\n", "uid-1"), "another object");
+        assert!(!restored_for("abc\n", "uid-1"), "an old marker names none");
+        assert!(!restored_for("", "uid-1"), "no marker");
+        assert!(!restored_for("uid-1 abc", ""), "no owner given");
+    }
 }

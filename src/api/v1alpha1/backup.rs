@@ -344,4 +344,8 @@ pub struct BootstrapStatus {
     /// True once the first primary served the restored data.
     #[serde(default)]
     pub done: bool,
+    /// SHA-256 of the dump the first instance loaded, as its restore
+    /// container reported it (checked against the backup's manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }

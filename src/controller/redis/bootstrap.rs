@@ -21,7 +21,7 @@ use kube::runtime::events::EventType;
 use super::Reconciler;
 use super::build::{self, Names};
 use crate::api::v1alpha1::{
-    BackupPhase, BootstrapStatus, Engine, RedisBackup, RedisSpec, S3Location, VolumeLocation,
+    BackupPhase, BootstrapStatus, Engine, Redis, RedisBackup, S3Location, VolumeLocation,
 };
 use crate::controller::Error;
 use crate::controller::agent::{self, Outcome, Target};
@@ -113,6 +113,15 @@ impl Reconciler {
         })
     }
 
+    /// The location a finished bootstrap loaded (published in the
+    /// ConfigMap so the restore never runs again).
+    pub(super) fn bootstrapped(&self) -> Option<&str> {
+        self.bootstrap
+            .as_ref()
+            .filter(|b| b.done)
+            .map(|b| b.location.as_str())
+    }
+
     /// Reports a failed restore seen in the first instance's init
     /// container, and marks the bootstrap done once a primary serves.
     pub(super) async fn track_bootstrap(&mut self, primary: Option<&str>) {
@@ -122,19 +131,49 @@ impl Reconciler {
         if bs.done {
             return;
         }
-        if primary.is_some() {
-            let note = format!("{} was loaded from {}", self.names.pod(0), bs.location);
-            self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
-                .await;
-            self.bootstrap = Some(BootstrapStatus { done: true, ..bs });
-            return;
-        }
-        let first: Option<Pod> = self.cached(&self.names.pod(0));
+        let first_name = self.names.pod(0);
+        let first: Option<Pod> = self.cached(&first_name);
         let statuses = first
             .and_then(|p| p.status)
             .and_then(|s| s.init_container_statuses)
             .unwrap_or_default();
-        let Some((code, message)) = agent::termination(&statuses, RESTORE_CONTAINER) else {
+        let ended = agent::termination(&statuses, RESTORE_CONTAINER);
+        // The restore's checksum, kept from the run that loaded it (a
+        // later start of the same pod only skips).
+        let sha256 = match ended.as_ref().and_then(|(_, m)| m.as_deref()) {
+            Some(m) => match agent::outcome(m) {
+                Some(Outcome::Done(manifest)) => Some(manifest.sha256),
+                _ => bs.sha256.clone(),
+            },
+            None => bs.sha256.clone(),
+        };
+        if sha256 != bs.sha256 {
+            self.bootstrap = Some(BootstrapStatus {
+                sha256: sha256.clone(),
+                ..bs.clone()
+            });
+        }
+        // Done only when the instance the backup was restored into serves
+        // as primary (recovery promotes no other while restoring).
+        if primary == Some(first_name.as_str()) {
+            let checksum = sha256
+                .as_deref()
+                .map(|s| format!(" (SHA-256 {s})"))
+                .unwrap_or_default();
+            let note = format!(
+                "{first_name} serves as primary the data restored from {}{checksum}",
+                bs.location
+            );
+            self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
+                .await;
+            self.bootstrap = Some(BootstrapStatus {
+                done: true,
+                sha256,
+                ..bs
+            });
+            return;
+        }
+        let Some((code, message)) = ended else {
             return;
         };
         if code == 0 {
@@ -171,6 +210,7 @@ fn resolved(
         volume,
         key,
         done: false,
+        sha256: None,
     }
 }
 
@@ -181,7 +221,8 @@ pub fn target(bs: &BootstrapStatus) -> Option<Target<'_>> {
 
 /// The init container that fetches the backup into `/data/dump.rdb` of the
 /// first instance, checked against its manifest and this Redis's server.
-pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> Container {
+pub fn init_container(bs: &BootstrapStatus, names: &Names, redis: &Redis) -> Container {
+    let spec = &redis.spec;
     let mut args = vec![
         "restore".to_string(),
         "--only-pod".into(),
@@ -212,18 +253,27 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, spec: &RedisSpec) -> 
         }),
         ..Default::default()
     };
+    let from_config = |name: &str, key: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: names.config(),
+                key: key.into(),
+                optional: Some(true),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     let mut env = vec![
         field("POD_NAME", "metadata.name"),
+        from_config("REDPILOT_PRIMARY", build::PRIMARY_KEY),
+        from_config("REDPILOT_BOOTSTRAPPED", build::BOOTSTRAPPED_KEY),
+        // The restore is this object's: a marker left on a retained volume
+        // by a deleted Redis of the same name does not count.
         EnvVar {
-            name: "REDPILOT_PRIMARY".into(),
-            value_from: Some(EnvVarSource {
-                config_map_key_ref: Some(ConfigMapKeySelector {
-                    name: names.config(),
-                    key: build::PRIMARY_KEY.into(),
-                    optional: Some(true),
-                }),
-                ..Default::default()
-            }),
+            name: "REDPILOT_RESTORE_OWNER".into(),
+            value: redis.metadata.uid.clone(),
             ..Default::default()
         },
     ];

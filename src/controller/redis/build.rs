@@ -57,6 +57,10 @@ pub const CONFIG_KEY: &str = "redis.conf";
 /// ConfigMap key holding the current primary as `ip port` (read at start-up
 /// so a restarted instance comes back as a replica of the current primary).
 pub const PRIMARY_KEY: &str = "primary";
+/// ConfigMap key present once a bootstrap from a backup finished (its
+/// value is the backup's location): the restore init container then does
+/// nothing, so a re-created instance never loads the old backup again.
+pub const BOOTSTRAPPED_KEY: &str = "bootstrapped";
 
 /// Names of the children of one Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,9 +315,17 @@ pub fn server_auth_secret(
 /// The ConfigMap: redis.conf and the current primary. A Standalone
 /// publishes none: its one instance follows nobody, and a restarted pod
 /// with a new address must not boot as a replica of its old one.
-pub fn config_map(redis: &Redis, names: &Names, primary: Option<&str>) -> ConfigMap {
+pub fn config_map(
+    redis: &Redis,
+    names: &Names,
+    primary: Option<&str>,
+    bootstrapped: Option<&str>,
+) -> ConfigMap {
     let primary = primary.filter(|_| redis.spec.mode == crate::api::v1alpha1::Mode::Replication);
     let mut data = BTreeMap::from([(CONFIG_KEY.to_string(), super::config::redis_conf(redis))]);
+    if let Some(location) = bootstrapped {
+        data.insert(BOOTSTRAPPED_KEY.to_string(), location.to_string());
+    }
     data.insert(
         PRIMARY_KEY.to_string(),
         primary
@@ -425,9 +437,9 @@ mod tests {
             ..Default::default()
         });
         let names = Names::new("cache");
-        let a = config_map(&r, &names, Some("10.0.0.1"));
-        let b = config_map(&r, &names, Some("10.0.0.1"));
-        let c = config_map(&r, &names, Some("10.0.0.2"));
+        let a = config_map(&r, &names, Some("10.0.0.1"), None);
+        let b = config_map(&r, &names, Some("10.0.0.1"), None);
+        let c = config_map(&r, &names, Some("10.0.0.2"), None);
         assert_eq!(stamped_hash(&a), stamped_hash(&b));
         assert_ne!(stamped_hash(&a), stamped_hash(&c));
         // FNV-1a of "a\0" is fixed by the algorithm; a change here would
@@ -451,7 +463,7 @@ mod tests {
                 mode,
                 ..Default::default()
             });
-            config_map(&r, &Names::new("c"), Some("10.0.0.7"))
+            config_map(&r, &Names::new("c"), Some("10.0.0.7"), None)
                 .data
                 .and_then(|d| d.get(PRIMARY_KEY).cloned())
         };

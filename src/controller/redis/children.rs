@@ -194,7 +194,12 @@ impl Reconciler {
                 .and_then(|v| v.split_whitespace().next().map(String::from))
                 .filter(|_| !self.hibernating)
         });
-        let cm = build::config_map(&self.redis, &self.names, cm_primary.as_deref());
+        let cm = build::config_map(
+            &self.redis,
+            &self.names,
+            cm_primary.as_deref(),
+            self.bootstrapped(),
+        );
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
             .await?;
 
@@ -222,7 +227,7 @@ impl Reconciler {
             pod.init_containers = Some(vec![super::bootstrap::init_container(
                 bs,
                 &self.names,
-                &self.redis.spec,
+                &self.redis,
             )]);
             // A backup on a volume: the claim, read-only, for the restore.
             if let Some((v, _)) = super::bootstrap::target(bs).and_then(|t| t.volume(true)) {

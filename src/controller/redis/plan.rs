@@ -144,13 +144,25 @@ pub fn most_advanced(facts: &[PodFacts]) -> Option<String> {
 /// with the same primary, then takes the reachable instance furthest ahead
 /// ([`most_advanced`]). A lost recorded primary is replaced by the failover
 /// module instead. `Err` names what recovery waits for.
-pub fn promotion_candidate(facts: &[PodFacts], names: &Names) -> Result<String, String> {
+///
+/// A Redis being bootstrapped from a backup promotes ordinal 0, whatever
+/// the others hold: it is the one the backup was restored into, and an
+/// instance ahead of it holds data from a retained volume of an older
+/// object, which the restore must replace (the others resync from it).
+pub fn promotion_candidate(
+    facts: &[PodFacts],
+    names: &Names,
+    restoring: bool,
+) -> Result<String, String> {
     let first = names.pod(0);
     if !facts
         .iter()
         .any(|f| f.name == first && f.reachable && !f.terminating)
     {
         return Err(format!("waiting for {first} to start"));
+    }
+    if restoring {
+        return Ok(first);
     }
     most_advanced(facts).ok_or_else(|| "no reachable instance to promote".to_string())
 }
@@ -320,14 +332,28 @@ mod tests {
         assert_eq!(choose_primary(&facts, None, None, &names()), None);
         facts[0].reachable = false;
         assert_eq!(
-            promotion_candidate(&facts, &names()),
+            promotion_candidate(&facts, &names(), false),
             Err("waiting for cache-0 to start".into())
         );
         facts[0].reachable = true;
-        assert_eq!(promotion_candidate(&facts, &names()), Ok("cache-0".into()));
+        assert_eq!(
+            promotion_candidate(&facts, &names(), false),
+            Ok("cache-0".into())
+        );
         // Once ordinal 0 answers, the instance furthest ahead is taken.
         facts[1].offset = Some(40);
-        assert_eq!(promotion_candidate(&facts, &names()), Ok("cache-1".into()));
+        assert_eq!(
+            promotion_candidate(&facts, &names(), false),
+            Ok("cache-1".into())
+        );
+        // Restoring a backup: ordinal 0 holds it, an instance ahead holds a
+        // retained volume's older object.
+        assert_eq!(
+            promotion_candidate(&facts, &names(), true),
+            Ok("cache-0".into())
+        );
+        facts[0].reachable = false;
+        assert!(promotion_candidate(&facts, &names(), true).is_err());
     }
 
     #[test]

@@ -37,7 +37,8 @@ impl Reconciler {
         {
             return;
         }
-        let best = match plan::promotion_candidate(facts, &self.names) {
+        let restoring = self.bootstrap.as_ref().is_some_and(|b| !b.done);
+        let best = match plan::promotion_candidate(facts, &self.names, restoring) {
             Ok(best) => best,
             Err(why) => {
                 self.progressing.push(why);

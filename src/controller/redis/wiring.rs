@@ -275,7 +275,7 @@ impl Reconciler {
             .find(|f| f.name == primary)
             .and_then(|f| f.ip.clone());
         let live: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
-        let cm = build::config_map(&self.redis, &self.names, ip.as_deref());
+        let cm = build::config_map(&self.redis, &self.names, ip.as_deref(), self.bootstrapped());
         self.apply("ConfigMap", &cm, live.as_ref()).await?;
         self.record_primary_with(primary, extra).await
     }
