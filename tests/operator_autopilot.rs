@@ -826,3 +826,273 @@ async fn a_grow_interrupted_by_an_operator_crash_is_finished_and_survives_pod_fa
         );
     }
 }
+
+/// The memory requests of the pods the local node runs, and its
+/// allocatable memory.
+async fn node_memory(client: &kube::Client) -> (u64, u64) {
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get("localnode")
+        .await
+        .expect("node localnode");
+    let alloc = node
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get("memory").cloned())
+        .and_then(|q| redpilot::controller::redis::config::quantity_bytes(&q))
+        .expect("allocatable memory");
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&kube::api::ListParams::default().fields("spec.nodeName=localnode"))
+        .await
+        .expect("pods");
+    let used = pods
+        .items
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+        .filter_map(|c| {
+            c.resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("memory")
+                .and_then(redpilot::controller::redis::config::quantity_bytes)
+        })
+        .sum();
+    (alloc, used)
+}
+
+/// A grow the node cannot take next to its other pods (`Deferred`): the
+/// StatefulSet's template keeps the size the instances run, so a pod
+/// deleted meanwhile comes back and schedules (with the target in the
+/// template it would stay Pending); a server restarted by `kill -9` before
+/// its resize is in effect starts with `maxmemory` within the limit it
+/// runs under, not redis.conf's (75 % of the target). The room made, the
+/// deferred resizes complete and every instance reaches the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "autopilot-tight", &[]).await;
+    let mut op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let policy = json!({"maxMemory": "256Mi", "lookaheadSeconds": 0});
+    apply_redis(&client, &ns.name, "tight", spec(Some(policy))).await;
+    wait_ready(&client, &ns.name, "tight", READY).await;
+    let (primary, ips, pw) = topology(&client, &ns.name, "tight").await;
+
+    // Ballast: the node keeps 60Mi free next to its pods. A grow from 64Mi
+    // adds 36–52Mi to a pod (the target depends on the measured rate): one
+    // replica's fits, the other's is deferred; once the deferred replica
+    // is deleted, its 64Mi come back, enough for it at 64Mi, not at the
+    // target.
+    let (alloc, used) = node_memory(&client).await;
+    let ballast = alloc - used - 60 * MI;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ballast"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "localnode"},
+                 "containers": [{"name": "server", "image": "redis:7.0",
+                                 "args": ["--save", "", "--appendonly", "no"],
+                                 "resources": {"requests": {"memory": ballast.to_string()}}}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create ballast");
+    wait_for("the ballast to run", Duration::from_secs(60), || async {
+        let p = pods.get("ballast").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    println!(
+        "node: {} MiB allocatable, {} MiB requested; ballast {} MiB",
+        alloc / MI,
+        used / MI,
+        ballast / MI
+    );
+
+    // 40 MiB on the primary: past 80 % of maxmemory 48Mi.
+    let filler = Filler::start(
+        ips[primary].clone(),
+        pw.clone(),
+        "fill",
+        0,
+        40 * MI,
+        8 * MI,
+        true,
+    );
+    let tally = filler.finish(Duration::from_secs(60)).await;
+    // Every grow waits on the node, so the fill may meet maxmemory.
+    println!("fill: {tally:?}");
+    let deferred = wait_for(
+        "a replica's resize to be Deferred",
+        Duration::from_secs(60),
+        || async {
+            let list = pods.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find_map(|p| {
+                let name = p.metadata.name.clone()?;
+                let c = p
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "PodResizePending")?;
+                (name.starts_with("tight-") && c.reason.as_deref() == Some("Deferred"))
+                    .then_some(name)
+            })
+        },
+    )
+    .await;
+    let r = redis_api(&client, &ns.name)
+        .get("tight")
+        .await
+        .expect("redis");
+    let target = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.memory.as_ref())
+        .map(|m| m.limit.clone())
+        .expect("a target");
+    assert_ne!(target, START, "the autopilot decided a grow");
+    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get("tight")
+        .await
+        .expect("sts");
+    let template_limit = sts
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "redis"))
+        .and_then(|c| c.resources?.limits?.get("memory").cloned())
+        .map(|q| q.0);
+    assert_eq!(
+        template_limit.as_deref(),
+        Some(START),
+        "the template keeps the size every instance runs while {deferred}'s resize to {target} is deferred"
+    );
+    println!("target {target}: {deferred}'s resize Deferred, template at {START}");
+
+    // kill -9 the deferred replica's server while its resize waits. The
+    // operator is stopped first, so what the server runs is what it
+    // started with (the operator would set it live within a second).
+    op.kill();
+    let other = deferred.clone();
+    // The kubelet refreshes a mounted ConfigMap within a minute (the local
+    // node every 20 s): wait until the pod's redis.conf has the target's
+    // maxmemory, as a restart after that refresh would read it.
+    let conf_max = bytes(&target) / 4 * 3;
+    let pod_dir = support::repo_root().join(format!(".dev/localnode/pods/{}_{other}", ns.name));
+    wait_for(
+        &format!("{other}'s mounted redis.conf to say maxmemory {conf_max}"),
+        Duration::from_secs(60),
+        || async {
+            find_file(&pod_dir, "redis.conf")
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .filter(|t| t.contains(&format!("\nmaxmemory {conf_max}\n")))
+                .map(|_| ())
+        },
+    )
+    .await;
+    let other_ip = pod_ip(&client, &ns.name, &other).await;
+    let mut n = connect_pod(&client, &ns.name, &other, &pw)
+        .await
+        .expect("connect");
+    let pid = info_u64(&mut n, "server", "process_id").await;
+    drop(n);
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -9 {pid}");
+    let new_pid = wait_for(
+        &format!("{other}'s server to restart"),
+        Duration::from_secs(60),
+        || async {
+            let opts = redpilot::redis::ConnectOptions::default().with_password(pw.clone());
+            let mut n = Node::connect(&redpilot::redis::Endpoint::new(&other_ip, 6379), &opts)
+                .await
+                .ok()?;
+            let p = info_u64(&mut n, "server", "process_id").await;
+            (p != pid && p != 0).then_some(p)
+        },
+    )
+    .await;
+    let mut n = connect_pod(&client, &ns.name, &other, &pw)
+        .await
+        .expect("connect");
+    let started_with = info_u64(&mut n, "memory", "maxmemory").await;
+    assert_eq!(
+        started_with, START_MAXMEMORY,
+        "{other} (pid {new_pid}) restarted under its 64Mi limit: maxmemory 48Mi, not redis.conf's 75% of {target}"
+    );
+    println!(
+        "{other} killed with its resize pending: restarted with maxmemory {} MiB",
+        started_with / MI
+    );
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+
+    // The deferred replica deleted: it comes back and schedules.
+    let old_uid = pods.get(&deferred).await.expect("pod").metadata.uid;
+    pods.delete(&deferred, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let t = Instant::now();
+    wait_for(
+        &format!("{deferred} to be re-created and running"),
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(&deferred).await.ok()?;
+            (p.metadata.uid != old_uid && p.status?.phase.as_deref() == Some("Running"))
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "{deferred} deleted: re-created and running in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Room made: the deferred resizes complete, the target everywhere.
+    pods.delete("ballast", &DeleteParams::default())
+        .await
+        .expect("delete ballast");
+    let settled = wait_for(
+        "every instance at the target",
+        Duration::from_secs(120),
+        || async {
+            let ips = ips_now(&client, &ns.name, "tight").await;
+            settled_at(&client, &ns.name, "tight", &ips, &pw).await
+        },
+    )
+    .await;
+    assert_eq!(settled, target);
+    println!("ballast gone: every instance runs {settled}");
+}
+
+/// Every instance's IP by ordinal, now.
+async fn ips_now(client: &kube::Client, ns: &str, name: &str) -> Vec<String> {
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        ips.push(pod_ip(client, ns, &format!("{name}-{i}")).await);
+    }
+    ips
+}
+
+/// The first file named `name` under `dir`.
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+    }
+    None
+}

@@ -113,6 +113,34 @@ fn wait_joined(dir: &Path) -> bool {
     }
 }
 
+/// The memory controller, read-only, at `<sys>/fs/cgroup/memory`, as a
+/// container runtime shows a container its cgroup (the sysfs `ip netns
+/// exec` mounts has none): a program can read the limit it runs under.
+/// A failure is reported on the container's stderr and changes nothing else.
+fn mount_memory_cgroup(sys: &Path) {
+    let fs = sys.join("fs/cgroup");
+    let memory = fs.join("memory");
+    let made = rustix::mount::mount("tmpfs", &fs, "tmpfs", MountFlags::NOSUID, c"mode=755")
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::create_dir(&memory).map_err(|e| e.to_string()))
+        .and_then(|()| {
+            rustix::mount::mount(
+                "cgroup",
+                &memory,
+                "cgroup",
+                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                c"memory",
+            )
+            .map_err(|e| e.to_string())
+        });
+    if let Err(e) = made {
+        eprintln!(
+            "localnode exec-container: mounting the memory cgroup at {}: {e}",
+            memory.display()
+        );
+    }
+}
+
 fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     let text = std::fs::read_to_string(spec_path).at(spec_path)?;
     let spec: LaunchSpec = serde_json::from_str(&text)?;
@@ -174,6 +202,9 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
             "proc" | "sys" | "dev" => {
                 rustix::mount::mount_bind_recursive(&host, &inside)
                     .map_err(|e| mount_err("bind host directory", &inside, e))?;
+                if name_s == "sys" && spec.cgroup.is_some() {
+                    mount_memory_cgroup(&inside);
+                }
                 continue;
             }
             // Not for containers (and possibly other mounts of the host).

@@ -37,6 +37,46 @@ pub const BOOT_FENCE_HOST: &str = "127.0.0.1";
 /// The port of [`BOOT_FENCE_HOST`].
 pub const BOOT_FENCE_PORT: u16 = 1;
 
+/// Part of the start-up script: `maxmemory` never above 75 % of the memory
+/// limit the container runs under (its cgroup's). redis.conf has 75 % of the
+/// memory autopilot's target, which a container restarting before its pod's
+/// resize is in effect (or re-created at the template's smaller size) does
+/// not have yet; the operator raises it live once the limit is in effect.
+/// `REDPILOT_CGROUP_ROOT` and `REDPILOT_CGROUP_FILE` stand in for
+/// `/sys/fs/cgroup` and `/proc/self/cgroup` in tests.
+const MAXMEMORY_CAP: &str = r#"cg=${REDPILOT_CGROUP_ROOT:-/sys/fs/cgroup}
+limit=
+while IFS=: read -r _ ctrl path; do
+  case "$ctrl" in
+    memory) dir=$cg/memory; file=memory.limit_in_bytes ;;
+    '') dir=$cg; file=memory.max ;;
+    *) continue ;;
+  esac
+  # The path is the host's; the mount may start further down it (a
+  # container's own cgroup): drop leading parts until the file is there.
+  p=$path
+  while :; do
+    if [ -r "$dir$p/$file" ]; then
+      v=$(cat "$dir$p/$file" 2>/dev/null || true)
+      case "$v" in ''|*[!0-9]*) ;; *) limit=$v ;; esac
+      break
+    fi
+    case "$p" in
+      /*/*) p=/${p#/*/} ;;
+      /?*) p= ;;
+      *) break ;;
+    esac
+  done
+  [ -z "$limit" ] || break
+done < "${REDPILOT_CGROUP_FILE:-/proc/self/cgroup}"
+if [ -n "$limit" ]; then
+  conf=$(sed -n 's/^maxmemory \([0-9][0-9]*\)$/\1/p' "$1" 2>/dev/null || true)
+  cap=$((limit / 4 * 3))
+  if [ -n "$conf" ] && [ "$cap" -lt "$conf" ]; then
+    set -- "$@" --maxmemory "$cap"
+  fi
+fi"#;
+
 /// The start-up script. The password is never on the command line: redis.conf
 /// includes it from the server-auth Secret. No Replication instance makes itself primary at boot: one
 /// that is not the published primary follows it, and the published primary
@@ -87,6 +127,7 @@ set -- /etc/redis/{CONFIG_KEY} --replica-announce-ip "$POD_IP"
 if [ -n "$primary" ] && [ "${{primary%% *}}" != "$POD_IP" ]; then
   set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}{guard}{own}
 fi
+{MAXMEMORY_CAP}
 exec {server} "$@"
 "#
     )
@@ -510,6 +551,88 @@ mod tests {
         let args = String::from_utf8_lossy(&out.stdout).trim().to_string();
         assert!(!args.contains("requirepass"), "{args}");
         args
+    }
+
+    /// Runs the start script (server `echo`) with redis.conf saying
+    /// `maxmemory` and a cgroup tree under `dir` whose `cgroup_line` (the
+    /// `/proc/self/cgroup` line) names a limit of `limit`.
+    fn boot_capped(
+        dir: &std::path::Path,
+        maxmemory: &str,
+        cgroup_line: &str,
+        limit: &str,
+    ) -> String {
+        std::fs::create_dir_all(dir.join("etc")).expect("dir");
+        std::fs::write(
+            dir.join("etc").join(CONFIG_KEY),
+            format!("port 6379\n{maxmemory}\n"),
+        )
+        .expect("conf");
+        std::fs::write(dir.join("self-cgroup"), format!("{cgroup_line}\n")).expect("cgroup");
+        let (_, ctrl_path) = cgroup_line.split_once(':').expect("line");
+        let (ctrl, path) = ctrl_path.split_once(':').expect("line");
+        let file = match ctrl {
+            "memory" => dir.join(format!("cg/memory{path}/memory.limit_in_bytes")),
+            _ => dir.join(format!("cg{path}/memory.max")),
+        };
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("dir");
+        std::fs::write(&file, format!("{limit}\n")).expect("limit");
+        let script = start_script("echo", true, None)
+            .replace(AUTH_CONF_PATH, &dir.join("auth.conf").display().to_string())
+            .replace("/etc/redis/", &format!("{}/etc/", dir.display()));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("POD_IP", "10.0.0.5")
+            .env("REDPILOT_CGROUP_ROOT", dir.join("cg"))
+            .env("REDPILOT_CGROUP_FILE", dir.join("self-cgroup"))
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn maxmemory_never_starts_above_the_containers_own_limit() {
+        let dir = std::env::temp_dir().join(format!("redpilot-cap-{}", std::process::id()));
+        // redis.conf has 72Mi (the autopilot's 96Mi target); the cgroup
+        // still holds the container to 64Mi: 48Mi.
+        let v1 = boot_capped(&dir, "maxmemory 75497472", "4:memory:/pod/c1", "67108864");
+        assert!(v1.ends_with("--maxmemory 50331648"), "{v1}");
+        // The host's path starts above the mount: its tail is found.
+        let nested = dir.join("nested");
+        let line = "4:memory:/sandbox/s1/pod/c1";
+        let _ = boot_capped(&nested, "maxmemory 75497472", line, "67108864");
+        std::fs::rename(
+            nested.join("cg/memory/sandbox/s1/pod"),
+            nested.join("cg/memory/pod"),
+        )
+        .expect("move");
+        let script = start_script("echo", true, None)
+            .replace(
+                AUTH_CONF_PATH,
+                &nested.join("auth.conf").display().to_string(),
+            )
+            .replace("/etc/redis/", &format!("{}/etc/", nested.display()));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("POD_IP", "10.0.0.5")
+            .env("REDPILOT_CGROUP_ROOT", nested.join("cg"))
+            .env("REDPILOT_CGROUP_FILE", nested.join("self-cgroup"))
+            .output()
+            .expect("run sh");
+        let args = String::from_utf8_lossy(&out.stdout);
+        assert!(args.trim().ends_with("--maxmemory 50331648"), "{out:?}");
+        let v2 = boot_capped(&dir, "maxmemory 75497472", "0::/kubepods/c2", "67108864");
+        assert!(v2.ends_with("--maxmemory 50331648"), "{v2}");
+        // At or above the target: redis.conf's value stands.
+        let at = boot_capped(&dir, "maxmemory 75497472", "0::/kubepods/c3", "100663296");
+        assert!(!at.contains("--maxmemory"), "{at}");
+        // No limit, or no maxmemory managed: nothing added.
+        let max = boot_capped(&dir, "maxmemory 75497472", "0::/kubepods/c4", "max");
+        assert!(!max.contains("--maxmemory"), "{max}");
+        let none = boot_capped(&dir, "", "0::/kubepods/c5", "67108864");
+        assert!(!none.contains("--maxmemory"), "{none}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Runs the start script (server `echo`) with /data at `dir`.

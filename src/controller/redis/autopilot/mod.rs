@@ -54,11 +54,18 @@ pub fn limit(redis: &Redis) -> Option<u64> {
 /// autopilot set; the request keeps its ratio to the limit (no request:
 /// the same as the limit, as Kubernetes defaults it).
 pub fn resources(redis: &Redis) -> Option<ResourceRequirements> {
+    resources_at(redis, None)
+}
+
+/// [`resources`] with the memory limit `at` in place of the autopilot's
+/// target (for the template: a size the instances run, see
+/// [`template_limit`]).
+pub fn resources_at(redis: &Redis, at: Option<u64>) -> Option<ResourceRequirements> {
     let mut r = redis.spec.resources.clone()?;
     let (Some(rec), Some(base)) = (record(redis), spec_limit(redis)) else {
         return Some(r);
     };
-    let target = rec.limit_bytes as u64;
+    let target = at.unwrap_or(rec.limit_bytes as u64);
     let request = r
         .requests
         .as_ref()
@@ -76,6 +83,25 @@ pub fn resources(redis: &Redis) -> Option<ResourceRequirements> {
         .get_or_insert_with(Default::default)
         .insert("memory".into(), Quantity(quantity(request.min(target))));
     Some(r)
+}
+
+/// The memory limit the StatefulSet's template carries while the
+/// instances move to `target` in place: the smallest limit a live
+/// instance has in effect, up to the target. A pod re-created mid-grow
+/// then comes back at a size the node took before (and is resized again),
+/// never at one the node may not hold: a resize the node defers or
+/// refuses leaves the template where it was. With the `Restart` method
+/// the template is how the instances get the target, so it has it.
+pub fn template_limit(facts: &[PodFacts], target: u64, restart: bool) -> u64 {
+    if restart {
+        return target;
+    }
+    facts
+        .iter()
+        .filter(|f| !f.terminating && f.ip.is_some())
+        .filter_map(|f| f.mem_limit_applied.or(f.mem_limit))
+        .min()
+        .map_or(target, |applied| applied.min(target))
 }
 
 /// What a decision other than `Keep` records, counts and says.
@@ -386,6 +412,31 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn the_template_keeps_a_size_every_instance_runs() {
+        let pod = |name: &str, spec: u64, applied: u64| PodFacts {
+            name: name.into(),
+            ip: Some("10.0.0.1".into()),
+            mem_limit: Some(spec << 20),
+            mem_limit_applied: Some(applied << 20),
+            ..Default::default()
+        };
+        let target = 96 << 20;
+        // A replica grown, the other's resize deferred by its node.
+        let facts = vec![pod("c-0", 64, 64), pod("c-1", 96, 96), pod("c-2", 96, 64)];
+        assert_eq!(template_limit(&facts, target, false), 64 << 20);
+        // Every instance runs the target.
+        let facts = vec![pod("c-0", 96, 96), pod("c-1", 96, 96)];
+        assert_eq!(template_limit(&facts, target, false), target);
+        // A shrink: the template goes down at once.
+        let facts = vec![pod("c-0", 128, 128), pod("c-1", 128, 128)];
+        assert_eq!(template_limit(&facts, target, false), target);
+        // Restarts bring the target from the template; no pod seen: target.
+        let facts = vec![pod("c-0", 64, 64)];
+        assert_eq!(template_limit(&facts, target, true), target);
+        assert_eq!(template_limit(&[], target, false), target);
     }
 
     #[test]
