@@ -647,12 +647,23 @@ async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing()
     let tally = filler.finish(Duration::from_secs(60)).await;
     assert_eq!(tally.oom, 0, "{tally:?}");
     let t = Instant::now();
+    // When each pod was first seen replaced.
+    let replaced_at = std::sync::Mutex::new(std::collections::BTreeMap::<String, Instant>::new());
     let r = wait_for(
         "every pod replaced at the new limit and Ready",
         Duration::from_secs(300),
         || async {
             let r = redis_api(&client, &ns.name).get("roll").await.ok()?;
             let after = pod_uids(&client, &ns.name, "roll").await;
+            for (n, uid) in &before {
+                if after.get(n).is_some_and(|u| u != uid) {
+                    replaced_at
+                        .lock()
+                        .unwrap()
+                        .entry(n.clone())
+                        .or_insert_with(Instant::now);
+                }
+            }
             let replaced = before
                 .iter()
                 .all(|(n, uid)| after.get(n).is_some_and(|u| u != uid));
@@ -681,11 +692,37 @@ async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing()
         tally.acked.len(),
         tally.failed
     );
-    assert_eq!(method.as_deref(), Some("Restart"));
     assert!(
         events.contains("ResizeRefused") && events.contains("SwitchedOver"),
         "{events}"
     );
+    // Replicas first, the old primary last (after the switchover).
+    let order: Vec<String> = {
+        let at = replaced_at.lock().unwrap();
+        let mut v: Vec<(&String, &Instant)> = at.iter().collect();
+        v.sort_by_key(|(_, t)| **t);
+        v.into_iter().map(|(n, _)| n.clone()).collect()
+    };
+    println!("replaced in order: {order:?} (primary was roll-{primary})");
+    assert_eq!(order.len(), 3, "{order:?}");
+    assert_eq!(
+        order.last(),
+        Some(&format!("roll-{primary}")),
+        "the primary restarts last"
+    );
+    // The Restart method held for this move only: once every instance
+    // runs the target, the next move tries in place again.
+    let _ = method;
+    wait_for(
+        "status.autopilot.memory.method to be cleared",
+        Duration::from_secs(30),
+        || async {
+            let r = redis_api(&client, &ns.name).get("roll").await.ok()?;
+            let m = r.status?.autopilot?.memory?;
+            m.method.is_none().then_some(())
+        },
+    )
+    .await;
     support::writer::assert_everywhere(&client, &ns.name, "roll", 3, &pw, &tally.acked).await;
     for i in 0..3 {
         let mut node = connect_pod(&client, &ns.name, &format!("roll-{i}"), &pw)

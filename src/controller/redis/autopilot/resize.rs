@@ -69,10 +69,43 @@ fn mark_for_restart(facts: &mut [PodFacts], target: u64) {
     }
 }
 
-/// Whether the resize subresource's refusal means the cluster does not do
-/// in-place resize for this pod (as opposed to a passing failure).
-fn refused_in_place(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 404 | 405 | 415 | 422))
+/// What a refused `pods/resize` call means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The cluster does not resize in place (no such subresource: 404,
+    /// 405, 415) or not this pod (400, 422: invalid for it, e.g. a change
+    /// of QoS class): this move goes by ordered restarts.
+    InPlaceUnavailable,
+    /// The node's allocatable memory (403 from the resize admission).
+    NodeCapacity,
+    /// A ResourceQuota of the namespace (403).
+    ResourceQuota,
+    /// Anything else (the operator's own RBAC, a conflict, the network):
+    /// an error of this pass, tried again.
+    Transient,
+}
+
+/// Classifies a refused `pods/resize` call (pure).
+pub fn classify(e: &kube::Error) -> Refusal {
+    let kube::Error::Api(s) = e else {
+        return Refusal::Transient;
+    };
+    match s.code {
+        400 | 404 | 405 | 415 | 422 => Refusal::InPlaceUnavailable,
+        403 if s.message.contains("forbidden: User") => Refusal::Transient,
+        403 if s.message.contains("quota") => Refusal::ResourceQuota,
+        403 => Refusal::NodeCapacity,
+        _ => Refusal::Transient,
+    }
+}
+
+/// Whether every live instance runs `target` (in its spec and in effect).
+fn settled(facts: &[PodFacts], target: u64) -> bool {
+    let live: Vec<&PodFacts> = facts.iter().filter(|f| !f.terminating).collect();
+    !live.is_empty()
+        && live
+            .iter()
+            .all(|f| f.mem_limit == Some(target) && f.mem_limit_applied.is_none_or(|a| a == target))
 }
 
 /// Which instances to resize now (pure): grows replicas first and the
@@ -114,6 +147,14 @@ impl Reconciler {
         let target = rec.limit_bytes as u64;
         self.align_maxmemory(facts, target, opts).await;
         if rec.method.as_deref() == Some(RESTART) {
+            // The method holds for one move: once every instance runs the
+            // target, the next one tries in place again (a refusal for one
+            // pod, or by a cluster since upgraded, is not for good).
+            if settled(facts, target) {
+                self.patch_status(serde_json::json!({"autopilot": {"memory": {"method": null}}}))
+                    .await?;
+                return Ok(());
+            }
             mark_for_restart(facts, target);
             return Ok(());
         }
@@ -135,14 +176,17 @@ impl Reconciler {
                         crate::failpoint::hit("after-resize-replica");
                     }
                 }
-                Err(e) if refused_in_place(&e) => {
+                Err(e) if classify(&e) == Refusal::InPlaceUnavailable => {
                     self.fall_back_to_restarts(&name, &e, facts, target).await?;
                     return Ok(());
                 }
                 // The API server checks the node's allocatable memory and
                 // the namespace's quotas: a restart would not fit either.
                 Err(kube::Error::Api(s))
-                    if s.code == 403 && !s.message.contains("forbidden: User") =>
+                    if matches!(
+                        classify(&kube::Error::Api(s.clone())),
+                        Refusal::NodeCapacity | Refusal::ResourceQuota
+                    ) =>
                 {
                     let reason = if s.message.contains("quota") {
                         "ResourceQuota"
@@ -409,6 +453,64 @@ mod tests {
     fn a_shrink_resizes_once_maxmemory_is_down() {
         let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 96, 96, 48)];
         assert_eq!(to_resize(&facts, "c-0", 64 * MI), vec!["c-1"]);
+    }
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn refusals_of_a_resize_are_classified() {
+        for code in [400, 404, 405, 415, 422] {
+            assert_eq!(
+                classify(&api_error(code, "x")),
+                Refusal::InPlaceUnavailable,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            classify(&api_error(
+                403,
+                "pods \"c-1\" is forbidden: node didn't have enough allocatable resources: memory"
+            )),
+            Refusal::NodeCapacity
+        );
+        assert_eq!(
+            classify(&api_error(
+                403,
+                "pods \"c-1\" is forbidden: exceeded quota: mem, requested: limits.memory=96Mi"
+            )),
+            Refusal::ResourceQuota
+        );
+        // The operator's own RBAC is not the cluster's verdict on a resize.
+        assert_eq!(
+            classify(&api_error(
+                403,
+                "pods \"c-1\" is forbidden: User \"system:serviceaccount:x:y\" cannot patch resource"
+            )),
+            Refusal::Transient
+        );
+        assert_eq!(classify(&api_error(409, "conflict")), Refusal::Transient);
+        assert_eq!(classify(&api_error(500, "etcd")), Refusal::Transient);
+    }
+
+    #[test]
+    fn restarts_end_once_every_instance_runs_the_target() {
+        let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 64, 64, 48)];
+        assert!(!settled(&facts, 96 * MI));
+        let mut marked = facts.clone();
+        mark_for_restart(&mut marked, 96 * MI);
+        assert_eq!(
+            marked.iter().map(|f| f.outdated).collect::<Vec<_>>(),
+            vec![false, true]
+        );
+        let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 96, 96, 72)];
+        assert!(settled(&facts, 96 * MI));
+        assert!(!settled(&[], 96 * MI));
     }
 
     #[test]
