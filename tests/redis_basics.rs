@@ -343,3 +343,85 @@ async fn silent_host_times_out_within_the_bound() {
     println!("silent host: connect timed out after {took:?} (bound {bound:?})");
     hold.abort();
 }
+
+/// The metrics exporter in front of a server that stalls (`CLIENT PAUSE
+/// ALL` for 3 s): ten scrapes at once cost no more than the bound each
+/// (one runs `INFO`, at most `MAX_WAITING` wait, the rest are refused at
+/// once instead of queueing behind it), and the server answers the next
+/// scrape once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporter_scrapes_behind_a_stalled_server_stay_bounded() {
+    use redpilot::exporter::{Exporter, MAX_WAITING, Settings};
+    use std::sync::Arc;
+    let server = RedisServer::start(Engine::Redis70, ServerConfig::default());
+    let ep = server.endpoint();
+    let timeout = Duration::from_secs(1);
+    let exporter = Arc::new(Exporter::new(Settings {
+        endpoint: ep.clone(),
+        password_dir: None,
+        password: None,
+        timeout,
+    }));
+    let first = exporter.try_scrape().await.expect("not busy");
+    assert!(first.contains("\nredis_up 1\n"), "{first}");
+
+    let mut admin = Node::connect(&ep, &ConnectOptions::default())
+        .await
+        .expect("connect");
+    let _: () = admin
+        .query(
+            "CLIENT PAUSE",
+            redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL"),
+        )
+        .await
+        .expect("CLIENT PAUSE");
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let e = exporter.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = e.try_scrape().await;
+            (r, start.elapsed())
+        }));
+    }
+    let mut busy = 0;
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        let (r, took) = t.await.expect("task");
+        slowest = slowest.max(took);
+        match r {
+            Err(_) => busy += 1,
+            Ok(text) => assert!(text.contains("\nredis_up 0\n"), "{text}"),
+        }
+    }
+    println!(
+        "10 scrapes against a paused server: {busy} refused at once, the slowest answered in {:.2} s",
+        slowest.as_secs_f64()
+    );
+    assert_eq!(
+        busy,
+        10 - MAX_WAITING,
+        "beyond {MAX_WAITING} waiting, refused"
+    );
+    // One INFO attempt and a reconnection, each bounded by the timeout:
+    // never the 3 s pause, nor ten scrapes in a row.
+    assert!(
+        slowest < timeout * 2 + Duration::from_millis(700),
+        "slowest scrape {slowest:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(start.elapsed())).await;
+    let back = wait_up(&exporter).await;
+    assert!(back.contains("\nredis_up 1\n"), "{back}");
+}
+
+async fn wait_up(exporter: &redpilot::exporter::Exporter) -> String {
+    for _ in 0..50 {
+        if let Ok(t) = exporter.try_scrape().await
+            && t.contains("\nredis_up 1\n")
+        {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the exporter never saw the server again");
+}

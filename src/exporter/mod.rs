@@ -62,13 +62,26 @@ pub fn run(listen: &str, settings: Settings) -> std::io::Result<()> {
     })
 }
 
+/// How many scrapes may wait for the one in progress; more are answered
+/// `503` at once rather than queued without bound behind a slow server.
+pub const MAX_WAITING: usize = 4;
+
 /// The exporter's state across scrapes.
 pub struct Exporter {
     settings: Settings,
     conn: Mutex<Option<Node>>,
+    /// The last answer and when it came: a scrape that waited for another
+    /// one takes its answer if it came after the wait began (single flight:
+    /// scrapes piled up behind a slow server cost one `INFO`, not one each).
+    last: std::sync::Mutex<Option<(Instant, String)>>,
+    waiting: std::sync::atomic::AtomicUsize,
     scrapes: AtomicU64,
     errors: AtomicU64,
 }
+
+/// A scrape refused because [`MAX_WAITING`] others already wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy;
 
 impl Exporter {
     /// An exporter that connects on its first scrape.
@@ -76,6 +89,8 @@ impl Exporter {
         Exporter {
             settings,
             conn: Mutex::new(None),
+            last: std::sync::Mutex::new(None),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
             scrapes: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         }
@@ -126,9 +141,36 @@ impl Exporter {
         }))
     }
 
-    /// `INFO ALL`, reconnecting once when the kept connection failed.
+    /// `INFO ALL`, reconnecting once when the kept connection failed. At
+    /// most one runs at a time; a caller that waited for another takes its
+    /// answer when it came after the wait began, and waits no longer than
+    /// the timeout.
     async fn info(&self) -> crate::redis::Result<String> {
-        let mut guard = self.conn.lock().await;
+        let asked = Instant::now();
+        let mut guard = match tokio::time::timeout(self.settings.timeout, self.conn.lock()).await {
+            Ok(g) => g,
+            Err(_) => {
+                return Err(crate::redis::Error::Timeout {
+                    endpoint: self.settings.endpoint.to_string(),
+                    operation: "waiting for the scrape in progress",
+                    after: self.settings.timeout,
+                });
+            }
+        };
+        if let Ok(last) = self.last.lock()
+            && let Some((at, text)) = last.as_ref()
+            && *at >= asked
+        {
+            return Ok(text.clone());
+        }
+        let text = self.info_locked(&mut *guard).await?;
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((Instant::now(), text.clone()));
+        }
+        Ok(text)
+    }
+
+    async fn info_locked(&self, guard: &mut Option<Node>) -> crate::redis::Result<String> {
         for attempt in 0..2 {
             if guard.is_none() {
                 *guard = Some(self.connect().await?);
@@ -154,6 +196,18 @@ impl Exporter {
             operation: "INFO",
             after: self.settings.timeout,
         })
+    }
+
+    /// One scrape, unless [`MAX_WAITING`] others already wait.
+    pub async fn try_scrape(&self) -> Result<String, Busy> {
+        let before = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let result = if before >= MAX_WAITING {
+            Err(Busy)
+        } else {
+            Ok(self.scrape().await)
+        };
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// One scrape: the exposition text.
@@ -234,13 +288,24 @@ pub async fn serve(
             get(move || {
                 let e = exporter.clone();
                 async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        e.scrape().await,
-                    )
+                    match e.try_scrape().await {
+                        Ok(text) => (
+                            axum::http::StatusCode::OK,
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )],
+                            text,
+                        ),
+                        Err(Busy) => (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "text/plain; charset=utf-8",
+                            )],
+                            format!("{MAX_WAITING} scrapes already wait for the server\n"),
+                        ),
+                    }
                 }
             }),
         )
