@@ -163,7 +163,7 @@ impl Exporter {
         {
             return Ok(text.clone());
         }
-        let text = self.info_locked(&mut *guard).await?;
+        let text = self.info_locked(&mut guard).await?;
         if let Ok(mut last) = self.last.lock() {
             *last = Some((Instant::now(), text.clone()));
         }
