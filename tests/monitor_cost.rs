@@ -78,6 +78,7 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
                 port: server.port(),
                 silence: Duration::from_secs(5),
                 password: "pw".into(),
+                authenticate: true,
             },
         );
     }

@@ -140,6 +140,10 @@ pub struct Target {
     pub silence: Duration,
     /// The password (never logged; compared to notice a rotation).
     pub password: String,
+    /// False once the primary's pod is gone or lost its address: the old
+    /// address may belong to another pod by now (of another tenant), so
+    /// it is probed at the TCP level only and never sent the password.
+    pub authenticate: bool,
 }
 
 /// What the probes found.
@@ -215,10 +219,17 @@ impl Monitor {
         if w.get(obj).is_some_and(|old| old.target == target) {
             return;
         }
-        let shared = Arc::new(Mutex::new(Shared {
-            verdict: Verdict::Healthy,
-            last_answer: Instant::now(),
-        }));
+        // The same primary at the same address (only how it is probed
+        // changed): its history carries over, so silence keeps counting.
+        let shared = match w.get(obj) {
+            Some(old) if old.target.pod == target.pod && old.target.ip == target.ip => {
+                old.shared.clone()
+            }
+            _ => Arc::new(Mutex::new(Shared {
+                verdict: Verdict::Healthy,
+                last_answer: Instant::now(),
+            })),
+        };
         // A new primary starts a new series; the level carries over.
         let memory = Arc::new(Mutex::new(MemoryWatch::default()));
         if let Some(old) = w.get(obj)
@@ -367,7 +378,11 @@ async fn probe_loop(
     let mut told_silent = false;
     loop {
         ticker.tick().await;
-        let probe = probe(&mut conn, &endpoint, &opts).await;
+        let probe = if target.authenticate {
+            probe(&mut conn, &endpoint, &opts).await
+        } else {
+            probe_address(&endpoint).await
+        };
         if matches!(probe, Probe::Answered)
             && last_sample.is_none_or(|t| t.elapsed() >= MEMORY_INTERVAL)
             && let Some(node) = conn.as_mut()
@@ -458,6 +473,18 @@ async fn probe(conn: &mut Option<Node>, endpoint: &Endpoint, opts: &ConnectOptio
     }
 }
 
+/// A probe of an address that may no longer be the primary's: whether
+/// something listens, without a word sent to it. Refused is down; an
+/// answer is not the primary (its pod is gone); no answer is silence.
+async fn probe_address(endpoint: &Endpoint) -> Probe {
+    let addr = format!("{}:{}", endpoint.host(), endpoint.port());
+    match tokio::time::timeout(PROBE_INTERVAL, tokio::net::TcpStream::connect(&addr)).await {
+        Ok(Ok(_)) => Probe::NotPrimary,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+        _ => Probe::Silent,
+    }
+}
+
 /// The server replied, with an error: it is alive (a password being
 /// rotated, a dataset loading), which is not for failover to judge.
 fn answered(e: &crate::redis::Error) -> bool {
@@ -470,6 +497,74 @@ fn answered(e: &crate::redis::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a listener on loopback receives from one probe.
+    async fn bytes_sent_by(authenticate: bool) -> (Vec<u8>, &'static str) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Every connection within 1.5 s, each read until it goes quiet.
+        let reader = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+            let mut readers = Vec::new();
+            while let Ok(Ok((mut sock, _))) =
+                tokio::time::timeout_at(deadline, listener.accept()).await
+            {
+                let got = got.clone();
+                readers.push(tokio::spawn(async move {
+                    let mut buf = [0u8; 512];
+                    while let Ok(Ok(n)) =
+                        tokio::time::timeout(Duration::from_millis(700), sock.read(&mut buf)).await
+                    {
+                        if n == 0 {
+                            break;
+                        }
+                        if let Ok(mut g) = got.lock() {
+                            g.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                }));
+            }
+            for r in readers {
+                let _ = r.await;
+            }
+            got.lock().map(|g| g.clone()).unwrap_or_default()
+        });
+        let ep = Endpoint::new("127.0.0.1", port);
+        let opts = ConnectOptions::default()
+            .with_password("s3cret-pw".to_string())
+            .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
+        let verdict = if authenticate {
+            probe(&mut None, &ep, &opts).await
+        } else {
+            probe_address(&ep).await
+        };
+        let name = match verdict {
+            Probe::Answered => "answered",
+            Probe::Refused => "refused",
+            Probe::NotPrimary => "not primary",
+            Probe::Silent => "silent",
+        };
+        (reader.await.expect("reader"), name)
+    }
+
+    #[tokio::test]
+    async fn an_address_whose_pod_is_gone_is_never_sent_the_password() {
+        // The primary's own address: the probe logs in (the listener,
+        // which never answers, sees the password).
+        let (sent, _) = bytes_sent_by(true).await;
+        assert!(
+            String::from_utf8_lossy(&sent).contains("s3cret-pw"),
+            "an authenticated probe sends the password: {sent:?}"
+        );
+        // Its pod gone: whatever listens there now hears nothing.
+        let (sent, verdict) = bytes_sent_by(false).await;
+        assert!(sent.is_empty(), "{sent:?}");
+        assert_eq!(verdict, "not primary");
+    }
 
     #[test]
     fn memory_samples_give_a_rate_and_ask_once_per_crossing() {

@@ -327,14 +327,19 @@ impl Reconciler {
             monitor.unwatch(&self.oref);
             return;
         };
-        // A primary whose pod lost its address keeps being watched at the
-        // old one (which then reports it down).
-        let Some(ip) = facts
+        // A primary whose pod is gone or lost its address keeps being
+        // watched at the old one, which then reports it down, but without
+        // the password: the address may be another pod's by now.
+        let (ip, authenticate) = match facts
             .iter()
             .find(|f| f.name == p)
             .and_then(|f| f.ip.clone())
-        else {
-            return;
+        {
+            Some(ip) => (ip, true),
+            None => match monitor.health(&self.oref).filter(|h| h.pod == p) {
+                Some(h) => (h.ip, false),
+                None => return,
+            },
         };
         monitor.watch(
             &self.oref,
@@ -344,6 +349,7 @@ impl Reconciler {
                 port: build::REDIS_PORT,
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
+                authenticate,
             },
         );
     }
