@@ -404,8 +404,31 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
     )
     .await
     .expect("writing status.upgrade");
+    // A Redis whose upgrade from 6.2 to 7.0 succeeded.
+    api.create(
+        &PostParams::default(),
+        &redis_object("upgraded", json!({"mode": "Replication", "version": "7.0"})),
+    )
+    .await
+    .expect("creating a valid Redis");
+    api.patch_status(
+        "upgraded",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"upgrade": {
+            "from": served("6.2"), "to": served("7.0"), "phase": "Succeeded",
+            "done": 3, "total": 3, "startedAt": "2026-01-01T00:00:00Z",
+            "finishedAt": "2026-01-01T00:05:00Z"}}})),
+    )
+    .await
+    .expect("writing status.upgrade");
 
     let cases: Vec<(&str, &str, Value, Vec<&str>)> = vec![
+        (
+            "back to the version a succeeded upgrade came from",
+            "upgraded",
+            json!({"spec": {"version": "6.2"}}),
+            vec!["spec.version", "7.0 to 6.2 is a downgrade"],
+        ),
         (
             "change storageClassName",
             "stored",

@@ -757,3 +757,70 @@ async fn a_replica_rolled_back_over_a_newer_dump_resyncs_instead_of_crashing() {
         "{upgraded} moved aside its RDB 10 dump and resynced; {kept} writes acknowledged, none lost"
     );
 }
+
+/// A spec the operator cannot serve (an explicit image of an older server
+/// than the primary runs: admission lets the user's image through) is said
+/// in the `UpgradeFailed` condition, reason `NoWayBack`, not as progress;
+/// the Redis keeps serving what it runs and no pod is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_that_cannot_be_served_is_said_in_a_condition() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "nowayback", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Replication", "instances": 2, "version": "7.0",
+               "persistence": {"rdb": false}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let before = support::operator::pod_uids(&client, &ns.name, "cache").await;
+    let g = spec_change(
+        &client,
+        &ns.name,
+        json!({"version": "6.2", "image": "redis:6.2"}),
+    )
+    .await;
+    let r = wait_status(&client, &ns.name, g, "UpgradeFailed NoWayBack", |s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "UpgradeFailed" && c.status == "True" && c.reason == "NoWayBack")
+    })
+    .await;
+    let st = r.status.expect("status");
+    let cond = |t: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let (_, _, msg) = cond("UpgradeFailed").expect("UpgradeFailed");
+    println!("UpgradeFailed NoWayBack: {msg}");
+    assert!(
+        msg.contains("spec.version") && msg.contains("6.2") && msg.contains("7.0"),
+        "{msg}"
+    );
+    // Settled, it is not said as progress (the pass that took the new
+    // generation may have updated the StatefulSet's annotations).
+    let _ = cond;
+    wait_status(&client, &ns.name, g, "Progressing False with NoWayBack", |s| {
+        let c = |t: &str| s.conditions.iter().find(|c| c.type_ == t);
+        c("Progressing").is_some_and(|c| c.status == "False")
+            && c("UpgradeFailed").is_some_and(|c| c.status == "True" && c.reason == "NoWayBack")
+    })
+    .await;
+    assert!(
+        st.current_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("7.0")),
+        "{:?}",
+        st.current_version
+    );
+    assert_eq!(
+        support::operator::pod_uids(&client, &ns.name, "cache").await,
+        before,
+        "no pod touched"
+    );
+}

@@ -163,13 +163,16 @@ macro_rules! cel_version_number {
 
 /// A version may only grow within an engine, except back to the version
 /// the instances ran before an upgrade that is running or was rolled back
-/// (`status.upgrade.from`).
+/// (`status.upgrade.from`); once it succeeded, that is a downgrade too.
+/// (Between the switchover and success the operator holds the newer
+/// version and says so in `UpgradeFailed`, reason `NoWayBack`.)
 const NO_DOWNGRADE_RULE: &str = concat!(
     "self.spec.engine != oldSelf.spec.engine || has(self.spec.image) || ",
     cel_version_number!("self.spec.version"),
     " >= ",
     cel_version_number!("oldSelf.spec.version"),
     " || (has(oldSelf.status) && has(oldSelf.status.upgrade) && ",
+    "oldSelf.status.upgrade.phase != 'Succeeded' && ",
     "oldSelf.status.upgrade.from.engine == self.spec.engine && ",
     "oldSelf.status.upgrade.from.version == self.spec.version)"
 );

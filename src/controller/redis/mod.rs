@@ -82,6 +82,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         degraded_reason: None,
         servers_observed: false,
         autopilot_cond: None,
+        upgrade_cond: None,
         autopilot_due: None,
     };
     let action = r.run().await?;
@@ -126,6 +127,9 @@ pub struct Reconciler {
     hibernating: bool,
     /// The memory autopilot's condition for this pass.
     autopilot_cond: Option<status::Cond>,
+    /// `UpgradeFailed` when the spec cannot be served (in place of the
+    /// upgrade's own condition this pass).
+    upgrade_cond: Option<status::Cond>,
     /// When the memory autopilot wants to look again (a cooldown ending).
     autopilot_due: Option<Duration>,
 }

@@ -285,7 +285,9 @@ impl Reconciler {
             Cond::new("Degraded", false, "AsExpected", "no problems found")
         });
 
-        if let Some(u) = &self.upgrade {
+        if let Some(c) = self.upgrade_cond.take() {
+            conds.push(c);
+        } else if let Some(u) = &self.upgrade {
             conds.push(super::upgrade::condition(u));
         }
         // The memory autopilot's condition; a pass that returned before the

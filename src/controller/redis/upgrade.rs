@@ -347,10 +347,11 @@ impl Reconciler {
         }
     }
 
-    /// The spec asks for a version older than the primary runs: say so,
-    /// and keep `runs`. Progressing, not Degraded: a Degraded pass stops
-    /// before the restarts that may still finish an upgrade. The recorder
-    /// folds repeats of the event into one series.
+    /// The spec asks for a version older than the primary runs: say so in
+    /// `UpgradeFailed` (reason `NoWayBack`), and keep `runs`. Not
+    /// Degraded: a Degraded pass stops before the restarts that may still
+    /// finish an upgrade. The recorder folds repeats of the event into one
+    /// series.
     async fn no_way_back(&mut self, want: &Served, runs: &Served) {
         let msg = format!(
             "spec.version: {} cannot be served: the primary runs {} and an older server \
@@ -361,8 +362,12 @@ impl Reconciler {
         );
         self.event(EventType::Warning, "NoWayBack", "Upgrade", msg.clone())
             .await;
-        self.progress_reason = Some("NoWayBack");
-        self.progressing.push(msg);
+        self.upgrade_cond = Some(super::status::Cond::new(
+            "UpgradeFailed",
+            true,
+            "NoWayBack",
+            msg,
+        ));
     }
 
     /// Builds the children from `served` instead of the spec's engine,
