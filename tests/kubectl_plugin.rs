@@ -64,22 +64,40 @@ async fn every_verb_works_on_a_real_redis() {
         "{text}"
     );
     assert!(text.contains(&format!("primary {old_primary}")), "{text}");
-    for i in 0..3 {
-        assert!(
-            text.lines().any(|l| l.starts_with(&format!("cache-{i} "))),
-            "{text}"
+    // Each instance's row: role, ready, offset, lag and link as the status
+    // has them (the primary has no link; a replica's is up).
+    let st = r0_status(&client, ns).await;
+    for inst in &st.instances {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{} ", inst.name)))
+            .unwrap_or_else(|| panic!("no row for {}: {text}", inst.name));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        let primary = inst.name == old_primary;
+        assert_eq!(
+            cols[1],
+            if primary { "primary" } else { "replica" },
+            "{row}"
         );
+        assert_eq!(cols[2], "yes", "{row}");
+        let offset: i64 = cols[3]
+            .parse()
+            .unwrap_or_else(|_| panic!("offset in {row}"));
+        assert!(offset > 0, "{row}");
+        assert_eq!(cols[5], if primary { "-" } else { "up" }, "{row}");
     }
+    assert_eq!(st.instances.len(), 3, "{text}");
     assert!(
         text.contains("Memory: ") && text.contains("autopilot off"),
         "{text}"
     );
     assert!(text.contains("Ready=True AllInstancesReady"), "{text}");
     assert!(text.contains("Last backup: none"), "{text}");
-    assert!(
-        text.contains("PrimaryElected") || text.contains("Ready"),
-        "{text}"
-    );
+    let events = text
+        .split("Recent events:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no events section: {text}"));
+    assert!(events.contains("PrimaryElected"), "{text}");
     let (ok, text) = plugin(&["-n", ns, "status", "absent"]);
     assert!(
         !ok && text.contains(&format!("Redis {ns}/absent not found")),
@@ -147,4 +165,14 @@ async fn every_verb_works_on_a_real_redis() {
     apply_redis(&client, ns, "plain", json!({"mode": "Standalone"})).await;
     let (ok, text) = plugin(&["-n", ns, "hibernate", "plain"]);
     assert!(!ok && text.contains("plain has no spec.storage"), "{text}");
+}
+
+/// The Redis `cache`'s status now.
+async fn r0_status(client: &kube::Client, ns: &str) -> redpilot::api::v1alpha1::RedisStatus {
+    redis_api(client, ns)
+        .get("cache")
+        .await
+        .expect("get cache")
+        .status
+        .expect("status")
 }

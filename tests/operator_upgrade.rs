@@ -805,11 +805,17 @@ async fn a_spec_that_cannot_be_served_is_said_in_a_condition() {
     // Settled, it is not said as progress (the pass that took the new
     // generation may have updated the StatefulSet's annotations).
     let _ = cond;
-    wait_status(&client, &ns.name, g, "Progressing False with NoWayBack", |s| {
-        let c = |t: &str| s.conditions.iter().find(|c| c.type_ == t);
-        c("Progressing").is_some_and(|c| c.status == "False")
-            && c("UpgradeFailed").is_some_and(|c| c.status == "True" && c.reason == "NoWayBack")
-    })
+    wait_status(
+        &client,
+        &ns.name,
+        g,
+        "Progressing False with NoWayBack",
+        |s| {
+            let c = |t: &str| s.conditions.iter().find(|c| c.type_ == t);
+            c("Progressing").is_some_and(|c| c.status == "False")
+                && c("UpgradeFailed").is_some_and(|c| c.status == "True" && c.reason == "NoWayBack")
+        },
+    )
     .await;
     assert!(
         st.current_version
