@@ -623,14 +623,45 @@ async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = pod_state(&client, &ns.name).await;
+    // Every pod UID seen during the upgrade (polled every 100 ms).
+    let seen = Arc::new(Mutex::new(vec![before[0].1.clone()]));
+    let polling = Arc::new(AtomicBool::new(true));
+    let poller = {
+        let (client, ns, seen, polling) = (
+            client.clone(),
+            ns.name.clone(),
+            seen.clone(),
+            polling.clone(),
+        );
+        tokio::spawn(async move {
+            while polling.load(Ordering::Relaxed) {
+                for (_, uid, _, _) in pod_state(&client, &ns).await {
+                    let mut s = seen.lock().unwrap();
+                    if !s.contains(&uid) {
+                        s.push(uid);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
     let start = Instant::now();
     let g = spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
     let r = wait_upgraded(&client, &ns.name, g, "7.0.").await;
     let end = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let tally = writer.stop().await;
+    polling.store(false, Ordering::Relaxed);
+    let _ = poller.await;
     let after = pod_state(&client, &ns.name).await;
-    assert_ne!(before[0].1, after[0].1, "restarted once, as a new pod");
+    let uids = seen.lock().unwrap().clone();
+    assert_eq!(
+        uids.len(),
+        2,
+        "exactly one restart: the pod before and one new pod ({uids:?})"
+    );
+    assert_eq!(after[0].1, uids[1], "the new pod is the one running");
+    assert_eq!(after[0].3, 0, "its container never restarted");
     let u = r.status.and_then(|s| s.upgrade).expect("upgrade");
     let reported = u.unavailable_seconds.expect("unavailableSeconds");
     let window = longest_gap(tally.acks.iter().map(|a| a.acked).collect(), start, end);
@@ -651,6 +682,14 @@ async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
     );
     assert!(gone.is_empty(), "AOF on the volume keeps every write");
     assert!(reported > 0.0 && reported < 60.0, "{reported}");
+    // The reported window is what the writer lived through: never more
+    // than the writer's own gap (it would claim an outage nobody saw),
+    // and not a small part of it (it would hide one).
+    let seen_gap = window.as_secs_f64();
+    assert!(
+        reported <= seen_gap + 0.5 && seen_gap - reported <= 3.0,
+        "reported {reported:.2}s against the writer's {seen_gap:.2}s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
