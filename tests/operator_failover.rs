@@ -495,6 +495,7 @@ async fn a_slow_primary_is_not_failed_over() {
     stop("-STOP");
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop("-CONT");
+    let resumed = Instant::now();
     println!(
         "the primary's process was stopped for {:.2}s",
         stopped.elapsed().as_secs_f64()
@@ -517,6 +518,37 @@ async fn a_slow_primary_is_not_failed_over() {
         status.last_failover
     );
     assert!(status.last_failover.is_none());
+    // The stall happened and was seen: the writer had no write acknowledged
+    // for most of the stop, and the operator's monitor found the primary
+    // silent (and still did not fail over).
+    let mut acked: Vec<Instant> = tally
+        .acks
+        .iter()
+        .map(|a| a.acked)
+        .filter(|t| *t >= stopped && *t <= resumed)
+        .collect();
+    acked.sort();
+    let mut gap = Duration::ZERO;
+    let mut prev = stopped;
+    for t in acked.iter().copied().chain([resumed]) {
+        gap = gap.max(t.duration_since(prev));
+        prev = t;
+    }
+    println!(
+        "the writer saw no acknowledged write for {:.2}s of the stop",
+        gap.as_secs_f64()
+    );
+    assert!(
+        gap >= Duration::from_millis(2500),
+        "the writer saw the stall: {gap:?}"
+    );
+    let log = op.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("primary failing") && l.contains("Silent")),
+        "the monitor saw the primary silent:\n{}",
+        op.log_tail(40)
+    );
     let events = recent_events(&client, &ns.name, 60).await;
     assert!(!events.contains("FailedOver"), "{events}");
     let metrics = http_get(op.metrics_addr, "/metrics")
