@@ -802,6 +802,49 @@ async fn backup_to_a_volume_and_restore_from_it() {
     assert!(said.contains("skipped"), "{said}");
     println!("a re-created pod of the bootstrapped Standalone started empty: {said}");
 
+    // The same Redis 7.0 backup (RDB 10) restored into Valkey 8.1, which
+    // reads Redis files up to RDB 11.
+    apply_redis(
+        &client,
+        ns,
+        "to-valkey",
+        json!({"mode": "Standalone", "engine": "Valkey", "version": "8.1",
+               "bootstrap": {"fromBackup": {"backup": "vb"}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "to-valkey", READY).await;
+    let pw = redis_password(&client, ns, "to-valkey").await;
+    let mut node = connect_pod(&client, ns, "to-valkey-0", &pw)
+        .await
+        .expect("connect");
+    let info = node
+        .info_section("server")
+        .await
+        .expect("INFO server")
+        .server;
+    assert_eq!(
+        info.engine,
+        Some(redpilot::redis::info::EngineKind::Valkey),
+        "{info:?}"
+    );
+    assert_eq!(
+        dbsize(&client, ns, "to-valkey", "to-valkey-0").await,
+        st.keys.expect("keys")
+    );
+    let v: Option<String> = node
+        .query("GET", redis::cmd("GET").arg("seed:7"))
+        .await
+        .expect("GET");
+    assert_eq!(
+        v.as_deref(),
+        Some(format!("value-7-{}", 7 * 7919 % 10007).as_str())
+    );
+    println!(
+        "the Redis backup restored into Valkey {}: {} keys",
+        info.version.map(|v| v.to_string()).unwrap_or_default(),
+        st.keys.unwrap_or(0)
+    );
+
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
     backups
         .delete("vb", &DeleteParams::default())
