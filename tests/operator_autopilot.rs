@@ -431,6 +431,13 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     )
     .await;
     println!("quota: {bounded:?}");
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("MemoryBounded") && l.contains("ResourceQuota")),
+        "a MemoryBounded event names the quota:\n{events}"
+    );
     let r = redis_api(&client, &ns.name).get("cache").await.unwrap();
     assert_eq!(
         autopilot_limit(&r).map(|l| bytes(&l)),
@@ -451,6 +458,40 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
         },
     )
     .await;
+    // 5. Switched off: the instances keep the size it gave them.
+    let grown = wait_for(
+        "every instance at the grown limit",
+        Duration::from_secs(60),
+        || settled_at(&client, &ns.name, "cache", &ips, &pw),
+    )
+    .await;
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"autopilot": {"memory": {"enabled": false}}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let kept = settled_at(&client, &ns.name, "cache", &ips, &pw).await;
+    assert_eq!(
+        kept.as_deref(),
+        Some(grown.as_str()),
+        "switched off, every instance keeps {grown} (spec and in effect, maxmemory 75 %)"
+    );
+    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get("cache")
+        .await
+        .expect("sts");
+    let template = sts
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "redis"))
+        .and_then(|c| c.resources?.limits?.get("memory").cloned())
+        .map(|q| bytes(&q.0));
+    assert_eq!(template, Some(bytes(&grown)), "the template keeps it too");
+    println!("autopilot switched off: every instance keeps {grown}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     for (name, uid) in &uids {
         let p = pods.get(name).await.unwrap();
