@@ -382,6 +382,11 @@ fn backup_throughput_compared_with_redis_cli_rdb() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
     let s3 = S3Server::start(&[BUCKET]);
+    // A tenth of the dataset first: the agent's memory at two sizes.
+    let small = source_with(mb * 1024 / 10, 1024, false);
+    let small_run = agent(&small, &s3.endpoint(), BUCKET, "bench/small.rdb", SECRET_KEY);
+    assert!(small_run.ok, "{}", small_run.stderr);
+    drop(small);
     let srv = source_with(mb * 1024, 1024, false);
 
     let dir = tempfile::tempdir().unwrap();
@@ -448,10 +453,22 @@ fn backup_throughput_compared_with_redis_cli_rdb() {
         );
     }
     // Memory does not grow with the dataset: parts of 8 MiB, two in flight.
+    println!(
+        "agent peak RSS: {:.1} MiB for {} MiB of data, {:.1} MiB for {mb} MiB",
+        small_run.peak_rss_kib as f64 / 1024.0,
+        mb / 10,
+        run.peak_rss_kib as f64 / 1024.0
+    );
     assert!(
         run.peak_rss_kib < 96 * 1024,
         "agent peak RSS {} KiB",
         run.peak_rss_kib
+    );
+    assert!(
+        run.peak_rss_kib < small_run.peak_rss_kib + 16 * 1024,
+        "ten times the data took {} KiB against {} KiB",
+        run.peak_rss_kib,
+        small_run.peak_rss_kib
     );
 }
 
