@@ -384,7 +384,13 @@ fn backup_throughput_compared_with_redis_cli_rdb() {
     let s3 = S3Server::start(&[BUCKET]);
     // A tenth of the dataset first: the agent's memory at two sizes.
     let small = source_with(mb * 1024 / 10, 1024, false);
-    let small_run = agent(&small, &s3.endpoint(), BUCKET, "bench/small.rdb", SECRET_KEY);
+    let small_run = agent(
+        &small,
+        &s3.endpoint(),
+        BUCKET,
+        "bench/small.rdb",
+        SECRET_KEY,
+    );
     assert!(small_run.ok, "{}", small_run.stderr);
     drop(small);
     let srv = source_with(mb * 1024, 1024, false);

@@ -42,9 +42,51 @@ async fn hibernation_keeps_the_data_and_brings_it_back() {
     let writer = Writer::start(&client, ns, "cache", &password, "h", 0);
     writer.wait_progress(2_000, Duration::from_secs(60)).await;
 
+    // A replica down (its process stopped) while the writes go on: it
+    // falls behind, cannot save, and must not be the one that wakes as
+    // primary with less.
+    let primary = redis_api(&client, ns)
+        .get("cache")
+        .await
+        .expect("get")
+        .status
+        .and_then(|s| s.primary)
+        .expect("primary");
+    let down = (0..3)
+        .map(|i| format!("cache-{i}"))
+        .rfind(|p| *p != primary)
+        .expect("a replica");
+    let mut node = support::operator::connect_pod(&client, ns, &down, &password)
+        .await
+        .expect("connect");
+    let pid = support::operator::info_u64(&mut node, "server", "process_id").await;
+    drop(node);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let behind = writer.acked();
+    writer.wait_progress(2_000, Duration::from_secs(60)).await;
+    println!(
+        "{down} stopped; {} writes acknowledged since",
+        writer.acked() - behind
+    );
+
     // Asleep: no pod, the volumes and the Secret stay.
     let t = Instant::now();
     patch_redis(&client, ns, "cache", json!({"spec": {"hibernate": true}})).await;
+    // Saved without the stopped replica; then it may go (its pending
+    // SIGTERM is delivered when it runs again).
+    wait_for("the dataset saved", Duration::from_secs(60), || async {
+        let r = redis_api(&client, ns).get("cache").await.ok()?;
+        r.status?.hibernation?.saved_at.map(|_| ())
+    })
+    .await;
+    signal("-CONT");
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels("app.kubernetes.io/instance=cache");
     wait_for(
