@@ -479,17 +479,9 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
         Some(grown.as_str()),
         "switched off, every instance keeps {grown} (spec and in effect, maxmemory 75 %)"
     );
-    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns.name)
-        .get("cache")
+    let template = template_memory(&client, &ns.name, "cache")
         .await
-        .expect("sts");
-    let template = sts
-        .spec
-        .template
-        .spec
-        .and_then(|p| p.containers.into_iter().find(|c| c.name == "redis"))
-        .and_then(|c| c.resources?.limits?.get("memory").cloned())
-        .map(|q| bytes(&q.0));
+        .map(|q| bytes(&q));
     assert_eq!(template, Some(bytes(&grown)), "the template keeps it too");
     println!("autopilot switched off: every instance keeps {grown}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -1036,17 +1028,7 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
         .map(|m| m.limit.clone())
         .expect("a target");
     assert_ne!(target, START, "the autopilot decided a grow");
-    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns.name)
-        .get("tight")
-        .await
-        .expect("sts");
-    let template_limit = sts
-        .spec
-        .template
-        .spec
-        .and_then(|p| p.containers.into_iter().find(|c| c.name == "redis"))
-        .and_then(|c| c.resources?.limits?.get("memory").cloned())
-        .map(|q| q.0);
+    let template_limit = template_memory(&client, &ns.name, "tight").await;
     assert_eq!(
         template_limit.as_deref(),
         Some(START),
@@ -1173,4 +1155,18 @@ fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
         }
     }
     None
+}
+
+/// The server container's memory limit in the StatefulSet's pod template.
+async fn template_memory(client: &kube::Client, ns: &str, name: &str) -> Option<String> {
+    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("sts");
+    sts.spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "redis"))
+        .and_then(|c| c.resources?.limits?.get("memory").cloned())
+        .map(|q| q.0)
 }
