@@ -577,6 +577,12 @@ mod tests {
         };
         std::fs::create_dir_all(file.parent().expect("parent")).expect("dir");
         std::fs::write(&file, format!("{limit}\n")).expect("limit");
+        run_capped(dir)
+    }
+
+    /// Runs the start script (server `echo`) against the tree `boot_capped`
+    /// wrote under `dir`.
+    fn run_capped(dir: &std::path::Path) -> String {
         let script = start_script("echo", true, None)
             .replace(AUTH_CONF_PATH, &dir.join("auth.conf").display().to_string())
             .replace("/etc/redis/", &format!("{}/etc/", dir.display()));
@@ -607,21 +613,8 @@ mod tests {
             nested.join("cg/memory/pod"),
         )
         .expect("move");
-        let script = start_script("echo", true, None)
-            .replace(
-                AUTH_CONF_PATH,
-                &nested.join("auth.conf").display().to_string(),
-            )
-            .replace("/etc/redis/", &format!("{}/etc/", nested.display()));
-        let out = std::process::Command::new("sh")
-            .args(["-c", &script])
-            .env("POD_IP", "10.0.0.5")
-            .env("REDPILOT_CGROUP_ROOT", nested.join("cg"))
-            .env("REDPILOT_CGROUP_FILE", nested.join("self-cgroup"))
-            .output()
-            .expect("run sh");
-        let args = String::from_utf8_lossy(&out.stdout);
-        assert!(args.trim().ends_with("--maxmemory 50331648"), "{out:?}");
+        let args = run_capped(&nested);
+        assert!(args.ends_with("--maxmemory 50331648"), "{args}");
         let v2 = boot_capped(&dir, "maxmemory 75497472", "0::/kubepods/c2", "67108864");
         assert!(v2.ends_with("--maxmemory 50331648"), "{v2}");
         // At or above the target: redis.conf's value stands.
