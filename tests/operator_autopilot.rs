@@ -575,13 +575,35 @@ async fn every_key_kept(client: &kube::Client, ns: &str, name: &str, pw: &str, w
 /// maxmemory at `rate` without stopping at OOM replies, and checks that
 /// whatever was answered OK is on every instance, nothing was evicted and
 /// no container restarted. Prints what the fill got.
+/// What a fast fill got: OOM replies, and the first grow (its event, and
+/// the memory used when it was decided).
+struct FastFill {
+    oom: u64,
+    first_grow_used: f64,
+    first_grow: String,
+}
+
+/// `14.3Mi` (as the events write sizes) in bytes.
+fn human_bytes(s: &str) -> Option<f64> {
+    let unit = s.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let n: f64 = s[..s.len() - unit.len()].parse().ok()?;
+    let scale = match unit {
+        "" | "B" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => MI as f64,
+        "Gi" => (MI * 1024) as f64,
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
 async fn fill_fast(
     client: &kube::Client,
     ns: &str,
     name: &str,
     policy: Value,
     rate: u64,
-) -> String {
+) -> FastFill {
     apply_redis(client, ns, name, spec(Some(policy))).await;
     wait_ready(client, ns, name, READY).await;
     let total = 3 * START_MAXMEMORY;
@@ -611,7 +633,19 @@ async fn fill_fast(
         .map(container_restarts)
         .sum();
     assert_eq!(restarts, 0);
-    grows.first().map_or(String::new(), |g| g.to_string())
+    let first_grow = grows.first().map_or(String::new(), |g| g.to_string());
+    // "…: used 14.3Mi grows …" / "…: used 43.6Mi is 91% …".
+    let first_grow_used = first_grow
+        .split(": used ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(human_bytes)
+        .unwrap_or_else(|| panic!("no used memory in {first_grow:?}"));
+    FastFill {
+        oom: tally.oom,
+        first_grow_used,
+        first_grow,
+    }
 }
 
 /// A fill at 16 MiB/s (the whole starting maxmemory in 3 s): with the
@@ -635,10 +669,38 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
         rate,
     )
     .await;
-    // The first grow was sized by the measured rate, not by one step.
-    assert!(first.contains("grows") && first.contains("/s"), "{first}");
     let blind = json!({"maxMemory": "1Gi", "lookaheadSeconds": 0});
-    fill_fast(&client, &ns.name, "blind", blind, rate).await;
+    let blind = fill_fast(&client, &ns.name, "blind", blind, rate).await;
+    let mib = |b: f64| b / MI as f64;
+    println!(
+        "lookahead: first grow at {:.1} MiB used, {} OOM replies; threshold only: first grow at {:.1} MiB used, {} OOM replies",
+        mib(first.first_grow_used),
+        first.oom,
+        mib(blind.first_grow_used),
+        blind.oom
+    );
+    // The lookahead decided from the measured rate before the threshold
+    // (80 % of maxmemory), the threshold-only run only at it; and the
+    // fill met no more refusals with the lookahead than without it.
+    let threshold = 0.8 * START_MAXMEMORY as f64;
+    assert!(
+        first.first_grow.contains("grows") && first.first_grow.contains("/s"),
+        "{}",
+        first.first_grow
+    );
+    assert!(
+        first.first_grow_used < threshold && blind.first_grow_used >= threshold,
+        "lookahead grew at {:.1} MiB, threshold-only at {:.1} MiB (threshold {:.1} MiB)",
+        mib(first.first_grow_used),
+        mib(blind.first_grow_used),
+        mib(threshold)
+    );
+    assert!(
+        first.oom <= blind.oom,
+        "{} OOM replies with the lookahead, {} without",
+        first.oom,
+        blind.oom
+    );
 }
 
 /// A cluster that refuses in-place resize (the failpoint `resize-refused`
