@@ -412,6 +412,33 @@ async fn exporter_scrapes_behind_a_stalled_server_stay_bounded() {
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(start.elapsed())).await;
     let back = wait_up(&exporter).await;
     assert!(back.contains("\nredis_up 1\n"), "{back}");
+
+    // Scrapes whose clients hung up (their futures dropped mid-wait) give
+    // their places back: the next scrape is not refused.
+    let _: () = admin
+        .query(
+            "CLIENT PAUSE",
+            redis::cmd("CLIENT").arg("PAUSE").arg(1500).arg("ALL"),
+        )
+        .await
+        .expect("CLIENT PAUSE");
+    let dropped: Vec<_> = (0..MAX_WAITING)
+        .map(|_| {
+            let e = exporter.clone();
+            tokio::spawn(async move { e.try_scrape().await.is_ok() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for t in &dropped {
+        t.abort();
+    }
+    for t in dropped {
+        let _ = t.await;
+    }
+    assert!(
+        exporter.try_scrape().await.is_ok(),
+        "a scrape after {MAX_WAITING} dropped ones is not refused"
+    );
 }
 
 async fn wait_up(exporter: &redpilot::exporter::Exporter) -> String {

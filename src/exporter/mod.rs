@@ -198,16 +198,22 @@ impl Exporter {
         })
     }
 
-    /// One scrape, unless [`MAX_WAITING`] others already wait.
+    /// One scrape, unless [`MAX_WAITING`] others already wait. The count
+    /// is given back when the scrape ends or is dropped (a client that hung
+    /// up), never left behind.
     pub async fn try_scrape(&self) -> Result<String, Busy> {
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
         let before = self.waiting.fetch_add(1, Ordering::SeqCst);
-        let result = if before >= MAX_WAITING {
-            Err(Busy)
-        } else {
-            Ok(self.scrape().await)
-        };
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        result
+        let _waiting = Waiting(&self.waiting);
+        if before >= MAX_WAITING {
+            return Err(Busy);
+        }
+        Ok(self.scrape().await)
     }
 
     /// One scrape: the exposition text.
