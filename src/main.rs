@@ -470,6 +470,7 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
     let mut marker = args.dest.as_os_str().to_owned();
     marker.push(".restored");
     let marker = std::path::PathBuf::from(marker);
+    let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
     if let Some(only) = &args.only_pod {
         let skip = |why: String| Ok(serde_json::json!({"skipped": why}).to_string());
         let pod = env_value("POD_NAME").unwrap_or_default();
@@ -486,7 +487,6 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
                 "the bootstrap finished ({done}); this instance keeps its own data"
             ));
         }
-        let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
         let previous = std::fs::read_to_string(&marker).unwrap_or_default();
         if restored_for(&previous, &owner) {
             return skip(format!(
@@ -524,7 +524,6 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
                 })?;
             }
         }
-        let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
         std::fs::write(&marker, format!("{owner} {}\n", m.sha256)).map_err(|e| {
             redpilot::backup::BackupError::Invalid(format!("writing {}: {e}", marker.display()))
         })?;

@@ -1125,11 +1125,7 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
         .expect("connect");
     let pid = info_u64(&mut n, "server", "process_id").await;
     drop(n);
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -9 {pid}");
+    support::operator::kill_9(pid as u32);
     let new_pid = wait_for(
         &format!("{other}'s server to restart"),
         Duration::from_secs(60),

@@ -61,13 +61,7 @@ async fn hibernation_keeps_the_data_and_brings_it_back() {
         .expect("connect");
     let pid = support::operator::info_u64(&mut node, "server", "process_id").await;
     drop(node);
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} {pid}");
-    };
+    let signal = |sig: &str| support::operator::signal(pid as u32, sig);
     signal("-STOP");
     let behind = writer.acked();
     writer.wait_progress(2_000, Duration::from_secs(60)).await;

@@ -14,7 +14,7 @@
 //! bootstrap with a Degraded condition whose reason names the cause.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
 };
 use kube::runtime::events::EventType;
 
@@ -253,18 +253,7 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, redis: &Redis) -> Con
         }),
         ..Default::default()
     };
-    let from_config = |name: &str, key: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            config_map_key_ref: Some(ConfigMapKeySelector {
-                name: names.config(),
-                key: key.into(),
-                optional: Some(true),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let from_config = |name: &str, key: &str| super::statefulset::config_env(names, name, key);
     let mut env = vec![
         field("POD_NAME", "metadata.name"),
         from_config("REDPILOT_PRIMARY", build::PRIMARY_KEY),

@@ -219,21 +219,20 @@ impl Reconciler {
             crate::redis::config::is_dynamic(k, engine, version)
         });
         let image = self.ctx.images.image_for(&self.redis.spec);
-        let mut sts =
-            statefulset::statefulset(&self.redis, &self.names, secret_name, &restart, &image);
         // The memory autopilot moving in place: the template keeps a size
         // the instances run (see `autopilot::template_limit`).
-        if let Some(rec) = super::autopilot::record(&self.redis) {
+        let memory_limit = super::autopilot::record(&self.redis).map(|rec| {
             let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
-            let at = super::autopilot::template_limit(facts, rec.limit_bytes as u64, restart);
-            if let Some(c) = sts.spec.template.spec.as_mut().and_then(|p| {
-                p.containers
-                    .iter_mut()
-                    .find(|c| c.name == build::SERVER_CONTAINER)
-            }) {
-                c.resources = super::autopilot::resources_at(&self.redis, Some(at));
-            }
-        }
+            super::autopilot::template_limit(facts, rec.limit_bytes as u64, restart)
+        });
+        let mut sts = statefulset::statefulset(
+            &self.redis,
+            &self.names,
+            secret_name,
+            &restart,
+            &image,
+            memory_limit,
+        );
         if let Some(bs) = &self.bootstrap
             && let Some(pod) = sts.spec.template.spec.as_mut()
         {

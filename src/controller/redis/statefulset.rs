@@ -173,16 +173,37 @@ echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
     )
 }
 
+/// `name` from key `key` of the Redis's ConfigMap, resolved when the
+/// container starts (empty while the key is absent).
+pub fn config_env(names: &Names, name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: names.config(),
+                key: key.into(),
+                optional: Some(true),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The StatefulSet. Updates use `OnDelete`: the operator restarts pods itself,
 /// replicas first and the primary last after a switchover, so no
 /// acknowledged write is lost to a restart. `image` is the server image
-/// (see [`crate::controller::images::Images::image_for`]).
+/// (see [`crate::controller::images::Images::image_for`]). `memory_limit`
+/// replaces the memory autopilot's target in the server's resources (the
+/// template keeps a size the instances run, see
+/// [`super::autopilot::template_limit`]).
 pub fn statefulset(
     redis: &Redis,
     names: &Names,
     secret_name: &str,
     restart: &str,
     image: &str,
+    memory_limit: Option<u64>,
 ) -> StatefulSet {
     let spec = &redis.spec;
     let (server, cli) = match spec.engine {
@@ -244,18 +265,7 @@ pub fn statefulset(
             ..Default::default()
         },
         // Read at every container start (a mounted file can lag behind).
-        EnvVar {
-            name: "REDPILOT_PRIMARY".into(),
-            value_from: Some(EnvVarSource {
-                config_map_key_ref: Some(ConfigMapKeySelector {
-                    name: names.config(),
-                    key: PRIMARY_KEY.into(),
-                    optional: Some(true),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+        config_env(names, "REDPILOT_PRIMARY", PRIMARY_KEY),
     ];
     let mounts = vec![
         VolumeMount {
@@ -295,7 +305,7 @@ pub fn statefulset(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        resources: super::autopilot::resources(redis),
+        resources: super::autopilot::resources_at(redis, memory_limit),
         volume_mounts: Some(mounts),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
@@ -491,7 +501,14 @@ mod tests {
             ..Default::default()
         });
         let names = Names::new("cache");
-        let sts = statefulset(&r, &names, "cache-auth", "h", "mirror.local/redis:7.0");
+        let sts = statefulset(
+            &r,
+            &names,
+            "cache-auth",
+            "h",
+            "mirror.local/redis:7.0",
+            None,
+        );
         let owner = &sts.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!(owner.controller, Some(true));
         assert_eq!(owner.kind, "Redis");

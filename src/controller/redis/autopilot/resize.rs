@@ -176,28 +176,24 @@ impl Reconciler {
                         crate::failpoint::hit("after-resize-replica");
                     }
                 }
-                Err(e) if classify(&e) == Refusal::InPlaceUnavailable => {
-                    self.fall_back_to_restarts(&name, &e, facts, target).await?;
-                    return Ok(());
-                }
-                // The API server checks the node's allocatable memory and
-                // the namespace's quotas: a restart would not fit either.
-                Err(kube::Error::Api(s))
-                    if matches!(
-                        classify(&kube::Error::Api(s.clone())),
-                        Refusal::NodeCapacity | Refusal::ResourceQuota
-                    ) =>
-                {
-                    let reason = if s.message.contains("quota") {
-                        "ResourceQuota"
-                    } else {
-                        "NodeCapacity"
+                Err(e) => {
+                    let reason = match classify(&e) {
+                        Refusal::InPlaceUnavailable => {
+                            self.fall_back_to_restarts(&name, &e, facts, target).await?;
+                            return Ok(());
+                        }
+                        // The API server checks the node's allocatable
+                        // memory and the namespace's quotas: a restart
+                        // would not fit either.
+                        Refusal::NodeCapacity => "NodeCapacity",
+                        Refusal::ResourceQuota => "ResourceQuota",
+                        Refusal::Transient => return Err(e.into()),
                     };
-                    let msg = format!(
-                        "resizing {name} to {} was refused: {}",
-                        human(target),
-                        s.message
-                    );
+                    let why = match &e {
+                        kube::Error::Api(s) => s.message.clone(),
+                        other => other.to_string(),
+                    };
+                    let msg = format!("resizing {name} to {} was refused: {why}", human(target));
                     self.progressing.push(msg.clone());
                     self.autopilot_cond = Some(super::super::status::Cond::new(
                         super::CONDITION,
@@ -207,7 +203,6 @@ impl Reconciler {
                     ));
                     return Ok(());
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         let moving: Vec<String> = facts
