@@ -10,6 +10,10 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
+# Builds are cached outside the clone, as .ci/run does; the local node maps
+# the operator's image to the binary in this directory, so every target (and
+# a dev cluster brought up by one) agrees on it.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/redpilot/cargo-target
 KUBECONFIG_DEV := $(CURDIR)/.dev/kubeconfig
 # Integration suites talk to the dev cluster unless KUBECONFIG names another.
 export REDPILOT_KUBECONFIG ?= $(KUBECONFIG_DEV)

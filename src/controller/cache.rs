@@ -8,7 +8,7 @@ use futures::Stream;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodSpec,
-    Secret, Service,
+    Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, Store};
@@ -19,8 +19,10 @@ use kube::{Api, Resource};
 /// fed by a watch restricted to objects labelled
 /// `app.kubernetes.io/managed-by=redpilot` in the watched namespaces, so
 /// memory grows with what the operator manages, not with the cluster.
-/// Secrets the user names (`spec.auth.secretName`) are read by name, never
-/// watched. `managedFields` are dropped on the way in.
+/// Secrets have no cache: every Secret, the operator's own and the one a
+/// user names (`spec.auth.secretName`), is read by name, so the operator
+/// needs neither `list` nor `watch` on Secrets and never holds a Secret it
+/// does not use. `managedFields` are dropped on the way in.
 #[derive(Clone)]
 pub struct Stores {
     /// StatefulSets.
@@ -29,8 +31,6 @@ pub struct Stores {
     pub services: Store<Service>,
     /// ConfigMaps.
     pub config_maps: Store<ConfigMap>,
-    /// The generated auth Secrets.
-    pub secrets: Store<Secret>,
     /// PodDisruptionBudgets.
     pub pdbs: Store<PodDisruptionBudget>,
     /// The Redis pods.
@@ -45,7 +45,6 @@ impl Stores {
             self.statefulsets.wait_until_ready().await.is_ok()
                 && self.services.wait_until_ready().await.is_ok()
                 && self.config_maps.wait_until_ready().await.is_ok()
-                && self.secrets.wait_until_ready().await.is_ok()
                 && self.pdbs.wait_until_ready().await.is_ok()
                 && self.pods.wait_until_ready().await.is_ok()
         };

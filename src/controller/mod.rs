@@ -457,14 +457,12 @@ pub async fn run_controllers(
                 cached_watch(api(&client, &ns), managed.clone(), keep);
             let (services, svc_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
             let (config_maps, cm_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
-            let (secrets, secret_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
             let (pdbs, pdb_changes) = cached_watch(api(&client, &ns), managed.clone(), keep);
             let (pods, pod_changes) = cached_watch::<Pod>(api(&client, &ns), managed, slim_pod);
             let stores = Stores {
                 statefulsets,
                 services,
                 config_maps,
-                secrets,
                 pdbs,
                 pods,
             };
@@ -501,18 +499,6 @@ pub async fn run_controllers(
                     metrics,
                 }),
             );
-            // Secrets a Redis names (spec.auth.secretName) are the user's:
-            // watched by metadata only (no data in memory), so a changed
-            // password starts its rotation at once.
-            let named_secrets = watcher(
-                api::<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>(
-                    &client, &ns,
-                ),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .touched_objects();
-            let referrers = redis_store.clone();
             // Deleted Redis leave nothing behind in the context's per-object
             // maps (a delete event, or a re-list that no longer has them).
             let (forget, listed) = (ctx.clone(), redis_store.clone());
@@ -536,18 +522,7 @@ pub async fn run_controllers(
                 .owns_stream(sts_changes)
                 .owns_stream(svc_changes)
                 .owns_stream(cm_changes)
-                .owns_stream(secret_changes)
                 .owns_stream(pdb_changes)
-                .watches_stream(named_secrets, move |secret| {
-                    let (name, ns) = (secret.name_any(), secret.namespace());
-                    referrers
-                        .state()
-                        .iter()
-                        .filter(|r| r.namespace() == ns)
-                        .filter(|r| r.spec.auth_secret_name() == Some(name.as_str()))
-                        .map(|r| ObjectRef::from_obj(r.as_ref()))
-                        .collect::<Vec<_>>()
-                })
                 // Pods belong to the StatefulSet; map them to their Redis by
                 // the instance label so readiness changes trigger a reconcile.
                 .watches_stream(pod_changes, |pod: Pod| {
@@ -617,7 +592,6 @@ mod tests {
             statefulsets: reflector::store().0,
             services: reflector::store().0,
             config_maps: reflector::store().0,
-            secrets: reflector::store().0,
             pdbs: reflector::store().0,
             pods: reflector::store().0,
         };

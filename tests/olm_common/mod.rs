@@ -284,8 +284,7 @@ pub const NAMESPACED_NEEDS: &[(&str, &str, &str)] = &[
     ("watch", "apps", "statefulsets"),
     ("patch", "apps", "statefulsets"),
     ("get", "", "secrets"),
-    ("list", "", "secrets"),
-    ("watch", "", "secrets"),
+    ("create", "", "secrets"),
     ("patch", "", "secrets"),
     ("watch", "", "configmaps"),
     ("watch", "", "services"),
@@ -321,6 +320,14 @@ pub fn assert_least_privilege(csv: &Value, what: &str) {
          cluster-scoped: {cluster:#?}"
     );
     let namespaced = csv_rules(csv, "permissions");
+    for verb in ["list", "watch"] {
+        assert!(
+            !grants(&namespaced, verb, "", "secrets"),
+            "{what}: permissions grant `{verb}` on Secrets: the operator reads the Secrets \
+             it uses by name, and a list or watch would hand it every Secret of a namespace: \
+             {namespaced:#?}"
+        );
+    }
     let missing: Vec<String> = NAMESPACED_NEEDS
         .iter()
         .filter(|(verb, group, resource)| !grants(&namespaced, verb, group, resource))

@@ -231,10 +231,10 @@ pub async fn bind_watched_namespaces(client: &Client, namespaces: &[String]) {
     // until it grants it, so the operator's first requests are not refused.
     for ns in namespaces {
         wait_for(
-            &format!("the authorizer to let {SERVICE_ACCOUNT} watch Secrets in {ns}"),
+            &format!("the authorizer to let {SERVICE_ACCOUNT} read Secrets in {ns}"),
             Duration::from_secs(30),
             || async {
-                operator_may(client, ns, "watch", "", "secrets")
+                operator_may(client, ns, "get", "", "secrets")
                     .await
                     .then_some(())
             },

@@ -35,15 +35,16 @@ pub trait Child:
     + Sync
     + 'static
 {
-    /// The cache holding objects of this kind.
-    fn store(stores: &Stores) -> &Store<Self>;
+    /// The cache holding objects of this kind; none for Secrets, which are
+    /// always read by name.
+    fn store(stores: &Stores) -> Option<&Store<Self>>;
 }
 
 macro_rules! child {
     ($kind:ty, $field:ident) => {
         impl Child for $kind {
-            fn store(stores: &Stores) -> &Store<Self> {
-                &stores.$field
+            fn store(stores: &Stores) -> Option<&Store<Self>> {
+                Some(&stores.$field)
             }
         }
     };
@@ -51,9 +52,14 @@ macro_rules! child {
 child!(StatefulSet, statefulsets);
 child!(Service, services);
 child!(ConfigMap, config_maps);
-child!(Secret, secrets);
 child!(PodDisruptionBudget, pdbs);
 child!(Pod, pods);
+
+impl Child for Secret {
+    fn store(_: &Stores) -> Option<&Store<Self>> {
+        None
+    }
+}
 
 /// Whether `obj` is controlled by the Redis with `uid`.
 pub fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {

@@ -78,7 +78,7 @@ pub fn caught_up(seen: Option<&str>, wrote: &str) -> bool {
 impl Reconciler {
     /// A child of this Redis from its watch cache.
     pub(super) fn cached<K: Child>(&self, name: &str) -> Option<K> {
-        K::store(&self.ctx.stores)
+        K::store(&self.ctx.stores)?
             .get(&ObjectRef::new(name).within(&self.ns))
             .map(|o| K::clone(&o))
     }
