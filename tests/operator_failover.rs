@@ -785,3 +785,168 @@ async fn a_replica_whose_link_stays_down_is_repaired() {
         t.elapsed().as_secs_f64()
     );
 }
+
+/// `ACL SETUSER default ±replicaof ±slaveof` on one instance.
+async fn allow_replicaof(client: &kube::Client, ns: &str, pod: &str, pw: &str, allow: bool) {
+    let mut n = connect_pod(client, ns, pod, pw).await.expect("connect");
+    let (a, b) = if allow {
+        ("+replicaof", "+slaveof")
+    } else {
+        ("-replicaof", "-slaveof")
+    };
+    let _: redis::Value = n
+        .query(
+            "ACL",
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg(a)
+                .arg(b),
+        )
+        .await
+        .expect("ACL SETUSER");
+}
+
+/// How many times events with `reason` whose message holds `about` were
+/// recorded (a repeated event counts each time).
+async fn event_count(client: &kube::Client, ns: &str, reason: &str, about: &str) -> i32 {
+    use k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = events
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("list events");
+    list.items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.note.as_deref().is_some_and(|m| m.contains(about)))
+        .map(|e| {
+            let series = e.series.as_ref().map_or(0, |s| s.count);
+            series.max(e.deprecated_count.unwrap_or(0)).max(1)
+        })
+        .sum()
+}
+
+/// A switchover the old primary refuses to complete (its `REPLICAOF` is
+/// denied to the operator's user, so it cannot be demoted) is rolled back:
+/// `SwitchoverFailed` and `Degraded` say why, the old primary keeps serving
+/// writes and is the only writable instance, the target follows it again,
+/// nothing restarts and no acknowledged write is lost. Once the server
+/// allows it again, the requested switchover completes on a later pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_the_old_primary_refuses_is_rolled_back_and_reported() {
+    let Fixture {
+        client,
+        ns,
+        op: _op,
+        pw,
+    } = fixture("fo-swfail", None).await;
+    synced(&client, &ns.name, &pw).await;
+    let old = primary_of(&client, &ns.name).await;
+    let target = if old == "cache-1" {
+        "cache-2"
+    } else {
+        "cache-1"
+    };
+    let uids = support::operator::pod_uids(&client, &ns.name, "cache").await;
+    let rewired = format!("{target} now replicates");
+    let rewired_before = event_count(&client, &ns.name, "ReplicaConfigured", &rewired).await;
+    allow_replicaof(&client, &ns.name, &old, &pw, false).await;
+    let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "swf", 1);
+    wait_for("writes", READY, || async {
+        (writer.acked() > 100).then_some(())
+    })
+    .await;
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"failover": {"switchoverTo": target}}}),
+    )
+    .await;
+    // The fault happened: the operator tried, and said why it failed.
+    let events = wait_for("a SwitchoverFailed event", READY, || async {
+        let e = recent_events(&client, &ns.name, 80).await;
+        e.contains("SwitchoverFailed").then_some(e)
+    })
+    .await;
+    assert!(
+        events.contains("could not be demoted") && events.contains("follows"),
+        "the event says the old primary could not be demoted and the target follows it again: \
+         {events}"
+    );
+    let c = wait_for("Degraded: SwitchoverFailed", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        r.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .filter(|c| c.reason == "SwitchoverFailed")
+            .cloned()
+    })
+    .await;
+    println!("Degraded: {}", c.message);
+    assert!(!c.message.contains(&pw), "no secret in the condition");
+    // One writable primary, the old one; the target follows it again.
+    let mut t = connect_pod(&client, &ns.name, target, &pw)
+        .await
+        .expect("connect");
+    let info: String = t
+        .query("INFO", redis::cmd("INFO").arg("replication"))
+        .await
+        .expect("INFO");
+    let old_ip = pod_ip(&client, &ns.name, &old).await;
+    assert!(
+        info.contains("role:slave") && info.contains(&format!("master_host:{old_ip}")),
+        "{target} follows {old} ({old_ip}) again: {info}"
+    );
+    let refused = t
+        .query::<()>("SET", redis::cmd("SET").arg("swf-probe").arg("x"))
+        .await;
+    assert!(refused.is_err(), "{target} refuses writes");
+    assert_eq!(
+        primary_of(&client, &ns.name).await,
+        old,
+        "the status names the old primary"
+    );
+    // The switchover put the target back itself: no later pass had to
+    // re-wire a second primary.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        event_count(&client, &ns.name, "ReplicaConfigured", &rewired).await,
+        rewired_before,
+        "{target} was left a primary and re-wired by a later pass: {}",
+        recent_events(&client, &ns.name, 30).await
+    );
+    let before = writer.acked();
+    wait_for("writes to the old primary go on", READY, || async {
+        (writer.acked() > before + 100).then_some(())
+    })
+    .await;
+    assert_eq!(
+        support::operator::pod_uids(&client, &ns.name, "cache").await,
+        uids,
+        "nothing restarted"
+    );
+
+    // The server allows REPLICAOF again: the request is carried out.
+    allow_replicaof(&client, &ns.name, &old, &pw, true).await;
+    wait_for("the requested switchover", READY, || async {
+        (primary_of(&client, &ns.name).await == target).then_some(())
+    })
+    .await;
+    settled(&client, &ns.name).await;
+    let before = writer.acked();
+    wait_for("writes to the new primary", READY, || async {
+        (writer.acked() > before + 100).then_some(())
+    })
+    .await;
+    let tally = writer.stop().await;
+    println!(
+        "switchover refused then done: {} writes acknowledged, {} failed or refused",
+        tally.acks.len(),
+        tally.failed
+    );
+    assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.keys()).await;
+}

@@ -60,8 +60,9 @@ impl std::fmt::Display for ErrorCategory {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Authentication was refused (wrong password, unknown user, `NOAUTH`, `NOPERM`).
-    #[error("authentication to {endpoint} failed: {message}")]
+    /// Access was refused: the credentials (wrong password, unknown user,
+    /// `NOAUTH`) or, for an authenticated user, the command (`NOPERM`).
+    #[error("{endpoint} refused access: {message}")]
     Auth {
         /// `host:port` of the server.
         endpoint: String,
