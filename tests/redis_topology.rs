@@ -22,6 +22,49 @@ async fn write_keys(ep: &Endpoint, opts: &redpilot::redis::ConnectOptions, n: us
     }
 }
 
+/// The commands a server ran, oldest first, from its slow log (set to
+/// record every command by [`record_commands`]), each as its arguments.
+async fn commands_run(ep: &Endpoint, opts: &redpilot::redis::ConnectOptions) -> Vec<Vec<String>> {
+    let mut n = Node::connect(ep, opts).await.unwrap();
+    let entries: Vec<redis::Value> = n
+        .query("SLOWLOG", redis::cmd("SLOWLOG").arg("GET").arg(1000))
+        .await
+        .unwrap();
+    let mut out: Vec<(i64, Vec<String>)> = entries
+        .iter()
+        .filter_map(|e| match e {
+            redis::Value::Array(f) => {
+                let id = redis::from_redis_value::<i64>(f.first()?.clone()).ok()?;
+                let args = redis::from_redis_value::<Vec<String>>(f.get(3)?.clone()).ok()?;
+                Some((id, args.into_iter().map(|a| a.to_lowercase()).collect()))
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out.into_iter().map(|(_, a)| a).collect()
+}
+
+/// Makes the server's slow log record every command from now on.
+async fn record_commands(ep: &Endpoint, opts: &redpilot::redis::ConnectOptions) {
+    let mut n = Node::connect(ep, opts).await.unwrap();
+    for cmd in [
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-max-len")
+            .arg(1000)
+            .clone(),
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0)
+            .clone(),
+        redis::cmd("SLOWLOG").arg("RESET").clone(),
+    ] {
+        let _: redis::Value = n.query("CONFIG", &cmd).await.unwrap();
+    }
+}
+
 async fn topology_case(primary_engine: Engine, replica_engine: Engine) {
     let cfg = ServerConfig::default().password("topo-pw");
     let p = RedisServer::start(primary_engine, cfg.clone());
@@ -72,7 +115,9 @@ async fn topology_case(primary_engine: Engine, replica_engine: Engine) {
     }
 
     // Two primaries (split brain). The settings given are in place before
-    // the promotion (the operator passes its write fence).
+    // the promotion (the operator passes its write fence): the server ran
+    // them before `REPLICAOF NO ONE`.
+    record_commands(&r2.endpoint(), &opts).await;
     make_primary(
         &r2.endpoint(),
         &opts,
@@ -83,6 +128,19 @@ async fn topology_case(primary_engine: Engine, replica_engine: Engine) {
     )
     .await
     .unwrap();
+    let seen = commands_run(&r2.endpoint(), &opts).await;
+    let at = |args: &[&str]| {
+        seen.iter()
+            .position(|c| c.len() >= args.len() && c[..args.len()] == *args)
+            .unwrap_or_else(|| panic!("{args:?} not run: {seen:?}"))
+    };
+    let promoted_at = at(&["replicaof", "no", "one"]);
+    for key in ["min-replicas-to-write", "min-replicas-max-lag"] {
+        assert!(
+            at(&["config", "set", key]) < promoted_at,
+            "{key} set before the promotion: {seen:?}"
+        );
+    }
     let mut promoted = Node::connect(&r2.endpoint(), &opts).await.unwrap();
     let fence: Vec<String> = promoted
         .query(
