@@ -98,6 +98,7 @@ async fn every_verb_works_on_a_real_redis() {
         .nth(1)
         .unwrap_or_else(|| panic!("no events section: {text}"));
     assert!(events.contains("PrimaryElected"), "{text}");
+    assert!(!text.contains("Last failover"), "no failover yet: {text}");
     let (ok, text) = plugin(&["-n", ns, "status", "absent"]);
     assert!(
         !ok && text.contains(&format!("Redis {ns}/absent not found")),
@@ -122,6 +123,28 @@ async fn every_verb_works_on_a_real_redis() {
     assert!(ok, "{text}");
     let r = redis_api(&client, ns).get("cache").await.unwrap();
     assert_eq!(r.status.and_then(|s| s.primary), Some(old_primary.clone()));
+
+    // A failover (the primary's server killed) shows as the last failover.
+    let pw = support::operator::redis_password(&client, ns, "cache").await;
+    let mut node = support::operator::connect_pod(&client, ns, &old_primary, &pw)
+        .await
+        .expect("connect");
+    support::operator::kill_9(support::operator::server_pid(&mut node).await);
+    let failover = wait_for("a failover", READY, || async {
+        r0_status(&client, ns).await.last_failover
+    })
+    .await;
+    assert_eq!(failover.from, old_primary);
+    wait_ready(&client, ns, "cache", READY).await;
+    let (ok, text) = plugin(&["-n", ns, "status", "cache"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "Last failover: {} → {} ({})",
+            failover.from, failover.to, failover.reason
+        )),
+        "{text}"
+    );
 
     // backup: no target known yet, then the target of the first backup.
     let (ok, text) = plugin(&["-n", ns, "backup", "cache"]);
