@@ -13,6 +13,7 @@
 
 mod levels;
 mod memory;
+mod writer;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -50,7 +51,7 @@ pub const TESTS: [TestDef; 6] = [
     TestDef {
         name: "redpilot-seamless-upgrades",
         level: "Seamless Upgrades",
-        summary: "a Replication Redis moves from Redis 6.2 to 7.0 with every key kept",
+        summary: "a Replication Redis moves from Redis 6.2 to 7.0 under a writing client: every key kept, no write lost, no gap over 1 s",
     },
     TestDef {
         name: "redpilot-full-lifecycle",
