@@ -13,10 +13,13 @@
 //! primary, and after the heal every acknowledged write is on every
 //! instance.
 //!
-//! The split is made of blackhole routes inside the pods' namespaces
-//! (`RouteSplit`): the primary's side stops answering the node, from which
-//! the operator and its monitor dial, and the two sides stop reaching each
-//! other; exec probes run inside each pod and keep working.
+//! The operator runs as its pod would: a pod on the local node (the
+//! Deployment's template of `deploy/install.yaml`), in a network namespace
+//! of its own. The split is made of blackhole routes inside the pods'
+//! namespaces (`RouteSplit`): the primary's side and the operator's pod stop
+//! reaching each other, and so do the two sides; the node still reaches
+//! every pod, so the kubelet's probes and the API server's view of the pods
+//! are what they would be in a real split.
 
 mod support;
 
@@ -25,8 +28,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::faults::{InsideWriter, RouteSplit, pod_netns};
 use support::operator::{
-    OperatorOptions, apply_redis, pod_ip, recent_events, redis_api, redis_password, start_operator,
-    wait_ready,
+    apply_redis, pod_ip, recent_events, redis_api, redis_password, start_operator_pod, wait_ready,
 };
 use support::writer::assert_everywhere;
 use support::{TestNamespace, client};
@@ -39,7 +41,7 @@ const SPLIT: Duration = Duration::from_secs(15);
 async fn split_keeps_the_primary(instances: usize) {
     let client = client().await;
     let ns = TestNamespace::new(&client, &format!("split{instances}"), &[]).await;
-    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let op = start_operator_pod(&client, &ns.name).await;
     apply_redis(
         &client,
         &ns.name,
@@ -73,11 +75,11 @@ async fn split_keeps_the_primary(instances: usize) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let mut split = RouteSplit::default();
+    let near_and_operator: Vec<String> = near_side.iter().cloned().chain([op.ip.clone()]).collect();
     for ip in &far_side {
-        split.cut(ip, &near_side);
-        split.cut_from_node(ip);
+        split.cut(ip, &near_and_operator);
     }
-    for ip in &near_side {
+    for ip in &near_and_operator {
         split.cut(ip, &far_side);
     }
     let t0 = Instant::now();

@@ -373,10 +373,9 @@ pub fn percentiles(xs: &[f64]) -> (f64, f64) {
 /// A network split made of blackhole routes inside pods' network
 /// namespaces (removed when dropped). Unlike [`Partition`], the pods on one
 /// side still reach each other: `cut(a, b)` only stops `a` from sending to
-/// the addresses `b` (so no connection between them completes), and
-/// `cut_from_node(a)` stops `a` answering the node (the operator, its
-/// monitor and the harness dial from there). Exec probes run inside the
-/// pod's own namespace and are unaffected.
+/// the addresses `b` (so no connection between them completes; cut both
+/// ways). Exec probes run inside the pod's own namespace and are
+/// unaffected, and the node still reaches every pod.
 #[derive(Default)]
 pub struct RouteSplit {
     /// (netns, destination) of every route added.
@@ -390,24 +389,6 @@ impl RouteSplit {
         for ip in to {
             self.blackhole(&ns, ip);
         }
-    }
-
-    /// The pod at `ip` no longer answers the node: its route back to the
-    /// node's address on the pod network goes nowhere.
-    pub fn cut_from_node(&mut self, ip: &str) {
-        let ns = pod_netns(ip);
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns, "ip", "route", "show", "default"])
-            .output()
-            .expect("ip route show default");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let gw = text
-            .split_whitespace()
-            .skip_while(|w| *w != "via")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no default route in {ns}: {text}"))
-            .to_string();
-        self.blackhole(&ns, &gw);
     }
 
     fn blackhole(&mut self, ns: &str, ip: &str) {

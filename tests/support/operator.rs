@@ -1302,3 +1302,81 @@ pub async fn create_claim(client: &Client, ns: &str, name: &str) {
         .await
         .unwrap_or_else(|e| panic!("creating the claim {ns}/{name}: {e}"));
 }
+
+/// The operator run as a pod on the local node, in a network namespace of
+/// its own as in production: the Deployment's pod template of
+/// `deploy/install.yaml`, watching `ns` alone, under a ServiceAccount of
+/// `ns` granted what `config/rbac/` grants (the ClusterRole by a RoleBinding
+/// in `ns`, and the leader-election rules there, where its Lease lives).
+/// Deleted with the namespace.
+pub struct OperatorPod {
+    pub name: String,
+    pub ip: String,
+}
+
+pub async fn start_operator_pod(client: &Client, ns: &str) -> OperatorPod {
+    apply_rbac(client).await;
+    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": SERVICE_ACCOUNT, "namespace": ns}});
+    apply_typed::<ServiceAccount>(Api::namespaced(client.clone(), ns), &sa).await;
+    let mut binding = watched_namespace_binding();
+    binding["metadata"]["namespace"] = json!(ns);
+    binding["subjects"][0]["namespace"] = json!(ns);
+    apply_typed::<RoleBinding>(Api::namespaced(client.clone(), ns), &binding).await;
+    for file in [
+        "leader_election_role.yaml",
+        "leader_election_role_binding.yaml",
+    ] {
+        for mut doc in read_yaml_docs(&repo_root().join("config/rbac").join(file)) {
+            doc["metadata"]["namespace"] = json!(ns);
+            if doc["kind"] == "Role" {
+                apply_typed::<Role>(Api::namespaced(client.clone(), ns), &doc).await;
+            } else {
+                doc["subjects"][0]["namespace"] = json!(ns);
+                apply_typed::<RoleBinding>(Api::namespaced(client.clone(), ns), &doc).await;
+            }
+        }
+    }
+    let deployment = read_yaml_docs(&repo_root().join("deploy/install.yaml"))
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("deploy/install.yaml has the operator's Deployment");
+    let mut template = deployment["spec"]["template"].clone();
+    let name = unique_name("operator");
+    template["metadata"]["name"] = json!(name);
+    template["metadata"]["namespace"] = json!(ns);
+    template["spec"]["serviceAccountName"] = json!(SERVICE_ACCOUNT);
+    let env = template["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .expect("the operator container's env");
+    for e in env.iter_mut() {
+        if e["name"] == "WATCH_NAMESPACE" {
+            *e = json!({"name": "WATCH_NAMESPACE", "value": ns});
+        }
+    }
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod"});
+    pod["metadata"] = template["metadata"].clone();
+    pod["spec"] = template["spec"].clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(pod).expect("the operator's pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating the operator's pod {ns}/{name}: {e}"));
+    let ip = wait_for(
+        &format!("the operator's pod {ns}/{name} ready"),
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(&name).await.ok()?;
+            let ready = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then(|| p.status?.pod_ip).flatten()
+        },
+    )
+    .await;
+    OperatorPod { name, ip }
+}
