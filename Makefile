@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -117,6 +117,13 @@ UPGRADE_RUNS ?= 5
 bench-upgrade: engines cluster-up
 	REDPILOT_UPGRADE_RUNS=$(UPGRADE_RUNS) $(CARGO) test --test operator_upgrade -- \
 		--nocapture every_hop_upgrades_without_losing_a_write
+
+# The memory autopilot's baseline (tests/operator_autopilot.rs): the same
+# steady fill without the autopilot, refused with OOM; prints when and how
+# much got in.
+bench-autopilot: engines cluster-up
+	$(CARGO) test --features long-tests --test operator_autopilot -- \
+		--nocapture without_the_autopilot
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against

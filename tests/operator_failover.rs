@@ -930,8 +930,10 @@ async fn a_switchover_the_old_primary_refuses_is_rolled_back_and_reported() {
         "nothing restarted"
     );
 
-    // The server allows REPLICAOF again: the request is carried out.
+    // The server allows REPLICAOF again: the request is carried out (the
+    // Redis touched, so the retry does not wait out the failure backoff).
     allow_replicaof(&client, &ns.name, &old, &pw, true).await;
+    support::operator::poke(&client, &ns.name, "cache", 1).await;
     wait_for("the requested switchover", READY, || async {
         (primary_of(&client, &ns.name).await == target).then_some(())
     })

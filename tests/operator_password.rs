@@ -22,7 +22,7 @@ use redpilot::redis::{ConnectOptions, Endpoint, ErrorCategory, Node};
 use serde_json::json;
 use support::operator::{
     OperatorOptions, apply_redis, container_restarts, create_user_secret, is_ready, kill_9,
-    patch_redis, pod_ip, pod_ready, recent_events, redis_api, redis_password, redis_pods,
+    patch_redis, pod_ip, pod_ready, poke, recent_events, redis_api, redis_password, redis_pods,
     server_pid, start_operator, wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
@@ -222,12 +222,14 @@ async fn a_deleted_generated_secret_comes_back_with_the_running_password() {
         .delete("solo-auth", &DeleteParams::default())
         .await
         .expect("delete the generated Secret");
-    // Secrets are not watched: the next pass, at the latest the steady one
-    // a minute after the last, re-creates it.
+    // Secrets are not watched: the next pass re-creates it (at the latest
+    // the steady one, a minute after the last); touching the Redis starts
+    // that pass at once, as the README says.
+    poke(&client, &ns.name, "solo", 1).await;
     let t = Instant::now();
     wait_for(
         "the generated Secret to be re-created",
-        Duration::from_secs(75),
+        Duration::from_secs(30),
         || async {
             let s = secrets.get_opt("solo-auth").await.ok()??;
             (s.metadata.uid != uid).then_some(())
@@ -270,6 +272,8 @@ async fn a_missing_user_secret_is_degraded_and_forgets_nothing() {
         .delete("app-pw", &DeleteParams::default())
         .await
         .expect("delete the user's Secret");
+    // Secrets are not watched: touching the Redis starts the pass at once.
+    poke(&client, &ns.name, "solo", 1).await;
     let status = wait_for("Degraded, naming the Secret", READY, || async {
         let s = redis_api(&client, &ns.name)
             .get("solo")
@@ -293,5 +297,6 @@ async fn a_missing_user_secret_is_degraded_and_forgets_nothing() {
     );
 
     create_user_secret(&client, &ns.name, "app-pw", "a-password").await;
+    poke(&client, &ns.name, "solo", 2).await;
     wait_ready(&client, &ns.name, "solo", READY).await;
 }
