@@ -21,9 +21,9 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use redpilot::redis::{ConnectOptions, Endpoint, ErrorCategory, Node};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, container_restarts, create_user_secret, is_ready, kill_9,
-    patch_redis, pod_ip, pod_ready, poke, recent_events, redis_api, redis_password, redis_pods,
-    server_pid, start_operator, wait_ready,
+    OperatorOptions, apply_redis, container_restarts, create_user_secret, is_ready, kill_9, pod_ip,
+    pod_ready, poke, recent_events, redis_api, redis_password, redis_pods, server_pid,
+    start_operator, wait_ready,
 };
 use support::writer::{Writer, assert_everywhere};
 use support::{TestNamespace, client, wait_for};
@@ -90,13 +90,7 @@ async fn a_password_rotated_under_a_writer_locks_nobody_out() {
         )
         .await
         .expect("rotate the user's Secret");
-    patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"metadata": {"annotations": {"redpilot.io/rotate": "1"}}}),
-    )
-    .await;
+    poke(&client, &ns.name, "cache", 1).await;
     let server_auth = wait_for("the rotation to complete", READY, || async {
         let events = recent_events(&client, &ns.name, 80).await;
         let s = secrets.get("cache-server-auth").await.ok()?;

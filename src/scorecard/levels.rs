@@ -23,7 +23,7 @@ const FAILOVER_BOUND: Duration = Duration::from_secs(30);
 /// an acknowledged write during an upgrade: the switchover's write pause
 /// and finding the new primary. Restarting the primary in place (or every
 /// instance at once) leaves a gap of seconds.
-pub(super) const UPGRADE_GAP_BOUND: Duration = Duration::from_secs(1);
+const UPGRADE_GAP_BOUND: Duration = Duration::from_secs(1);
 
 fn redis(name: &str, spec: Value) -> Value {
     json!({
@@ -166,8 +166,8 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
     let name = ctx.name("upgrade");
     // Three instances: with two, the primary's write fence holds writes
     // while its only replica restarts (the README's documented choice).
-    let spec =
-        |v: &str| json!({"mode": "Replication", "engine": "Redis", "version": v, "instances": 3});
+    const INSTANCES: usize = 3;
+    let spec = |v: &str| json!({"mode": "Replication", "engine": "Redis", "version": v, "instances": INSTANCES});
     let r = create_ready(ctx, &name, spec("6.2")).await?;
     let password = ctx.password(&r).await?;
     let (primary, _) = topology(&r)?;
@@ -175,11 +175,13 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
     write_keys(&mut ctx.connect(&primary, &password).await?, &tag).await?;
     ctx.note(format!("Redis 6.2 Ready, {KEYS} keys written on {primary}"));
 
-    let pods = (0..3).map(|i| format!("{name}-{i}")).collect();
+    let pods = (0..INSTANCES).map(|i| format!("{name}-{i}")).collect();
     let writer = Writer::start(ctx.pods(), pods, &password, &format!("scorecard:up:{tag}"));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.apply(redis(&name, spec("7.0"))).await?;
-    let waited = ctx
+    // The writer is stopped whatever happens to the upgrade.
+    let waited = match ctx.apply(redis(&name, spec("7.0"))).await {
+        Err(e) => Err(e),
+        Ok(()) => ctx
         .wait_redis(
             &name,
             None,
@@ -198,7 +200,8 @@ pub(super) async fn seamless_upgrades(ctx: &mut Ctx) -> Result<(), Failure> {
                 }
             },
         )
-        .await;
+        .await,
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (tally, prefix) = writer.stop().await?;
     let (r, took) = waited?;
