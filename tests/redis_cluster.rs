@@ -1,0 +1,381 @@
+//! Redis Cluster on the data plane, with real servers: six empty nodes
+//! formed into 3 shards of a primary and a replica (`cluster::form`), for
+//! every engine that has `cluster-port` (Redis 7.0, Valkey 8.1 and 9.1).
+//! Then a shard primary is `kill -9`ed under one writer per shard, each
+//! confirming its writes with `WAIT 1`: the cluster promotes the shard's
+//! replica by itself; the test measures how long that shard took no
+//! write, checks the other shards kept writing, that no confirmed write is
+//! lost, and that the killed node comes back as a replica of the new
+//! primary (it keeps its node ID from `nodes.conf`).
+//!
+//! `REDPILOT_CLUSTER_RUNS` (default 1) repeats the kill for a p50/p99.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redis_server::{Engine, RedisServer, ServerConfig, free_port};
+use redpilot::redis::cluster::{self, Member, SlotRange};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use tokio::sync::Mutex;
+
+const PASSWORD: &str = "cluster-pw";
+/// `cluster-node-timeout` (ms): `REDPILOT_CLUSTER_NODE_TIMEOUT`, default
+/// 1000 (a shard primary silent for 1 s is failed).
+fn node_timeout_ms() -> String {
+    std::env::var("REDPILOT_CLUSTER_NODE_TIMEOUT").unwrap_or_else(|_| "1000".into())
+}
+
+struct Cluster {
+    servers: Vec<RedisServer>,
+    members: Vec<Member>,
+    opts: ConnectOptions,
+}
+
+fn start(engine: Engine, n: usize) -> Cluster {
+    let mut servers = Vec::new();
+    let mut members = Vec::new();
+    for _ in 0..n {
+        let bus = free_port();
+        let s = RedisServer::start(
+            engine,
+            ServerConfig::default()
+                .password(PASSWORD)
+                .with("cluster-enabled", "yes")
+                .with("cluster-port", &bus.to_string())
+                .with("cluster-node-timeout", &node_timeout_ms())
+                // Other shards keep serving while one has no primary.
+                .with("cluster-require-full-coverage", "no"),
+        );
+        members.push(Member {
+            endpoint: s.endpoint(),
+            bus_port: bus,
+        });
+        servers.push(s);
+    }
+    let opts = servers[0]
+        .connect_options()
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    Cluster {
+        servers,
+        members,
+        opts,
+    }
+}
+
+/// A hash tag whose slot lies in `range`.
+fn tag_in(range: &SlotRange, shard: usize) -> String {
+    (0..)
+        .map(|i| format!("s{shard}-{i}"))
+        .find(|t| range.contains(cluster::key_slot(t.as_bytes())))
+        .unwrap_or_default()
+}
+
+/// The node serving `slot` as primary now, as the first reachable member
+/// sees it.
+async fn primary_for(members: &[Member], opts: &ConnectOptions, slot: u16) -> Option<Endpoint> {
+    for m in members {
+        let Ok(mut n) = Node::connect(&m.endpoint, opts).await else {
+            continue;
+        };
+        let Ok(nodes) = cluster::nodes(&mut n).await else {
+            continue;
+        };
+        if let Some(p) = nodes
+            .iter()
+            .find(|k| k.primary && !k.fail && k.slots.iter().any(|r| r.contains(slot)))
+        {
+            return p.addr.clone();
+        }
+    }
+    None
+}
+
+#[derive(Default)]
+struct Tally {
+    /// (key, acknowledged at) of writes `WAIT 1` confirmed.
+    acked: Vec<(String, Instant)>,
+    /// When each `SET` was answered OK (confirmed or not), and by which
+    /// node.
+    set_ok: Vec<(Instant, Endpoint)>,
+    failed: u64,
+}
+
+/// Writes `{tag}:<n>` to whichever node serves the tag's slot, confirming
+/// each with `WAIT 1 500`; on any error it finds the primary again.
+fn writer(
+    members: Vec<Member>,
+    opts: ConnectOptions,
+    tag: String,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let slot = cluster::key_slot(tag.as_bytes());
+        let mut conn: Option<Node> = None;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let Some(node) = conn.as_mut() else {
+                if let Some(ep) = primary_for(&members, &opts, slot).await {
+                    conn = Node::connect(&ep, &opts).await.ok();
+                }
+                if conn.is_none() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                continue;
+            };
+            i += 1;
+            let key = format!("{{{tag}}}:{i}");
+            let set = node
+                .query::<()>("SET", redis::cmd("SET").arg(&key).arg(i))
+                .await;
+            if set.is_ok() {
+                let by = node.endpoint().clone();
+                tally.lock().await.set_ok.push((Instant::now(), by));
+            }
+            let confirmed = match set {
+                Ok(()) => node
+                    .query::<i64>("WAIT", redis::cmd("WAIT").arg(1).arg(500))
+                    .await
+                    .map(|n| n >= 1),
+                Err(e) => Err(e),
+            };
+            match confirmed {
+                Ok(true) => tally.lock().await.acked.push((key, Instant::now())),
+                Ok(false) => tally.lock().await.failed += 1,
+                Err(_) => {
+                    tally.lock().await.failed += 1;
+                    conn = None;
+                }
+            }
+        }
+    })
+}
+
+async fn form_3x2(engine: Engine) -> (Cluster, cluster::Formed) {
+    let c = start(engine, 6);
+    let shards: Vec<Vec<Member>> = c.members.chunks(2).map(<[Member]>::to_vec).collect();
+    let formed = cluster::form(&shards, &c.opts, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{engine:?}: forming 3 x 2: {e}"));
+    (c, formed)
+}
+
+async fn formed_cluster_serves_every_slot(engine: Engine) {
+    let (c, formed) = form_3x2(engine).await;
+    println!(
+        "{engine:?}: 3 shards x 2 formed in {:.0} ms",
+        formed.duration.as_secs_f64() * 1000.0
+    );
+    for (i, m) in c.members.iter().enumerate() {
+        let mut n = Node::connect(&m.endpoint, &c.opts).await.unwrap();
+        let info = cluster::info(&mut n).await.unwrap();
+        assert!(info.ok, "{engine:?} node {i}: {info:?}");
+        assert_eq!((info.slots_ok, info.known_nodes, info.size), (16_384, 6, 3));
+        let nodes = cluster::nodes(&mut n).await.unwrap();
+        for (shard, ids) in formed.shards.iter().enumerate() {
+            let p = nodes.iter().find(|k| k.id == ids[0]).expect("primary");
+            assert!(
+                p.primary,
+                "{engine:?}: shard {shard}'s first node is primary"
+            );
+            assert_eq!(
+                p.slots,
+                vec![formed.slots[shard]],
+                "{engine:?}: shard {shard}"
+            );
+            let r = nodes.iter().find(|k| k.id == ids[1]).expect("replica");
+            assert_eq!(r.replica_of.as_deref(), Some(ids[0].as_str()), "{engine:?}");
+            assert!(r.slots.is_empty());
+        }
+    }
+    // The key hash agrees with the server's.
+    let mut n = Node::connect(&c.members[0].endpoint, &c.opts)
+        .await
+        .unwrap();
+    for key in [
+        "foo",
+        "bar",
+        "hello",
+        "{user1000}.following",
+        "foo{}{bar}",
+        "é€",
+    ] {
+        let server: u16 = n
+            .query(
+                "CLUSTER KEYSLOT",
+                redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+            )
+            .await
+            .unwrap();
+        assert_eq!(cluster::key_slot(key.as_bytes()), server, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_70_cluster_forms_and_serves_every_slot() {
+    formed_cluster_serves_every_slot(Engine::Redis70).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_81_cluster_forms_and_serves_every_slot() {
+    formed_cluster_serves_every_slot(Engine::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_91_cluster_forms_and_serves_every_slot() {
+    formed_cluster_serves_every_slot(Engine::Valkey91).await;
+}
+
+/// The longest time without an acknowledged write (`times`) between
+/// `from` and `to`.
+fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = times
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t >= from && *t <= to)
+        .collect();
+    times.sort();
+    let mut prev = from;
+    let mut gap = Duration::ZERO;
+    for t in times.into_iter().chain([to]) {
+        gap = gap.max(t - prev);
+        prev = t;
+    }
+    gap
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shard_primary_is_replaced_by_the_cluster_losing_no_confirmed_write() {
+    let runs: usize = std::env::var("REDPILOT_CLUSTER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut outages = Vec::new();
+    for run in 0..runs {
+        let (mut c, formed) = form_3x2(Engine::Valkey81).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
+        let tasks: Vec<_> = (0..3)
+            .map(|s| {
+                writer(
+                    c.members.clone(),
+                    c.opts.clone(),
+                    tag_in(&formed.slots[s], s),
+                    stop.clone(),
+                    tallies[s].clone(),
+                )
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for (s, t) in tallies.iter().enumerate() {
+            assert!(
+                !t.lock().await.acked.is_empty(),
+                "run {run}: shard {s} takes writes"
+            );
+        }
+        // Shard 0's primary is the first member.
+        let killed = Instant::now();
+        c.servers[0].kill9();
+        // Writable again: the first write on shard 0 answered OK by another
+        // node after the kill (confirming it needs a replica, which the
+        // shard gets back only when the killed node returns).
+        let dead = c.members[0].endpoint.clone();
+        let back = loop {
+            let t = tallies[0].lock().await;
+            if let Some((at, _)) = t.set_ok.iter().find(|(at, by)| *at > killed && *by != dead) {
+                break *at;
+            }
+            drop(t);
+            assert!(
+                killed.elapsed() < Duration::from_secs(30),
+                "run {run}: shard 0 took no write for 30 s after its primary was killed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let outage = back - killed;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let until = Instant::now();
+        // The killed node comes back with its node ID (nodes.conf) and
+        // follows the new primary.
+        c.servers[0].restart();
+        let old_id = formed.shards[0][0].clone();
+        let new_id = formed.shards[0][1].clone();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut n = Node::connect(&c.members[0].endpoint, &c.opts)
+                .await
+                .unwrap();
+            let nodes = cluster::nodes(&mut n).await.unwrap();
+            let me = nodes.iter().find(|k| k.myself).expect("myself");
+            if me.id == old_id && me.replica_of.as_deref() == Some(new_id.as_str()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run}: the restarted node ({}) is not a replica of {new_id}: {nodes:?}",
+                me.id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // The other shards kept writing; nothing confirmed is lost.
+        for (s, t) in tallies.iter().enumerate() {
+            let t = t.lock().await;
+            if s > 0 {
+                let gap = longest_gap(&t.set_ok, killed, until);
+                println!("run {run}: shard {s}'s longest gap while shard 0 failed over: {gap:?}");
+                // A write takes a few ms; with full coverage required the
+                // whole cluster refuses writes for about a second here.
+                assert!(
+                    gap < Duration::from_millis(250),
+                    "run {run}: shard {s} took no write for {gap:?} while shard 0 failed over"
+                );
+            }
+            let primary = primary_for(&c.members, &c.opts, formed.slots[s].start)
+                .await
+                .expect("a primary");
+            let mut n = Node::connect(&primary, &c.opts).await.unwrap();
+            let mut missing = 0;
+            for chunk in t.acked.chunks(500) {
+                let mut cmd = redis::cmd("EXISTS");
+                for (k, _) in chunk {
+                    cmd.arg(k);
+                }
+                let found: usize = n.query("EXISTS", &cmd).await.unwrap();
+                missing += chunk.len() - found;
+            }
+            assert_eq!(
+                missing,
+                0,
+                "run {run}: shard {s} lost {missing} of {} confirmed writes",
+                t.acked.len()
+            );
+            println!(
+                "run {run} shard {s}: {} confirmed writes, {} failed or unconfirmed, 0 lost",
+                t.acked.len(),
+                t.failed
+            );
+        }
+        println!(
+            "run {run}: shard 0 writable again {:.0} ms after its primary's kill -9",
+            outage.as_secs_f64() * 1000.0
+        );
+        outages.push(outage);
+    }
+    outages.sort();
+    let at = |q: f64| outages[((outages.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "shard primary kill -9 → writable again, {} run(s): p50 {:.0} ms, p99 {:.0} ms (cluster-node-timeout {} ms)",
+        outages.len(),
+        at(0.5).as_secs_f64() * 1000.0,
+        at(0.99).as_secs_f64() * 1000.0,
+        node_timeout_ms()
+    );
+}
