@@ -331,13 +331,28 @@ pub struct Formed {
     pub duration: Duration,
 }
 
-/// Waits 50 ms, or fails with `what` once `deadline` has passed.
-async fn again(deadline: Instant, what: &str, last: Option<Error>) -> Result<()> {
-    if Instant::now() >= deadline {
-        return Err(last.unwrap_or_else(|| Error::State(format!("{what}: not within the bound"))));
+/// Asks `node` every 50 ms until `done` says yes; fails with `what` (or
+/// the last error) once `deadline` has passed.
+async fn until(
+    node: &mut Node,
+    deadline: Instant,
+    what: &str,
+    mut done: impl AsyncFnMut(&mut Node) -> Result<bool>,
+) -> Result<()> {
+    loop {
+        let last = match done(node).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => None,
+            Err(e) => Some(e),
+        };
+        if Instant::now() >= deadline {
+            let endpoint = node.endpoint();
+            return Err(last.unwrap_or_else(|| {
+                Error::State(format!("{endpoint}: {what}: not within the bound"))
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    Ok(())
 }
 
 /// Forms a cluster from empty nodes: `shards[i][0]` becomes the primary of
@@ -374,79 +389,49 @@ pub async fn form(
     }
     let want = all.len();
     for n in rest.iter_mut().chain(first.iter_mut()) {
-        loop {
-            let last = match nodes(n).await {
-                Ok(known)
-                    if known.len() == want
-                        && known
-                            .iter()
-                            .all(|k| k.myself || (!k.handshake && k.connected)) =>
-                {
-                    break;
-                }
-                Ok(_) => None,
-                Err(e) => Some(e),
-            };
-            let what = format!("{} to know all {want} nodes", n.endpoint());
-            again(deadline, &what, last).await?;
-        }
+        let what = format!("knowing all {want} nodes");
+        until(n, deadline, &what, async |n| {
+            let known = nodes(n).await?;
+            Ok(known.len() == want
+                && known
+                    .iter()
+                    .all(|k| k.myself || (!k.handshake && k.connected)))
+        })
+        .await?;
     }
+    // Each shard's first node serves its slots.
     let slots = spread(count);
-    let mut index = 0;
     let mut shard_ids = Vec::with_capacity(shards.len());
+    let mut offset = 0;
     for (shard, range) in shards.iter().zip(&slots) {
-        let primary = index;
-        add_slots(&mut conns[primary], std::slice::from_ref(range)).await?;
-        let mut members = vec![ids[primary].clone()];
-        for _ in 1..shard.len() {
-            index += 1;
-            members.push(ids[index].clone());
-        }
-        index += 1;
-        shard_ids.push(members);
+        add_slots(&mut conns[offset], std::slice::from_ref(range)).await?;
+        shard_ids.push(ids[offset..offset + shard.len()].to_vec());
+        offset += shard.len();
     }
     // Replicas attach once they know their primary as a primary with slots.
-    index = 0;
+    offset = 0;
     for shard in &shard_ids {
-        let primary_id = shard[0].clone();
-        index += 1;
-        for _ in 1..shard.len() {
-            let n = &mut conns[index];
-            loop {
-                let last = match nodes(n).await {
-                    Ok(known)
-                        if known
-                            .iter()
-                            .any(|k| k.id == primary_id && k.primary && !k.slots.is_empty()) =>
-                    {
-                        break;
-                    }
-                    Ok(_) => None,
-                    Err(e) => Some(e),
-                };
-                let what = format!("{} to see its primary's slots", n.endpoint());
-                again(deadline, &what, last).await?;
-            }
-            replicate(n, &primary_id).await?;
-            index += 1;
+        let primary_id = &shard[0];
+        for n in &mut conns[offset + 1..offset + shard.len()] {
+            until(n, deadline, "seeing its primary's slots", async |n| {
+                let known = nodes(n).await?;
+                Ok(known
+                    .iter()
+                    .any(|k| k.id == *primary_id && k.primary && !k.slots.is_empty()))
+            })
+            .await?;
+            replicate(n, primary_id).await?;
         }
+        offset += shard.len();
     }
     for n in conns.iter_mut() {
-        loop {
-            let last = match info(n).await {
-                Ok(i)
-                    if i.ok
-                        && i.slots_ok == u32::from(SLOTS)
-                        && usize::try_from(i.known_nodes).is_ok_and(|k| k == want) =>
-                {
-                    break;
-                }
-                Ok(_) => None,
-                Err(e) => Some(e),
-            };
-            let what = format!("{} to report cluster_state:ok", n.endpoint());
-            again(deadline, &what, last).await?;
-        }
+        until(n, deadline, "reporting cluster_state:ok", async |n| {
+            let i = info(n).await?;
+            Ok(i.ok
+                && i.slots_ok == u32::from(SLOTS)
+                && usize::try_from(i.known_nodes).is_ok_and(|k| k == want))
+        })
+        .await?;
     }
     Ok(Formed {
         shards: shard_ids,
