@@ -694,7 +694,7 @@ async fn kubectl_get_redis_shows_the_columns() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
+            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
         ],
         "kubectl get redis header:\n{stdout}"
     );
@@ -703,6 +703,7 @@ async fn kubectl_get_redis_shows_the_columns() {
         .unwrap_or_default()
         .split_whitespace()
         .collect();
+    // SHARDS is blank outside Cluster mode.
     assert_eq!(
         row.get(..6),
         Some(&["cache", "Replication", "7.0.15", "cache-0", "3/3", "Ready"][..]),
@@ -971,4 +972,153 @@ async fn names_longer_than_the_children_allow_are_refused() {
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Cluster mode at admission: `shards` only and always there, in range,
+/// and what Cluster mode does not support yet refused, naming the field;
+/// on update, what cannot change yet.
+#[tokio::test]
+async fn cluster_specs_are_checked_at_admission() {
+    let client = client().await;
+    install_crds(&client).await;
+    let ns = TestNamespace::new(&client, "crd-cluster", &[]).await;
+    let api = dynamic_api(&client, &ns.name);
+    let cluster = |extra: Value| {
+        let mut spec =
+            json!({"mode": "Cluster", "shards": 3, "engine": "Valkey", "version": "8.1"});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                s.insert(k.clone(), v.clone());
+            }
+        }
+        spec
+    };
+    let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "Cluster without shards",
+            json!({"mode": "Cluster"}),
+            vec!["spec.shards", "in mode Cluster"],
+        ),
+        (
+            "shards in Replication mode",
+            json!({"mode": "Replication", "shards": 3}),
+            vec!["spec.shards", "only there"],
+        ),
+        (
+            "2 shards",
+            cluster(json!({"shards": 2})),
+            vec!["spec.shards", "greater than or equal to 3"],
+        ),
+        (
+            "101 shards",
+            cluster(json!({"shards": 101})),
+            vec!["spec.shards", "less than or equal to 100"],
+        ),
+        (
+            "Redis 6.2 in Cluster mode",
+            cluster(json!({"engine": "Redis", "version": "6.2"})),
+            vec!["spec.version", "ADDSLOTSRANGE"],
+        ),
+        (
+            "hibernate",
+            cluster(json!({"hibernate": true, "storage": {"size": "1Gi"}})),
+            vec!["spec.hibernate", "Cluster"],
+        ),
+        (
+            "bootstrap",
+            cluster(json!({"bootstrap": {"fromBackup": {"backup": "b1"}}})),
+            vec!["spec.bootstrap", "Cluster"],
+        ),
+        (
+            "autopilot",
+            cluster(
+                json!({"resources": {"limits": {"memory": "1Gi"}}, "autopilot": {"memory": {"maxMemory": "2Gi"}}}),
+            ),
+            vec!["spec.autopilot", "Cluster"],
+        ),
+        (
+            "switchoverTo",
+            cluster(json!({"failover": {"switchoverTo": "x-s0-1"}})),
+            vec!["spec.failover.switchoverTo", "Cluster"],
+        ),
+        (
+            "cluster-node-timeout in spec.config",
+            cluster(json!({"config": {"cluster-node-timeout": "5000"}})),
+            vec![
+                "spec.config.cluster-node-timeout",
+                "managed by the operator",
+            ],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (case, spec, fragments) in &cases {
+        let r = api
+            .create(&dry_run_post(), &redis_object("c", spec.clone()))
+            .await;
+        failures.extend(check_rejection(case, r, fragments));
+    }
+    let long = "c".repeat(49);
+    let r = api
+        .create(&dry_run_post(), &redis_object(&long, cluster(json!({}))))
+        .await;
+    failures.extend(check_rejection(
+        "a 49-character Cluster name",
+        r,
+        &["at most 48 characters"],
+    ));
+
+    api.create(
+        &PostParams::default(),
+        &redis_object("sharded", cluster(json!({}))),
+    )
+    .await
+    .expect("creating a valid Cluster Redis");
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let updates: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "more shards",
+            json!({"spec": {"shards": 4}}),
+            vec!["spec.shards", "resharding"],
+        ),
+        (
+            "more instances",
+            json!({"spec": {"instances": 3}}),
+            vec!["spec.instances", "Cluster mode"],
+        ),
+        (
+            "an upgrade",
+            json!({"spec": {"version": "9.1"}}),
+            vec!["spec.version", "upgrades of a Cluster Redis"],
+        ),
+        (
+            "to Replication",
+            json!({"spec": {"mode": "Replication", "shards": null}}),
+            vec!["spec.mode", "immutable"],
+        ),
+    ];
+    for (case, patch, fragments) in &updates {
+        let r = api.patch("sharded", &dry_run, &Patch::Merge(patch)).await;
+        failures.extend(check_rejection(case, r, fragments));
+    }
+    if let Err(e) = api
+        .patch(
+            "sharded",
+            &dry_run,
+            &Patch::Merge(json!({"spec": {"config": {"maxmemory-policy": "allkeys-lru"}}})),
+        )
+        .await
+    {
+        failures.push(format!(
+            "a config change: refused, expected to be allowed: {e}"
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "Cluster specs not handled as expected:\n{}",
+        failures.join("\n")
+    );
+    let _ = api.delete("sharded", &DeleteParams::default()).await;
 }

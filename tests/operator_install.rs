@@ -349,7 +349,7 @@ async fn replication_in_restricted_namespace_replicates_and_reports() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
+            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
         ],
         "{text}"
     );
@@ -358,8 +358,9 @@ async fn replication_in_restricted_namespace_replicates_and_reports() {
         .unwrap_or_default()
         .split_whitespace()
         .collect();
-    // MEMORY is two words: `1.1Mi/192Mi (1%)`.
-    assert_eq!(row.len(), 9, "every column filled: {text}");
+    // MEMORY is two words: `1.1Mi/192Mi (1%)`; SHARDS is blank outside
+    // Cluster mode.
+    assert_eq!(row.len(), 9, "every other column filled: {text}");
     assert!(
         row[6].ends_with("/192Mi") && row[7].starts_with('(') && row[7].ends_with("%)"),
         "MEMORY: used/maxmemory (75 % of the 256Mi limit) and percent: {text}"

@@ -62,6 +62,14 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
     "tls-ca-cert-file",
     "cluster-enabled",
     "cluster-config-file",
+    // Cluster mode: the operator sets the addresses and the failure timing.
+    "cluster-announce-ip",
+    "cluster-announce-port",
+    "cluster-announce-bus-port",
+    "cluster-port",
+    "cluster-node-timeout",
+    "cluster-require-full-coverage",
+    "cluster-allow-replica-migration",
     "rename-command",
     "replica-announce-ip",
     "slave-announce-ip",
@@ -180,11 +188,28 @@ const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' 
     + self.spec.version + ' is a downgrade, which is refused (an older server cannot load data \
     written by a newer one); create a new Redis to run an older version'";
 
+/// The fewest shards of a Cluster Redis: a majority of primaries must agree
+/// that one failed before its replica takes over, and with fewer than three
+/// a single lost primary blocks that.
+pub const MIN_SHARDS: i32 = 3;
+/// The most shards of a Cluster Redis.
+pub const MAX_SHARDS: i32 = 100;
+/// Instances per shard when `spec.instances` is not set in Cluster mode:
+/// a primary and one replica.
+pub const DEFAULT_CLUSTER_INSTANCES: i32 = 2;
+/// The longest name of a Cluster Redis: its StatefulSets are
+/// `<name>-s<shard>` (up to `-s99`, four characters more), and their pods'
+/// `controller-revision-hash` label must stay within 63 characters.
+pub const MAX_CLUSTER_REDIS_NAME: usize = MAX_REDIS_NAME - 4;
+
 /// The longest Redis name: the StatefulSet of that name labels its pods
 /// `controller-revision-hash: <name>-<hash>` (a hash of up to 10
 /// characters), and a label value is at most 63 characters. Its other
 /// children (`<name>-headless`, `<name>-14`) are shorter.
 pub const MAX_REDIS_NAME: usize = 52;
+
+const CLUSTER_NAME_RULE: &str = "self.spec.mode != 'Cluster' || size(self.metadata.name) <= 48";
+const CLUSTER_NAME_MESSAGE: &str = "metadata.name: a Cluster Redis name is at most 48 characters: its StatefulSets are <name>-s<shard>, and their pods carry the label controller-revision-hash, <StatefulSet>-<hash of up to 10 characters>, at most 63 characters";
 
 const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.autopilot.memory) \
     || (has(self.resources) && has(self.resources.limits) && 'memory' in self.resources.limits)";
@@ -206,8 +231,11 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new(backup::name_length_rule(MAX_REDIS_NAME))
         .optional_old_self(true)
         .message(backup::name_length_message("Redis", MAX_REDIS_NAME, "its StatefulSet's pods carry the label controller-revision-hash, <name>-<hash of up to 10 characters>, and labels are at most 63 characters")),
-    doc = "A Redis or Valkey deployment managed by Redpilot: standalone, or a primary with replicas.",
+    validation = Rule::new(CLUSTER_NAME_RULE)
+        .message(CLUSTER_NAME_MESSAGE),
+    doc = "A Redis or Valkey deployment managed by Redpilot: standalone, a primary with replicas, or a Redis Cluster of shards.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Shards", type_ = "integer", json_path = ".spec.shards"),
     printcolumn(
         name = "Version",
         type_ = "string",
@@ -227,6 +255,33 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("self.mode != 'Standalone' || !has(self.instances) || self.instances == 1")
         .message("spec.instances: Standalone mode runs exactly 1 instance; use mode Replication for more")
         .field_path(".instances"),
+    validation = Rule::new("self.mode == 'Cluster' ? has(self.shards) : !has(self.shards)")
+        .message("spec.shards: set it (3 to 100) in mode Cluster, and only there")
+        .field_path(".shards"),
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.shards) || !has(oldSelf.shards) || self.shards == oldSelf.shards")
+        .message("spec.shards cannot change yet: online resharding is not supported; create a new Cluster Redis with the shard count you need")
+        .field_path(".shards"),
+    validation = Rule::new("self.mode != 'Cluster' || (self.version == oldSelf.version && self.engine == oldSelf.engine)")
+        .message("spec.version: upgrades of a Cluster Redis are not supported yet; create a new Cluster Redis with the version you need")
+        .field_path(".version"),
+    validation = Rule::new("self.mode != 'Cluster' || has(self.image) || self.engine != 'Redis' || !self.version.matches('^6[.]')")
+        .message("spec.version: Redis 6.2 is not supported in Cluster mode: the operator assigns slots with CLUSTER ADDSLOTSRANGE, which needs Redis 7.0 or later")
+        .field_path(".version"),
+    validation = Rule::new("self.mode != 'Cluster' || (has(self.instances) == has(oldSelf.instances) && (!has(self.instances) || self.instances == oldSelf.instances))")
+        .message("spec.instances cannot change yet in Cluster mode: adding and removing replicas of a shard is not supported; create a new Cluster Redis")
+        .field_path(".instances"),
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.bootstrap)")
+        .message("spec.bootstrap: restoring a Cluster Redis from a backup is not supported yet")
+        .field_path(".bootstrap"),
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.hibernate) || !self.hibernate")
+        .message("spec.hibernate: hibernation of a Cluster Redis is not supported yet")
+        .field_path(".hibernate"),
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.autopilot)")
+        .message("spec.autopilot: the memory autopilot does not support Cluster mode yet")
+        .field_path(".autopilot"),
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.failover) || !has(self.failover.switchoverTo)")
+        .message("spec.failover.switchoverTo: planned switchovers of a Cluster Redis are not supported yet")
+        .field_path(".failover.switchoverTo"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),
@@ -280,6 +335,14 @@ pub struct RedisSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 15))]
     pub instances: Option<i32>,
+
+    /// Cluster mode: the number of shards (3 to 100), each a primary with
+    /// `instances - 1` replicas (`instances` defaults to 2 in Cluster mode).
+    /// Required in Cluster mode and refused in the others. Fixed after
+    /// creation until online resharding exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 3, max = 100))]
+    pub shards: Option<i32>,
 
     /// CPU and memory for the server container. `maxmemory` is derived from
     /// the memory limit (or request) when one is set.
@@ -369,6 +432,7 @@ impl Default for RedisSpec {
             version: default_version(),
             image: None,
             instances: None,
+            shards: None,
             resources: None,
             config: BTreeMap::new(),
             auth: None,
@@ -401,6 +465,10 @@ pub enum Mode {
     Standalone,
     /// One primary and asynchronous replicas.
     Replication,
+    /// Redis Cluster: `shards` primaries, each with `instances - 1`
+    /// replicas, the 16,384 hash slots spread evenly over the shards.
+    /// Clients must be cluster-aware.
+    Cluster,
 }
 
 /// Server engine.
@@ -692,6 +760,45 @@ pub struct RedisStatus {
     /// What the autopilot decided and the size it keeps the instances at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autopilot: Option<AutopilotStatus>,
+    /// Cluster mode: the cluster's own view (`CLUSTER INFO`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+    /// Cluster mode: one entry per shard, in shard order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardStatus>,
+}
+
+/// What a Cluster Redis's nodes say of the cluster (`status.cluster`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// `ok` or `fail`, as the nodes report it (`fail` when any says so).
+    pub state: String,
+    /// Slots with an owner, out of 16,384.
+    pub slots_assigned: u32,
+    /// Slots whose owner is not failing.
+    pub slots_ok: u32,
+    /// Nodes the cluster knows (the most any node reports).
+    pub known_nodes: u32,
+}
+
+/// One shard of a Cluster Redis (`status.shards[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    /// The shard's index (its StatefulSet is `<name>-s<index>`).
+    pub index: i32,
+    /// Pod name of the shard's primary (the node serving its slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Pod names of the replicas following that primary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
+    /// The slot ranges the shard serves, e.g. `0-5461`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<String>,
+    /// Ready instances of the shard out of desired, e.g. `2/2`.
+    pub ready: String,
 }
 
 /// Memory use of one instance (`status.memory`).
@@ -878,7 +985,21 @@ impl RedisSpec {
             (Some(n), _) => n,
             (None, Mode::Standalone) => 1,
             (None, Mode::Replication) => 3,
+            (None, Mode::Cluster) => DEFAULT_CLUSTER_INSTANCES,
         }
+    }
+
+    /// The number of shards: `spec.shards` in Cluster mode, 1 otherwise.
+    pub fn desired_shards(&self) -> i32 {
+        match self.mode {
+            Mode::Cluster => self.shards.unwrap_or(MIN_SHARDS),
+            _ => 1,
+        }
+    }
+
+    /// Every instance of every shard.
+    pub fn total_instances(&self) -> i32 {
+        self.desired_shards() * self.desired_instances()
     }
 
     /// The container image: `spec.image`, or the engine's image at `version`.
