@@ -161,6 +161,38 @@ pub fn status(
             let _ = writeln!(out, "; autopilot off");
         }
     }
+    // Cluster mode: the cluster and one line per shard.
+    if let Some(c) = &st.cluster {
+        let _ = writeln!(
+            out,
+            "Cluster: state {}, {}/16384 slots ok, {} nodes known",
+            c.state, c.slots_ok, c.known_nodes
+        );
+    }
+    if !st.shards.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<6} {:<24} {:<32} {:<18} {:<6}",
+            "SHARD", "PRIMARY", "REPLICAS", "SLOTS", "READY"
+        );
+        for s in &st.shards {
+            let replicas = if s.replicas.is_empty() {
+                "-".to_string()
+            } else {
+                s.replicas.join(",")
+            };
+            let _ = writeln!(
+                out,
+                "{:<6} {:<24} {:<32} {:<18} {:<6}",
+                s.index,
+                s.primary.as_deref().unwrap_or("none"),
+                replicas,
+                s.slots.as_deref().unwrap_or("-"),
+                s.ready
+            );
+        }
+    }
     // Topology.
     let _ = writeln!(out);
     let _ = writeln!(
@@ -350,6 +382,44 @@ mod tests {
             s.instances[2].link_up = Some(false);
         }
         assert_eq!(switchover_target(&r).as_deref(), Some("cache-1"));
+    }
+
+    #[test]
+    fn a_cluster_shows_one_line_per_shard() {
+        use crate::api::v1alpha1::{ClusterStatus, Mode, ShardStatus};
+        let mut r = redis();
+        r.spec.mode = Mode::Cluster;
+        r.spec.shards = Some(3);
+        if let Some(st) = r.status.as_mut() {
+            st.cluster = Some(ClusterStatus {
+                state: "ok".into(),
+                slots_assigned: 16384,
+                slots_ok: 16384,
+                known_nodes: 6,
+            });
+            st.shards = (0..3)
+                .map(|i| ShardStatus {
+                    index: i,
+                    primary: Some(format!("cache-s{i}-0")),
+                    replicas: vec![format!("cache-s{i}-1")],
+                    slots: Some(["0-5461", "5462-10922", "10923-16383"][i as usize].into()),
+                    ready: "2/2".into(),
+                })
+                .collect();
+        }
+        let now = Utc::now();
+        let screen = status(&r, &[], &[], now);
+        assert!(
+            screen.contains("Cluster: state ok, 16384/16384 slots ok, 6 nodes known"),
+            "{screen}"
+        );
+        let line = screen
+            .lines()
+            .find(|l| l.starts_with("1 "))
+            .unwrap_or_else(|| panic!("no line for shard 1:\n{screen}"));
+        for part in ["cache-s1-0", "cache-s1-1", "5462-10922", "2/2"] {
+            assert!(line.contains(part), "{line}");
+        }
     }
 
     #[test]

@@ -288,7 +288,16 @@ pub fn server_auth_secret(
         let mut conf = format!("requirepass {q}\nmasterauth {q}\n");
         if !probe.is_empty() {
             let p = conf_quoted(&format!(">{probe}"));
-            conf.push_str(&format!("user {PROBE_USER} on {p} -@all +ping +info\n"));
+            // In Cluster mode it also reads the cluster's view: a node that
+            // served slots asks its peers at boot whether they moved.
+            let cluster = if redis.spec.mode == Mode::Cluster {
+                " +cluster|nodes +cluster|info"
+            } else {
+                ""
+            };
+            conf.push_str(&format!(
+                "user {PROBE_USER} on {p} -@all +ping +info{cluster}\n"
+            ));
         }
         conf
     };

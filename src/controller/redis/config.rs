@@ -97,6 +97,9 @@ fn base_config(redis: &Redis) -> Vec<String> {
             lines.push(format!("{k} {v}"));
         }
     }
+    if redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+        lines.extend(super::cluster::build::config_lines());
+    }
     // The password (requirepass, masterauth) from the server-auth Secret.
     lines.push(format!("include {}", build::AUTH_CONF_PATH));
     lines

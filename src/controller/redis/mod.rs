@@ -21,6 +21,7 @@ pub mod autopilot;
 pub mod bootstrap;
 pub mod build;
 pub mod children;
+pub mod cluster;
 pub mod config;
 pub mod credentials;
 pub mod drift;
@@ -245,6 +246,10 @@ impl Reconciler {
     async fn run(&mut self) -> Result<Action, Error> {
         if !self.refresh().await? {
             return Ok(Action::await_change());
+        }
+        // Cluster mode has its own topology pass (see `cluster`).
+        if self.redis.spec.mode == Mode::Cluster {
+            return self.run_cluster().await;
         }
         let paused = self.redis.spec.paused;
         let desired = self.redis.spec.desired_instances();

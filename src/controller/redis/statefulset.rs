@@ -44,7 +44,7 @@ pub const BOOT_FENCE_PORT: u16 = 1;
 /// not have yet; the operator raises it live once the limit is in effect.
 /// `REDPILOT_CGROUP_ROOT` and `REDPILOT_CGROUP_FILE` stand in for
 /// `/sys/fs/cgroup` and `/proc/self/cgroup` in tests.
-const MAXMEMORY_CAP: &str = r#"cg=${REDPILOT_CGROUP_ROOT:-/sys/fs/cgroup}
+pub(crate) const MAXMEMORY_CAP: &str = r#"cg=${REDPILOT_CGROUP_ROOT:-/sys/fs/cgroup}
 limit=
 while IFS=: read -r _ ctrl path; do
   case "$ctrl" in

@@ -401,6 +401,8 @@ impl Reconciler {
             hibernation: self.hibernation.clone(),
             memory: memory_status(facts, primary),
             autopilot: self.redis.status.as_ref().and_then(|s| s.autopilot.clone()),
+            cluster: None,
+            shards: Vec::new(),
         };
         status.conditions = merge(
             &old.conditions,
@@ -475,7 +477,7 @@ impl Reconciler {
     /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
     /// interval with a per-object backoff while passes keep seeing the same
     /// state (see [`stuck_backoff`]).
-    fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
+    pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
         if steady {
             self.ctx.forget_stuck(&self.oref);
             // The memory autopilot's cooldown may end sooner.
@@ -520,7 +522,7 @@ impl Reconciler {
 /// hibernated: Pending/Creating until it was first Ready (`old` is the
 /// phase the last pass wrote), then Updating while the operator carries out
 /// a change and Recovering while it waits for instances to come back.
-fn not_ready_phase(old: Option<Phase>, no_instances: bool, changing: bool) -> Phase {
+pub(super) fn not_ready_phase(old: Option<Phase>, no_instances: bool, changing: bool) -> Phase {
     let created = !matches!(old, None | Some(Phase::Pending | Phase::Creating));
     match (created, no_instances, changing) {
         (false, true, _) => Phase::Pending,
@@ -554,7 +556,7 @@ const OFFSET_REFRESH_BYTES: u64 = 1 << 20;
 /// Whether the status changed in a way worth a write: anything but the
 /// replication offsets and lags, or one of those that moved by at least
 /// [`OFFSET_REFRESH_BYTES`] (or appeared, or went away).
-fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
+pub(super) fn status_differs(old: &RedisStatus, new: &RedisStatus) -> bool {
     if strip_offsets(old) != strip_offsets(new) {
         return true;
     }
@@ -617,7 +619,10 @@ fn mebibytes(bytes: i64) -> String {
 /// The status as a JSON merge patch: `new`, plus an explicit `null` for
 /// every field the old status had and `new` leaves out (an omitted field
 /// would keep its old value on the server).
-fn merge_patch_value(old: &RedisStatus, new: &RedisStatus) -> Result<serde_json::Value, Error> {
+pub(super) fn merge_patch_value(
+    old: &RedisStatus,
+    new: &RedisStatus,
+) -> Result<serde_json::Value, Error> {
     let json = |s: &RedisStatus| serde_json::to_value(s).map_err(|e| Error::Serialize("status", e));
     let mut value = json(new)?;
     if let (serde_json::Value::Object(map), serde_json::Value::Object(old_map)) =

@@ -1,0 +1,525 @@
+//! Cluster mode: the topology seam of a Redis Cluster. The shared pipeline
+//! (password, observation of pods and servers, server-side apply of the
+//! children, live configuration, status writes) is the Replication mode's;
+//! what differs is here:
+//!
+//! | step | where | what |
+//! |---|---|---|
+//! | children | [`build`] | one StatefulSet per shard, the client Service, the boot rule |
+//! | observe | [`Reconciler::cluster_views`] | `CLUSTER NODES` and `CLUSTER INFO` from every node |
+//! | decide | [`plan`] | pure: meet, assign slots, attach replicas, forget stale IDs |
+//! | act | [`Reconciler::cluster_steps`] | the steps, each reported |
+//! | status | [`Reconciler::cluster_finish`] | per-shard primaries, the cluster's state |
+//!
+//! Failover is the cluster's own: when a shard's primary fails, its
+//! replicas elect one of themselves within about three node timeouts. The
+//! operator finishes what the cluster cannot (empty nodes attached, stale
+//! IDs forgotten) and reports a shard that has no one left to take over.
+
+pub mod build;
+pub mod plan;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::observe::{Auth, PodFacts, Role};
+use super::status::{self, Cond};
+use super::{Error, Reconciler};
+use crate::api::v1alpha1::{ClusterStatus, InstanceStatus, Phase, RedisStatus, ShardStatus};
+use crate::redis::cluster as rc;
+use crate::redis::{ConnectOptions, Endpoint, Node};
+
+use self::plan::{Member, Plan, Step, View};
+
+impl Reconciler {
+    /// One pass over a Cluster Redis.
+    pub(super) async fn run_cluster(&mut self) -> Result<Action, Error> {
+        let paused = self.redis.spec.paused;
+        let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
+            self.lookup(&self.names.server_auth()).await?;
+        let running = server_auth
+            .as_ref()
+            .and_then(super::credentials::read_server_auth)
+            .map(|a| a.current);
+        let wanted_password = match self.auth(paused, running.as_deref()).await? {
+            Auth::Ok { password, .. } => password,
+            Auth::Failed(e) => return self.fail_status(e).await,
+        };
+        let auth = self
+            .server_auth(server_auth.as_ref(), &wanted_password, paused)
+            .await?;
+        let opts = self.connect_options(&auth.current);
+
+        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
+        self.servers_observed = obs.servers_observed;
+        let mut facts = obs.facts;
+        self.mark_outdated(&mut facts);
+        let (views, mut conns) = if obs.servers_observed {
+            self.cluster_views(&facts, &opts).await
+        } else {
+            (BTreeMap::new(), BTreeMap::new())
+        };
+        let members = self.members(&facts, &views);
+        let shards = self.redis.spec.desired_shards();
+        let instances = self.redis.spec.desired_instances();
+        let plan = plan::decide(&members, shards, instances);
+
+        if paused {
+            self.progressing
+                .push("reconciliation is paused (spec.paused)".into());
+            return self.cluster_finish(&facts, &members, &plan, true).await;
+        }
+
+        self.track_live_config().await?;
+        self.apply_cluster_children(&auth.current).await?;
+        if !self.notes.is_empty() {
+            return self.cluster_finish(&facts, &members, &plan, false).await;
+        }
+        if obs.servers_observed {
+            self.rotate_password(&facts, &auth, &wanted_password)
+                .await?;
+            self.cluster_steps(&plan, &members, &mut conns).await;
+            let (engine, _) = self.engine_version();
+            self.apply_live_config(&facts, &opts, engine).await;
+        }
+        self.cluster_finish(&facts, &members, &plan, false).await
+    }
+
+    /// A pod runs an older template than its shard's StatefulSet.
+    fn mark_outdated(&self, facts: &mut [PodFacts]) {
+        for f in facts.iter_mut() {
+            let Some((shard, _)) = build::shard_of(&self.names, &f.name) else {
+                continue;
+            };
+            let sts: Option<StatefulSet> =
+                self.cached(&build::shard_statefulset_name(&self.names, shard));
+            let want = sts
+                .as_ref()
+                .filter(|s| super::observe::sts_observed(s))
+                .and_then(|s| s.status.as_ref()?.update_revision.clone());
+            f.outdated = matches!((want, &f.revision), (Some(w), Some(h)) if &w != h);
+        }
+    }
+
+    /// `CLUSTER NODES` and `CLUSTER INFO` from every node that answered
+    /// `INFO`, and the connections (reused for the steps).
+    async fn cluster_views(
+        &self,
+        facts: &[PodFacts],
+        opts: &ConnectOptions,
+    ) -> (BTreeMap<String, View>, BTreeMap<String, Node>) {
+        let asks = facts
+            .iter()
+            .filter(|f| f.reachable && !f.terminating)
+            .filter_map(|f| Some((f.name.clone(), f.ip.clone()?)))
+            .map(|(pod, ip)| async move {
+                let ep = Endpoint::new(&ip, super::build::REDIS_PORT);
+                let mut node = Node::connect(&ep, opts).await.ok()?;
+                let nodes = rc::nodes(&mut node).await.ok()?;
+                let info = rc::info(&mut node).await.ok()?;
+                Some((pod, View { nodes, info }, node))
+            });
+        let mut views = BTreeMap::new();
+        let mut conns = BTreeMap::new();
+        for (pod, view, node) in futures::future::join_all(asks).await.into_iter().flatten() {
+            views.insert(pod.clone(), view);
+            conns.insert(pod, node);
+        }
+        (views, conns)
+    }
+
+    fn members(&self, facts: &[PodFacts], views: &BTreeMap<String, View>) -> Vec<Member> {
+        let mut out: Vec<Member> = facts
+            .iter()
+            .filter_map(|f| {
+                let (shard, ordinal) = build::shard_of(&self.names, &f.name)?;
+                Some(Member {
+                    pod: f.name.clone(),
+                    shard,
+                    ordinal,
+                    ip: f.ip.clone(),
+                    ready: f.ready,
+                    terminating: f.terminating,
+                    view: views.get(&f.name).cloned(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|m| (m.shard, m.ordinal));
+        out
+    }
+
+    /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
+    async fn apply_cluster_children(&mut self, _password: &str) -> Result<(), Error> {
+        let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
+        let cm = super::build::config_map(&self.redis, &self.names, None, None);
+        self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
+            .await?;
+        for svc in build::services(&self.redis, &self.names) {
+            let name = svc.metadata.name.clone().unwrap_or_default();
+            let live: Option<Service> = self.lookup(&name).await?;
+            self.apply_or_degrade("Service", &svc, live.as_ref())
+                .await?;
+        }
+        let pdb = super::build::pdb(&self.redis, &self.names);
+        let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
+        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+            .await?;
+
+        let (engine, version) = self.engine_version();
+        let restart = super::config::restart_hash(&self.redis, |k| {
+            crate::redis::config::is_dynamic(k, engine, version)
+        });
+        let image = self.ctx.images.image_for(&self.redis.spec);
+        let secret = self.names.server_auth();
+        for shard in 0..self.redis.spec.desired_shards() {
+            let sts = build::shard_statefulset(
+                &self.redis,
+                &self.names,
+                shard,
+                &secret,
+                &restart,
+                &image,
+            );
+            let name = build::shard_statefulset_name(&self.names, shard);
+            let live: Option<StatefulSet> = self.lookup(&name).await?;
+            let wrote = self
+                .apply_or_degrade("StatefulSet", &sts, live.as_ref())
+                .await?;
+            if wrote && live.is_some() {
+                self.progressing.push(format!("StatefulSet {name} updated"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the plan's steps, reporting each kind once per pass.
+    async fn cluster_steps(
+        &mut self,
+        plan: &Plan,
+        members: &[Member],
+        conns: &mut BTreeMap<String, Node>,
+    ) {
+        let mut met = Vec::new();
+        let mut slotted = Vec::new();
+        let mut attached = Vec::new();
+        let mut forgotten = Vec::new();
+        for step in &plan.steps {
+            let done = match step {
+                Step::Meet { from, to, ip } => {
+                    let other = rc::Member {
+                        endpoint: Endpoint::new(ip, super::build::REDIS_PORT),
+                        bus_port: build::BUS_PORT,
+                    };
+                    let r = match conns.get_mut(from) {
+                        Some(n) => rc::meet(n, &other).await,
+                        None => continue,
+                    };
+                    r.map(|()| met.push(to.clone()))
+                        .map_err(|e| (format!("{from} meeting {to}"), e))
+                }
+                Step::AddSlots { pod, ranges } => {
+                    let r = match conns.get_mut(pod) {
+                        Some(n) => rc::add_slots(n, ranges).await,
+                        None => continue,
+                    };
+                    r.map(|()| slotted.push(format!("{pod}: {}", plan::show(ranges))))
+                        .map_err(|e| (format!("assigning slots to {pod}"), e))
+                }
+                Step::Replicate {
+                    pod,
+                    primary,
+                    primary_id,
+                } => {
+                    let r = match conns.get_mut(pod) {
+                        Some(n) => rc::replicate(n, primary_id).await,
+                        None => continue,
+                    };
+                    r.map(|()| attached.push(format!("{pod} follows {primary}")))
+                        .map_err(|e| (format!("attaching {pod} to {primary}"), e))
+                }
+                Step::Forget { id } => {
+                    // Every node must forget within a minute, or gossip
+                    // brings the ID back; one that never knew it says so.
+                    let mut failed = None;
+                    for m in members {
+                        let Some(n) = conns.get_mut(&m.pod) else {
+                            continue;
+                        };
+                        if let Err(e) = rc::forget(n, id).await
+                            && !e.to_string().contains("Unknown node")
+                        {
+                            failed = Some((format!("{} forgetting node {id}", m.pod), e));
+                        }
+                    }
+                    match failed {
+                        None => {
+                            forgotten.push(id.clone());
+                            Ok(())
+                        }
+                        Some(f) => Err(f),
+                    }
+                }
+            };
+            if let Err((what, e)) = done {
+                self.data_plane_failed(what, &e).await;
+            }
+        }
+        let report = |reason: &'static str, what: &str, list: Vec<String>| {
+            (!list.is_empty()).then(|| (reason, format!("{what}: {}", list.join("; "))))
+        };
+        let reports: Vec<(&'static str, String)> = [
+            report("ClusterMeet", "nodes joined the cluster", met),
+            report("SlotsAssigned", "slots assigned", slotted),
+            report("ReplicaAttached", "replicas attached", attached),
+            report(
+                "NodeForgotten",
+                "node IDs no pod runs were forgotten on every node",
+                forgotten,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for (reason, note) in reports {
+            tracing::info!(redis = %self.oref, reason, "{note}");
+            self.progressing.push(note.clone());
+            self.wrote = true;
+            self.event(EventType::Normal, reason, "Cluster", note).await;
+        }
+    }
+
+    /// The status of a Cluster Redis.
+    async fn cluster_finish(
+        &mut self,
+        facts: &[PodFacts],
+        members: &[Member],
+        plan: &Plan,
+        paused: bool,
+    ) -> Result<Action, Error> {
+        let redis = self.redis.clone();
+        let spec = &redis.spec;
+        let total = spec.total_instances();
+        let instances = spec.desired_instances();
+        self.notes.extend(plan.problems.iter().cloned());
+        self.progressing.extend(plan.waiting.iter().cloned());
+        let outdated = facts.iter().filter(|f| f.outdated).count();
+        if outdated > 0 {
+            self.progressing.push(format!(
+                "{outdated} instance(s) run an older pod template; ordered restarts of a \
+                 Cluster Redis are not built yet: delete their pods one at a time, replicas first"
+            ));
+        }
+        let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
+        let all_ready = ready_count == total
+            && facts.len() as i32 == total
+            && plan.healthy
+            && facts.iter().all(|f| f.reachable);
+        let degraded = !self.notes.is_empty();
+        let progressing = !self.progressing.is_empty() || !all_ready;
+        let single = instances == 1;
+        let mut conds = vec![
+            if all_ready && !degraded {
+                Cond::new(
+                    "Ready",
+                    true,
+                    "ClusterReady",
+                    format!(
+                        "{ready_count}/{total} instances ready, {} shards serving all 16384 slots{}",
+                        spec.desired_shards(),
+                        if single {
+                            "; spec.instances is 1: a shard whose primary is lost loses its slots' data"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            } else {
+                Cond::new(
+                    "Ready",
+                    false,
+                    if degraded {
+                        "Degraded"
+                    } else {
+                        "NotAllInstancesReady"
+                    },
+                    format!("{ready_count}/{total} instances ready"),
+                )
+            },
+            if paused {
+                Cond::new(
+                    "Progressing",
+                    false,
+                    "Paused",
+                    "spec.paused is true: children are not changed",
+                )
+            } else if progressing {
+                let msg = if self.progressing.is_empty() {
+                    format!("waiting for instances: {ready_count}/{total} ready")
+                } else {
+                    self.progressing.join("; ")
+                };
+                Cond::new("Progressing", true, "Reconciling", msg)
+            } else {
+                Cond::new("Progressing", false, "Reconciled", "nothing to do")
+            },
+            if degraded {
+                Cond::new(
+                    "Degraded",
+                    true,
+                    self.degraded_reason.unwrap_or("ClusterDegraded"),
+                    self.notes.join("; "),
+                )
+            } else {
+                Cond::new("Degraded", false, "AsExpected", "no problems found")
+            },
+        ];
+        let without: Vec<String> = plan
+            .shards
+            .iter()
+            .filter(|s| s.primary.is_none())
+            .map(|s| s.index.to_string())
+            .collect();
+        conds.push(if without.is_empty() {
+            Cond::new(
+                "PrimaryAvailable",
+                true,
+                "EveryShardHasAPrimary",
+                "every shard has a primary serving its slots",
+            )
+        } else {
+            Cond::new(
+                "PrimaryAvailable",
+                false,
+                "ShardWithoutPrimary",
+                format!("shard(s) {} have no primary", without.join(", ")),
+            )
+        });
+        let old = self.redis.status.clone().unwrap_or_default();
+        let phase = if paused {
+            Phase::Paused
+        } else if degraded {
+            Phase::Degraded
+        } else if all_ready {
+            Phase::Ready
+        } else {
+            status::not_ready_phase(old.phase, facts.is_empty(), !self.progressing.is_empty())
+        };
+        let role_of = |m: &Member| match m.view.as_ref().and_then(View::myself) {
+            Some(n) if n.primary && !n.slots.is_empty() => "primary",
+            Some(n) if n.replica_of.is_some() => "replica",
+            _ => "unknown",
+        };
+        let by_pod: BTreeMap<&str, &Member> = members.iter().map(|m| (m.pod.as_str(), m)).collect();
+        let instances_status: Vec<InstanceStatus> = facts
+            .iter()
+            .map(|f| InstanceStatus {
+                name: f.name.clone(),
+                role: by_pod
+                    .get(f.name.as_str())
+                    .map_or("unknown", |m| role_of(m))
+                    .to_string(),
+                ready: f.ready,
+                offset: f.offset,
+                lag_bytes: f.lag_bytes,
+                link_up: (f.role == Some(Role::Replica)).then_some(f.link_up == Some(true)),
+            })
+            .collect();
+        let views: Vec<&View> = members.iter().filter_map(|m| m.view.as_ref()).collect();
+        let cluster = (!views.is_empty()).then(|| ClusterStatus {
+            state: if views.iter().all(|v| v.info.ok) {
+                "ok".into()
+            } else {
+                "fail".into()
+            },
+            slots_assigned: views
+                .iter()
+                .map(|v| v.info.slots_assigned)
+                .min()
+                .unwrap_or(0),
+            slots_ok: views.iter().map(|v| v.info.slots_ok).min().unwrap_or(0),
+            known_nodes: views.iter().map(|v| v.info.known_nodes).max().unwrap_or(0),
+        });
+        let shards: Vec<ShardStatus> = plan
+            .shards
+            .iter()
+            .map(|s| ShardStatus {
+                index: s.index,
+                primary: s.primary.clone(),
+                replicas: s.replicas.clone(),
+                slots: (!s.slots.is_empty()).then(|| plan::show(&s.slots)),
+                ready: format!("{}/{instances}", s.ready),
+            })
+            .collect();
+        let mut versions: Vec<&str> = Vec::new();
+        for v in facts.iter().filter_map(|f| f.version.as_deref()) {
+            if !versions.contains(&v) {
+                versions.push(v);
+            }
+        }
+        let user_secret = spec.auth_secret_name().map(String::from);
+        let mut st = RedisStatus {
+            observed_generation: self.redis.metadata.generation,
+            phase: Some(phase),
+            current_version: if versions.is_empty() {
+                old.current_version.clone()
+            } else {
+                Some(versions.join(", "))
+            },
+            ready: Some(format!("{ready_count}/{total}")),
+            ready_instances: ready_count,
+            instances: instances_status,
+            write_service: Some(self.names.write_service()),
+            auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
+            live_config_keys: old.live_config_keys.clone(),
+            config_resets: old.config_resets,
+            cluster: cluster.or_else(|| old.cluster.clone()),
+            shards,
+            ..Default::default()
+        };
+        st.conditions = status::merge(
+            &old.conditions,
+            &conds,
+            self.redis.metadata.generation,
+            Timestamp::now(),
+        );
+        let steady = all_ready && !degraded;
+        if !status::status_differs(&old, &st) {
+            return Ok(self.requeue(steady, &st));
+        }
+        self.patch_status(status::merge_patch_value(&old, &st)?)
+            .await?;
+        if old.phase != st.phase {
+            let (t, note) = match phase {
+                Phase::Ready => (
+                    EventType::Normal,
+                    format!(
+                        "all {total} instances ready; {} shards serve all 16384 slots",
+                        spec.desired_shards()
+                    ),
+                ),
+                Phase::Degraded => (EventType::Warning, self.notes.join("; ")),
+                p => (EventType::Normal, format!("phase {p:?}")),
+            };
+            self.event(t, &format!("{phase:?}"), "Reconcile", note)
+                .await;
+        }
+        if single && old.phase.is_none() {
+            self.event(
+                EventType::Warning,
+                "NoReplicas",
+                "Reconcile",
+                "spec.instances is 1: no shard has a replica, so a lost primary loses its \
+                 slots' data and they stay unserved until the Redis is re-created"
+                    .into(),
+            )
+            .await;
+        }
+        Ok(self.requeue(steady, &st))
+    }
+}

@@ -1,0 +1,892 @@
+//! Pure decisions of Cluster mode: from what every node says of the
+//! cluster (`CLUSTER NODES`, `CLUSTER INFO`) and which pod it runs in, the
+//! next steps (meet, assign slots, attach replicas, forget stale nodes),
+//! each shard's primary and replicas, and what is wrong. Table-tested; the
+//! steps run in [`super`].
+//!
+//! Rules that keep data safe:
+//! - Slots are only ever given when nobody owns them: a node that failed
+//!   keeps its slots until a replica of its shard takes them over, so an
+//!   empty node that replaced it never gets them back (the Cluster-mode
+//!   counterpart of the Replication boot rule).
+//! - A node that claims slots the cluster does not know is never met into
+//!   it (two clusters would merge); it is reported.
+//! - A node ID is forgotten only once every pod of the Redis answers and
+//!   none runs it, and never while it owns slots or a node follows it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::redis::cluster::{ClusterInfo, ClusterNode, SLOTS, SlotRange, spread};
+
+/// One pod of a Cluster Redis and what its server said.
+#[derive(Debug, Clone, Default)]
+pub struct Member {
+    /// Pod name.
+    pub pod: String,
+    /// The shard (from the pod's StatefulSet).
+    pub shard: i32,
+    /// The pod's ordinal within its shard.
+    pub ordinal: i32,
+    /// Pod IP.
+    pub ip: Option<String>,
+    /// Pod Ready condition.
+    pub ready: bool,
+    /// Being deleted.
+    pub terminating: bool,
+    /// What the server answered; `None` when it did not.
+    pub view: Option<View>,
+}
+
+/// One node's view of the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// `CLUSTER NODES`.
+    pub nodes: Vec<ClusterNode>,
+    /// `CLUSTER INFO`.
+    pub info: ClusterInfo,
+}
+
+impl View {
+    /// The answering node's own line.
+    pub fn myself(&self) -> Option<&ClusterNode> {
+        self.nodes.iter().find(|n| n.myself)
+    }
+
+    /// Whether the node knows `id` past the handshake.
+    pub fn knows(&self, id: &str) -> bool {
+        self.nodes.iter().any(|n| n.id == id && !n.handshake)
+    }
+}
+
+impl Member {
+    fn me(&self) -> Option<&ClusterNode> {
+        self.view.as_ref()?.myself()
+    }
+
+    /// The node ID it answered with.
+    pub fn id(&self) -> Option<&str> {
+        self.me().map(|n| n.id.as_str())
+    }
+
+    fn live(&self) -> bool {
+        !self.terminating && self.ip.is_some() && self.me().is_some()
+    }
+}
+
+/// A step toward the desired cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `CLUSTER MEET` from `from` (a pod) to the node at `ip`.
+    Meet {
+        /// Pod that meets.
+        from: String,
+        /// The pod that is met.
+        to: String,
+        /// Its IP.
+        ip: String,
+    },
+    /// `CLUSTER ADDSLOTSRANGE` on `pod` (slots nobody owns).
+    AddSlots {
+        /// Pod that takes the slots.
+        pod: String,
+        /// The slots.
+        ranges: Vec<SlotRange>,
+    },
+    /// `CLUSTER REPLICATE` on `pod`: follow its shard's primary.
+    Replicate {
+        /// Pod that follows.
+        pod: String,
+        /// The shard primary's pod.
+        primary: String,
+        /// The shard primary's node ID.
+        primary_id: String,
+    },
+    /// `CLUSTER FORGET` of a node ID no pod runs, on every node.
+    Forget {
+        /// The stale node ID.
+        id: String,
+    },
+}
+
+/// One shard as decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shard {
+    /// Index.
+    pub index: i32,
+    /// The pod serving the shard's slots.
+    pub primary: Option<String>,
+    /// Its node ID.
+    pub primary_id: Option<String>,
+    /// Pods following it.
+    pub replicas: Vec<String>,
+    /// The slots it serves.
+    pub slots: Vec<SlotRange>,
+    /// Pods of the shard, and how many are Ready.
+    pub pods: usize,
+    /// See `pods`.
+    pub ready: usize,
+}
+
+/// What a pass decided.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Steps to take now, in order.
+    pub steps: Vec<Step>,
+    /// Per shard, in order.
+    pub shards: Vec<Shard>,
+    /// What is wrong (Degraded).
+    pub problems: Vec<String>,
+    /// What is under way or awaited (Progressing).
+    pub waiting: Vec<String>,
+    /// The cluster is as desired: every pod answers, every slot is served
+    /// and `ok` on every node, every shard has its primary and replicas.
+    pub healthy: bool,
+}
+
+/// Ranges of the slots in `slots` (sorted, deduplicated).
+pub fn ranges(slots: impl IntoIterator<Item = u16>) -> Vec<SlotRange> {
+    let mut out: Vec<SlotRange> = Vec::new();
+    for s in slots.into_iter().collect::<BTreeSet<u16>>() {
+        match out.last_mut() {
+            Some(r) if r.end + 1 == s => r.end = s,
+            _ => out.push(SlotRange { start: s, end: s }),
+        }
+    }
+    out
+}
+
+/// Ranges as text: `0-5460,5462`.
+pub fn show(ranges: &[SlotRange]) -> String {
+    ranges
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Who owns each slot: of every claim the nodes of the cluster report, the
+/// one with the highest configuration epoch (how the cluster itself
+/// settles a conflict).
+fn owners<'a>(views: impl Iterator<Item = &'a View>) -> Vec<Option<(u64, String)>> {
+    let mut owner: Vec<Option<(u64, String)>> = vec![None; usize::from(SLOTS)];
+    for view in views {
+        for n in view.nodes.iter().filter(|n| n.primary) {
+            for r in &n.slots {
+                for s in r.start..=r.end {
+                    let cur = &mut owner[usize::from(s)];
+                    if cur.as_ref().is_none_or(|(e, _)| n.config_epoch > *e) {
+                        *cur = Some((n.config_epoch, n.id.clone()));
+                    }
+                }
+            }
+        }
+    }
+    owner
+}
+
+/// Decides the next steps for `shards` shards of `instances` instances.
+pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
+    let mut plan = Plan::default();
+    let live: Vec<&Member> = members.iter().filter(|m| m.live()).collect();
+    let by_id: BTreeMap<&str, &Member> = live.iter().filter_map(|m| Some((m.id()?, *m))).collect();
+
+    // The anchor: the node that knows the most of the cluster.
+    let anchor = live.iter().copied().max_by_key(|m| {
+        let v = m.view.as_ref();
+        let known = v.map_or(0, |v| v.nodes.iter().filter(|n| !n.handshake).count());
+        let owns = m.me().is_some_and(|n| !n.slots.is_empty());
+        (known, owns, -m.shard, -m.ordinal)
+    });
+    let Some(anchor) = anchor else {
+        plan.waiting
+            .push("waiting for the nodes to answer".to_string());
+        plan.shards = (0..shards)
+            .map(|i| {
+                let s = Shard {
+                    index: i,
+                    ..Default::default()
+                };
+                shard_counts(members, i, s)
+            })
+            .collect();
+        return plan;
+    };
+    let anchor_view = anchor.view.as_ref();
+    // The cluster: the anchor and the nodes it knows. A node outside it
+    // does not decide who owns a slot.
+    let inside = |m: &Member| {
+        m.pod == anchor.pod
+            || m.id()
+                .is_some_and(|id| anchor_view.is_some_and(|v| v.knows(id)))
+    };
+    let owner = owners(
+        live.iter()
+            .copied()
+            .filter(|m| inside(m))
+            .filter_map(|m| m.view.as_ref()),
+    );
+    let owned_by = |id: &str| -> Vec<u16> {
+        (0..SLOTS)
+            .filter(|s| {
+                owner[usize::from(*s)]
+                    .as_ref()
+                    .is_some_and(|(_, o)| o == id)
+            })
+            .collect()
+    };
+
+    // 1. Meet every node the anchor does not know.
+    for m in &live {
+        let (Some(id), Some(ip)) = (m.id(), m.ip.as_deref()) else {
+            continue;
+        };
+        if m.pod == anchor.pod {
+            continue;
+        }
+        if anchor_view.is_some_and(|v| v.knows(id)) {
+            continue;
+        }
+        let in_handshake = anchor_view.is_some_and(|v| {
+            v.nodes
+                .iter()
+                .any(|n| n.handshake && n.addr.as_ref().is_some_and(|a| a.host() == ip))
+        });
+        if in_handshake {
+            plan.waiting
+                .push(format!("{} is joining the cluster", m.pod));
+            continue;
+        }
+        // Slots it claims that the cluster does not hold at a higher
+        // epoch: met, it would take them (or two clusters would merge).
+        let foreign: Vec<u16> = m
+            .me()
+            .map(|n| {
+                n.slots
+                    .iter()
+                    .flat_map(|r| r.start..=r.end)
+                    .filter(|s| {
+                        owner[usize::from(*s)]
+                            .as_ref()
+                            .is_none_or(|(e, _)| *e <= n.config_epoch)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !foreign.is_empty() {
+            plan.problems.push(format!(
+                "{} serves slots {} that the cluster of {} does not know: it is not joined \
+                 (two clusters would merge)",
+                m.pod,
+                show(&ranges(foreign)),
+                anchor.pod
+            ));
+            continue;
+        }
+        plan.steps.push(Step::Meet {
+            from: anchor.pod.clone(),
+            to: m.pod.clone(),
+            ip: ip.to_string(),
+        });
+    }
+
+    // 2. Each shard's primary: the node of its pods that owns slots.
+    let want = spread(u16::try_from(shards.max(0)).unwrap_or(0));
+    for i in 0..shards {
+        let mut shard = Shard {
+            index: i,
+            ..Default::default()
+        };
+        let owning: Vec<&Member> = live
+            .iter()
+            .copied()
+            .filter(|m| m.shard == i)
+            .filter(|m| m.id().is_some_and(|id| !owned_by(id).is_empty()))
+            .collect();
+        if owning.len() > 1 {
+            let pods: Vec<&str> = owning.iter().map(|m| m.pod.as_str()).collect();
+            plan.problems.push(format!(
+                "shard {i}: {} all serve slots; a shard has one primary",
+                pods.join(", ")
+            ));
+        }
+        if let Some(p) = owning.first()
+            && let Some(id) = p.id()
+        {
+            shard.primary = Some(p.pod.clone());
+            shard.primary_id = Some(id.to_string());
+            shard.slots = ranges(owned_by(id));
+        }
+        plan.shards.push(shard_counts(members, i, shard));
+    }
+
+    // 3. Slots nobody owns go to their shard: to its primary, or on a new
+    // cluster to the shard's first empty node the anchor knows.
+    let fresh = owner.iter().all(Option::is_none);
+    for (i, range) in want.iter().enumerate() {
+        let shard = &plan.shards[i];
+        let unowned: Vec<u16> = (range.start..=range.end)
+            .filter(|s| owner[usize::from(*s)].is_none())
+            .collect();
+        if unowned.is_empty() {
+            continue;
+        }
+        let target = match &shard.primary {
+            Some(p) => Some(p.clone()),
+            None if fresh || (range.start..=range.end).all(|s| owner[usize::from(s)].is_none()) => {
+                live.iter()
+                    .filter(|m| m.shard == shard.index)
+                    .filter(|m| {
+                        m.me().is_some_and(|n| n.primary && n.slots.is_empty())
+                            && m.id().is_some_and(|id| {
+                                m.pod == anchor.pod || anchor_view.is_some_and(|v| v.knows(id))
+                            })
+                    })
+                    .min_by_key(|m| m.ordinal)
+                    .map(|m| m.pod.clone())
+            }
+            None => None,
+        };
+        match target {
+            Some(pod) => plan.steps.push(Step::AddSlots {
+                pod,
+                ranges: ranges(unowned),
+            }),
+            None => plan.waiting.push(format!(
+                "shard {}: slots {} wait for a node of the shard to join",
+                shard.index,
+                show(&ranges(unowned))
+            )),
+        }
+    }
+
+    // 4. Replicas follow their shard's primary.
+    for m in &live {
+        let Some(me) = m.me() else { continue };
+        let Some(shard) = plan
+            .shards
+            .get(usize::try_from(m.shard).unwrap_or(usize::MAX))
+        else {
+            plan.problems.push(format!(
+                "{} belongs to shard {}, beyond spec.shards",
+                m.pod, m.shard
+            ));
+            continue;
+        };
+        let (Some(primary), Some(primary_id)) = (&shard.primary, &shard.primary_id) else {
+            continue;
+        };
+        if primary == &m.pod || me.replica_of.as_deref() == Some(primary_id.as_str()) {
+            continue;
+        }
+        let follows_lost_owner = me
+            .replica_of
+            .as_deref()
+            .is_some_and(|o| !by_id.contains_key(o) && !owned_by(o).is_empty());
+        if follows_lost_owner {
+            plan.waiting.push(format!(
+                "{}: its primary failed; the cluster is electing a replica",
+                m.pod
+            ));
+            continue;
+        }
+        if me.primary && !me.slots.is_empty() {
+            continue; // reported above: two primaries in one shard
+        }
+        if !m.view.as_ref().is_some_and(|v| v.knows(primary_id)) {
+            plan.waiting.push(format!(
+                "{} has not yet learned of its shard's primary {primary}",
+                m.pod
+            ));
+            continue;
+        }
+        plan.steps.push(Step::Replicate {
+            pod: m.pod.clone(),
+            primary: primary.clone(),
+            primary_id: primary_id.clone(),
+        });
+    }
+
+    // 5. Shards that lost their primary.
+    for (i, range) in want.iter().enumerate() {
+        let shard = &plan.shards[i];
+        if shard.primary.is_some() {
+            continue;
+        }
+        let lost: BTreeSet<&str> = (range.start..=range.end)
+            .filter_map(|s| owner[usize::from(s)].as_ref().map(|(_, o)| o.as_str()))
+            .filter(|o| !by_id.contains_key(o))
+            .collect();
+        if lost.is_empty() {
+            continue;
+        }
+        let slots = ranges((range.start..=range.end).filter(|s| {
+            owner[usize::from(*s)]
+                .as_ref()
+                .is_some_and(|(_, o)| lost.contains(o.as_str()))
+        }));
+        let electing = live.iter().any(|m| {
+            m.shard == shard.index
+                && m.me()
+                    .and_then(|n| n.replica_of.as_deref())
+                    .is_some_and(|o| lost.contains(o))
+        });
+        if electing {
+            plan.waiting.push(format!(
+                "shard {}: its primary is gone; a replica is taking over slots {}",
+                shard.index,
+                show(&slots)
+            ));
+        } else {
+            plan.problems.push(format!(
+                "shard {}: no primary and no replica to take over; slots {} are not served",
+                shard.index,
+                show(&slots)
+            ));
+        }
+    }
+
+    // 6. Stale node IDs, once every pod answers.
+    let total = usize::try_from(shards * instances).unwrap_or(0);
+    let all_answer = live.len() == total && members.len() == total;
+    if all_answer {
+        let known: BTreeSet<&str> = live
+            .iter()
+            .filter_map(|m| m.view.as_ref())
+            .flat_map(|v| v.nodes.iter().map(|n| n.id.as_str()))
+            .collect();
+        for id in known {
+            if by_id.contains_key(id) || !owned_by(id).is_empty() {
+                continue;
+            }
+            let followed = live
+                .iter()
+                .any(|m| m.me().and_then(|n| n.replica_of.as_deref()) == Some(id));
+            if followed {
+                continue;
+            }
+            plan.steps.push(Step::Forget { id: id.to_string() });
+        }
+    }
+
+    // Healthy: nothing to do and every node agrees.
+    let infos_ok = live.iter().all(|m| {
+        m.view
+            .as_ref()
+            .is_some_and(|v| v.info.ok && v.info.slots_ok == u32::from(SLOTS))
+    });
+    let shards_whole = plan.shards.iter().all(|s| {
+        s.primary.is_some() && s.replicas.len() == usize::try_from(instances - 1).unwrap_or(0)
+    });
+    plan.healthy =
+        all_answer && plan.steps.is_empty() && plan.problems.is_empty() && infos_ok && shards_whole;
+    plan
+}
+
+/// Fills in a shard's pod counts and replicas (pods following its primary).
+fn shard_counts(members: &[Member], index: i32, mut shard: Shard) -> Shard {
+    let pods: Vec<&Member> = members.iter().filter(|m| m.shard == index).collect();
+    shard.pods = pods.len();
+    shard.ready = pods.iter().filter(|m| m.ready).count();
+    if let Some(pid) = &shard.primary_id {
+        shard.replicas = pods
+            .iter()
+            .filter(|m| m.live())
+            .filter(|m| m.me().and_then(|n| n.replica_of.as_deref()) == Some(pid.as_str()))
+            .map(|m| m.pod.clone())
+            .collect();
+    }
+    shard
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::cluster::parse_nodes;
+
+    const IDS: [&str; 6] = [
+        "a000000000000000000000000000000000000000",
+        "b000000000000000000000000000000000000000",
+        "c000000000000000000000000000000000000000",
+        "d000000000000000000000000000000000000000",
+        "e000000000000000000000000000000000000000",
+        "f000000000000000000000000000000000000000",
+    ];
+
+    /// A node line: `id ip flags master epoch slots`.
+    fn line(id: &str, ip: &str, flags: &str, master: &str, epoch: u64, slots: &str) -> String {
+        format!("{id} {ip}:6379@16379 {flags} {master} 0 0 {epoch} connected {slots}")
+    }
+
+    /// Pod `s<shard>-<ord>` with node `id` at `10.0.<shard>.<ord>`, whose
+    /// view is `lines` (its own line gets `myself`).
+    fn member(shard: i32, ord: i32, id: &str, lines: &[String], ok: bool) -> Member {
+        let text: Vec<String> = lines
+            .iter()
+            .map(|l| {
+                if l.starts_with(id) {
+                    l.replacen(" master", " myself,master", 1).replacen(
+                        " slave",
+                        " myself,slave",
+                        1,
+                    )
+                } else {
+                    l.clone()
+                }
+            })
+            .collect();
+        let nodes = parse_nodes(&text.join("\n")).unwrap_or_else(|e| panic!("{e}"));
+        Member {
+            pod: format!("r-s{shard}-{ord}"),
+            shard,
+            ordinal: ord,
+            ip: Some(ip(shard, ord)),
+            ready: true,
+            terminating: false,
+            view: Some(View {
+                nodes,
+                info: ClusterInfo {
+                    ok,
+                    slots_ok: if ok { 16384 } else { 0 },
+                    ..Default::default()
+                },
+            }),
+        }
+    }
+
+    fn ip(shard: i32, ord: i32) -> String {
+        format!("10.0.{shard}.{ord}")
+    }
+
+    /// Six fresh nodes, 3 shards x 2, each knowing only itself.
+    fn fresh() -> Vec<Member> {
+        (0..6)
+            .map(|k| {
+                let (s, o) = (k / 2, k % 2);
+                let l = line(IDS[k as usize], &ip(s, o), "master", "-", 0, "");
+                member(s, o, IDS[k as usize], &[l], false)
+            })
+            .collect()
+    }
+
+    /// The full table of a formed 3 x 2 cluster: shard i's primary is pod
+    /// s<i>-0 (id IDS[2i]) and its replica s<i>-1 (IDS[2i+1]).
+    fn formed_lines() -> Vec<String> {
+        let r = spread(3);
+        let mut out = Vec::new();
+        for s in 0..3 {
+            let (p, q) = (IDS[2 * s], IDS[2 * s + 1]);
+            out.push(line(
+                p,
+                &ip(s as i32, 0),
+                "master",
+                "-",
+                s as u64 + 1,
+                &r[s].to_string(),
+            ));
+            out.push(line(q, &ip(s as i32, 1), "slave", p, s as u64 + 1, ""));
+        }
+        out
+    }
+
+    fn formed() -> Vec<Member> {
+        let lines = formed_lines();
+        (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect()
+    }
+
+    #[test]
+    fn fresh_nodes_are_met_before_anything_else() {
+        let plan = decide(&fresh(), 3, 2);
+        let meets: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Meet { .. }))
+            .collect();
+        assert_eq!(meets.len(), 5, "{:?}", plan.steps);
+        assert!(
+            meets
+                .iter()
+                .all(|s| matches!(s, Step::Meet { from, .. } if from == "r-s0-0"))
+        );
+        // The anchor knows only itself: only its own shard gets slots now.
+        let adds: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::AddSlots { .. }))
+            .collect();
+        assert_eq!(
+            adds,
+            vec![&Step::AddSlots {
+                pod: "r-s0-0".into(),
+                ranges: vec![spread(3)[0]],
+            }]
+        );
+        assert!(!plan.healthy);
+    }
+
+    #[test]
+    fn met_nodes_get_even_slots_on_ordinal_zero() {
+        // Everyone knows everyone, nobody owns slots.
+        let lines: Vec<String> = (0..6)
+            .map(|k| line(IDS[k as usize], &ip(k / 2, k % 2), "master", "-", 0, ""))
+            .collect();
+        let members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, false))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        let r = spread(3);
+        assert_eq!(
+            plan.steps,
+            (0..3)
+                .map(|s| Step::AddSlots {
+                    pod: format!("r-s{s}-0"),
+                    ranges: vec![r[s as usize]],
+                })
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn empty_nodes_follow_their_shard_primary() {
+        let mut lines = formed_lines();
+        // s1-1 is still an empty primary.
+        lines[3] = line(IDS[3], &ip(1, 1), "master", "-", 0, "");
+        let members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert_eq!(
+            plan.steps,
+            vec![Step::Replicate {
+                pod: "r-s1-1".into(),
+                primary: "r-s1-0".into(),
+                primary_id: IDS[2].into(),
+            }]
+        );
+        assert!(!plan.healthy);
+    }
+
+    #[test]
+    fn a_formed_cluster_needs_nothing() {
+        let plan = decide(&formed(), 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+        assert!(plan.healthy);
+        assert_eq!(plan.shards[1].primary.as_deref(), Some("r-s1-0"));
+        assert_eq!(plan.shards[1].replicas, vec!["r-s1-1".to_string()]);
+        assert_eq!(show(&plan.shards[2].slots), "10923-16383");
+    }
+
+    #[test]
+    fn a_promoted_replica_is_the_shards_primary() {
+        // Shard 0 failed over: s0-1 owns the slots at a higher epoch; the old
+        // primary s0-0 came back and follows it.
+        let mut lines = formed_lines();
+        lines[0] = line(IDS[0], &ip(0, 0), "slave", IDS[1], 1, "");
+        lines[1] = line(IDS[1], &ip(0, 1), "master", "-", 7, "0-5461");
+        let members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        assert_eq!(plan.shards[0].primary.as_deref(), Some("r-s0-1"));
+        assert_eq!(plan.shards[0].replicas, vec!["r-s0-0".to_string()]);
+        assert!(plan.healthy);
+    }
+
+    #[test]
+    fn a_stale_claim_loses_to_the_higher_epoch() {
+        // The old primary restarted with its nodes.conf and still claims
+        // shard 0's slots at epoch 1; the cluster gave them to s0-1 at 7.
+        let mut lines = formed_lines();
+        lines[1] = line(IDS[1], &ip(0, 1), "master", "-", 7, "0-5461");
+        let mut members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        let own = [line(IDS[0], &ip(0, 0), "master", "-", 1, "0-5461")];
+        members[0] = member(0, 0, IDS[0], &[own[0].clone(), lines[1].clone()], false);
+        let plan = decide(&members, 3, 2);
+        assert_eq!(plan.shards[0].primary.as_deref(), Some("r-s0-1"));
+        assert!(
+            !plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::AddSlots { .. })),
+            "{:?}",
+            plan.steps
+        );
+    }
+
+    #[test]
+    fn an_empty_node_in_place_of_a_lost_primary_never_gets_its_slots() {
+        // Shard 0 had no replica (instances 1); its primary came back
+        // empty with a new ID. The old ID still owns the slots.
+        let r = spread(3);
+        let mut lines: Vec<String> = (0..3)
+            .map(|s| {
+                line(
+                    IDS[2 * s],
+                    &ip(s as i32, 0),
+                    "master",
+                    "-",
+                    1,
+                    &r[s].to_string(),
+                )
+            })
+            .collect();
+        lines[0] = line(IDS[0], &ip(0, 9), "master,fail", "-", 1, &r[0].to_string());
+        lines.push(line(IDS[5], &ip(0, 0), "master", "-", 0, ""));
+        let mut members: Vec<Member> = (1..3)
+            .map(|s| member(s, 0, IDS[2 * s as usize], &lines, true))
+            .collect();
+        members.insert(0, member(0, 0, IDS[5], &lines, false));
+        let plan = decide(&members, 3, 1);
+        assert!(
+            !plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::AddSlots { .. })),
+            "{:?}",
+            plan.steps
+        );
+        assert!(
+            !plan.steps.iter().any(|s| matches!(s, Step::Forget { .. })),
+            "an ID owning slots is never forgotten: {:?}",
+            plan.steps
+        );
+        assert_eq!(plan.problems.len(), 1, "{:?}", plan.problems);
+        assert!(plan.problems[0].contains("slots 0-5461 are not served"));
+        assert!(!plan.healthy);
+    }
+
+    #[test]
+    fn a_shard_with_a_replica_waits_for_the_election() {
+        let mut lines = formed_lines();
+        lines[0] = line(IDS[0], &ip(0, 0), "master,fail", "-", 1, "0-5461");
+        let members: Vec<Member> = (1..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, false))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+        assert!(
+            plan.waiting.iter().any(|w| w.contains("taking over")),
+            "{:?}",
+            plan.waiting
+        );
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+    }
+
+    #[test]
+    fn a_replaced_replica_is_attached_and_its_old_id_forgotten() {
+        // s2-1 came back without storage: new ID IDS[5] -> "9...", the old
+        // one failed.
+        let new_id = "9000000000000000000000000000000000000000";
+        let mut lines = formed_lines();
+        lines[5] = line(IDS[5], &ip(2, 7), "slave,fail", IDS[4], 3, "");
+        lines.push(line(new_id, &ip(2, 1), "master", "-", 0, ""));
+        let mut members: Vec<Member> = (0..5)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        members.push(member(2, 1, new_id, &lines, true));
+        let plan = decide(&members, 3, 2);
+        assert_eq!(
+            plan.steps,
+            vec![
+                Step::Replicate {
+                    pod: "r-s2-1".into(),
+                    primary: "r-s2-0".into(),
+                    primary_id: IDS[4].into(),
+                },
+                Step::Forget { id: IDS[5].into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_is_forgotten_while_a_pod_does_not_answer() {
+        let mut lines = formed_lines();
+        lines[5] = line(IDS[5], &ip(2, 1), "slave,fail", IDS[4], 3, "");
+        let members: Vec<Member> = (0..5)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        assert!(!plan.healthy);
+    }
+
+    #[test]
+    fn a_node_of_another_cluster_is_not_met() {
+        let mut members = formed();
+        let stranger = "7000000000000000000000000000000000000000";
+        members[5] = member(
+            2,
+            1,
+            stranger,
+            &[line(stranger, &ip(2, 1), "master", "-", 9, "0-100")],
+            false,
+        );
+        let plan = decide(&members, 3, 2);
+        assert!(
+            !plan.steps.iter().any(|s| matches!(s, Step::Meet { .. })),
+            "{:?}",
+            plan.steps
+        );
+        assert!(plan.problems.iter().any(|p| p.contains("two clusters")));
+    }
+
+    #[test]
+    fn a_creation_cut_short_is_finished_where_it_stopped() {
+        // The operator stopped after shard 0 got its slots and shard 1 part
+        // of its own; no replica was attached yet.
+        let r = spread(3);
+        let mut lines: Vec<String> = (0..6)
+            .map(|k| line(IDS[k as usize], &ip(k / 2, k % 2), "master", "-", 0, ""))
+            .collect();
+        lines[0] = line(IDS[0], &ip(0, 0), "master", "-", 1, &r[0].to_string());
+        lines[2] = line(
+            IDS[2],
+            &ip(1, 0),
+            "master",
+            "-",
+            2,
+            &format!("{}-6000", r[1].start),
+        );
+        let members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, false))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert_eq!(
+            plan.steps,
+            vec![
+                Step::AddSlots {
+                    pod: "r-s1-0".into(),
+                    ranges: vec![SlotRange {
+                        start: 6001,
+                        end: r[1].end
+                    }],
+                },
+                Step::AddSlots {
+                    pod: "r-s2-0".into(),
+                    ranges: vec![r[2]],
+                },
+                Step::Replicate {
+                    pod: "r-s0-1".into(),
+                    primary: "r-s0-0".into(),
+                    primary_id: IDS[0].into(),
+                },
+                Step::Replicate {
+                    pod: "r-s1-1".into(),
+                    primary: "r-s1-0".into(),
+                    primary_id: IDS[2].into(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn ranges_merge_neighbours() {
+        assert_eq!(show(&ranges([5, 1, 2, 3, 9, 10])), "1-3,5,9-10");
+        assert!(ranges([]).is_empty());
+    }
+}
