@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -124,6 +124,17 @@ bench-upgrade: engines cluster-up
 bench-autopilot: engines cluster-up
 	$(CARGO) test --features long-tests --test operator_autopilot -- \
 		--nocapture without_the_autopilot
+
+# Cluster mode measurements: CLUSTER_RUNS shard-primary kill -9s of a 3 x 2
+# Valkey 8.1 cluster under per-shard writers confirming with WAIT 1
+# (tests/redis_cluster.rs), printing the time to writable again p50/p99 and
+# the writes lost; then the operator's suite (tests/operator_cluster.rs).
+# `make test` runs each once.
+CLUSTER_RUNS ?= 10
+bench-cluster: engines cluster-up
+	REDPILOT_CLUSTER_RUNS=$(CLUSTER_RUNS) $(CARGO) test --test redis_cluster -- \
+		--nocapture a_killed_shard_primary
+	$(CARGO) test --test operator_cluster -- --nocapture
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against

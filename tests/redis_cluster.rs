@@ -10,6 +10,8 @@
 //!
 //! `REDPILOT_CLUSTER_RUNS` (default 1) repeats the kill for a p50/p99.
 
+#[path = "support/cluster_writer.rs"]
+mod cluster_writer;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -17,9 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cluster_writer::{Tally, longest_gap, missing, tag_in, writer};
 use redis_server::{Engine, RedisServer, ServerConfig, free_port};
-use redpilot::redis::cluster::{self, Member, SlotRange};
-use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use redpilot::redis::cluster::{self, Member};
+use redpilot::redis::{ConnectOptions, Node};
 use tokio::sync::Mutex;
 
 const PASSWORD: &str = "cluster-pw";
@@ -64,95 +67,6 @@ fn start(engine: Engine, n: usize) -> Cluster {
         members,
         opts,
     }
-}
-
-/// A hash tag whose slot lies in `range`.
-fn tag_in(range: &SlotRange, shard: usize) -> String {
-    (0..)
-        .map(|i| format!("s{shard}-{i}"))
-        .find(|t| range.contains(cluster::key_slot(t.as_bytes())))
-        .unwrap_or_default()
-}
-
-/// The node serving `slot` as primary now, as the first reachable member
-/// sees it.
-async fn primary_for(members: &[Member], opts: &ConnectOptions, slot: u16) -> Option<Endpoint> {
-    for m in members {
-        let Ok(mut n) = Node::connect(&m.endpoint, opts).await else {
-            continue;
-        };
-        let Ok(nodes) = cluster::nodes(&mut n).await else {
-            continue;
-        };
-        if let Some(p) = nodes
-            .iter()
-            .find(|k| k.primary && !k.fail && k.slots.iter().any(|r| r.contains(slot)))
-        {
-            return p.addr.clone();
-        }
-    }
-    None
-}
-
-#[derive(Default)]
-struct Tally {
-    /// (key, acknowledged at) of writes `WAIT 1` confirmed.
-    acked: Vec<(String, Instant)>,
-    /// When each `SET` was answered OK (confirmed or not), and by which
-    /// node.
-    set_ok: Vec<(Instant, Endpoint)>,
-    failed: u64,
-}
-
-/// Writes `{tag}:<n>` to whichever node serves the tag's slot, confirming
-/// each with `WAIT 1 500`; on any error it finds the primary again.
-fn writer(
-    members: Vec<Member>,
-    opts: ConnectOptions,
-    tag: String,
-    stop: Arc<AtomicBool>,
-    tally: Arc<Mutex<Tally>>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let slot = cluster::key_slot(tag.as_bytes());
-        let mut conn: Option<Node> = None;
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            let Some(node) = conn.as_mut() else {
-                if let Some(ep) = primary_for(&members, &opts, slot).await {
-                    conn = Node::connect(&ep, &opts).await.ok();
-                }
-                if conn.is_none() {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                continue;
-            };
-            i += 1;
-            let key = format!("{{{tag}}}:{i}");
-            let set = node
-                .query::<()>("SET", redis::cmd("SET").arg(&key).arg(i))
-                .await;
-            if set.is_ok() {
-                let by = node.endpoint().clone();
-                tally.lock().await.set_ok.push((Instant::now(), by));
-            }
-            let confirmed = match set {
-                Ok(()) => node
-                    .query::<i64>("WAIT", redis::cmd("WAIT").arg(1).arg(500))
-                    .await
-                    .map(|n| n >= 1),
-                Err(e) => Err(e),
-            };
-            match confirmed {
-                Ok(true) => tally.lock().await.acked.push((key, Instant::now())),
-                Ok(false) => tally.lock().await.failed += 1,
-                Err(_) => {
-                    tally.lock().await.failed += 1;
-                    conn = None;
-                }
-            }
-        }
-    })
 }
 
 async fn form_3x2(engine: Engine) -> (Cluster, cluster::Formed) {
@@ -228,24 +142,6 @@ async fn valkey_81_cluster_forms_and_serves_every_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey_91_cluster_forms_and_serves_every_slot() {
     formed_cluster_serves_every_slot(Engine::Valkey91).await;
-}
-
-/// The longest time without an acknowledged write (`times`) between
-/// `from` and `to`.
-fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) -> Duration {
-    let mut times: Vec<Instant> = times
-        .iter()
-        .map(|(t, _)| *t)
-        .filter(|t| *t >= from && *t <= to)
-        .collect();
-    times.sort();
-    let mut prev = from;
-    let mut gap = Duration::ZERO;
-    for t in times.into_iter().chain([to]) {
-        gap = gap.max(t - prev);
-        prev = t;
-    }
-    gap
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,19 +234,7 @@ async fn a_killed_shard_primary_is_replaced_by_the_cluster_losing_no_confirmed_w
                     "run {run}: shard {s} took no write for {gap:?} while shard 0 failed over"
                 );
             }
-            let primary = primary_for(&c.members, &c.opts, formed.slots[s].start)
-                .await
-                .expect("a primary");
-            let mut n = Node::connect(&primary, &c.opts).await.unwrap();
-            let mut missing = 0;
-            for chunk in t.acked.chunks(500) {
-                let mut cmd = redis::cmd("EXISTS");
-                for (k, _) in chunk {
-                    cmd.arg(k);
-                }
-                let found: usize = n.query("EXISTS", &cmd).await.unwrap();
-                missing += chunk.len() - found;
-            }
+            let missing = missing(&c.members, &c.opts, formed.slots[s].start, &t).await;
             assert_eq!(
                 missing,
                 0,

@@ -1,0 +1,289 @@
+//! Cluster mode on the dev cluster (issue #27), with real Valkey servers
+//! and one writer per shard that follows its shard's primary and confirms
+//! every write with `WAIT 1`:
+//! - a 3 x 2 Cluster Redis is created, formed by the operator (meet, even
+//!   slots, replicas attached) and reported Ready with each shard's primary;
+//! - shard 0's primary server is `kill -9`ed and restarts in place (same
+//!   pod, same IP, its `nodes.conf` kept): the cluster elects the replica,
+//!   the restarted node waits at boot until it sees that (the boot rule),
+//!   and rejoins as the new primary's replica;
+//! - shard 1's primary pod is deleted (no storage: it comes back as a new,
+//!   empty node): the cluster elects the replica, the operator attaches the
+//!   new node to it and forgets the old node ID on every node;
+//! - through both, the other shards keep taking writes, and no write any
+//!   shard confirmed is lost.
+
+#[path = "support/cluster_writer.rs"]
+mod cluster_writer;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster_writer::{Tally, longest_gap, missing, tag_in, writer};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use redpilot::api::v1alpha1::Redis;
+use redpilot::redis::cluster::{self, Member, spread};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::json;
+use support::operator::{
+    OperatorOptions, apply_redis, connect_pod, info_u64, kill_9, pod_ip, recent_events, redis_api,
+    redis_password, start_operator, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+use tokio::sync::Mutex;
+
+const READY: Duration = Duration::from_secs(180);
+
+/// The cluster members, from the pods' IPs.
+async fn members(client: &kube::Client, ns: &str) -> Vec<Member> {
+    let mut out = Vec::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            let ip = pod_ip(client, ns, &format!("cache-s{s}-{j}")).await;
+            out.push(Member {
+                endpoint: Endpoint::new(ip, 6379),
+                bus_port: 16379,
+            });
+        }
+    }
+    out
+}
+
+fn shard_primary(r: &Redis, shard: usize) -> Option<String> {
+    r.status.as_ref()?.shards.get(shard)?.primary.clone()
+}
+
+/// Waits until the Redis is Ready with `check` true of it.
+async fn wait_until(
+    client: &kube::Client,
+    ns: &str,
+    what: &str,
+    check: impl Fn(&Redis) -> bool,
+) -> Redis {
+    let api = redis_api(client, ns);
+    wait_for(what, READY, || async {
+        let r = api.get("cache").await.ok()?;
+        (support::operator::is_ready(&r) && check(&r)).then_some(r)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let t = Instant::now();
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    println!(
+        "3 shards x 2 instances: created → Ready in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let st = r.status.clone().expect("status");
+    assert_eq!(st.ready.as_deref(), Some("6/6"), "{st:?}");
+    let c = st.cluster.clone().expect("status.cluster");
+    assert_eq!(
+        (c.state.as_str(), c.slots_ok, c.known_nodes),
+        ("ok", 16384, 6),
+        "{c:?}"
+    );
+    let want = spread(3);
+    assert_eq!(st.shards.len(), 3, "{:?}", st.shards);
+    for (i, s) in st.shards.iter().enumerate() {
+        assert!(s.primary.is_some(), "shard {i}: {s:?}");
+        assert_eq!(s.replicas.len(), 1, "shard {i}: {s:?}");
+        assert_eq!(
+            s.slots.as_deref(),
+            Some(want[i].to_string().as_str()),
+            "shard {i}"
+        );
+        assert_eq!(s.ready, "2/2");
+    }
+
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let opts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
+    let mut ms = members(&client, &ns.name).await;
+    let tasks: Vec<_> = (0..3)
+        .map(|s| {
+            writer(
+                ms.clone(),
+                opts.clone(),
+                tag_in(&want[s], s),
+                stop.clone(),
+                tallies[s].clone(),
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (s, t) in tallies.iter().enumerate() {
+        assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
+    }
+
+    // 1. kill -9 of shard 0's primary server: it restarts in place.
+    let p0 = shard_primary(&r, 0).expect("shard 0 primary");
+    let mut n = connect_pod(&client, &ns.name, &p0, &password)
+        .await
+        .expect("connect to shard 0's primary");
+    let pid = info_u64(&mut n, "server", "process_id").await;
+    drop(n);
+    let dead = Endpoint::new(pod_ip(&client, &ns.name, &p0).await, 6379);
+    let killed = Instant::now();
+    kill_9(u32::try_from(pid).expect("pid"));
+    let back = wait_for(
+        "shard 0 to take a write on another node",
+        Duration::from_secs(30),
+        || async {
+            let t = tallies[0].lock().await;
+            t.set_ok
+                .iter()
+                .find(|(at, by)| *at > killed && *by != dead)
+                .map(|(at, _)| *at)
+        },
+    )
+    .await;
+    let outage0 = back - killed;
+    println!(
+        "shard 0 primary kill -9 → writable again in {:.0} ms",
+        outage0.as_secs_f64() * 1000.0
+    );
+    let r = wait_until(
+        &client,
+        &ns.name,
+        "shard 0 healed with the killed node as replica",
+        |r| {
+            let s = &r
+                .status
+                .as_ref()
+                .map(|s| s.shards.clone())
+                .unwrap_or_default();
+            s.first().is_some_and(|s| {
+                s.primary.as_deref() != Some(p0.as_str()) && s.replicas == vec![p0.clone()]
+            })
+        },
+    )
+    .await;
+    let healed0 = killed.elapsed();
+    println!(
+        "shard 0 Ready again, the killed node a replica, in {:.1} s",
+        healed0.as_secs_f64()
+    );
+    let log = std::fs::read_to_string(
+        support::repo_root()
+            .join(".dev/localnode/pods")
+            .join(format!("{}_{p0}", ns.name))
+            .join("redis.log"),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("waiting until the cluster hands its slots to a replica")
+            && log.contains("the cluster moved this node's slots to a replica"),
+        "the restarted primary did not wait for the takeover at boot:\n{log}"
+    );
+    let st = r.status.clone().expect("status");
+    assert_eq!(
+        st.cluster.as_ref().map(|c| c.known_nodes),
+        Some(6),
+        "{st:?}"
+    );
+
+    // 2. Shard 1's primary pod deleted: a new, empty node in its place.
+    let p1 = shard_primary(&r, 1).expect("shard 1 primary");
+    let dead1 = Endpoint::new(pod_ip(&client, &ns.name, &p1).await, 6379);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let deleted = Instant::now();
+    pods.delete(&p1, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    let back1 = wait_for(
+        "shard 1 to take a write on another node",
+        Duration::from_secs(60),
+        || async {
+            let t = tallies[1].lock().await;
+            t.set_ok
+                .iter()
+                .find(|(at, by)| *at > deleted && *by != dead1)
+                .map(|(at, _)| *at)
+        },
+    )
+    .await;
+    println!(
+        "shard 1 primary pod deleted → writable again in {:.0} ms",
+        (back1 - deleted).as_secs_f64() * 1000.0
+    );
+    let r = wait_until(
+        &client,
+        &ns.name,
+        "shard 1 healed with the new node as replica",
+        |r| {
+            let st = r.status.as_ref();
+            let s = st.map(|s| s.shards.clone()).unwrap_or_default();
+            s.get(1).is_some_and(|s| {
+                s.primary.as_deref() != Some(p1.as_str()) && s.replicas == vec![p1.clone()]
+            }) && st
+                .and_then(|s| s.cluster.as_ref())
+                .is_some_and(|c| c.known_nodes == 6)
+        },
+    )
+    .await;
+    println!(
+        "shard 1 Ready again, the new node a replica, old ID forgotten, in {:.1} s",
+        deleted.elapsed().as_secs_f64()
+    );
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("NodeForgotten"), "{events}");
+    assert!(events.contains("ReplicaAttached"), "{events}");
+    // Every node knows exactly the six pods' nodes.
+    ms = members(&client, &ns.name).await;
+    for m in &ms {
+        let mut n = Node::connect(&m.endpoint, &opts).await.expect("connect");
+        let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
+        assert_eq!(nodes.len(), 6, "{}: {nodes:?}", m.endpoint);
+        assert!(nodes.iter().all(|k| !k.fail), "{}: {nodes:?}", m.endpoint);
+    }
+    let until = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+
+    // The other shards kept writing; nothing confirmed is lost.
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &opts, want[s].start, &t).await;
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost",
+            t.acked.len(),
+            t.failed
+        );
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+        if s == 2 {
+            let gap = longest_gap(&t.set_ok, killed, until);
+            println!("shard 2's longest gap while shards 0 and 1 failed over: {gap:?}");
+            assert!(
+                gap < Duration::from_secs(1),
+                "shard 2 took no write for {gap:?}"
+            );
+        }
+    }
+    let st = r.status.expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::Phase::Ready),
+        "{st:?}"
+    );
+}

@@ -1,0 +1,144 @@
+//! A client of a Redis Cluster for the fault tests: one writer per shard
+//! that follows the shard's primary through failovers and confirms each
+//! write with `WAIT 1` (the `redis` crate's retries play no part: every
+//! command is sent once on a plain connection and its outcome counted).
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redpilot::redis::cluster::{self, Member, SlotRange};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use tokio::sync::Mutex;
+
+/// A hash tag whose slot lies in `range`.
+pub fn tag_in(range: &SlotRange, shard: usize) -> String {
+    (0..)
+        .map(|i| format!("s{shard}-{i}"))
+        .find(|t| range.contains(cluster::key_slot(t.as_bytes())))
+        .unwrap_or_default()
+}
+
+/// The node serving `slot` as primary now, as the first reachable member
+/// sees it.
+pub async fn primary_for(members: &[Member], opts: &ConnectOptions, slot: u16) -> Option<Endpoint> {
+    for m in members {
+        let Ok(mut n) = Node::connect(&m.endpoint, opts).await else {
+            continue;
+        };
+        let Ok(nodes) = cluster::nodes(&mut n).await else {
+            continue;
+        };
+        if let Some(p) = nodes
+            .iter()
+            .find(|k| k.primary && !k.fail && k.slots.iter().any(|r| r.contains(slot)))
+        {
+            return p.addr.clone();
+        }
+    }
+    None
+}
+
+#[derive(Default)]
+pub struct Tally {
+    /// (key, acknowledged at) of writes `WAIT 1` confirmed.
+    pub acked: Vec<(String, Instant)>,
+    /// When each `SET` was answered OK (confirmed or not), and by which
+    /// node.
+    pub set_ok: Vec<(Instant, Endpoint)>,
+    pub failed: u64,
+}
+
+/// Writes `{tag}:<n>` to whichever node serves the tag's slot, confirming
+/// each with `WAIT 1 500`; on any error it finds the primary again.
+pub fn writer(
+    members: Vec<Member>,
+    opts: ConnectOptions,
+    tag: String,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Mutex<Tally>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let slot = cluster::key_slot(tag.as_bytes());
+        let mut conn: Option<Node> = None;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let Some(node) = conn.as_mut() else {
+                if let Some(ep) = primary_for(&members, &opts, slot).await {
+                    conn = Node::connect(&ep, &opts).await.ok();
+                }
+                if conn.is_none() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                continue;
+            };
+            i += 1;
+            let key = format!("{{{tag}}}:{i}");
+            let set = node
+                .query::<()>("SET", redis::cmd("SET").arg(&key).arg(i))
+                .await;
+            if set.is_ok() {
+                let by = node.endpoint().clone();
+                tally.lock().await.set_ok.push((Instant::now(), by));
+            }
+            let confirmed = match set {
+                Ok(()) => node
+                    .query::<i64>("WAIT", redis::cmd("WAIT").arg(1).arg(500))
+                    .await
+                    .map(|n| n >= 1),
+                Err(e) => Err(e),
+            };
+            match confirmed {
+                Ok(true) => tally.lock().await.acked.push((key, Instant::now())),
+                Ok(false) => tally.lock().await.failed += 1,
+                Err(_) => {
+                    tally.lock().await.failed += 1;
+                    conn = None;
+                }
+            }
+        }
+    })
+}
+
+/// The longest time without an acknowledged write (`times`) between
+/// `from` and `to`.
+pub fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = times
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t >= from && *t <= to)
+        .collect();
+    times.sort();
+    let mut prev = from;
+    let mut gap = Duration::ZERO;
+    for t in times.into_iter().chain([to]) {
+        gap = gap.max(t - prev);
+        prev = t;
+    }
+    gap
+}
+
+/// How many of the acknowledged keys of `tally` the shard serving `slot`
+/// does not have.
+pub async fn missing(members: &[Member], opts: &ConnectOptions, slot: u16, tally: &Tally) -> usize {
+    let primary = primary_for(members, opts, slot)
+        .await
+        .expect("a primary serving the slot");
+    let mut n = Node::connect(&primary, opts)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {primary}: {e}"));
+    let mut missing = 0;
+    for chunk in tally.acked.chunks(500) {
+        let mut cmd = redis::cmd("EXISTS");
+        for (k, _) in chunk {
+            cmd.arg(k);
+        }
+        let found: usize = n
+            .query("EXISTS", &cmd)
+            .await
+            .unwrap_or_else(|e| panic!("EXISTS on {primary}: {e}"));
+        missing += chunk.len() - found;
+    }
+    missing
+}
