@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-timing bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -124,6 +124,15 @@ bench-upgrade: engines cluster-up
 bench-autopilot: engines cluster-up
 	$(CARGO) test --features long-tests --test operator_autopilot -- \
 		--nocapture without_the_autopilot
+
+# Apply → Ready (tests/operator_timing.rs): TIMING_RUNS creations of each kind
+# (Standalone, Replication 3, Cluster 3 x 2 and 6 x 3) for medians, and the
+# apiserver requests per reconcile of an idle Replication and Cluster Redis.
+# `make test` creates one Standalone and one Replication.
+TIMING_RUNS ?= 5
+bench-timing: engines cluster-up
+	REDPILOT_TIMING_RUNS=$(TIMING_RUNS) REDPILOT_TIMING_CLUSTER=1 $(CARGO) test \
+		--test operator_timing -- --nocapture
 
 # Cluster mode measurements: CLUSTER_RUNS shard-primary kill -9s of a 3 x 2
 # Valkey 8.1 cluster under per-shard writers confirming with WAIT 1

@@ -1,7 +1,10 @@
 //! Issue #5 closing figures: time from apply to Ready for Standalone and for
-//! a 3-instance Replication (median of 5 each, created one after another,
-//! with 1Gi volumes like the samples), apiserver requests per reconcile in
-//! steady state, and the operator's RSS afterwards.
+//! a 3-instance Replication (created one after another, with 1Gi volumes
+//! like the samples), apiserver requests per reconcile in steady state, and
+//! the operator's RSS afterwards. `make test` creates one of each;
+//! `make bench-timing` sets `REDPILOT_TIMING_RUNS=5` for medians and
+//! `REDPILOT_TIMING_CLUSTER=1` to add Cluster Redis of 3 x 2 and 6 x 3 and
+//! the requests per reconcile of an idle Cluster Redis.
 
 mod support;
 
@@ -15,7 +18,14 @@ use support::operator::{
 };
 use support::{TestNamespace, client};
 
-const RUNS: usize = 5;
+/// Creations of each kind (`REDPILOT_TIMING_RUNS`, default 1).
+fn runs() -> usize {
+    std::env::var("REDPILOT_TIMING_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
 
 async fn measure(
     client: &kube::Client,
@@ -25,14 +35,15 @@ async fn measure(
     timeout: Duration,
 ) -> Vec<f64> {
     let mut secs = Vec::new();
-    for i in 0..RUNS {
+    let runs = runs();
+    for i in 0..runs {
         let name = format!("{prefix}-{i}");
         let start = Instant::now();
         apply_redis(client, ns, &name, spec.clone()).await;
         wait_ready(client, ns, &name, timeout).await;
         secs.push(start.elapsed().as_secs_f64());
         // Keep the node light for the next run (volumes are retained).
-        if i + 1 < RUNS {
+        if i + 1 < runs {
             redis_api(client, ns)
                 .delete(&name, &DeleteParams::default())
                 .await
@@ -81,7 +92,7 @@ async fn apply_to_ready_latency_requests_and_footprint() {
         Duration::from_secs(180),
     )
     .await;
-    let last = format!("repl-{}", RUNS - 1);
+    let last = format!("repl-{}", runs() - 1);
     let per_reconcile = requests_per_reconcile(&client, &op, &ns.name, &last, 5).await;
     let rss = op.rss_kib();
 
@@ -98,9 +109,29 @@ async fn apply_to_ready_latency_requests_and_footprint() {
     );
     println!(
         "operator RSS after {} Redis: {} KiB",
-        2 * RUNS,
+        2 * runs(),
         rss.unwrap_or_default()
     );
+    if std::env::var_os("REDPILOT_TIMING_CLUSTER").is_some() {
+        for (shards, instances) in [(3, 2), (6, 3)] {
+            let secs = measure(
+                &client,
+                &ns.name,
+                &format!("sharded-{shards}x{instances}"),
+                json!({"mode": "Cluster", "shards": shards, "instances": instances,
+                       "engine": "Valkey", "version": "8.1"}),
+                Duration::from_secs(300),
+            )
+            .await;
+            println!(
+                "apply → Ready, Cluster {shards} shards x {instances}: {}",
+                summary(&secs)
+            );
+        }
+        let last = format!("sharded-6x3-{}", runs() - 1);
+        let per = requests_per_reconcile(&client, &op, &ns.name, &last, 5).await;
+        println!("steady state, Cluster 6 x 3: {per:.1} apiserver requests per reconcile");
+    }
     assert!(median(standalone) < 60.0, "Standalone median under 60s");
     assert!(median(replication) < 90.0, "Replication median under 90s");
     assert!(rss.is_some(), "the operator is still running");
@@ -109,6 +140,6 @@ async fn apply_to_ready_latency_requests_and_footprint() {
     assert!(
         rss < 150 * 1024,
         "operator RSS {rss} KiB after {} Redis: bound 150 MiB",
-        2 * RUNS
+        2 * runs()
     );
 }
