@@ -173,6 +173,35 @@ impl Reconciler {
         Ok(false)
     }
 
+    /// The pod template's restart hash (settings that need a restart) and
+    /// the server image.
+    pub(super) fn template_inputs(&self) -> (String, String) {
+        let (engine, version) = self.engine_version();
+        let restart = super::config::restart_hash(&self.redis, |k| {
+            crate::redis::config::is_dynamic(k, engine, version)
+        });
+        (restart, self.ctx.images.image_for(&self.redis.spec))
+    }
+
+    /// Applies `services` and the PodDisruptionBudget (one voluntary
+    /// disruption at a time, every mode).
+    pub(super) async fn apply_services_and_pdb(
+        &mut self,
+        services: Vec<Service>,
+    ) -> Result<(), Error> {
+        for svc in services {
+            let name = svc.metadata.name.clone().unwrap_or_default();
+            let live: Option<Service> = self.lookup(&name).await?;
+            self.apply_or_degrade("Service", &svc, live.as_ref())
+                .await?;
+        }
+        let pdb = build::pdb(&self.redis, &self.names);
+        let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
+        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+            .await?;
+        Ok(())
+    }
+
     /// Applies the ConfigMap, the Services, the PDB and the StatefulSet, in
     /// that order. Returns whether the StatefulSet's size is held above the
     /// spec because the primary sits on an ordinal a scale-down removes.
@@ -209,22 +238,10 @@ impl Reconciler {
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
             .await?;
 
-        for svc in build::services(&self.redis, &self.names) {
-            let name = svc.metadata.name.clone().unwrap_or_default();
-            let live: Option<Service> = self.lookup(&name).await?;
-            self.apply_or_degrade("Service", &svc, live.as_ref())
-                .await?;
-        }
-        let pdb = build::pdb(&self.redis, &self.names);
-        let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
-        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+        self.apply_services_and_pdb(build::services(&self.redis, &self.names))
             .await?;
 
-        let (engine, version) = self.engine_version();
-        let restart = super::config::restart_hash(&self.redis, |k| {
-            crate::redis::config::is_dynamic(k, engine, version)
-        });
-        let image = self.ctx.images.image_for(&self.redis.spec);
+        let (restart, image) = self.template_inputs();
         // The memory autopilot moving in place: the template keeps a size
         // the instances run (see `autopilot::template_limit`).
         let memory_limit = super::autopilot::record(&self.redis).map(|rec| {

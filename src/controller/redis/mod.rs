@@ -243,6 +243,30 @@ impl Reconciler {
         (engine, version)
     }
 
+    /// Step 1 of every pass: the desired password (the user's Secret or
+    /// the generated one) and what the servers run (the server-auth
+    /// Secret, created or moved on here). The inner error is a Secret that
+    /// cannot be used, for the status.
+    async fn passwords(
+        &mut self,
+        paused: bool,
+    ) -> Result<Result<(String, credentials::ServerAuth), Error>, Error> {
+        let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
+            self.lookup(&self.names.server_auth()).await?;
+        let running = server_auth
+            .as_ref()
+            .and_then(credentials::read_server_auth)
+            .map(|a| a.current);
+        let wanted = match self.auth(paused, running.as_deref()).await? {
+            Auth::Ok { password, .. } => password,
+            Auth::Failed(e) => return Ok(Err(e)),
+        };
+        let auth = self
+            .server_auth(server_auth.as_ref(), &wanted, paused)
+            .await?;
+        Ok(Ok((wanted, auth)))
+    }
+
     async fn run(&mut self) -> Result<Action, Error> {
         if !self.refresh().await? {
             return Ok(Action::await_change());
@@ -256,19 +280,10 @@ impl Reconciler {
 
         // 1. The password: the desired one (the user's Secret or the
         // generated one) and the one the servers run (server-auth Secret).
-        let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
-            self.lookup(&self.names.server_auth()).await?;
-        let running = server_auth
-            .as_ref()
-            .and_then(credentials::read_server_auth)
-            .map(|a| a.current);
-        let wanted_password = match self.auth(paused, running.as_deref()).await? {
-            Auth::Ok { password, .. } => password,
-            Auth::Failed(e) => return self.fail_status(e).await,
+        let (wanted_password, auth) = match self.passwords(paused).await? {
+            Ok(p) => p,
+            Err(e) => return self.fail_status(e).await,
         };
-        let auth = self
-            .server_auth(server_auth.as_ref(), &wanted_password, paused)
-            .await?;
         let opts = self.connect_options(&auth.current);
 
         // 2. Observe pods and the live servers.

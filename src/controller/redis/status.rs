@@ -186,6 +186,39 @@ impl Reconciler {
         Err(err)
     }
 
+    /// The Progressing condition: paused, the work under way (or the
+    /// instances awaited), or nothing to do.
+    pub(super) fn progressing_cond(
+        &self,
+        paused: bool,
+        progressing: bool,
+        ready: i32,
+        desired: i32,
+    ) -> Cond {
+        if paused {
+            Cond::new(
+                "Progressing",
+                false,
+                "Paused",
+                "spec.paused is true: children are not changed",
+            )
+        } else if progressing {
+            let msg = if self.progressing.is_empty() {
+                format!("waiting for instances: {ready}/{desired} ready")
+            } else {
+                self.progressing.join("; ")
+            };
+            Cond::new(
+                "Progressing",
+                true,
+                self.progress_reason.unwrap_or("Reconciling"),
+                msg,
+            )
+        } else {
+            Cond::new("Progressing", false, "Reconciled", "nothing to do")
+        }
+    }
+
     /// Computes the status, patches it when it changed, and picks the requeue.
     pub(super) async fn finish(
         &mut self,
@@ -252,28 +285,7 @@ impl Reconciler {
                 format!("{ready_count}/{desired} instances ready"),
             )
         });
-        conds.push(if paused {
-            Cond::new(
-                "Progressing",
-                false,
-                "Paused",
-                "spec.paused is true: children are not changed",
-            )
-        } else if progressing {
-            let msg = if self.progressing.is_empty() {
-                format!("waiting for instances: {ready_count}/{desired} ready")
-            } else {
-                self.progressing.join("; ")
-            };
-            Cond::new(
-                "Progressing",
-                true,
-                self.progress_reason.unwrap_or("Reconciling"),
-                msg,
-            )
-        } else {
-            Cond::new("Progressing", false, "Reconciled", "nothing to do")
-        });
+        conds.push(self.progressing_cond(paused, progressing, ready_count, desired));
         conds.push(if degraded {
             let reason = if unreachable_note && only_unreachable {
                 "InstancesUnreachable"

@@ -22,13 +22,12 @@ pub mod plan;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::observe::{Auth, PodFacts, Role};
+use super::observe::{PodFacts, Role};
 use super::status::{self, Cond};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{ClusterStatus, InstanceStatus, Phase, RedisStatus, ShardStatus};
@@ -41,19 +40,10 @@ impl Reconciler {
     /// One pass over a Cluster Redis.
     pub(super) async fn run_cluster(&mut self) -> Result<Action, Error> {
         let paused = self.redis.spec.paused;
-        let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
-            self.lookup(&self.names.server_auth()).await?;
-        let running = server_auth
-            .as_ref()
-            .and_then(super::credentials::read_server_auth)
-            .map(|a| a.current);
-        let wanted_password = match self.auth(paused, running.as_deref()).await? {
-            Auth::Ok { password, .. } => password,
-            Auth::Failed(e) => return self.fail_status(e).await,
+        let (wanted_password, auth) = match self.passwords(paused).await? {
+            Ok(p) => p,
+            Err(e) => return self.fail_status(e).await,
         };
-        let auth = self
-            .server_auth(server_auth.as_ref(), &wanted_password, paused)
-            .await?;
         let opts = self.connect_options(&auth.current);
 
         let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
@@ -77,7 +67,7 @@ impl Reconciler {
         }
 
         self.track_live_config().await?;
-        self.apply_cluster_children(&auth.current).await?;
+        self.apply_cluster_children().await?;
         if !self.notes.is_empty() {
             return self.cluster_finish(&facts, &members, &plan, false).await;
         }
@@ -155,27 +145,15 @@ impl Reconciler {
     }
 
     /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
-    async fn apply_cluster_children(&mut self, _password: &str) -> Result<(), Error> {
-        let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
+    async fn apply_cluster_children(&mut self) -> Result<(), Error> {
         let cm = super::build::config_map(&self.redis, &self.names, None, None);
+        let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
             .await?;
-        for svc in build::services(&self.redis, &self.names) {
-            let name = svc.metadata.name.clone().unwrap_or_default();
-            let live: Option<Service> = self.lookup(&name).await?;
-            self.apply_or_degrade("Service", &svc, live.as_ref())
-                .await?;
-        }
-        let pdb = super::build::pdb(&self.redis, &self.names);
-        let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
-        self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
+        self.apply_services_and_pdb(build::services(&self.redis, &self.names))
             .await?;
 
-        let (engine, version) = self.engine_version();
-        let restart = super::config::restart_hash(&self.redis, |k| {
-            crate::redis::config::is_dynamic(k, engine, version)
-        });
-        let image = self.ctx.images.image_for(&self.redis.spec);
+        let (restart, image) = self.template_inputs();
         let secret = self.names.server_auth();
         for shard in 0..self.redis.spec.desired_shards() {
             let sts = build::shard_statefulset(
@@ -351,23 +329,7 @@ impl Reconciler {
                     format!("{ready_count}/{total} instances ready"),
                 )
             },
-            if paused {
-                Cond::new(
-                    "Progressing",
-                    false,
-                    "Paused",
-                    "spec.paused is true: children are not changed",
-                )
-            } else if progressing {
-                let msg = if self.progressing.is_empty() {
-                    format!("waiting for instances: {ready_count}/{total} ready")
-                } else {
-                    self.progressing.join("; ")
-                };
-                Cond::new("Progressing", true, "Reconciling", msg)
-            } else {
-                Cond::new("Progressing", false, "Reconciled", "nothing to do")
-            },
+            self.progressing_cond(paused, progressing, ready_count, total),
             if degraded {
                 Cond::new(
                     "Degraded",
