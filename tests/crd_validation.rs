@@ -154,9 +154,9 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             ],
         ),
         (
-            "mode Cluster",
-            json!({"mode": "Cluster"}),
-            vec!["spec.mode", "Unsupported value: \"Cluster\""],
+            "mode Sentinel",
+            json!({"mode": "Sentinel"}),
+            vec!["spec.mode", "Unsupported value: \"Sentinel\""],
         ),
         (
             "engine Memcached",
