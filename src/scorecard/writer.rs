@@ -40,6 +40,12 @@ fn options(password: &str) -> ConnectOptions {
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(1))
 }
 
+/// A connection to `ep` when it answers as primary.
+async fn connect_primary(ep: &Endpoint, opts: &ConnectOptions) -> Option<Node> {
+    let mut node = Node::connect(ep, opts).await.ok()?;
+    matches!(node.replication().await, Ok(r) if r.role == Some(Role::Primary)).then_some(node)
+}
+
 /// The instance that answers as primary now, connected.
 async fn find_primary(pods: &Api<Pod>, names: &[String], opts: &ConnectOptions) -> Option<Node> {
     for name in names {
@@ -52,10 +58,7 @@ async fn find_primary(pods: &Api<Pod>, names: &[String], opts: &ConnectOptions) 
         else {
             continue;
         };
-        let Ok(mut node) = Node::connect(&Endpoint::new(&ip, 6379), opts).await else {
-            continue;
-        };
-        if matches!(node.replication().await, Ok(r) if r.role == Some(Role::Primary)) {
+        if let Some(node) = connect_primary(&Endpoint::new(&ip, 6379), opts).await {
             return Some(node);
         }
     }
@@ -102,7 +105,18 @@ impl Writer {
                     }
                     Err(_) => {
                         tally.failed += 1;
-                        conn = None;
+                        // A primary demoted by a switchover names the new
+                        // one: follow it as a client would, without asking
+                        // the API server (whose latency is not the
+                        // upgrade's).
+                        let next = match node.replication().await {
+                            Ok(r) if r.role == Some(Role::Replica) => r.primary,
+                            _ => None,
+                        };
+                        conn = match next {
+                            Some(ep) => connect_primary(&ep, &opts).await,
+                            None => None,
+                        };
                     }
                 }
             }
