@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_writer::{Tally, longest_gap, missing, tag_in, writer};
+use cluster_writer::{Tally, first_write_elsewhere, longest_gap, missing, tag_in, writer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -144,18 +144,7 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
     let dead = Endpoint::new(pod_ip(&client, &ns.name, &p0).await, 6379);
     let killed = Instant::now();
     kill_9(u32::try_from(pid).expect("pid"));
-    let back = wait_for(
-        "shard 0 to take a write on another node",
-        Duration::from_secs(30),
-        || async {
-            let t = tallies[0].lock().await;
-            t.set_ok
-                .iter()
-                .find(|(at, by)| *at > killed && *by != dead)
-                .map(|(at, _)| *at)
-        },
-    )
-    .await;
+    let back = first_write_elsewhere(&tallies[0], killed, &dead, Duration::from_secs(30)).await;
     let outage0 = back - killed;
     println!(
         "shard 0 primary kill -9 → writable again in {:.0} ms",
@@ -209,18 +198,7 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
     pods.delete(&p1, &DeleteParams::default())
         .await
         .expect("delete pod");
-    let back1 = wait_for(
-        "shard 1 to take a write on another node",
-        Duration::from_secs(60),
-        || async {
-            let t = tallies[1].lock().await;
-            t.set_ok
-                .iter()
-                .find(|(at, by)| *at > deleted && *by != dead1)
-                .map(|(at, _)| *at)
-        },
-    )
-    .await;
+    let back1 = first_write_elsewhere(&tallies[1], deleted, &dead1, Duration::from_secs(60)).await;
     println!(
         "shard 1 primary pod deleted → writable again in {:.0} ms",
         (back1 - deleted).as_secs_f64() * 1000.0

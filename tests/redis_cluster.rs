@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_writer::{Tally, longest_gap, missing, tag_in, writer};
+use cluster_writer::{Tally, first_write_elsewhere, longest_gap, missing, tag_in, writer};
 use redis_server::{Engine, RedisServer, ServerConfig, free_port};
 use redpilot::redis::cluster::{self, Member};
 use redpilot::redis::{ConnectOptions, Node};
@@ -180,18 +180,7 @@ async fn a_killed_shard_primary_is_replaced_by_the_cluster_losing_no_confirmed_w
         // node after the kill (confirming it needs a replica, which the
         // shard gets back only when the killed node returns).
         let dead = c.members[0].endpoint.clone();
-        let back = loop {
-            let t = tallies[0].lock().await;
-            if let Some((at, _)) = t.set_ok.iter().find(|(at, by)| *at > killed && *by != dead) {
-                break *at;
-            }
-            drop(t);
-            assert!(
-                killed.elapsed() < Duration::from_secs(30),
-                "run {run}: shard 0 took no write for 30 s after its primary was killed"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let back = first_write_elsewhere(&tallies[0], killed, &dead, Duration::from_secs(30)).await;
         let outage = back - killed;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let until = Instant::now();

@@ -142,3 +142,29 @@ pub async fn missing(members: &[Member], opts: &ConnectOptions, slot: u16, tally
     }
     missing
 }
+
+/// When `tally` first had a write answered OK by a node other than `dead`
+/// after `since`; fails after `within`.
+pub async fn first_write_elsewhere(
+    tally: &Mutex<Tally>,
+    since: Instant,
+    dead: &Endpoint,
+    within: Duration,
+) -> Instant {
+    loop {
+        if let Some((at, _)) = tally
+            .lock()
+            .await
+            .set_ok
+            .iter()
+            .find(|(at, by)| *at > since && by != dead)
+        {
+            return *at;
+        }
+        assert!(
+            since.elapsed() < within,
+            "no write was taken by a node other than {dead} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -274,16 +274,7 @@ impl Reconciler {
                 format!("{ready_count}/{desired} instances ready, replication healthy"),
             )
         } else {
-            Cond::new(
-                "Ready",
-                false,
-                if degraded {
-                    "Degraded"
-                } else {
-                    "NotAllInstancesReady"
-                },
-                format!("{ready_count}/{desired} instances ready"),
-            )
+            not_ready_cond(degraded, ready_count, desired)
         });
         conds.push(self.progressing_cond(paused, progressing, ready_count, desired));
         conds.push(if degraded {
@@ -528,6 +519,21 @@ impl Reconciler {
         }
         Action::requeue(wait)
     }
+}
+
+/// The Ready condition of a Redis that is not ready: Degraded, or waiting
+/// for instances (`ready` of `desired`).
+pub(super) fn not_ready_cond(degraded: bool, ready: i32, desired: i32) -> Cond {
+    Cond::new(
+        "Ready",
+        false,
+        if degraded {
+            "Degraded"
+        } else {
+            "NotAllInstancesReady"
+        },
+        format!("{ready}/{desired} instances ready"),
+    )
 }
 
 /// The phase of a Redis that is not Ready, not Degraded, not paused and not

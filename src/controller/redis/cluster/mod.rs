@@ -318,16 +318,7 @@ impl Reconciler {
                     ),
                 )
             } else {
-                Cond::new(
-                    "Ready",
-                    false,
-                    if degraded {
-                        "Degraded"
-                    } else {
-                        "NotAllInstancesReady"
-                    },
-                    format!("{ready_count}/{total} instances ready"),
-                )
+                status::not_ready_cond(degraded, ready_count, total)
             },
             self.progressing_cond(paused, progressing, ready_count, total),
             if degraded {

@@ -225,15 +225,14 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
             .filter(|m| inside(m))
             .filter_map(|m| m.view.as_ref()),
     );
-    let owned_by = |id: &str| -> Vec<u16> {
-        (0..SLOTS)
-            .filter(|s| {
-                owner[usize::from(*s)]
-                    .as_ref()
-                    .is_some_and(|(_, o)| o == id)
-            })
-            .collect()
-    };
+    // Each owner's slots, gathered once (ascending).
+    let mut owned: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
+    for (s, o) in (0..SLOTS).zip(&owner) {
+        if let Some((_, id)) = o {
+            owned.entry(id.as_str()).or_default().push(s);
+        }
+    }
+    let owned_by = |id: &str| -> &[u16] { owned.get(id).map_or(&[], Vec::as_slice) };
 
     // 1. Meet every node the anchor does not know.
     for m in &live {
@@ -314,7 +313,7 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
         {
             shard.primary = Some(p.pod.clone());
             shard.primary_id = Some(id.to_string());
-            shard.slots = ranges(owned_by(id));
+            shard.slots = ranges(owned_by(id).iter().copied());
         }
         plan.shards.push(shard_counts(members, i, shard));
     }
