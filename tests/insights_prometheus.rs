@@ -14,6 +14,12 @@
 //!    runs again and the data is deleted.
 //! 5. `spec.monitoring.prometheus: false` removes both objects.
 //!
+//! A Cluster Redis (3 shards of 1 instance) runs beside it: its series carry
+//! the `shard` label, the cluster series and the per-shard operator series
+//! are scraped, every query of the dashboard's Shards row returns series,
+//! and a shard primary stopped (with no replica to take over) raises
+//! RedisClusterSlotsNotOk with its slot count, resolved when it runs again.
+//!
 //! The suite prints the exporter's scrape size, scrape time and RSS.
 
 mod support;
@@ -28,7 +34,7 @@ use support::operator::{
     OperatorOptions, apply_redis, connect_pod, patch_redis, recent_events, redis_password,
     server_pid, signal, start_operator, wait_established, wait_ready,
 };
-use support::prometheus::{Prometheus, dashboard_exprs, monitoring_crd_files};
+use support::prometheus::{Prometheus, dashboard_exprs, dashboard_row_exprs, monitoring_crd_files};
 use support::{TestNamespace, client, wait_for};
 
 const READY: Duration = Duration::from_secs(180);
@@ -137,7 +143,17 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
                "config": {"maxmemory-policy": "noeviction"}}),
     )
     .await;
+    apply_redis(
+        &client,
+        ns,
+        "shards",
+        json!({"mode": "Cluster", "shards": 3, "instances": 1,
+               "engine": "Valkey", "version": "8.1",
+               "resources": {"limits": {"memory": "32Mi"}}}),
+    )
+    .await;
     wait_ready(&client, ns, "cache", READY).await;
+    let cluster = wait_ready(&client, ns, "shards", READY).await;
     let events = recent_events(&client, ns, 50).await;
     assert!(
         !events.contains("MonitoringFailed"),
@@ -152,8 +168,8 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         Api::namespaced_with(client.clone(), ns, &ar("PrometheusRule", "prometheusrules"));
     let installed = Instant::now();
     let mut n = 0;
-    let (pm, rule) = wait_for(
-        "the PodMonitor and PrometheusRule of cache",
+    let (pm, rule, cluster_pm, cluster_rule) = wait_for(
+        "the PodMonitors and PrometheusRules of cache and shards",
         Duration::from_secs(120),
         || {
             n += 1;
@@ -161,9 +177,12 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
                 (client.clone(), pod_monitors.clone(), rules.clone());
             async move {
                 nudge(&client, ns, "cache", n).await;
+                nudge(&client, ns, "shards", n).await;
                 let pm = pod_monitors.get_opt("cache").await.ok()??;
                 let rule = rules.get_opt("cache").await.ok()??;
-                Some((pm, rule))
+                let cluster_pm = pod_monitors.get_opt("shards").await.ok()??;
+                let cluster_rule = rules.get_opt("shards").await.ok()??;
+                Some((pm, rule, cluster_pm, cluster_rule))
             }
         },
     )
@@ -172,7 +191,7 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         "PodMonitor and PrometheusRule created {:.1} s after the CRDs were installed",
         installed.elapsed().as_secs_f64()
     );
-    for obj in [&pm, &rule] {
+    for obj in [&pm, &rule, &cluster_pm, &cluster_rule] {
         let owner = obj
             .metadata
             .owner_references
@@ -192,6 +211,13 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         .as_array()
         .cloned()
         .expect("groups");
+    let cluster_rule_value = serde_json::to_value(&cluster_rule).expect("json");
+    groups.extend(
+        cluster_rule_value["spec"]["groups"]
+            .as_array()
+            .cloned()
+            .expect("groups of shards"),
+    );
     let shipped: Value = serde_yaml::from_str(
         &std::fs::read_to_string(support::repo_root().join("config/prometheus/rules.yaml"))
             .expect("rules.yaml"),
@@ -205,18 +231,27 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
             .filter(|g| g["name"] == "redpilot.operator")
             .cloned(),
     );
-    let mut scrapes = Prometheus::pod_monitor_scrapes(&[pm_value]);
+    let cluster_pm_value = serde_json::to_value(&cluster_pm).expect("json");
+    let mut scrapes = Prometheus::pod_monitor_scrapes(&[pm_value, cluster_pm_value]);
     scrapes.push(Prometheus::operator_scrape(op.metrics_addr));
     let prom = Prometheus::start(scrapes, groups).await;
     let sel = format!("namespace=\"{ns}\",redis=\"cache\"");
+    let cluster_sel = format!("namespace=\"{ns}\",redis=\"shards\"");
     let scraped = Instant::now();
     loop {
         let up = prom
             .query(&format!("count(redis_up{{{sel}}} == 1)"))
             .await
             .unwrap_or_default();
+        let cluster_up = prom
+            .query(&format!("count(redis_up{{{cluster_sel}}} == 1)"))
+            .await
+            .unwrap_or_default();
         let ops = prom.query("redpilot_build_info").await.unwrap_or_default();
-        if up.first().is_some_and(|u| u["value"][1] == "3") && !ops.is_empty() {
+        if up.first().is_some_and(|u| u["value"][1] == "3")
+            && cluster_up.first().is_some_and(|u| u["value"][1] == "3")
+            && !ops.is_empty()
+        {
             break;
         }
         if scraped.elapsed() > Duration::from_secs(90) {
@@ -227,7 +262,7 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
                 .map(|t| format!("{} {} {}", t["scrapeUrl"], t["health"], t["lastError"]))
                 .collect();
             panic!(
-                "Prometheus does not scrape 3 sidecars and the operator: redis_up {up:?}\ntargets:\n{}\nlog:\n{}",
+                "Prometheus does not scrape 3 + 3 sidecars and the operator: redis_up {up:?} {cluster_up:?}\ntargets:\n{}\nlog:\n{}",
                 targets.join("\n"),
                 prom.log_tail()
             );
@@ -318,7 +353,13 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     // promtool finds nothing to report in either exposition.
     let ip = support::operator::pod_ip(&client, ns, &primary_pod).await;
     let sidecar: std::net::SocketAddr = format!("{ip}:9121").parse().expect("addr");
-    for (what, addr) in [("operator", op.metrics_addr), ("exporter", sidecar)] {
+    let cluster_ip = support::operator::pod_ip(&client, ns, "shards-s0-0").await;
+    let cluster_sidecar: std::net::SocketAddr = format!("{cluster_ip}:9121").parse().expect("addr");
+    for (what, addr) in [
+        ("operator", op.metrics_addr),
+        ("exporter", sidecar),
+        ("cluster node's exporter", cluster_sidecar),
+    ] {
         let page = support::operator::http_get(addr, "/metrics")
             .await
             .unwrap_or_else(|| panic!("{what} /metrics"));
@@ -331,7 +372,7 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
             .map(str::trim)
             .filter(|l| !l.is_empty())
             .filter(|l| {
-                !(what == "exporter"
+                !(what != "operator"
                     && COMPATIBLE_NAMES.iter().any(|n| {
                         *l == format!("{n} metric names should not contain abbreviated units")
                     }))
@@ -345,7 +386,7 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
             "promtool check metrics on the {what} ({} lines): {} findings{}",
             page.lines().count(),
             lint.lines().filter(|l| !l.trim().is_empty()).count(),
-            if what == "exporter" {
+            if what != "operator" {
                 " (the kept unit-suffix names only)"
             } else {
                 ""
@@ -396,6 +437,58 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     );
     println!("dashboards: all {count} panel queries returned series");
 
+    // The Cluster Redis: its cluster series carry the shard, the operator
+    // exports each shard, and the dashboard's Shards row has data.
+    for (q, want) in [
+        (
+            format!("count(count by (shard) (redis_cluster_state{{{cluster_sel}}} == 1))"),
+            3.0,
+        ),
+        (
+            format!("min(redis_cluster_slots_ok{{{cluster_sel}}})"),
+            16384.0,
+        ),
+        (
+            format!("max(redis_cluster_known_nodes{{{cluster_sel}}})"),
+            3.0,
+        ),
+        (
+            format!("count(redis_cluster_messages_sent_total{{{cluster_sel}}} > 0)"),
+            3.0,
+        ),
+        (
+            format!("count(redpilot_redis_shard_primary_available{{{cluster_sel}}} == 1)"),
+            3.0,
+        ),
+        (
+            format!("sum(redpilot_redis_shard_desired_instances{{{cluster_sel}}})"),
+            3.0,
+        ),
+    ] {
+        wait_for_value(&prom, &q, want, Duration::from_secs(30)).await;
+    }
+    let shard_row = dashboard_row_exprs("redpilot-redis.json", "Shards (Cluster mode)");
+    assert!(shard_row.len() >= 8, "the Shards row: {shard_row:?}");
+    let mut empty = Vec::new();
+    for expr in &shard_row {
+        let q = expr
+            .replace("$namespace", ns)
+            .replace("$redis", "shards")
+            .replace("$__rate_interval", "1m");
+        if !wait_for_series(&prom, &q, Duration::from_secs(20)).await {
+            empty.push(q);
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "Shards row queries without data for the Cluster Redis:\n{}",
+        empty.join("\n")
+    );
+    println!(
+        "cluster: redis_cluster_* with a shard label on 3 nodes, 3 shards exported by the operator, all {} Shards-row queries returned series",
+        shard_row.len()
+    );
+
     // 4. Faults: a hung replica and memory near the limit.
     let replica = ["cache-0", "cache-1", "cache-2"]
         .into_iter()
@@ -423,11 +516,58 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         let _: () = primary.query("MSET", &mset).await.expect("MSET");
     }
     println!("memory filled: {i} keys of 1 KiB, maxmemory {max} bytes");
+    // The Cluster Redis loses shard 2 (its only instance stops): its slots.
+    let lost = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|sh| sh.index == 2).cloned())
+        .expect("status.shards[2]");
+    let lost_pod = lost.primary.clone().expect("shard 2's primary");
+    let lost_slots = slot_count(lost.slots.as_deref().expect("shard 2's slots"));
+    let cluster_password = redis_password(&client, ns, "shards").await;
+    let mut node = connect_pod(&client, ns, &lost_pod, &cluster_password)
+        .await
+        .expect("connect shard 2");
+    let lost_pid = server_pid(&mut node).await;
+    drop(node);
     let stopped = Instant::now();
     signal(pid, "-STOP");
+    signal(lost_pid, "-STOP");
     let mut fired = (None, None);
     let waited = wait_for_alerts(&prom, replica, stopped, &mut fired).await;
+    let slots_alert = wait_for(
+        "RedisClusterSlotsNotOk for shards",
+        (stopped + Duration::from_secs(180)).saturating_duration_since(Instant::now()),
+        || async {
+            prom.alerts().await.into_iter().find(|a| {
+                a["labels"]["alertname"] == "RedisClusterSlotsNotOk"
+                    && a["labels"]["redis"] == "shards"
+                    && a["state"] == "firing"
+            })
+        },
+    )
+    .await;
+    let slots_fired = stopped.elapsed();
     signal(pid, "-CONT");
+    signal(lost_pid, "-CONT");
+    let not_ok: f64 = slots_alert["value"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("alert value");
+    assert_eq!(
+        not_ok, lost_slots as f64,
+        "RedisClusterSlotsNotOk counts the slots of the stopped shard: {slots_alert}"
+    );
+    assert!(
+        !prom.alerts().await.iter().any(|a| {
+            a["labels"]["alertname"] == "RedisClusterStateFail" && a["state"] == "firing"
+        }),
+        "the reachable nodes stay cluster_state:ok (require-full-coverage no)"
+    );
+    println!(
+        "RedisClusterSlotsNotOk firing {:.0} s after shard 2's only server ({lost_pod}) stopped, counting its {lost_slots} slots",
+        slots_fired.as_secs_f64()
+    );
     let (down, memory) = fired;
     assert!(
         waited,
@@ -450,17 +590,18 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         .expect("FLUSHALL");
     let resolving = Instant::now();
     wait_for(
-        "RedisDown and RedisMemoryNearLimit to resolve",
+        "RedisDown, RedisMemoryNearLimit and RedisClusterSlotsNotOk to resolve",
         Duration::from_secs(120),
         || async {
             let down = active(&prom, "RedisDown").await;
             let mem = active(&prom, "RedisMemoryNearLimit").await;
-            (!down && !mem).then_some(())
+            let slots = active(&prom, "RedisClusterSlotsNotOk").await;
+            (!down && !mem && !slots).then_some(())
         },
     )
     .await;
     println!(
-        "both alerts resolved {:.0} s after the server ran again and the data was deleted",
+        "the three alerts resolved {:.0} s after the servers ran again and the data was deleted",
         resolving.elapsed().as_secs_f64()
     );
 
@@ -548,6 +689,35 @@ async fn wait_for_alerts(
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     false
+}
+
+/// Slots in a list of ranges such as `0-5460 5462`.
+fn slot_count(ranges: &str) -> u32 {
+    ranges
+        .split([' ', ','])
+        .filter(|r| !r.is_empty())
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<u32>().expect("slot") - a.parse::<u32>().expect("slot") + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// Waits until the single result of `q` equals `want`.
+async fn wait_for_value(prom: &Prometheus, q: &str, want: f64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = prom.query(q).await.unwrap_or_default();
+        let value = got
+            .first()
+            .and_then(|v| v["value"][1].as_str())
+            .and_then(|v| v.parse::<f64>().ok());
+        if value == Some(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{q}: {got:?}, want {want}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 async fn wait_for_series(prom: &Prometheus, q: &str, within: Duration) -> bool {

@@ -55,7 +55,7 @@ fn promtool_accepts_the_rules_and_every_alert_passes_its_unit_tests() {
     let text = String::from_utf8_lossy(&check.stdout).to_string()
         + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "{text}");
-    assert!(text.contains("SUCCESS: 14 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 17 rules found"), "{text}");
 
     let tests = root().join("config/prometheus/tests");
     let files: Vec<PathBuf> = std::fs::read_dir(&tests)
@@ -90,7 +90,7 @@ fn promtool_accepts_the_rules_and_every_alert_passes_its_unit_tests() {
             );
         }
     }
-    assert_eq!(alerts, 14);
+    assert_eq!(alerts, 17);
 }
 
 #[test]
@@ -126,8 +126,13 @@ fn the_operator_prometheus_rule_carries_the_operator_group() {
 #[test]
 fn dashboards_query_only_what_the_scrape_provides() {
     for file in ["redpilot-fleet.json", "redpilot-redis.json"] {
-        let exprs = support::prometheus::dashboard_exprs(file);
+        let mut exprs = support::prometheus::dashboard_exprs(file);
         assert!(exprs.len() >= 20, "{file}: {} queries", exprs.len());
+        for row in support::prometheus::dashboard_collapsed_rows(file) {
+            let inside = support::prometheus::dashboard_row_exprs(file, &row);
+            assert!(!inside.is_empty(), "{file}: row {row} has no query");
+            exprs.extend(inside);
+        }
         for e in &exprs {
             let vars: Vec<&str> = e
                 .match_indices('$')

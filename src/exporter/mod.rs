@@ -2,7 +2,8 @@
 //!
 //! Each scrape of `/metrics` asks the server in the same pod for `INFO ALL`
 //! over one kept connection and answers with [`render`]'s exposition plus
-//! the exporter's own series (`redis_up`, scrape duration and count). A
+//! the exporter's own series (`redis_up`, scrape duration and count); a
+//! node in cluster mode adds its `CLUSTER INFO` (`redis_cluster_*`). A
 //! server that does not answer within the bound gives `redis_up 0`, never a
 //! hung scrape. The password is read from the mounted server-auth Secret at
 //! each (re)connection, so a live rotation is followed without a restart
@@ -182,7 +183,26 @@ impl Exporter {
                 .query::<String>("INFO", redis::cmd("INFO").arg("ALL"))
                 .await
             {
-                Ok(text) => return Ok(text),
+                Ok(mut text) => {
+                    if cluster_enabled(&text) {
+                        // A node in cluster mode: its slots and state too.
+                        match node
+                            .query::<String>("CLUSTER INFO", redis::cmd("CLUSTER").arg("INFO"))
+                            .await
+                        {
+                            Ok(cluster) => {
+                                text.push_str("\r\n# ClusterInfo\r\n");
+                                text.push_str(&cluster);
+                            }
+                            Err(e) => tracing::warn!(
+                                category = crate::controller::redis_category(&e),
+                                error = %e,
+                                "CLUSTER INFO failed; the cluster series are left out of this scrape"
+                            ),
+                        }
+                    }
+                    return Ok(text);
+                }
                 Err(e) => {
                     *guard = None;
                     if attempt == 1 {
@@ -280,6 +300,12 @@ impl Exporter {
         );
         out.text()
     }
+}
+
+/// Whether an `INFO` reply comes from a node in cluster mode.
+fn cluster_enabled(info: &str) -> bool {
+    info.lines()
+        .any(|l| l.trim_end_matches('\r') == "cluster_enabled:1")
 }
 
 /// Serves `/metrics` (and `/healthz`) on `listener` until the task ends.

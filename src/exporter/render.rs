@@ -244,6 +244,22 @@ const GAUGES: &[(&str, &str, Conv)] = &[
         "master_link_down_since_seconds",
         Conv::Num,
     ),
+    // Cluster (`INFO`'s `cluster_enabled`; the rest from `CLUSTER INFO`,
+    // which the exporter appends when the server runs in cluster mode).
+    ("cluster_enabled", "cluster_enabled", Conv::Num),
+    ("cluster_state", "cluster_state", Conv::Ok),
+    (
+        "cluster_slots_assigned",
+        "cluster_slots_assigned",
+        Conv::Num,
+    ),
+    ("cluster_slots_ok", "cluster_slots_ok", Conv::Num),
+    ("cluster_slots_pfail", "cluster_slots_pfail", Conv::Num),
+    ("cluster_slots_fail", "cluster_slots_fail", Conv::Num),
+    ("cluster_known_nodes", "cluster_known_nodes", Conv::Num),
+    ("cluster_size", "cluster_size", Conv::Num),
+    ("cluster_current_epoch", "cluster_current_epoch", Conv::Num),
+    ("cluster_my_epoch", "cluster_my_epoch", Conv::Num),
 ];
 
 /// `INFO` fields exported as counters: field, metric (without `redis_`),
@@ -287,6 +303,16 @@ const COUNTERS: &[(&str, &str, Conv)] = &[
         Conv::Num,
     ),
     ("evicted_keys", "evicted_keys_total", Conv::Num),
+    (
+        "cluster_stats_messages_sent",
+        "cluster_messages_sent_total",
+        Conv::Num,
+    ),
+    (
+        "cluster_stats_messages_received",
+        "cluster_messages_received_total",
+        Conv::Num,
+    ),
     ("evicted_clients", "evicted_clients_total", Conv::Num),
     ("keyspace_hits", "keyspace_hits_total", Conv::Num),
     ("keyspace_misses", "keyspace_misses_total", Conv::Num),
@@ -762,6 +788,37 @@ mod tests {
         // Garbage in: no panic, only the info series.
         let junk = render("\u{0}:\u{1}\nfoo\n:::\ndb:keys=x\ncmdstat_:calls=\n");
         assert!(junk.contains("redis_instance_info"), "{junk}");
+    }
+
+    #[test]
+    fn a_cluster_node_reports_its_cluster_state_and_slots() {
+        let ok = render(
+            "# Server\r\nredis_version:8.1.1\r\n# Cluster\r\ncluster_enabled:1\r\n# ClusterInfo\r\ncluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16000\r\ncluster_slots_pfail:384\r\ncluster_slots_fail:0\r\ncluster_known_nodes:6\r\ncluster_size:3\r\ncluster_current_epoch:7\r\ncluster_my_epoch:2\r\ncluster_stats_messages_sent:1200\r\ncluster_stats_messages_received:1100\r\n",
+        );
+        for line in [
+            "redis_cluster_enabled 1",
+            "redis_cluster_state 1",
+            "redis_cluster_slots_assigned 16384",
+            "redis_cluster_slots_ok 16000",
+            "redis_cluster_slots_pfail 384",
+            "redis_cluster_slots_fail 0",
+            "redis_cluster_known_nodes 6",
+            "redis_cluster_size 3",
+            "redis_cluster_current_epoch 7",
+            "redis_cluster_my_epoch 2",
+            "redis_cluster_messages_sent_total 1200",
+            "redis_cluster_messages_received_total 1100",
+            "# TYPE redis_cluster_messages_sent_total counter",
+        ] {
+            assert!(ok.lines().any(|l| l == line), "missing {line:?} in\n{ok}");
+        }
+        let failing = render("cluster_enabled:1\r\ncluster_state:fail\r\n");
+        assert!(
+            failing.lines().any(|l| l == "redis_cluster_state 0"),
+            "{failing}"
+        );
+        let plain = render(PRIMARY);
+        assert!(!plain.contains("redis_cluster_state"), "{plain}");
     }
 
     #[test]

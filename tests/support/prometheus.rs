@@ -255,17 +255,48 @@ pub fn encode(s: &str) -> String {
     out
 }
 
-/// Every `expr` of every panel of a dashboard in `config/grafana/`.
-pub fn dashboard_exprs(file: &str) -> Vec<String> {
+fn dashboard(file: &str) -> Value {
     let path = super::repo_root().join("config/grafana").join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let d: Value = serde_json::from_str(&text).expect("dashboard JSON");
-    d["panels"]
+    serde_json::from_str(&text).expect("dashboard JSON")
+}
+
+fn panel_exprs(panels: &Value) -> Vec<String> {
+    panels
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
         .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect()
+}
+
+/// Every `expr` of the panels a dashboard in `config/grafana/` shows open
+/// (not those inside a collapsed row).
+pub fn dashboard_exprs(file: &str) -> Vec<String> {
+    panel_exprs(&dashboard(file)["panels"])
+}
+
+/// Every `expr` inside the collapsed row titled `row` (empty when the
+/// dashboard has no such row).
+pub fn dashboard_row_exprs(file: &str, row: &str) -> Vec<String> {
+    dashboard(file)["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["type"] == "row" && p["title"] == row)
+        .flat_map(|p| panel_exprs(&p["panels"]))
+        .collect()
+}
+
+/// The titles of a dashboard's collapsed rows.
+pub fn dashboard_collapsed_rows(file: &str) -> Vec<String> {
+    dashboard(file)["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["type"] == "row" && p["collapsed"] == true)
+        .filter_map(|p| p["title"].as_str().map(String::from))
         .collect()
 }

@@ -110,6 +110,19 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
     };
     let mut out = Vec::new();
     if m.exporter {
+        let mut relabelings = vec![json!({
+            "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+            "targetLabel": "redis",
+            "action": "replace",
+        })];
+        // A Cluster Redis: each series says which shard its pod serves.
+        if redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+            relabelings.push(json!({
+                "sourceLabels": ["__meta_kubernetes_pod_label_redpilot_io_shard"],
+                "targetLabel": "shard",
+                "action": "replace",
+            }));
+        }
         out.push(object(
             KINDS[0],
             json!({
@@ -119,11 +132,7 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
                     "port": sidecar::PORT_NAME,
                     "path": "/metrics",
                     "interval": "15s",
-                    "relabelings": [{
-                        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
-                        "targetLabel": "redis",
-                        "action": "replace",
-                    }],
+                    "relabelings": relabelings,
                 }],
             }),
         ));

@@ -119,6 +119,7 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
                 if c.status == "True" { 1.0 } else { 0.0 },
             );
         }
+        shard_series(out, r, &status, &at);
     }
     for (phase, n) in &by_phase {
         out.add(
@@ -185,6 +186,58 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
     }
 }
 
+/// Per shard of a Cluster Redis (`shard` label, from `status.shards`):
+/// ready and desired instances, replicas following the primary, and
+/// whether a node serves the shard's slots. Nothing for the other modes.
+fn shard_series(
+    out: &mut Exposition,
+    r: &Redis,
+    status: &crate::api::v1alpha1::RedisStatus,
+    at: &[(&str, &str); 2],
+) {
+    if matches!(status.phase, Some(Phase::Hibernated) | Some(Phase::Paused)) {
+        return;
+    }
+    let desired = f64::from(r.spec.desired_instances());
+    for shard in &status.shards {
+        let index = shard.index.to_string();
+        let labels = [at[0], at[1], ("shard", index.as_str())];
+        let ready = shard
+            .ready
+            .split_once('/')
+            .and_then(|(n, _)| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        out.add(
+            "redpilot_redis_shard_ready_instances",
+            "gauge",
+            "Ready instances of each shard of a Cluster Redis",
+            &labels,
+            ready,
+        );
+        out.add(
+            "redpilot_redis_shard_desired_instances",
+            "gauge",
+            "Instances each shard of a Cluster Redis asks for",
+            &labels,
+            desired,
+        );
+        out.add(
+            "redpilot_redis_shard_replicas",
+            "gauge",
+            "Replicas following the primary of each shard of a Cluster Redis",
+            &labels,
+            shard.replicas.len() as f64,
+        );
+        out.add(
+            "redpilot_redis_shard_primary_available",
+            "gauge",
+            "1 when a node serves the slots of each shard of a Cluster Redis",
+            &labels,
+            if shard.primary.is_some() { 1.0 } else { 0.0 },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +297,52 @@ mod tests {
             "redpilot_backup_last_success_timestamp_seconds{namespace=\"ns\",redis=\"cache\"} 1767225600",
             "redpilot_backup_last_failed{namespace=\"ns\",redis=\"cache\"} 1",
             "redpilot_backup_last_failed{namespace=\"ns\",redis=\"other\"} 0",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn each_shard_of_a_cluster_redis_has_its_series() {
+        use crate::api::v1alpha1::{Mode, ShardStatus};
+        let mut r = Redis::new(
+            "shop",
+            RedisSpec {
+                mode: Mode::Cluster,
+                shards: Some(3),
+                instances: Some(2),
+                ..Default::default()
+            },
+        );
+        r.metadata.namespace = Some("ns".into());
+        let shard =
+            |index: i32, primary: Option<&str>, replicas: &[&str], ready: &str| ShardStatus {
+                index,
+                primary: primary.map(String::from),
+                replicas: replicas.iter().map(|s| s.to_string()).collect(),
+                slots: None,
+                ready: ready.into(),
+            };
+        r.status = Some(RedisStatus {
+            phase: Some(Phase::Degraded),
+            shards: vec![
+                shard(0, Some("shop-s0-0"), &["shop-s0-1"], "2/2"),
+                shard(1, Some("shop-s1-1"), &[], "1/2"),
+                shard(2, None, &[], "0/2"),
+            ],
+            ..Default::default()
+        });
+        let mut out = Exposition::default();
+        series(&mut out, &[Arc::new(r)], &[]);
+        let t = out.text();
+        for line in [
+            "redpilot_redis_shard_ready_instances{namespace=\"ns\",redis=\"shop\",shard=\"0\"} 2",
+            "redpilot_redis_shard_ready_instances{namespace=\"ns\",redis=\"shop\",shard=\"1\"} 1",
+            "redpilot_redis_shard_desired_instances{namespace=\"ns\",redis=\"shop\",shard=\"2\"} 2",
+            "redpilot_redis_shard_replicas{namespace=\"ns\",redis=\"shop\",shard=\"0\"} 1",
+            "redpilot_redis_shard_replicas{namespace=\"ns\",redis=\"shop\",shard=\"1\"} 0",
+            "redpilot_redis_shard_primary_available{namespace=\"ns\",redis=\"shop\",shard=\"1\"} 1",
+            "redpilot_redis_shard_primary_available{namespace=\"ns\",redis=\"shop\",shard=\"2\"} 0",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }

@@ -295,7 +295,9 @@ mod tests {
                     &dir.join("nodes.conf").to_string_lossy(),
                 )
                 .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
-                .replace("30 ))", "2 ))")
+                // A 3 s bound: `date +%s` counts whole seconds, so the
+                // wait lasts between 2 and 3 s.
+                .replace("30 ))", "3 ))")
                 .replace("exec redis-server", "echo started");
             let t = std::time::Instant::now();
             let out = std::process::Command::new("sh")
