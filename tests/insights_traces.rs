@@ -8,7 +8,9 @@
 //! and the Kubernetes requests under it; every JSON log line written inside
 //! that reconcile carries its trace id. With Jaeger stopped, reconciles keep
 //! their latency (measured on 20 reconciles each way) and the drop counter
-//! rises.
+//! rises. A Cluster Redis created beside it leaves the trace of its forming:
+//! `redis.cluster_meet` and `redis.cluster_add_slots` under a reconcile of
+//! that Redis.
 
 mod support;
 
@@ -154,7 +156,16 @@ async fn a_switchover_is_traced_and_a_missing_collector_costs_nothing() {
         json!({"mode": "Replication", "instances": 3}),
     )
     .await;
+    apply_redis(
+        &client,
+        ns,
+        "shards",
+        json!({"mode": "Cluster", "shards": 3, "instances": 1,
+               "engine": "Valkey", "version": "8.1"}),
+    )
+    .await;
     let r = wait_ready(&client, ns, "cache", READY).await;
+    wait_ready(&client, ns, "shards", READY).await;
     let from = r.status.and_then(|s| s.primary).expect("primary");
     let to = if from == "cache-1" {
         "cache-2"
@@ -252,6 +263,46 @@ async fn a_switchover_is_traced_and_a_missing_collector_costs_nothing() {
         kube >= 1,
         "Kubernetes requests are spans of the reconcile: {names:?}"
     );
+    // The Cluster Redis' forming: every cluster action is a span of a
+    // reconcile of that Redis.
+    let cluster_ops = wait_for(
+        "the Cluster Redis' meet and slot assignment in Jaeger",
+        Duration::from_secs(60),
+        || {
+            let service = service.clone();
+            async move {
+                let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+                for t in traces(&service).await {
+                    let spans = t["spans"].as_array().cloned().unwrap_or_default();
+                    let cluster: Vec<&Value> = spans
+                        .iter()
+                        .filter(|s| {
+                            s["operationName"]
+                                .as_str()
+                                .is_some_and(|n| n.starts_with("redis.cluster_"))
+                        })
+                        .collect();
+                    if cluster.is_empty() {
+                        continue;
+                    }
+                    let root = spans.iter().find(|s| parent(s).is_none())?;
+                    assert_eq!(root["operationName"], "reconcile", "root: {root:#}");
+                    assert_eq!(tag(root, "redis.name"), Some(&json!("shards")));
+                    for s in cluster {
+                        *seen
+                            .entry(s["operationName"].as_str().unwrap_or("").to_string())
+                            .or_default() += 1;
+                    }
+                }
+                (seen.contains_key("redis.cluster_meet")
+                    && seen.contains_key("redis.cluster_add_slots"))
+                .then_some(seen)
+            }
+        },
+    )
+    .await;
+    println!("Cluster Redis forming traced: {cluster_ops:?}");
+
     // Every JSON log line inside that reconcile carries its trace id.
     let trace_id = trace["traceID"].as_str().expect("trace id");
     let log = op.log_text();

@@ -264,6 +264,7 @@ pub async fn myid(node: &mut Node) -> Result<String> {
 }
 
 /// `CLUSTER MEET`: `node` starts a handshake with `other`.
+#[tracing::instrument(name = "redis.cluster_meet", skip_all, fields(endpoint = %node.endpoint(), other = %other.endpoint))]
 pub async fn meet(node: &mut Node, other: &Member) -> Result<()> {
     let _: redis::Value = node
         .query(
@@ -279,6 +280,7 @@ pub async fn meet(node: &mut Node, other: &Member) -> Result<()> {
 }
 
 /// `CLUSTER ADDSLOTSRANGE`: `node` serves `ranges`.
+#[tracing::instrument(name = "redis.cluster_add_slots", skip_all, fields(endpoint = %node.endpoint(), ranges = ranges.len()))]
 pub async fn add_slots(node: &mut Node, ranges: &[SlotRange]) -> Result<()> {
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("ADDSLOTSRANGE");
@@ -290,6 +292,7 @@ pub async fn add_slots(node: &mut Node, ranges: &[SlotRange]) -> Result<()> {
 }
 
 /// `CLUSTER REPLICATE`: `node` becomes a replica of the node `primary_id`.
+#[tracing::instrument(name = "redis.cluster_replicate", skip_all, fields(endpoint = %node.endpoint(), primary_id))]
 pub async fn replicate(node: &mut Node, primary_id: &str) -> Result<()> {
     let _: redis::Value = node
         .query(
@@ -302,6 +305,7 @@ pub async fn replicate(node: &mut Node, primary_id: &str) -> Result<()> {
 
 /// `CLUSTER FAILOVER` on a replica: the graceful, zero-loss hand-over
 /// (its primary stops writes until the replica has caught up).
+#[tracing::instrument(name = "redis.cluster_failover", skip_all, fields(endpoint = %node.endpoint()))]
 pub async fn failover(node: &mut Node) -> Result<()> {
     let _: redis::Value = node
         .query("CLUSTER FAILOVER", redis::cmd("CLUSTER").arg("FAILOVER"))
@@ -310,6 +314,7 @@ pub async fn failover(node: &mut Node) -> Result<()> {
 }
 
 /// `CLUSTER FORGET`: `node` drops `id` from its table (for a minute).
+#[tracing::instrument(name = "redis.cluster_forget", skip_all, fields(endpoint = %node.endpoint(), id))]
 pub async fn forget(node: &mut Node, id: &str) -> Result<()> {
     let _: redis::Value = node
         .query(
