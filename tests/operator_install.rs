@@ -622,3 +622,43 @@ fn unusable_related_image_variable_fails_the_start_by_name() {
         "{text}"
     );
 }
+
+/// The Cluster sample (the CSV's alm-example) is accepted and becomes
+/// Ready: every slot served, 3 shards of a primary and a replica, a volume
+/// per instance.
+#[tokio::test]
+async fn the_cluster_sample_becomes_ready_with_every_slot_served() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-sample", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let (name, spec) = sample_spec("redpilot_v1alpha1_redis_cluster.yaml");
+    apply_redis(&client, &ns.name, &name, spec).await;
+    let redis = wait_ready(&client, &ns.name, &name, READY).await;
+    let status = redis.status.clone().expect("status");
+    let cluster = status.cluster.clone().expect("status.cluster");
+    assert_eq!(
+        (
+            cluster.state.as_str(),
+            cluster.slots_ok,
+            cluster.known_nodes
+        ),
+        ("ok", 16384, 6),
+        "{status:?}"
+    );
+    assert_eq!(status.shards.len(), 3, "{status:?}");
+    for shard in &status.shards {
+        assert!(shard.primary.is_some(), "{shard:?}");
+        assert_eq!(shard.replicas.len(), 1, "{shard:?}");
+        assert_eq!(shard.ready, "2/2", "{shard:?}");
+    }
+    let pvcs = pvc_names(&client, &ns.name).await;
+    assert_eq!(pvcs.len(), 6, "a volume per instance: {pvcs:?}");
+    println!(
+        "cluster sample {name}: Ready, shards {:?}, volumes {pvcs:?}",
+        status
+            .shards
+            .iter()
+            .map(|s| s.slots.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    );
+}

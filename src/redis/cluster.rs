@@ -35,6 +35,22 @@ impl SlotRange {
     }
 }
 
+/// Parses a list of ranges as the status shows them (`0-5460,5462`):
+/// `None` when any part is not a slot or a range of slots.
+pub fn parse_ranges(text: &str) -> Option<Vec<SlotRange>> {
+    let slot = |s: &str| s.trim().parse::<u16>().ok().filter(|n| *n < SLOTS);
+    text.split([',', ' '])
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => {
+                let (start, end) = (slot(a)?, slot(b)?);
+                (start <= end).then_some(SlotRange { start, end })
+            }
+            None => slot(p).map(|n| SlotRange { start: n, end: n }),
+        })
+        .collect()
+}
+
 impl std::fmt::Display for SlotRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.start == self.end {
@@ -448,6 +464,35 @@ pub async fn form(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_ranges_parse_back() {
+        let r = parse_ranges("0-5460,5462").expect("ranges");
+        assert_eq!(
+            r,
+            vec![
+                SlotRange {
+                    start: 0,
+                    end: 5460
+                },
+                SlotRange {
+                    start: 5462,
+                    end: 5462
+                }
+            ]
+        );
+        assert_eq!(
+            r.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            "0-5460,5462"
+        );
+        for bad in ["0-16384", "5-3", "x", "1-"] {
+            assert!(parse_ranges(bad).is_none(), "{bad}");
+        }
+        assert_eq!(parse_ranges(""), Some(vec![]));
+    }
 
     #[test]
     fn keys_hash_to_the_servers_slots() {

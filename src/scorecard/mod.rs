@@ -11,6 +11,7 @@
 //! what the tests touch. Every object a test creates is named
 //! `sc-<level>-<suffix>` and deleted when the test ends, pass or fail.
 
+mod cluster;
 mod levels;
 mod memory;
 mod writer;
@@ -42,11 +43,16 @@ pub struct TestDef {
 
 /// The suite, in capability order: a CSV may claim a level only when its
 /// tests and those of every lower level pass.
-pub const TESTS: [TestDef; 6] = [
+pub const TESTS: [TestDef; 7] = [
     TestDef {
         name: "redpilot-basic-install",
         level: "Basic Install",
         summary: "a Replication Redis becomes Ready; a write on the primary reaches the replica",
+    },
+    TestDef {
+        name: "redpilot-cluster-install",
+        level: "Basic Install",
+        summary: "a Cluster Redis of 3 shards x 2 becomes Ready with every slot served; each shard's writes reach its replica and a primary redirects another shard's key",
     },
     TestDef {
         name: "redpilot-seamless-upgrades",
@@ -183,6 +189,7 @@ async fn run_one(def: &TestDef, namespace: Option<String>, timeout: Duration) ->
     ));
     let outcome = match def.name {
         "redpilot-basic-install" => levels::basic_install(&mut ctx).await,
+        "redpilot-cluster-install" => cluster::cluster_install(&mut ctx).await,
         "redpilot-seamless-upgrades" => levels::seamless_upgrades(&mut ctx).await,
         "redpilot-full-lifecycle" => levels::full_lifecycle(&mut ctx).await,
         "redpilot-deep-insights" => levels::deep_insights(&mut ctx).await,
@@ -539,6 +546,7 @@ mod tests {
             levels,
             [
                 "Basic Install",
+                "Basic Install",
                 "Seamless Upgrades",
                 "Full Lifecycle",
                 "Deep Insights",
@@ -554,15 +562,18 @@ mod tests {
     fn the_claimable_level_needs_every_lower_level() {
         assert_eq!(highest_level(&[]), None);
         assert_eq!(
-            highest_level(&["redpilot-basic-install"]),
+            highest_level(&["redpilot-basic-install", "redpilot-cluster-install"]),
             Some("Basic Install")
         );
+        // Basic Install needs its Cluster test too.
+        assert_eq!(highest_level(&["redpilot-basic-install"]), None);
         let all: Vec<&str> = TESTS.iter().map(|t| t.name).collect();
         assert_eq!(highest_level(&all), Some("Auto Pilot"));
         // A gap stops the climb: failover passing does not lift a Redis
         // whose backups fail above Seamless Upgrades.
         let gap = [
             "redpilot-basic-install",
+            "redpilot-cluster-install",
             "redpilot-seamless-upgrades",
             "redpilot-deep-insights",
             "redpilot-auto-pilot",
