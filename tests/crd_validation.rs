@@ -1037,11 +1037,6 @@ async fn cluster_specs_are_checked_at_admission() {
             vec!["spec.autopilot", "Cluster"],
         ),
         (
-            "switchoverTo",
-            cluster(json!({"failover": {"switchoverTo": "x-s0-1"}})),
-            vec!["spec.failover.switchoverTo", "Cluster"],
-        ),
-        (
             "cluster-node-timeout in spec.config",
             cluster(json!({"config": {"cluster-node-timeout": "5000"}})),
             vec![
@@ -1113,6 +1108,18 @@ async fn cluster_specs_are_checked_at_admission() {
     {
         failures.push(format!(
             "a config change: refused, expected to be allowed: {e}"
+        ));
+    }
+    if let Err(e) = api
+        .patch(
+            "sharded",
+            &dry_run,
+            &Patch::Merge(json!({"spec": {"failover": {"switchoverTo": "sharded-s1-1"}}})),
+        )
+        .await
+    {
+        failures.push(format!(
+            "a planned failover of a shard (switchoverTo): refused, expected to be allowed: {e}"
         ));
     }
     assert!(

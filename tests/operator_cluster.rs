@@ -11,12 +11,16 @@
 //!   empty node): the cluster elects the replica, the operator attaches the
 //!   new node to it and forgets the old node ID on every node;
 //! - through both, the other shards keep taking writes, and no write any
-//!   shard confirmed is lost.
+//!   shard confirmed is lost;
+//! - (a second Redis, in parallel) a planned failover of one shard, then an
+//!   ordered restart of every pod, shard by shard, without a confirmed
+//!   write lost.
 
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -264,4 +268,208 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
         Some(redpilot::api::v1alpha1::Phase::Ready),
         "{st:?}"
     );
+}
+
+/// The pods of the 3 x 2 Redis `cache` and their UIDs.
+async fn pod_uids(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut out = BTreeMap::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            let name = format!("cache-s{s}-{j}");
+            if let Ok(Some(p)) = pods.get_opt(&name).await
+                && p.metadata.deletion_timestamp.is_none()
+                && let Some(uid) = p.metadata.uid
+            {
+                out.insert(name, uid);
+            }
+        }
+    }
+    out
+}
+
+/// A planned failover of one shard (`spec.failover.switchoverTo`), then a
+/// change that needs every pod restarted, under one writer per shard:
+/// the failover moves shard 1's slots with `CLUSTER FAILOVER`; the restart
+/// goes shard by shard, one pod at a time, replicas first, each shard's
+/// primary only after its slots moved to a restarted replica; shard 1 ends
+/// on the requested pod again; no confirmed write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-roll", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "storage": {"size": "64Mi"}, "resources": {"requests": {"cpu": "50m"}}}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let want = spread(3);
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let opts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
+    let ms = members(&client, &ns.name).await;
+    let tasks: Vec<_> = (0..3)
+        .map(|s| {
+            writer(
+                ms.clone(),
+                opts.clone(),
+                tag_in(&want[s], s),
+                stop.clone(),
+                tallies[s].clone(),
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+
+    // 1. The failover a user asks for: shard 1's replica takes its slots.
+    let st = r.status.clone().expect("status");
+    let old1 = st.shards[1].primary.clone().expect("shard 1 primary");
+    let target = st.shards[1].replicas[0].clone();
+    let asked = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"failover": {"switchoverTo": target}}}),
+    )
+    .await;
+    wait_until(
+        &client,
+        &ns.name,
+        "shard 1 served by the requested pod",
+        |r| {
+            shard_primary(r, 1).as_deref() == Some(target.as_str())
+                && r.status
+                    .as_ref()
+                    .is_some_and(|s| s.shards[1].replicas == vec![old1.clone()])
+        },
+    )
+    .await;
+    println!(
+        "requested failover: shard 1 moved from {old1} to {target} in {:.1} s (status Ready)",
+        asked.elapsed().as_secs_f64()
+    );
+    let events = recent_events(&client, &ns.name, 30).await;
+    assert!(
+        events.contains("ClusterFailover") && events.contains("switchoverTo"),
+        "{events}"
+    );
+
+    // 2. A change that needs every pod restarted.
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("redis");
+    let primaries_before: Vec<String> = (0..3)
+        .map(|s| shard_primary(&r, s).expect("primary"))
+        .collect();
+    let before = pod_uids(&client, &ns.name).await;
+    assert_eq!(before.len(), 6);
+    let changed = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"resources": {"requests": {"cpu": "60m"}}}}),
+    )
+    .await;
+    // Watch the pods go: the order, and who served each shard then.
+    let mut order: Vec<(String, Vec<Option<String>>)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let now = pod_uids(&client, &ns.name).await;
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("redis");
+        let primaries: Vec<Option<String>> = (0..3).map(|s| shard_primary(&r, s)).collect();
+        for (pod, uid) in &before {
+            if now.get(pod) != Some(uid) && !order.iter().any(|(p, _)| p == pod) {
+                order.push((pod.clone(), primaries.clone()));
+            }
+        }
+        if order.len() == 6
+            && support::operator::is_ready(&r)
+            && shard_primary(&r, 1).as_deref() == Some(target.as_str())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the roll did not finish: restarted {order:?}\n{}",
+            recent_events(&client, &ns.name, 40).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rolled = changed.elapsed();
+    let until = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let shard_of = |pod: &str| -> usize {
+        pod.strip_prefix("cache-s")
+            .and_then(|r| r.split('-').next())
+            .and_then(|s| s.parse().ok())
+            .expect("shard")
+    };
+    let sequence: Vec<&str> = order.iter().map(|(p, _)| p.as_str()).collect();
+    println!(
+        "restart-only change → every pod restarted and Ready in {:.1} s, in order {sequence:?}",
+        rolled.as_secs_f64()
+    );
+    // Shard by shard.
+    let shards: Vec<usize> = sequence.iter().map(|p| shard_of(p)).collect();
+    assert!(
+        shards.windows(2).all(|w| w[0] <= w[1]),
+        "not shard by shard: {sequence:?}"
+    );
+    // No pod restarted while it served its shard's slots: each shard's
+    // primary handed over first.
+    for (pod, primaries) in &order {
+        let s = shard_of(pod);
+        assert_ne!(
+            primaries[s].as_deref(),
+            Some(pod.as_str()),
+            "{pod} restarted while it was shard {s}'s primary ({order:?})"
+        );
+    }
+    for (s, p) in primaries_before.iter().enumerate() {
+        let last_of_shard = sequence
+            .iter()
+            .rev()
+            .find(|q| shard_of(q) == s)
+            .expect("restarted");
+        assert_eq!(
+            last_of_shard, p,
+            "shard {s}: its primary {p} restarts last, after the failover ({sequence:?})"
+        );
+    }
+    // Nothing confirmed is lost; how long each shard went without a write.
+    let ms = members(&client, &ns.name).await;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &opts, want[s].start, &t).await;
+        let gap = longest_gap(&t.set_ok, started, until);
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost, longest gap {:.0} ms",
+            t.acked.len(),
+            t.failed,
+            gap.as_secs_f64() * 1000.0
+        );
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+        assert!(
+            gap < Duration::from_secs(3),
+            "shard {s} took no write for {gap:?}"
+        );
+    }
 }

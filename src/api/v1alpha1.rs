@@ -279,9 +279,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("self.mode != 'Cluster' || !has(self.autopilot)")
         .message("spec.autopilot: the memory autopilot does not support Cluster mode yet")
         .field_path(".autopilot"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.failover) || !has(self.failover.switchoverTo)")
-        .message("spec.failover.switchoverTo: planned switchovers of a Cluster Redis are not supported yet")
-        .field_path(".failover.switchoverTo"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),
@@ -577,7 +574,9 @@ pub struct FailoverSpec {
     /// An instance (pod name, e.g. `cache-1`) to make primary: a planned
     /// switchover that loses no acknowledged write, done whenever the
     /// named instance is a healthy replica. With a lost primary and
-    /// `enabled: false`, the named replica is promoted.
+    /// `enabled: false`, the named replica is promoted. In Cluster mode it
+    /// names a pod of one shard (e.g. `orders-s1-1`), which takes over its
+    /// shard's slots with `CLUSTER FAILOVER` once it is a ready replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub switchover_to: Option<String>,

@@ -51,7 +51,8 @@ pub struct Tally {
 }
 
 /// Writes `{tag}:<n>` to whichever node serves the tag's slot, confirming
-/// each with `WAIT 1 500`; on any error it finds the primary again.
+/// each with `WAIT 1 500`; on any error it finds the primary again (and
+/// learns the cluster's current addresses from the node it asked).
 pub fn writer(
     members: Vec<Member>,
     opts: ConnectOptions,
@@ -61,12 +62,16 @@ pub fn writer(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let slot = cluster::key_slot(tag.as_bytes());
+        let mut members = members;
         let mut conn: Option<Node> = None;
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let Some(node) = conn.as_mut() else {
-                if let Some(ep) = primary_for(&members, &opts, slot).await {
+                if let Some((ep, known)) = discover(&members, &opts, slot).await {
                     conn = Node::connect(&ep, &opts).await.ok();
+                    if !known.is_empty() {
+                        members = known;
+                    }
                 }
                 if conn.is_none() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -117,6 +122,42 @@ pub fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) ->
         prev = t;
     }
     gap
+}
+
+/// Like [`primary_for`], and also every node the answering member knows
+/// (not failing), so a client follows pods that came back with new IPs.
+pub async fn discover(
+    members: &[Member],
+    opts: &ConnectOptions,
+    slot: u16,
+) -> Option<(Endpoint, Vec<Member>)> {
+    for m in members {
+        let Ok(mut n) = Node::connect(&m.endpoint, opts).await else {
+            continue;
+        };
+        let Ok(nodes) = cluster::nodes(&mut n).await else {
+            continue;
+        };
+        let Some(p) = nodes
+            .iter()
+            .find(|k| k.primary && !k.fail && k.slots.iter().any(|r| r.contains(slot)))
+            .and_then(|p| p.addr.clone())
+        else {
+            continue;
+        };
+        let known = nodes
+            .iter()
+            .filter(|k| !k.fail && !k.handshake)
+            .filter_map(|k| {
+                Some(Member {
+                    endpoint: k.addr.clone()?,
+                    bus_port: k.bus_port.unwrap_or(m.bus_port),
+                })
+            })
+            .collect();
+        return Some((p, known));
+    }
+    None
 }
 
 /// How many of the acknowledged keys of `tally` the shard serving `slot`

@@ -18,8 +18,10 @@
 
 pub mod build;
 pub mod plan;
+pub mod roll;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -35,6 +37,11 @@ use crate::redis::cluster as rc;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 use self::plan::{Member, Plan, Step, View};
+
+/// How long a pass waits for a `CLUSTER FAILOVER` to complete (the
+/// replica catches up with its paused primary, then takes the slots; the
+/// servers themselves abort a manual failover not done within 5 s).
+const FAILOVER_WAIT: Duration = Duration::from_secs(5);
 
 impl Reconciler {
     /// One pass over a Cluster Redis.
@@ -75,6 +82,10 @@ impl Reconciler {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
             self.cluster_steps(&plan, &members, &mut conns).await;
+            if plan.steps.is_empty() {
+                self.cluster_roll(&plan, &members, &facts, &mut conns)
+                    .await?;
+            }
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
         }
@@ -272,6 +283,122 @@ impl Reconciler {
         }
     }
 
+    /// A failover `spec.failover.switchoverTo` asks for, then the ordered
+    /// restart of pods running an older template ([`roll`]): at most one
+    /// action per pass.
+    async fn cluster_roll(
+        &mut self,
+        plan: &Plan,
+        members: &[Member],
+        facts: &[PodFacts],
+        conns: &mut BTreeMap<String, Node>,
+    ) -> Result<(), Error> {
+        let outdated: BTreeSet<String> = facts
+            .iter()
+            .filter(|f| f.outdated)
+            .map(|f| f.name.clone())
+            .collect();
+        if let Some(to) = self.redis.spec.failover().switchover_to {
+            match roll::requested_failover(plan, members, &outdated, &to) {
+                Err(msg) => {
+                    self.report_failure("InvalidSwitchoverTarget", "Switchover", "spec", msg)
+                        .await;
+                }
+                Ok(roll::Roll::Failover {
+                    replica,
+                    primary,
+                    shard,
+                }) => {
+                    self.cluster_failover(
+                        &replica,
+                        &primary,
+                        shard,
+                        "requested in spec.failover.switchoverTo",
+                        conns,
+                    )
+                    .await;
+                    return Ok(());
+                }
+                Ok(roll::Roll::Wait(w)) => self.progressing.push(w),
+                Ok(_) => {}
+            }
+        }
+        match roll::next_restart(plan, members, &outdated, self.redis.spec.storage.is_some()) {
+            roll::Roll::Idle => {}
+            roll::Roll::Wait(w) => self.progressing.push(w),
+            roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
+                self.restart_pod(&pod).await?;
+                let note = format!(
+                    "restarted {pod} (shard {shard}) to apply settings that need a restart;                      {} of {} instances ran an older template",
+                    outdated.len(),
+                    members.len()
+                );
+                tracing::info!(redis = %self.oref, "{note}");
+                self.progressing.push(note.clone());
+                self.event(EventType::Normal, "RollingRestart", "Restart", note)
+                    .await;
+            }
+            roll::Roll::Failover {
+                replica,
+                primary,
+                shard,
+            } => {
+                self.cluster_failover(&replica, &primary, shard, "rolling restart", conns)
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// `CLUSTER FAILOVER` on `replica` (graceful: no acknowledged write is
+    /// lost), then up to [`FAILOVER_WAIT`] for it to serve the slots.
+    async fn cluster_failover(
+        &mut self,
+        replica: &str,
+        primary: &str,
+        shard: i32,
+        why: &str,
+        conns: &mut BTreeMap<String, Node>,
+    ) {
+        let Some(node) = conns.get_mut(replica) else {
+            self.progressing.push(format!(
+                "shard {shard}: failover to {replica} ({why}) waits for it to answer"
+            ));
+            return;
+        };
+        let started = Instant::now();
+        self.wrote = true;
+        if let Err(e) = rc::failover(node).await {
+            self.data_plane_failed(format!("failover of shard {shard} to {replica}"), &e)
+                .await;
+            return;
+        }
+        let mut took_over = false;
+        while started.elapsed() < FAILOVER_WAIT {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(nodes) = rc::nodes(node).await
+                && nodes.iter().any(|n| n.myself && n.primary)
+            {
+                took_over = true;
+                break;
+            }
+        }
+        let ms = started.elapsed().as_millis();
+        if took_over {
+            let note = format!(
+                "shard {shard}: {replica} took over the slots from {primary} ({why}) in {ms} ms"
+            );
+            tracing::info!(redis = %self.oref, "{note}");
+            self.progressing.push(note.clone());
+            self.event(EventType::Normal, "ClusterFailover", "Failover", note)
+                .await;
+        } else {
+            self.progressing.push(format!(
+                "shard {shard}: failover from {primary} to {replica} ({why}) requested;                  not done after {ms} ms"
+            ));
+        }
+    }
+
     /// The status of a Cluster Redis.
     async fn cluster_finish(
         &mut self,
@@ -286,13 +413,6 @@ impl Reconciler {
         let instances = spec.desired_instances();
         self.notes.extend(plan.problems.iter().cloned());
         self.progressing.extend(plan.waiting.iter().cloned());
-        let outdated = facts.iter().filter(|f| f.outdated).count();
-        if outdated > 0 {
-            self.progressing.push(format!(
-                "{outdated} instance(s) run an older pod template; ordered restarts of a \
-                 Cluster Redis are not built yet: delete their pods one at a time, replicas first"
-            ));
-        }
         let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
         let all_ready = ready_count == total
             && facts.len() as i32 == total

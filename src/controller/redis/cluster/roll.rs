@@ -1,0 +1,373 @@
+//! Pure decisions of a Cluster Redis' ordered restart and planned
+//! failover: which pod restarts next, and when a shard's slots move to
+//! another of its nodes with `CLUSTER FAILOVER` (graceful: the primary
+//! stops taking writes until the replica has every one of them, so no
+//! acknowledged write is lost). Table-tested; the actions run in
+//! [`super`].
+//!
+//! The ordered restart goes shard by shard, one pod at a time across the
+//! whole Redis, and only while the cluster is healthy (every pod Ready,
+//! every slot served, every shard at its instance count), so each
+//! restarted pod is proven before the next goes:
+//! 1. the shard's outdated replicas, highest ordinal first;
+//! 2. then, when its primary is outdated, a failover to an up-to-date
+//!    replica (the old primary becomes a replica and restarts as 1.);
+//! 3. a shard with no replica restarts its only pod only when it has a
+//!    volume (`nodes.conf` keeps its node ID and slots); without one the
+//!    restart would leave its slots to an empty node, and it waits.
+//!
+//! A pod that is already down (not Ready) and outdated is not serving:
+//! restarting it onto the current template costs nothing, so it does not
+//! wait for a healthy cluster. This is how a bad template (an image that
+//! cannot start) is undone: the user reverts the spec and the broken pods
+//! come back on the old one.
+
+use std::collections::BTreeSet;
+
+use super::plan::{Member, Plan};
+
+/// The next action of the ordered restart or of a requested failover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Roll {
+    /// Nothing to do.
+    Idle,
+    /// Something waits; the reason, for Progressing.
+    Wait(String),
+    /// Delete this pod (a replica, or a pod that is down).
+    Restart { pod: String, shard: i32 },
+    /// Move the shard's slots to `replica` with `CLUSTER FAILOVER`.
+    Failover {
+        replica: String,
+        primary: String,
+        shard: i32,
+    },
+    /// Delete the only pod of a shard with a volume.
+    RestartLone { pod: String, shard: i32 },
+}
+
+/// What to do about pods in `outdated` (running an older template), given
+/// the cluster's `plan` and its `members`. `has_storage`: the pods keep
+/// `nodes.conf` and their data across a restart.
+pub fn next_restart(
+    plan: &Plan,
+    members: &[Member],
+    outdated: &BTreeSet<String>,
+    has_storage: bool,
+) -> Roll {
+    if outdated.is_empty() {
+        return Roll::Idle;
+    }
+    let primaries: BTreeSet<&str> = plan
+        .shards
+        .iter()
+        .filter_map(|s| s.primary.as_deref())
+        .collect();
+    // A pod that is down and serves no slots restarts at once.
+    if let Some(m) = members.iter().find(|m| {
+        outdated.contains(&m.pod)
+            && !m.ready
+            && !m.terminating
+            && !primaries.contains(m.pod.as_str())
+    }) {
+        return Roll::Restart {
+            pod: m.pod.clone(),
+            shard: m.shard,
+        };
+    }
+    let summary = format!(
+        "rolling restart: {} of {} instances run an older pod template",
+        outdated.len(),
+        members.len()
+    );
+    if !plan.healthy || members.iter().any(|m| !m.ready || m.terminating) {
+        return Roll::Wait(format!(
+            "{summary}; the next restart waits for every instance to be ready and every slot served"
+        ));
+    }
+    let ordinal = |pod: &str| {
+        members
+            .iter()
+            .find(|m| m.pod == pod)
+            .map_or(i32::MAX, |m| m.ordinal)
+    };
+    for shard in &plan.shards {
+        let mut stale: Vec<&String> = shard
+            .replicas
+            .iter()
+            .filter(|r| outdated.contains(*r))
+            .collect();
+        stale.sort_by_key(|r| std::cmp::Reverse(ordinal(r)));
+        if let Some(r) = stale.first() {
+            return Roll::Restart {
+                pod: (*r).clone(),
+                shard: shard.index,
+            };
+        }
+        let Some(primary) = shard.primary.as_deref() else {
+            continue;
+        };
+        if !outdated.contains(primary) {
+            continue;
+        }
+        let mut fresh: Vec<&String> = shard.replicas.iter().collect();
+        fresh.sort_by_key(|r| ordinal(r));
+        if let Some(r) = fresh.first() {
+            return Roll::Failover {
+                replica: (*r).clone(),
+                primary: primary.to_string(),
+                shard: shard.index,
+            };
+        }
+        if has_storage {
+            return Roll::RestartLone {
+                pod: primary.to_string(),
+                shard: shard.index,
+            };
+        }
+        return Roll::Wait(format!(
+            "{summary}; shard {}: {primary} is its only instance and has no volume, so a \
+             restart would leave its slots to an empty node: it keeps its old template \
+             (run spec.instances of 2 or more, or spec.storage, to apply it)",
+            shard.index
+        ));
+    }
+    Roll::Wait(format!(
+        "{summary}; the outdated instances are not part of a shard yet"
+    ))
+}
+
+/// The failover `spec.failover.switchoverTo` asks for: `to` becomes its
+/// shard's primary once it is a ready replica of it, on the current
+/// template (`outdated` lists the pods that are not: the ordered restart
+/// takes the slots away from them), and the cluster is healthy. `Err`
+/// names why `to` can never be one.
+pub fn requested_failover(
+    plan: &Plan,
+    members: &[Member],
+    outdated: &BTreeSet<String>,
+    to: &str,
+) -> Result<Roll, String> {
+    let Some(member) = members.iter().find(|m| m.pod == to) else {
+        return Err(format!(
+            "spec.failover.switchoverTo: {to} is not a pod of this Redis"
+        ));
+    };
+    let Some(shard) = plan.shards.iter().find(|s| s.index == member.shard) else {
+        return Ok(Roll::Wait(format!(
+            "failover to {to} (spec.failover.switchoverTo) waits for its shard to form"
+        )));
+    };
+    match shard.primary.as_deref() {
+        Some(p) if p == to => Ok(Roll::Idle),
+        Some(_) if outdated.contains(to) => Ok(Roll::Wait(format!(
+            "failover to {to} (spec.failover.switchoverTo) waits for the ordered restart to \
+             bring it onto the current pod template"
+        ))),
+        Some(p) if shard.replicas.iter().any(|r| r == to) && plan.healthy && member.ready => {
+            Ok(Roll::Failover {
+                replica: to.to_string(),
+                primary: p.to_string(),
+                shard: shard.index,
+            })
+        }
+        _ => Ok(Roll::Wait(format!(
+            "failover to {to} (spec.failover.switchoverTo) waits for it to be a ready replica \
+             of shard {} and every slot served",
+            shard.index
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::redis::cluster::plan::Shard;
+
+    /// A healthy 3 × `n` cluster: pods `r-s<i>-<o>`, ordinal 0 primary.
+    fn cluster(n: i32) -> (Plan, Vec<Member>) {
+        let mut shards = Vec::new();
+        let mut members = Vec::new();
+        for s in 0..3 {
+            for o in 0..n {
+                members.push(Member {
+                    pod: format!("r-s{s}-{o}"),
+                    shard: s,
+                    ordinal: o,
+                    ready: true,
+                    ..Default::default()
+                });
+            }
+            shards.push(Shard {
+                index: s,
+                primary: Some(format!("r-s{s}-0")),
+                replicas: (1..n).map(|o| format!("r-s{s}-{o}")).collect(),
+                pods: n as usize,
+                ready: n as usize,
+                ..Default::default()
+            });
+        }
+        let plan = Plan {
+            shards,
+            healthy: true,
+            ..Default::default()
+        };
+        (plan, members)
+    }
+
+    fn set(pods: &[&str]) -> BTreeSet<String> {
+        pods.iter().map(|p| p.to_string()).collect()
+    }
+
+    fn restart(pod: &str, shard: i32) -> Roll {
+        Roll::Restart {
+            pod: pod.into(),
+            shard,
+        }
+    }
+
+    #[test]
+    fn a_shard_restarts_replicas_first_then_hands_over_then_the_old_primary() {
+        let (mut plan, members) = cluster(3);
+        let all: Vec<String> = members.iter().map(|m| m.pod.clone()).collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        // Everything outdated: shard 0 first, highest ordinal first.
+        assert_eq!(
+            next_restart(&plan, &members, &set(&all), false),
+            restart("r-s0-2", 0)
+        );
+        let rest: Vec<&str> = all.iter().copied().filter(|p| *p != "r-s0-2").collect();
+        assert_eq!(
+            next_restart(&plan, &members, &set(&rest), false),
+            restart("r-s0-1", 0)
+        );
+        // Shard 0's replicas done: its primary hands over to the lowest
+        // ordinal up-to-date replica.
+        let rest: Vec<&str> = rest.iter().copied().filter(|p| *p != "r-s0-1").collect();
+        assert_eq!(
+            next_restart(&plan, &members, &set(&rest), false),
+            Roll::Failover {
+                replica: "r-s0-1".into(),
+                primary: "r-s0-0".into(),
+                shard: 0
+            }
+        );
+        // After the failover the old primary is a replica and restarts.
+        plan.shards[0].primary = Some("r-s0-1".into());
+        plan.shards[0].replicas = vec!["r-s0-0".into(), "r-s0-2".into()];
+        assert_eq!(
+            next_restart(&plan, &members, &set(&rest), false),
+            restart("r-s0-0", 0)
+        );
+        // Then shard 1.
+        let rest: Vec<&str> = rest
+            .iter()
+            .copied()
+            .filter(|p| !p.starts_with("r-s0"))
+            .collect();
+        assert_eq!(
+            next_restart(&plan, &members, &set(&rest), false),
+            restart("r-s1-2", 1)
+        );
+        assert_eq!(next_restart(&plan, &members, &set(&[]), false), Roll::Idle);
+    }
+
+    #[test]
+    fn nothing_restarts_while_the_cluster_is_not_healthy() {
+        let (mut plan, mut members) = cluster(2);
+        members[3].ready = false; // r-s1-1, up to date but down
+        let outdated = set(&["r-s0-1"]);
+        assert!(matches!(
+            next_restart(&plan, &members, &outdated, false),
+            Roll::Wait(w) if w.contains("waits for every instance to be ready")
+        ));
+        members[3].ready = true;
+        plan.healthy = false;
+        assert!(matches!(
+            next_restart(&plan, &members, &outdated, false),
+            Roll::Wait(_)
+        ));
+        plan.healthy = true;
+        assert_eq!(
+            next_restart(&plan, &members, &outdated, false),
+            restart("r-s0-1", 0)
+        );
+    }
+
+    #[test]
+    fn a_pod_that_is_down_and_serves_nothing_restarts_at_once() {
+        // A reverted bad template: r-s1-1 never came up on it.
+        let (mut plan, mut members) = cluster(2);
+        members[3].ready = false;
+        plan.healthy = false;
+        plan.shards[1].replicas.clear();
+        assert_eq!(
+            next_restart(&plan, &members, &set(&["r-s1-1"]), false),
+            restart("r-s1-1", 1)
+        );
+        // A primary that is down is never restarted by the roll: its
+        // replica takes over first.
+        members[2].ready = false;
+        assert!(matches!(
+            next_restart(&plan, &members, &set(&["r-s1-0"]), false),
+            Roll::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn a_lone_primary_restarts_only_with_a_volume() {
+        let (plan, members) = cluster(1);
+        let outdated = set(&["r-s2-0"]);
+        assert!(matches!(
+            next_restart(&plan, &members, &outdated, false),
+            Roll::Wait(w) if w.contains("no volume")
+        ));
+        assert_eq!(
+            next_restart(&plan, &members, &outdated, true),
+            Roll::RestartLone {
+                pod: "r-s2-0".into(),
+                shard: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_requested_failover_waits_for_a_ready_replica_of_its_shard() {
+        let (mut plan, mut members) = cluster(2);
+        assert_eq!(
+            requested_failover(&plan, &members, &set(&[]), "r-s1-1"),
+            Ok(Roll::Failover {
+                replica: "r-s1-1".into(),
+                primary: "r-s1-0".into(),
+                shard: 1
+            })
+        );
+        // Already the primary: nothing.
+        assert_eq!(
+            requested_failover(&plan, &members, &set(&[]), "r-s1-0"),
+            Ok(Roll::Idle)
+        );
+        // Not ready, or the cluster not healthy: it waits.
+        members[3].ready = false;
+        assert!(matches!(
+            requested_failover(&plan, &members, &set(&[]), "r-s1-1"),
+            Ok(Roll::Wait(_))
+        ));
+        members[3].ready = true;
+        plan.healthy = false;
+        assert!(matches!(
+            requested_failover(&plan, &members, &set(&[]), "r-s1-1"),
+            Ok(Roll::Wait(_))
+        ));
+        // Outdated (the ordered restart is under way): it waits, or the
+        // failover and the restart would hand the slots back and forth.
+        assert!(matches!(
+            requested_failover(&plan, &members, &set(&["r-s1-1"]), "r-s1-1"),
+            Ok(Roll::Wait(w)) if w.contains("ordered restart")
+        ));
+        // Not a pod of this Redis: an error naming the field.
+        assert!(
+            requested_failover(&plan, &members, &set(&[]), "other-0")
+                .is_err_and(|e| e.contains("spec.failover.switchoverTo"))
+        );
+    }
+}
