@@ -38,6 +38,15 @@ use crate::redis::{ConnectOptions, Endpoint, Node};
 
 use self::plan::{Member, Plan, Step, View};
 
+/// A pod counts as ready when it is Ready and, as a replica, linked to its
+/// primary with its sync done: the readiness probe of a node not yet
+/// attached saw a primary, and a replica still in its first sync cannot
+/// take over its shard (the engines refuse: "disconnected from primary for
+/// longer than allowed").
+fn serving(f: &PodFacts) -> bool {
+    f.ready && (f.role != Some(Role::Replica) || f.link_up == Some(true))
+}
+
 /// How long a pass waits for a `CLUSTER FAILOVER` to complete (the
 /// replica catches up with its paused primary, then takes the slots; the
 /// servers themselves abort a manual failover not done within 5 s).
@@ -65,7 +74,7 @@ impl Reconciler {
         let members = self.members(&facts, &views);
         let shards = self.redis.spec.desired_shards();
         let instances = self.redis.spec.desired_instances();
-        let plan = plan::decide(&members, shards, instances);
+        let mut plan = plan::decide(&members, shards, instances);
 
         if paused {
             self.progressing
@@ -83,8 +92,13 @@ impl Reconciler {
                 .await?;
             self.cluster_steps(&plan, &members, &mut conns).await;
             if plan.steps.is_empty() {
-                self.cluster_roll(&plan, &members, &facts, &mut conns)
-                    .await?;
+                // The status tells who serves each shard after this pass.
+                if let Some((shard, new, old)) = self
+                    .cluster_roll(&plan, &members, &facts, &mut conns)
+                    .await?
+                {
+                    roll::after_failover(&mut plan, shard, &new, &old);
+                }
             }
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
@@ -145,7 +159,7 @@ impl Reconciler {
                     shard,
                     ordinal,
                     ip: f.ip.clone(),
-                    ready: f.ready,
+                    ready: serving(f),
                     terminating: f.terminating,
                     view: views.get(&f.name).cloned(),
                 })
@@ -217,8 +231,13 @@ impl Reconciler {
                         Some(n) => rc::add_slots(n, ranges).await,
                         None => continue,
                     };
-                    r.map(|()| slotted.push(format!("{pod}: {}", plan::show(ranges))))
-                        .map_err(|e| (format!("assigning slots to {pod}"), e))
+                    let r = r
+                        .map(|()| slotted.push(format!("{pod}: {}", plan::show(ranges))))
+                        .map_err(|e| (format!("assigning slots to {pod}"), e));
+                    // A test stops the operator here: some slots assigned,
+                    // the rest not, no event written yet.
+                    crate::failpoint::hit("cluster-after-slots");
+                    r
                 }
                 Step::Replicate {
                     pod,
@@ -285,14 +304,15 @@ impl Reconciler {
 
     /// A failover `spec.failover.switchoverTo` asks for, then the ordered
     /// restart of pods running an older template ([`roll`]): at most one
-    /// action per pass.
+    /// action per pass. A failover done returns (shard, new primary, old
+    /// primary).
     async fn cluster_roll(
         &mut self,
         plan: &Plan,
         members: &[Member],
         facts: &[PodFacts],
         conns: &mut BTreeMap<String, Node>,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<(i32, String, String)>, Error> {
         let outdated: BTreeSet<String> = facts
             .iter()
             .filter(|f| f.outdated)
@@ -309,15 +329,16 @@ impl Reconciler {
                     primary,
                     shard,
                 }) => {
-                    self.cluster_failover(
-                        &replica,
-                        &primary,
-                        shard,
-                        "requested in spec.failover.switchoverTo",
-                        conns,
-                    )
-                    .await;
-                    return Ok(());
+                    let done = self
+                        .cluster_failover(
+                            &replica,
+                            &primary,
+                            shard,
+                            "requested in spec.failover.switchoverTo",
+                            conns,
+                        )
+                        .await;
+                    return Ok(done.then_some((shard, replica, primary)));
                 }
                 Ok(roll::Roll::Wait(w)) => self.progressing.push(w),
                 Ok(_) => {}
@@ -329,7 +350,7 @@ impl Reconciler {
             roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
                 self.restart_pod(&pod).await?;
                 let note = format!(
-                    "restarted {pod} (shard {shard}) to apply settings that need a restart;                      {} of {} instances ran an older template",
+                    "restarted {pod} (shard {shard}) to apply settings that need a restart; {} of {} instances ran an older template",
                     outdated.len(),
                     members.len()
                 );
@@ -343,15 +364,18 @@ impl Reconciler {
                 primary,
                 shard,
             } => {
-                self.cluster_failover(&replica, &primary, shard, "rolling restart", conns)
+                let done = self
+                    .cluster_failover(&replica, &primary, shard, "rolling restart", conns)
                     .await;
+                return Ok(done.then_some((shard, replica, primary)));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// `CLUSTER FAILOVER` on `replica` (graceful: no acknowledged write is
-    /// lost), then up to [`FAILOVER_WAIT`] for it to serve the slots.
+    /// lost), then up to [`FAILOVER_WAIT`] for it to serve the slots. True
+    /// once it does.
     async fn cluster_failover(
         &mut self,
         replica: &str,
@@ -359,19 +383,19 @@ impl Reconciler {
         shard: i32,
         why: &str,
         conns: &mut BTreeMap<String, Node>,
-    ) {
+    ) -> bool {
         let Some(node) = conns.get_mut(replica) else {
             self.progressing.push(format!(
                 "shard {shard}: failover to {replica} ({why}) waits for it to answer"
             ));
-            return;
+            return false;
         };
         let started = Instant::now();
         self.wrote = true;
         if let Err(e) = rc::failover(node).await {
             self.data_plane_failed(format!("failover of shard {shard} to {replica}"), &e)
                 .await;
-            return;
+            return false;
         }
         let mut took_over = false;
         while started.elapsed() < FAILOVER_WAIT {
@@ -394,9 +418,10 @@ impl Reconciler {
                 .await;
         } else {
             self.progressing.push(format!(
-                "shard {shard}: failover from {primary} to {replica} ({why}) requested;                  not done after {ms} ms"
+                "shard {shard}: failover from {primary} to {replica} ({why}) requested; not done after {ms} ms"
             ));
         }
+        took_over
     }
 
     /// The status of a Cluster Redis.
@@ -413,7 +438,7 @@ impl Reconciler {
         let instances = spec.desired_instances();
         self.notes.extend(plan.problems.iter().cloned());
         self.progressing.extend(plan.waiting.iter().cloned());
-        let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
+        let ready_count = facts.iter().filter(|f| serving(f)).count() as i32;
         let all_ready = ready_count == total
             && facts.len() as i32 == total
             && plan.healthy
@@ -497,7 +522,7 @@ impl Reconciler {
                     .get(f.name.as_str())
                     .map_or("unknown", |m| role_of(m))
                     .to_string(),
-                ready: f.ready,
+                ready: serving(f),
                 offset: f.offset,
                 lag_bytes: f.lag_bytes,
                 link_up: (f.role == Some(Role::Replica)).then_some(f.link_up == Some(true)),

@@ -178,6 +178,20 @@ pub fn requested_failover(
     }
 }
 
+/// The plan as it stands after `new` took shard `shard`'s slots from
+/// `old` in this pass (what the status reports).
+pub fn after_failover(plan: &mut Plan, shard: i32, new: &str, old: &str) {
+    if let Some(s) = plan.shards.iter_mut().find(|s| s.index == shard) {
+        s.primary = Some(new.to_string());
+        s.primary_id = None;
+        s.replicas.retain(|r| r != new);
+        if !s.replicas.iter().any(|r| r == old) {
+            s.replicas.push(old.to_string());
+        }
+        s.replicas.sort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +383,14 @@ mod tests {
             requested_failover(&plan, &members, &set(&[]), "other-0")
                 .is_err_and(|e| e.contains("spec.failover.switchoverTo"))
         );
+    }
+
+    #[test]
+    fn the_status_follows_a_failover_of_this_pass() {
+        let (mut plan, _) = cluster(3);
+        after_failover(&mut plan, 2, "r-s2-1", "r-s2-0");
+        assert_eq!(plan.shards[2].primary.as_deref(), Some("r-s2-1"));
+        assert_eq!(plan.shards[2].replicas, vec!["r-s2-0", "r-s2-2"]);
+        assert_eq!(plan.shards[1].primary.as_deref(), Some("r-s1-0"));
     }
 }
