@@ -17,8 +17,10 @@
 //! A Cluster Redis (3 shards of 1 instance) runs beside it: its series carry
 //! the `shard` label, the cluster series and the per-shard operator series
 //! are scraped, every query of the dashboard's Shards row returns series,
-//! and a shard primary stopped (with no replica to take over) raises
-//! RedisClusterSlotsNotOk with its slot count, resolved when it runs again.
+//! and a shard primary stopped (with no replica to take over: the whole
+//! shard lost) raises RedisClusterSlotsNotOk with its slot count and turns
+//! the Redis Degraded naming those slots while another shard still takes
+//! writes; all of it resolves when the server runs again.
 //!
 //! The suite prints the exporter's scrape size, scrape time and RSS.
 
@@ -548,6 +550,51 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     )
     .await;
     let slots_fired = stopped.elapsed();
+    // The whole shard is lost: the Redis is Degraded naming its slots, and
+    // the other shards still take writes.
+    let lost_ranges = lost.slots.clone().expect("shard 2's slots");
+    let degraded = wait_for(
+        "shards Degraded naming shard 2's slots",
+        Duration::from_secs(30),
+        || async {
+            let r = support::operator::redis_api(&client, ns)
+                .get("shards")
+                .await
+                .ok()?;
+            r.status?
+                .conditions
+                .into_iter()
+                .find(|c| {
+                    c.type_ == "Degraded" && c.status == "True" && c.message.contains(&lost_ranges)
+                })
+                .map(|c| c.message)
+        },
+    )
+    .await;
+    let kept = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|sh| sh.index == 0).cloned())
+        .expect("status.shards[0]");
+    let kept_pod = kept.primary.clone().expect("shard 0's primary");
+    let kept_ranges = redpilot::redis::cluster::parse_ranges(kept.slots.as_deref().unwrap_or(""))
+        .expect("shard 0's slots");
+    let key = (0..)
+        .map(|i| format!("still-served-{i}"))
+        .find(|k| {
+            let slot = redpilot::redis::cluster::key_slot(k.as_bytes());
+            kept_ranges.iter().any(|r| r.contains(slot))
+        })
+        .expect("a key of shard 0");
+    let mut node = connect_pod(&client, ns, &kept_pod, &cluster_password)
+        .await
+        .expect("connect shard 0");
+    let _: () = node
+        .query("SET", redis::cmd("SET").arg(&key).arg("1"))
+        .await
+        .expect("shard 0 takes writes while shard 2 is lost");
+    drop(node);
+    println!("shard 2 lost: {degraded:?}; shard 0 ({kept_pod}) still took a write");
     signal(pid, "-CONT");
     signal(lost_pid, "-CONT");
     let not_ok: f64 = slots_alert["value"]

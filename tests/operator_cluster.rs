@@ -14,7 +14,10 @@
 //!   shard confirmed is lost;
 //! - (a second Redis, in parallel) a planned failover of one shard, then an
 //!   ordered restart of every pod, shard by shard, without a confirmed
-//!   write lost.
+//!   write lost;
+//! - (a third, in parallel) the operator stopped right after it gave the
+//!   first shard its slots, and the next operator process finishing the
+//!   cluster from there; then a shard primary's network cut and healed.
 
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
@@ -33,9 +36,10 @@ use redpilot::api::v1alpha1::Redis;
 use redpilot::redis::cluster::{self, Member, spread};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::json;
+use support::faults::{InsideWriter, Partition, pod_netns};
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, info_u64, kill_9, pod_ip, recent_events, redis_api,
-    redis_password, start_operator, wait_ready,
+    redis_password, spawn_operator, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 use tokio::sync::Mutex;
@@ -472,4 +476,217 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
             "shard {s} took no write for {gap:?}"
         );
     }
+}
+
+/// The operator stopped (as a crash would) right after it gave the first
+/// shard its slots: the cluster stands half formed, a writer of that shard
+/// already writes. A new operator process (after the lease expires)
+/// finishes where it stopped: every slot assigned once, evenly, replicas
+/// attached. Then shard 0's primary is cut off the network: its replica
+/// takes over, the isolated primary stops taking writes within the node
+/// timeout, and once healed it follows the new primary. No write confirmed
+/// with `WAIT 1` is lost through either fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-crash", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name])
+        .named("op-crash")
+        .no_restart();
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut crashing = opts.clone();
+    crashing
+        .env
+        .push(("REDPILOT_FAILPOINTS".into(), "cluster-after-slots".into()));
+    let mut first = start_operator(&client, crashing).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"}),
+    )
+    .await;
+    let deadline = Instant::now() + READY;
+    let exit = loop {
+        if let Some(exit) = first.exit_status() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not reach the failpoint: {}",
+            first.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(exit.code(), Some(86), "{}", first.log_tail(30));
+    let stopped = Instant::now();
+
+    // Half formed: some slots have an owner, not all.
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let opts_c = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let ms = members(&client, &ns.name).await;
+    let mut assigned = 0;
+    for m in &ms {
+        if let Ok(mut n) = Node::connect(&m.endpoint, &opts_c).await
+            && let Ok(info) = cluster::info(&mut n).await
+        {
+            assigned = assigned.max(info.slots_assigned);
+        }
+    }
+    assert!(
+        assigned > 0 && assigned < 16384,
+        "the operator stopped with {assigned} slots assigned, not in the middle"
+    );
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("redis");
+    assert!(!support::operator::is_ready(&r), "half formed is not Ready");
+    println!("operator stopped at the failpoint with {assigned} of 16384 slots assigned");
+
+    // Writers on every shard: the assigned one writes while no operator runs.
+    let want = spread(3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
+    let tasks: Vec<_> = (0..3)
+        .map(|s| {
+            writer(
+                ms.clone(),
+                opts_c.clone(),
+                tag_in(&want[s], s),
+                stop.clone(),
+                tallies[s].clone(),
+            )
+        })
+        .collect();
+    let _next = spawn_operator(&client, opts.named("op-next")).await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let finished = stopped.elapsed();
+    let st = r.status.clone().expect("status");
+    let c = st.cluster.clone().expect("status.cluster");
+    assert_eq!(
+        (
+            c.state.as_str(),
+            c.slots_assigned,
+            c.slots_ok,
+            c.known_nodes
+        ),
+        ("ok", 16384, 16384, 6),
+        "{c:?}"
+    );
+    for (i, s) in st.shards.iter().enumerate() {
+        assert_eq!(
+            s.slots.as_deref(),
+            Some(want[i].to_string().as_str()),
+            "shard {i}: {s:?}"
+        );
+        assert_eq!(s.replicas.len(), 1, "shard {i}: {s:?}");
+    }
+    println!(
+        "the next operator finished the cluster {:.1} s after the first stopped",
+        finished.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Then shard 0's primary is cut off the network (its host-side veth
+    // down) while a client inside its pod writes to it.
+    let p0 = shard_primary(&r, 0).expect("shard 0 primary");
+    let ip0 = pod_ip(&client, &ns.name, &p0).await;
+    let mut part = Partition::of(&ip0);
+    let inside = InsideWriter::start(
+        &pod_netns(&ip0),
+        &password,
+        &format!("{{{}}}-inside", tag_in(&want[0], 0)),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cut = Instant::now();
+    part.cut();
+    let dead = Endpoint::new(ip0.clone(), 6379);
+    let back = first_write_elsewhere(&tallies[0], cut, &dead, Duration::from_secs(30)).await;
+    println!(
+        "shard 0 primary cut off → writable again on its replica in {:.0} ms",
+        (back - cut).as_secs_f64() * 1000.0
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let inside = inside.stop();
+    let taken: Vec<Instant> = inside
+        .acks
+        .iter()
+        .map(|a| a.acked)
+        .filter(|t| *t > cut)
+        .collect();
+    assert!(
+        !taken.is_empty(),
+        "the client inside the cut pod wrote nothing after the cut: the fault did not happen"
+    );
+    let last = taken.iter().max().map(|t| *t - cut).unwrap_or_default();
+    println!(
+        "the isolated primary took {} unconfirmed writes from inside its pod, the last {:.0} ms after the cut, then refused them ({} refused)",
+        taken.len(),
+        last.as_secs_f64() * 1000.0,
+        inside.failed
+    );
+    assert!(
+        last < Duration::from_secs(3),
+        "the isolated primary kept taking writes for {last:?}"
+    );
+    part.heal();
+    let healed = Instant::now();
+    // The cluster heals itself: the cut node sees the higher epoch of its
+    // slots and follows the new primary. (The operator's status follows on
+    // its next pass, which the backoff after an unreachable instance may
+    // delay; the data plane is what is timed here.)
+    let mut n0 = wait_for(
+        "the cut node linked to its shard's new primary",
+        Duration::from_secs(60),
+        || async {
+            let mut n = connect_pod(&client, &ns.name, &p0, &password).await.ok()?;
+            let info: String = n
+                .query("INFO", redis::cmd("INFO").arg("replication"))
+                .await
+                .ok()?;
+            (info.contains("role:slave") && info.contains("master_link_status:up")).then_some(n)
+        },
+    )
+    .await;
+    let nodes = cluster::nodes(&mut n0).await.expect("CLUSTER NODES");
+    assert!(
+        nodes.iter().all(|k| !k.fail),
+        "a node still flagged failing: {nodes:?}"
+    );
+    println!(
+        "healed: the cut node follows the new primary with its link up {:.1} s after the heal",
+        healed.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let ms = members(&client, &ns.name).await;
+    let mut before_ready = 0;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &opts_c, want[s].start, &t).await;
+        // Before Ready a shard's replica may not follow yet: its writes
+        // are taken (SET answered) but not confirmed by WAIT.
+        let early = t
+            .set_ok
+            .iter()
+            .filter(|(at, _)| *at < stopped + finished)
+            .count();
+        before_ready += early;
+        println!(
+            "shard {s}: {} confirmed writes, {early} writes taken before Ready, {lost} lost",
+            t.acked.len()
+        );
+        assert!(!t.acked.is_empty(), "shard {s} takes writes once Ready");
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+    }
+    assert!(
+        before_ready > 0,
+        "no write was taken while the cluster was half formed"
+    );
 }

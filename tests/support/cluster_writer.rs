@@ -67,11 +67,16 @@ pub fn writer(
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let Some(node) = conn.as_mut() else {
-                if let Some((ep, known)) = discover(&members, &opts, slot).await {
+                if let Some((ep, mut known)) = discover(&members, &opts, slot).await {
                     conn = Node::connect(&ep, &opts).await.ok();
-                    if !known.is_empty() {
-                        members = known;
+                    // What the node knows first; the rest after (a node
+                    // asked early may not know every member yet).
+                    for m in members.drain(..) {
+                        if !known.iter().any(|k| k.endpoint == m.endpoint) {
+                            known.push(m);
+                        }
                     }
+                    members = known;
                 }
                 if conn.is_none() {
                     tokio::time::sleep(Duration::from_millis(20)).await;

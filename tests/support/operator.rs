@@ -608,8 +608,8 @@ async fn wait_serving(op: &mut Operator, bin: &std::path::Path) {
         if let Some(status) = op.exit_status() {
             panic!(
                 "the operator `{} run` exited at start with {status}; log {}:\n{}",
-                op.log_path.display(),
                 bin.display(),
+                op.log_path.display(),
                 op.log_tail(40)
             );
         }
