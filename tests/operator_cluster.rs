@@ -24,11 +24,9 @@ mod cluster_writer;
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_writer::{Tally, first_write_elsewhere, longest_gap, missing, tag_in, writer};
+use cluster_writer::{Writers, first_write_elsewhere, longest_gap, missing, tag_in};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -42,7 +40,6 @@ use support::operator::{
     redis_password, spawn_operator, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
-use tokio::sync::Mutex;
 
 const READY: Duration = Duration::from_secs(180);
 
@@ -123,20 +120,9 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
     let opts = ConnectOptions::default()
         .with_password(password.clone())
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
     let mut ms = members(&client, &ns.name).await;
-    let tasks: Vec<_> = (0..3)
-        .map(|s| {
-            writer(
-                ms.clone(),
-                opts.clone(),
-                tag_in(&want[s], s),
-                stop.clone(),
-                tallies[s].clone(),
-            )
-        })
-        .collect();
+    let writers = Writers::start(&ms, &opts, &want);
+    let tallies = &writers.tallies;
     tokio::time::sleep(Duration::from_secs(1)).await;
     for (s, t) in tallies.iter().enumerate() {
         assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
@@ -242,10 +228,7 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
         assert!(nodes.iter().all(|k| !k.fail), "{}: {nodes:?}", m.endpoint);
     }
     let until = Instant::now();
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("writer");
-    }
+    let tallies = writers.stop().await;
 
     // The other shards kept writing; nothing confirmed is lost.
     for (s, t) in tallies.iter().enumerate() {
@@ -317,20 +300,8 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
     let opts = ConnectOptions::default()
         .with_password(password.clone())
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
     let ms = members(&client, &ns.name).await;
-    let tasks: Vec<_> = (0..3)
-        .map(|s| {
-            writer(
-                ms.clone(),
-                opts.clone(),
-                tag_in(&want[s], s),
-                stop.clone(),
-                tallies[s].clone(),
-            )
-        })
-        .collect();
+    let writers = Writers::start(&ms, &opts, &want);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let started = Instant::now();
 
@@ -416,10 +387,7 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
     }
     let rolled = changed.elapsed();
     let until = Instant::now();
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("writer");
-    }
+    let tallies = writers.stop().await;
     let shard_of = |pod: &str| -> usize {
         pod.strip_prefix("cache-s")
             .and_then(|r| r.split('-').next())
@@ -548,19 +516,8 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
 
     // Writers on every shard: the assigned one writes while no operator runs.
     let want = spread(3);
-    let stop = Arc::new(AtomicBool::new(false));
-    let tallies: Vec<Arc<Mutex<Tally>>> = (0..3).map(|_| Arc::default()).collect();
-    let tasks: Vec<_> = (0..3)
-        .map(|s| {
-            writer(
-                ms.clone(),
-                opts_c.clone(),
-                tag_in(&want[s], s),
-                stop.clone(),
-                tallies[s].clone(),
-            )
-        })
-        .collect();
+    let writers = Writers::start(&ms, &opts_c, &want);
+    let tallies = &writers.tallies;
     let _next = spawn_operator(&client, opts.named("op-next")).await;
     let r = wait_ready(&client, &ns.name, "cache", READY).await;
     let finished = stopped.elapsed();
@@ -661,10 +618,7 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
         healed.elapsed().as_secs_f64()
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("writer");
-    }
+    let tallies = writers.stop().await;
     let ms = members(&client, &ns.name).await;
     let mut before_ready = 0;
     for (s, t) in tallies.iter().enumerate() {

@@ -111,6 +111,49 @@ pub fn writer(
     })
 }
 
+/// One [`writer`] per shard (shard `i` writes a tag in `ranges[i]`).
+pub struct Writers {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// What each shard's writer saw, by shard.
+    pub tallies: Vec<Arc<Mutex<Tally>>>,
+}
+
+impl Writers {
+    /// Starts them on `members`.
+    pub fn start(members: &[Member], opts: &ConnectOptions, ranges: &[SlotRange]) -> Writers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tallies: Vec<Arc<Mutex<Tally>>> = ranges.iter().map(|_| Arc::default()).collect();
+        let tasks = ranges
+            .iter()
+            .enumerate()
+            .map(|(s, r)| {
+                writer(
+                    members.to_vec(),
+                    opts.clone(),
+                    tag_in(r, s),
+                    stop.clone(),
+                    tallies[s].clone(),
+                )
+            })
+            .collect();
+        Writers {
+            stop,
+            tasks,
+            tallies,
+        }
+    }
+
+    /// Stops them; what each saw.
+    pub async fn stop(self) -> Vec<Arc<Mutex<Tally>>> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("writer");
+        }
+        self.tallies
+    }
+}
+
 /// The longest time without an acknowledged write (`times`) between
 /// `from` and `to`.
 pub fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) -> Duration {
