@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use redpilot::redis::cluster::{SlotRange, key_slot, parse_ranges};
 use serde_json::{Value, json};
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, patch_redis, recent_events, redis_password,
@@ -519,13 +520,13 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
     }
     println!("memory filled: {i} keys of 1 KiB, maxmemory {max} bytes");
     // The Cluster Redis loses shard 2 (its only instance stops): its slots.
-    let lost = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.shards.iter().find(|sh| sh.index == 2).cloned())
-        .expect("status.shards[2]");
+    let lost = shard(&cluster, 2);
     let lost_pod = lost.primary.clone().expect("shard 2's primary");
-    let lost_slots = slot_count(lost.slots.as_deref().expect("shard 2's slots"));
+    let lost_slots: u32 = parse_ranges(lost.slots.as_deref().expect("shard 2's slots"))
+        .expect("shard 2's slots")
+        .iter()
+        .map(SlotRange::count)
+        .sum();
     let cluster_password = redis_password(&client, ns, "shards").await;
     let mut node = connect_pod(&client, ns, &lost_pod, &cluster_password)
         .await
@@ -571,18 +572,13 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         },
     )
     .await;
-    let kept = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.shards.iter().find(|sh| sh.index == 0).cloned())
-        .expect("status.shards[0]");
+    let kept = shard(&cluster, 0);
     let kept_pod = kept.primary.clone().expect("shard 0's primary");
-    let kept_ranges = redpilot::redis::cluster::parse_ranges(kept.slots.as_deref().unwrap_or(""))
-        .expect("shard 0's slots");
+    let kept_ranges = parse_ranges(kept.slots.as_deref().unwrap_or("")).expect("shard 0's slots");
     let key = (0..)
         .map(|i| format!("still-served-{i}"))
         .find(|k| {
-            let slot = redpilot::redis::cluster::key_slot(k.as_bytes());
+            let slot = key_slot(k.as_bytes());
             kept_ranges.iter().any(|r| r.contains(slot))
         })
         .expect("a key of shard 0");
@@ -738,16 +734,12 @@ async fn wait_for_alerts(
     false
 }
 
-/// Slots in a list of ranges such as `0-5460 5462`.
-fn slot_count(ranges: &str) -> u32 {
-    ranges
-        .split([' ', ','])
-        .filter(|r| !r.is_empty())
-        .map(|r| match r.split_once('-') {
-            Some((a, b)) => b.parse::<u32>().expect("slot") - a.parse::<u32>().expect("slot") + 1,
-            None => 1,
-        })
-        .sum()
+/// Entry `index` of the Cluster Redis' `status.shards`.
+fn shard(r: &redpilot::api::v1alpha1::Redis, index: i32) -> redpilot::api::v1alpha1::ShardStatus {
+    r.status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|sh| sh.index == index).cloned())
+        .unwrap_or_else(|| panic!("status.shards[{index}]"))
 }
 
 /// Waits until the single result of `q` equals `want`.
