@@ -13,8 +13,11 @@
 //! - through both, the other shards keep taking writes, and no write any
 //!   shard confirmed is lost;
 //! - (a second Redis, in parallel) a planned failover of one shard, then an
-//!   ordered restart of every pod, shard by shard, without a confirmed
-//!   write lost;
+//!   ordered restart of every pod (every shard's replicas, then shard by
+//!   shard a failover and the old primary), without a confirmed write lost;
+//! - (another) an upgrade from Redis 7.0 to a Valkey image that cannot be
+//!   pulled, rolled back without a primary touched; then Redis 7.0 to Valkey
+//!   8.1 under the writers, no confirmed write lost;
 //! - (a third, in parallel) the operator stopped right after it gave the
 //!   first shard its slots, and the next operator process finishing the
 //!   cluster from there; then a shard primary's network cut and healed.
@@ -278,8 +281,8 @@ async fn pod_uids(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
 /// A planned failover of one shard (`spec.failover.switchoverTo`), then a
 /// change that needs every pod restarted, under one writer per shard:
 /// the failover moves shard 1's slots with `CLUSTER FAILOVER`; the restart
-/// goes shard by shard, one pod at a time, replicas first, each shard's
-/// primary only after its slots moved to a restarted replica; shard 1 ends
+/// goes one pod at a time, every shard's replicas first, then shard by
+/// shard each primary only after its slots moved to a restarted replica; shard 1 ends
 /// on the requested pod again; no confirmed write is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard() {
@@ -399,12 +402,23 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
         "restart-only change → every pod restarted and Ready in {:.1} s, in order {sequence:?}",
         rolled.as_secs_f64()
     );
-    // Shard by shard.
-    let shards: Vec<usize> = sequence.iter().map(|p| shard_of(p)).collect();
-    assert!(
-        shards.windows(2).all(|w| w[0] <= w[1]),
-        "not shard by shard: {sequence:?}"
+    // Every shard's replicas first, shard by shard, then each shard's old
+    // primary (after its failover), shard by shard.
+    let (replicas, primaries): (Vec<&str>, Vec<&str>) = sequence
+        .iter()
+        .partition(|p| !primaries_before.iter().any(|q| q == *p));
+    assert_eq!(
+        sequence,
+        [replicas.clone(), primaries.clone()].concat(),
+        "every replica before any primary"
     );
+    for part in [&replicas, &primaries] {
+        let shards: Vec<usize> = part.iter().map(|p| shard_of(p)).collect();
+        assert!(
+            shards.windows(2).all(|w| w[0] < w[1]),
+            "not shard by shard: {sequence:?}"
+        );
+    }
     // No pod restarted while it served its shard's slots: each shard's
     // primary handed over first.
     for (pod, primaries) in &order {
@@ -643,4 +657,235 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
         before_ready > 0,
         "no write was taken while the cluster was half formed"
     );
+}
+
+/// Each pod's server image, by pod name.
+async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut out = BTreeMap::new();
+    for p in pods.list(&Default::default()).await.expect("pods").items {
+        let Some(spec) = p.spec else { continue };
+        if let (Some(name), Some(c)) = (
+            p.metadata.name,
+            spec.containers.iter().find(|c| c.name == "redis"),
+        ) {
+            out.insert(name, c.image.clone().unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// A Cluster upgrade: first to an image the node cannot pull (the first
+/// upgraded replica fails, every upgraded pod is put back, no primary is
+/// touched, the status says why), then Redis 7.0 → Valkey 8.1: every
+/// shard's replicas first, then shard by shard a `CLUSTER FAILOVER` to an
+/// upgraded replica and the old primary; writers on every shard lose no
+/// confirmed write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without_loss() {
+    use redpilot::api::v1alpha1::{Engine, UpgradePhase};
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-up", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    // The operator's Valkey 8.1 image is one the local node does not have.
+    opts.env.push((
+        "RELATED_IMAGE_VALKEY_8_1".into(),
+        "mirror.invalid/valkey:8.1".into(),
+    ));
+    let _op = start_operator(&client, opts).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Redis", "version": "7.0",
+               "storage": {"size": "64Mi"}, "upgrade": {"timeoutSeconds": 60}}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let primaries: Vec<String> = (0..3)
+        .map(|s| shard_primary(&r, s).expect("primary"))
+        .collect();
+    let uids = pod_uids(&client, &ns.name).await;
+    let old_images = pod_images(&client, &ns.name).await;
+    assert!(
+        old_images.values().all(|i| i.contains("redis:7.0")),
+        "{old_images:?}"
+    );
+    let want = spread(3);
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let ms = members(&client, &ns.name).await;
+    let writers = Writers::start(&ms, &copts, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+
+    // 1. An image that cannot be pulled: rolled back, no primary touched.
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
+    )
+    .await;
+    let t = Instant::now();
+    let r = wait_until(&client, &ns.name, "the failed upgrade rolled back", |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.upgrade.as_ref())
+            .is_some_and(|u| u.phase == UpgradePhase::RolledBack && u.to.version == "8.1")
+    })
+    .await;
+    let u = r
+        .status
+        .as_ref()
+        .and_then(|s| s.upgrade.clone())
+        .expect("upgrade");
+    println!(
+        "Valkey 8.1 from an image the node lacks: {:?} {:?} in {:.1} s: {}",
+        u.phase,
+        u.reason,
+        t.elapsed().as_secs_f64(),
+        u.message.clone().unwrap_or_default()
+    );
+    assert_eq!(u.reason.as_deref(), Some("ImagePullFailed"), "{u:?}");
+    assert_eq!(
+        (u.from.engine, u.from.version.as_str()),
+        (Engine::Redis, "7.0")
+    );
+    let cond = r
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "UpgradeFailed"))
+        .expect("UpgradeFailed condition");
+    assert_eq!(cond.status, "True", "{cond:?}");
+    let now = pod_uids(&client, &ns.name).await;
+    for p in &primaries {
+        assert_eq!(now.get(p), uids.get(p), "primary {p} was restarted");
+    }
+    let images = pod_images(&client, &ns.name).await;
+    assert_eq!(images, old_images, "every pod runs Redis 7.0 again");
+    let restarted: Vec<&String> = uids
+        .keys()
+        .filter(|p| now.get(*p) != uids.get(*p))
+        .collect();
+    assert!(!restarted.is_empty(), "the attempt restarted no replica");
+    println!("put back on Redis 7.0: {restarted:?}; primaries untouched");
+
+    // 2. Redis 7.0 → Valkey 8.1 from an image the node has (a new spec
+    // change, a new attempt), watching the order of the restarts.
+    let before = pod_uids(&client, &ns.name).await;
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("redis");
+    let primaries_before: Vec<String> = (0..3)
+        .map(|s| shard_primary(&r, s).expect("primary"))
+        .collect();
+    let asked = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"image": "valkey/valkey:8.1"}}),
+    )
+    .await;
+    let mut order: Vec<(String, Vec<Option<String>>)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let r = loop {
+        let now = pod_uids(&client, &ns.name).await;
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("redis");
+        let primaries: Vec<Option<String>> = (0..3).map(|s| shard_primary(&r, s)).collect();
+        for (pod, uid) in &before {
+            if now.get(pod) != Some(uid) && !order.iter().any(|(p, _)| p == pod) {
+                order.push((pod.clone(), primaries.clone()));
+            }
+        }
+        let done = r
+            .status
+            .as_ref()
+            .and_then(|s| s.upgrade.as_ref())
+            .is_some_and(|u| {
+                u.phase == UpgradePhase::Succeeded && u.to.image == "valkey/valkey:8.1"
+            });
+        if done && support::operator::is_ready(&r) {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgrade did not finish: restarted {order:?}; status {:?}\n{}",
+            r.status.as_ref().map(|s| (&s.upgrade, &s.conditions)),
+            recent_events(&client, &ns.name, 40).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let took = asked.elapsed();
+    let until = Instant::now();
+    let tallies = writers.stop().await;
+    let st = r.status.clone().expect("status");
+    let sequence: Vec<&str> = order.iter().map(|(p, _)| p.as_str()).collect();
+    println!(
+        "Redis 7.0 → Valkey 8.1: Succeeded and Ready in {:.1} s, restarts in order {sequence:?}; versions {:?}",
+        took.as_secs_f64(),
+        st.current_version
+    );
+    assert!(
+        st.current_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("8.1") && !v.contains(',')),
+        "every server runs Valkey 8.1: {:?}",
+        st.current_version
+    );
+    assert_eq!(sequence.len(), 6, "every pod restarted once: {order:?}");
+    for (pod, primaries) in &order {
+        let s: usize = pod[7..8].parse().expect("shard");
+        assert_ne!(
+            primaries[s].as_deref(),
+            Some(pod.as_str()),
+            "{pod} restarted while it was shard {s}'s primary ({order:?})"
+        );
+    }
+    let first_primary = sequence
+        .iter()
+        .position(|p| primaries_before.iter().any(|q| q == p))
+        .expect("a primary restarted");
+    assert_eq!(
+        first_primary, 3,
+        "every replica before any primary: {sequence:?}"
+    );
+    let images = pod_images(&client, &ns.name).await;
+    assert!(
+        images
+            .values()
+            .all(|i| i.contains("valkey") && i.contains("8.1")),
+        "{images:?}"
+    );
+    let ms = members(&client, &ns.name).await;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &copts, want[s].start, &t).await;
+        let gap = longest_gap(&t.set_ok, started, until);
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost, longest gap {:.0} ms",
+            t.acked.len(),
+            t.failed,
+            gap.as_secs_f64() * 1000.0
+        );
+        assert!(t.acked.len() > 100, "shard {s}: the writer wrote");
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+    }
+    let events = recent_events(&client, &ns.name, 100).await;
+    for reason in [
+        "UpgradeStarted",
+        "UpgradeFailed",
+        "UpgradeRolledBack",
+        "UpgradeSucceeded",
+        "ClusterFailover",
+    ] {
+        assert!(events.contains(reason), "no {reason} event:\n{events}");
+    }
 }

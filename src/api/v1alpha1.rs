@@ -261,9 +261,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("self.mode != 'Cluster' || !has(self.shards) || !has(oldSelf.shards) || self.shards == oldSelf.shards")
         .message("spec.shards cannot change yet: online resharding is not supported; create a new Cluster Redis with the shard count you need")
         .field_path(".shards"),
-    validation = Rule::new("self.mode != 'Cluster' || (self.version == oldSelf.version && self.engine == oldSelf.engine)")
-        .message("spec.version: upgrades of a Cluster Redis are not supported yet; create a new Cluster Redis with the version you need")
-        .field_path(".version"),
     validation = Rule::new("self.mode != 'Cluster' || has(self.image) || self.engine != 'Redis' || !self.version.matches('^6[.]')")
         .message("spec.version: Redis 6.2 is not supported in Cluster mode: the operator assigns slots with CLUSTER ADDSLOTSRANGE, which needs Redis 7.0 or later")
         .field_path(".version"),

@@ -375,8 +375,14 @@ impl Reconciler {
 
         // A changed version starts an upgrade (recorded before the
         // StatefulSet changes); a failed one is rolled back.
-        self.track_upgrade(obs.live_sts.as_ref(), &facts, primary.as_deref())
-            .await?;
+        let settled = obs.live_sts.as_ref().is_some_and(observe::sts_observed);
+        self.track_upgrade(
+            obs.live_sts.as_ref(),
+            settled,
+            &facts,
+            primary.as_deref().as_slice(),
+        )
+        .await?;
 
         // Which config keys are live; a removed one restarts the instances.
         self.track_live_config().await?;

@@ -108,9 +108,15 @@ impl Reconciler {
 
     /// The live StatefulSet's selector names the pods: carry its
     /// `app.kubernetes.io/name` into the builders (see
-    /// [`build::SELECTOR_NAME_ANNOTATION`]).
+    /// [`build::SELECTOR_NAME_ANNOTATION`]). In Cluster mode every shard's
+    /// StatefulSet was created with the same one: shard 0's is read.
     fn keep_selector(&mut self) {
-        let live: Option<StatefulSet> = self.cached(&self.names.statefulset());
+        let sts = if self.redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+            super::cluster::build::shard_statefulset_name(&self.names, 0)
+        } else {
+            self.names.statefulset()
+        };
+        let live: Option<StatefulSet> = self.cached(&sts);
         let Some(name) = live.and_then(|s| {
             s.spec
                 .selector

@@ -36,9 +36,7 @@ impl Reconciler {
         // Each restarted instance is proven (Ready; a replica linked and
         // caught up) before the next one restarts.
         let all_ready = facts.len() as i32 == desired
-            && facts
-                .iter()
-                .all(|f| super::upgrade::proven(f, Some(primary)));
+            && facts.iter().all(|f| super::upgrade::proven(f, &[primary]));
         self.progressing.push(format!(
             "rolling restart: {} of {} instances outdated",
             outdated.len(),

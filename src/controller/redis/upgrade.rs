@@ -26,7 +26,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
-use super::observe::{PodFacts, sts_observed};
+use super::observe::PodFacts;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{Mode, Redis, Served, UpgradePhase, UpgradeSpec, UpgradeStatus};
 
@@ -52,11 +52,17 @@ impl Reconciler {
     /// observation and before the children are applied: while an upgrade is
     /// rolled back (or stays rolled back) the children are built from what
     /// the instances ran before (`status.upgrade.from`).
+    ///
+    /// `live_sts`: the StatefulSet whose template tells what runs (in
+    /// Cluster mode, shard 0's: every shard's is built from the same spec);
+    /// `settled`: every StatefulSet's controller has seen its template (a
+    /// restarted pod takes it). `primaries`: each shard's primary.
     pub(super) async fn track_upgrade(
         &mut self,
         live_sts: Option<&StatefulSet>,
+        settled: bool,
         facts: &[PodFacts],
-        primary: Option<&str>,
+        primaries: &[&str],
     ) -> Result<(), Error> {
         let old = self.redis.status.as_ref().and_then(|s| s.upgrade.clone());
         self.upgrade = old.clone();
@@ -64,7 +70,7 @@ impl Reconciler {
             return Ok(());
         };
         let want = desired(&self.redis, self.ctx.images.image_for(&self.redis.spec));
-        let total = self.redis.spec.desired_instances();
+        let total = self.redis.spec.total_instances();
         let mut u = match old {
             // The spec asks again for what a rolled-back upgrade wanted:
             // keep serving what runs.
@@ -103,10 +109,15 @@ impl Reconciler {
                     "UpgradeStarted",
                     "Upgrade",
                     format!(
-                        "upgrading {total} instances from {} to {}: replicas first, then a \
-                         switchover, then the old primary",
+                        "upgrading {total} instances from {} to {}: {}",
                         label(&u.from),
-                        label(&u.to)
+                        label(&u.to),
+                        if self.redis.spec.mode == Mode::Cluster {
+                            "every shard's replicas first, then shard by shard a CLUSTER \
+                             FAILOVER to an upgraded replica and the old primary"
+                        } else {
+                            "replicas first, then a switchover, then the old primary"
+                        }
                     ),
                 )
                 .await;
@@ -116,10 +127,10 @@ impl Reconciler {
 
         // Past the switchover there is no way back: an older server cannot
         // follow a newer primary. The upgrade goes on, and says why.
-        if !same(&u.to, &want) && same(&u.from, &want) && primary_left(facts, primary, &u.from) {
+        if !same(&u.to, &want) && same(&u.from, &want) && primary_left(facts, primaries, &u.from) {
             self.no_way_back(&want, &u.to.clone()).await;
             self.serve(&u.to.clone());
-            self.follow_upgrade(&mut u, facts, primary).await?;
+            self.follow_upgrade(&mut u, facts, primaries).await?;
             self.upgrade = Some(u);
             return Ok(());
         }
@@ -154,10 +165,11 @@ impl Reconciler {
         }
 
         match u.phase {
-            UpgradePhase::Upgrading => self.follow_upgrade(&mut u, facts, primary).await?,
+            UpgradePhase::Upgrading => self.follow_upgrade(&mut u, facts, primaries).await?,
             UpgradePhase::RollingBack => {
-                let settled = same(&running, &u.from) && live_sts.is_some_and(sts_observed);
-                self.follow_rollback(&mut u, facts, primary, settled).await
+                let settled = same(&running, &u.from) && settled;
+                self.follow_rollback(&mut u, facts, primaries, settled)
+                    .await
             }
             _ => {}
         }
@@ -170,12 +182,12 @@ impl Reconciler {
         &mut self,
         u: &mut UpgradeStatus,
         facts: &[PodFacts],
-        primary: Option<&str>,
+        primaries: &[&str],
     ) -> Result<(), Error> {
         let on_new = |f: &&PodFacts| f.image.as_deref() == Some(u.to.image.as_str());
         let upgraded = |f: &&PodFacts| f.image.as_deref() != Some(u.from.image.as_str());
         // Until the primary moves, a failed instance rolls everything back.
-        if !primary_left(facts, primary, &u.from) || self.redis.spec.mode == Mode::Standalone {
+        if !primary_left(facts, primaries, &u.from) || self.redis.spec.mode == Mode::Standalone {
             let timeout = self.upgrade_timeout();
             if let Some((reason, msg)) = facts
                 .iter()
@@ -208,7 +220,7 @@ impl Reconciler {
         let proven_new: Vec<&PodFacts> = facts
             .iter()
             .filter(on_new)
-            .filter(|f| proven(f, primary))
+            .filter(|f| proven(f, primaries))
             .collect();
         let done = proven_new.len() as i32;
         if done > u.done {
@@ -230,7 +242,7 @@ impl Reconciler {
             .await;
         }
         u.done = done;
-        let total = self.redis.spec.desired_instances();
+        let total = self.redis.spec.total_instances();
         if done == total && facts.len() as i32 == total {
             u.phase = UpgradePhase::Succeeded;
             u.finished_at = Some(now());
@@ -283,16 +295,16 @@ impl Reconciler {
         &mut self,
         u: &mut UpgradeStatus,
         facts: &[PodFacts],
-        primary: Option<&str>,
+        primaries: &[&str],
         settled: bool,
     ) {
         self.serve(&u.from.clone());
         let on_old = |f: &PodFacts| f.image.as_deref() == Some(u.from.image.as_str());
         let back = facts
             .iter()
-            .filter(|f| on_old(f) && proven(f, primary))
+            .filter(|f| on_old(f) && proven(f, primaries))
             .count() as i32;
-        let total = self.redis.spec.desired_instances();
+        let total = self.redis.spec.total_instances();
         if back == total && facts.len() as i32 == total {
             u.phase = UpgradePhase::RolledBack;
             u.finished_at = Some(now());
@@ -330,7 +342,7 @@ impl Reconciler {
             !on_old(f)
                 && !f.ready
                 && !f.terminating
-                && (standalone || Some(f.name.as_str()) != primary)
+                && (standalone || !primaries.contains(&f.name.as_str()))
         }) {
             if let Err(e) = self.restart_pod(&f.name).await {
                 self.notes

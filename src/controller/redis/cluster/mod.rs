@@ -82,6 +82,24 @@ impl Reconciler {
             return self.cluster_finish(&facts, &members, &plan, true).await;
         }
 
+        // A changed version starts an upgrade (recorded before the
+        // StatefulSets change); a failed one is rolled back. The restarts
+        // are the ordered restart's ([`roll`]).
+        let sts: Vec<Option<StatefulSet>> = (0..shards)
+            .map(|s| self.cached(&build::shard_statefulset_name(&self.names, s)))
+            .collect();
+        let settled = sts
+            .iter()
+            .all(|s| s.as_ref().is_some_and(super::observe::sts_observed));
+        let primaries: Vec<&str> = plan
+            .shards
+            .iter()
+            .filter_map(|s| s.primary.as_deref())
+            .collect();
+        let first = sts.first().and_then(Option::as_ref);
+        self.track_upgrade(first, settled, &facts, &primaries)
+            .await?;
+
         self.track_live_config().await?;
         self.apply_cluster_children().await?;
         if !self.notes.is_empty() {
@@ -350,7 +368,8 @@ impl Reconciler {
             roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
                 self.restart_pod(&pod).await?;
                 let note = format!(
-                    "restarted {pod} (shard {shard}) to apply settings that need a restart; {} of {} instances ran an older template",
+                    "restarted {pod} (shard {shard}) {}; {} of {} instances ran an older template",
+                    self.roll_purpose(),
                     outdated.len(),
                     members.len()
                 );
@@ -364,13 +383,40 @@ impl Reconciler {
                 primary,
                 shard,
             } => {
+                // The replica taking the slots is proven first: linked,
+                // heard from within 2 s and caught up.
+                let primaries = [primary.as_str()];
+                if !facts
+                    .iter()
+                    .any(|f| f.name == replica && super::upgrade::proven(f, &primaries))
+                {
+                    self.progressing.push(format!(
+                        "shard {shard}: the failover to {replica} waits for it to catch up with {primary}"
+                    ));
+                    return Ok(None);
+                }
+                let why = format!("rolling restart {}", self.roll_purpose());
                 let done = self
-                    .cluster_failover(&replica, &primary, shard, "rolling restart", conns)
+                    .cluster_failover(&replica, &primary, shard, &why, conns)
                     .await;
                 return Ok(done.then_some((shard, replica, primary)));
             }
         }
         Ok(None)
+    }
+
+    /// Why the ordered restart runs, for its events.
+    fn roll_purpose(&self) -> String {
+        use crate::api::v1alpha1::UpgradePhase;
+        match self.upgrade.as_ref() {
+            Some(u) if u.phase == UpgradePhase::Upgrading => {
+                format!("to upgrade it to {:?} {}", u.to.engine, u.to.version)
+            }
+            Some(u) if u.phase == UpgradePhase::RollingBack => {
+                format!("to roll it back to {:?} {}", u.from.engine, u.from.version)
+            }
+            _ => "to apply settings that need a restart".into(),
+        }
     }
 
     /// `CLUSTER FAILOVER` on `replica` (graceful: no acknowledged write is
@@ -477,6 +523,11 @@ impl Reconciler {
                 Cond::new("Degraded", false, "AsExpected", "no problems found")
             },
         ];
+        if let Some(c) = self.upgrade_cond.take() {
+            conds.push(c);
+        } else if let Some(u) = &self.upgrade {
+            conds.push(super::upgrade::condition(u));
+        }
         let without: Vec<String> = plan
             .shards
             .iter()
@@ -578,6 +629,7 @@ impl Reconciler {
             config_resets: old.config_resets,
             cluster: cluster.or_else(|| old.cluster.clone()),
             shards,
+            upgrade: self.upgrade.clone(),
             ..Default::default()
         };
         st.conditions = status::merge(

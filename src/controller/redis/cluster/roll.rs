@@ -5,13 +5,18 @@
 //! acknowledged write is lost). Table-tested; the actions run in
 //! [`super`].
 //!
-//! The ordered restart goes shard by shard, one pod at a time across the
-//! whole Redis, and only while the cluster is healthy (every pod Ready,
-//! every slot served, every shard at its instance count), so each
-//! restarted pod is proven before the next goes:
-//! 1. the shard's outdated replicas, highest ordinal first;
-//! 2. then, when its primary is outdated, a failover to an up-to-date
-//!    replica (the old primary becomes a replica and restarts as 1.);
+//! The ordered restart goes one pod at a time across the whole Redis, and
+//! only while the cluster is healthy (every pod Ready, every slot served,
+//! every shard at its instance count), so each restarted pod is proven
+//! before the next goes:
+//! 1. every shard's outdated replicas, shard by shard, highest ordinal
+//!    first. Replicas of every shard go before any primary moves: in an
+//!    upgrade, a version that fails on any shard's data is seen while every
+//!    primary still runs the old one, and the upgrade can still be rolled
+//!    back (an older server cannot follow a newer primary);
+//! 2. then, shard by shard, when its primary is outdated, a failover to an
+//!    up-to-date replica (the old primary becomes a replica and restarts
+//!    as 1.);
 //! 3. a shard with no replica restarts its only pod only when it has a
 //!    volume (`nodes.conf` keeps its node ID and slots); without one the
 //!    restart would leave its slots to an empty node, and it waits.
@@ -103,6 +108,8 @@ pub fn next_restart(
                 shard: shard.index,
             };
         }
+    }
+    for shard in &plan.shards {
         let Some(primary) = shard.primary.as_deref() else {
             continue;
         };
@@ -240,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shard_restarts_replicas_first_then_hands_over_then_the_old_primary() {
+    fn every_replica_restarts_first_then_each_shard_hands_over_then_its_old_primary() {
         let (mut plan, members) = cluster(3);
         let all: Vec<String> = members.iter().map(|m| m.pod.clone()).collect();
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -254,9 +261,16 @@ mod tests {
             next_restart(&plan, &members, &set(&rest), false),
             restart("r-s0-1", 0)
         );
-        // Shard 0's replicas done: its primary hands over to the lowest
-        // ordinal up-to-date replica.
+        // Shard 0's replicas done: the other shards' replicas go before
+        // any primary moves.
         let rest: Vec<&str> = rest.iter().copied().filter(|p| *p != "r-s0-1").collect();
+        assert_eq!(
+            next_restart(&plan, &members, &set(&rest), false),
+            restart("r-s1-2", 1)
+        );
+        // Every replica done: shard 0's primary hands over to the lowest
+        // ordinal up-to-date replica.
+        let rest: Vec<&str> = all.iter().copied().filter(|p| p.ends_with("-0")).collect();
         assert_eq!(
             next_restart(&plan, &members, &set(&rest), false),
             Roll::Failover {
@@ -272,7 +286,7 @@ mod tests {
             next_restart(&plan, &members, &set(&rest), false),
             restart("r-s0-0", 0)
         );
-        // Then shard 1.
+        // Then shard 1's primary hands over.
         let rest: Vec<&str> = rest
             .iter()
             .copied()
@@ -280,7 +294,11 @@ mod tests {
             .collect();
         assert_eq!(
             next_restart(&plan, &members, &set(&rest), false),
-            restart("r-s1-2", 1)
+            Roll::Failover {
+                replica: "r-s1-1".into(),
+                primary: "r-s1-0".into(),
+                shard: 1
+            }
         );
         assert_eq!(next_restart(&plan, &members, &set(&[]), false), Roll::Idle);
     }

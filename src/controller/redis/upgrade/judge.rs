@@ -30,12 +30,13 @@ const IMAGE_FAILURES: &[&str] = &[
 
 /// Whether an instance is proven: Ready and answering; a replica also
 /// linked, not in a full sync, heard from its primary within 2 s and at
-/// most [`CAUGHT_UP_BYTES`] behind.
-pub fn proven(f: &PodFacts, primary: Option<&str>) -> bool {
+/// most [`CAUGHT_UP_BYTES`] behind. `primaries`: the primary of each shard
+/// (one in Replication mode).
+pub fn proven(f: &PodFacts, primaries: &[&str]) -> bool {
     if !(f.ready && f.reachable && !f.terminating) {
         return false;
     }
-    if Some(f.name.as_str()) == primary || f.role == Some(Role::Primary) {
+    if primaries.contains(&f.name.as_str()) || f.role == Some(Role::Primary) {
         return true;
     }
     f.link_up == Some(true)
@@ -44,11 +45,12 @@ pub fn proven(f: &PodFacts, primary: Option<&str>) -> bool {
         && f.lag_bytes.is_none_or(|l| l <= CAUGHT_UP_BYTES)
 }
 
-/// Whether the primary already runs something other than `from` (the
-/// switchover of the upgrade happened: there is no way back).
-pub fn primary_left(facts: &[PodFacts], primary: Option<&str>, from: &Served) -> bool {
+/// Whether a primary (in Cluster mode, any shard's) already runs something
+/// other than `from` (a switchover of the upgrade happened: there is no way
+/// back, an older server cannot follow a newer primary).
+pub fn primary_left(facts: &[PodFacts], primaries: &[&str], from: &Served) -> bool {
     facts.iter().any(|f| {
-        Some(f.name.as_str()) == primary
+        primaries.contains(&f.name.as_str())
             && !f.terminating
             && f.image.as_deref().is_some_and(|i| i != from.image)
     })

@@ -18,25 +18,25 @@ fn replica(name: &str) -> PodFacts {
 
 #[test]
 fn a_replica_is_proven_only_linked_recent_and_caught_up() {
-    assert!(proven(&replica("c-1"), Some("c-0")));
+    assert!(proven(&replica("c-1"), &["c-0"]));
     let mut f = replica("c-1");
     f.link_age = Some(3);
-    assert!(!proven(&f, Some("c-0")), "not heard from for 3 s");
+    assert!(!proven(&f, &["c-0"]), "not heard from for 3 s");
     let mut f = replica("c-1");
     f.lag_bytes = Some(CAUGHT_UP_BYTES + 1);
-    assert!(!proven(&f, Some("c-0")), "behind");
+    assert!(!proven(&f, &["c-0"]), "behind");
     let mut f = replica("c-1");
     f.syncing = true;
-    assert!(!proven(&f, Some("c-0")), "full sync");
+    assert!(!proven(&f, &["c-0"]), "full sync");
     let mut f = replica("c-1");
     f.ready = false;
-    assert!(!proven(&f, Some("c-0")));
+    assert!(!proven(&f, &["c-0"]));
     // The primary needs no link.
     let mut p = replica("c-0");
     p.role = Some(Role::Primary);
     p.link_up = None;
     p.link_age = None;
-    assert!(proven(&p, Some("c-0")));
+    assert!(proven(&p, &["c-0"]));
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn failures_name_the_instance_and_what_it_showed() {
     let mut behind = replica("c-2");
     behind.lag_bytes = Some(CAUGHT_UP_BYTES * 4);
     assert_eq!(failure(&behind, 300), None);
-    assert!(!proven(&behind, Some("c-0")));
+    assert!(!proven(&behind, &["c-0"]));
 }
 
 #[test]
