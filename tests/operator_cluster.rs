@@ -679,10 +679,11 @@ async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String>
 /// upgraded replica fails, every upgraded pod is put back, no primary is
 /// touched, the status says why), then Redis 7.0 → Valkey 8.1: every
 /// shard's replicas first, then shard by shard a `CLUSTER FAILOVER` to an
-/// upgraded replica and the old primary; writers on every shard lose no
-/// confirmed write.
+/// upgraded replica and the old primary, the operator killed half way and
+/// the next one finishing; writers on every shard lose no confirmed write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without_loss() {
+async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_an_operator_crash()
+{
     use redpilot::api::v1alpha1::{Engine, UpgradePhase};
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-cluster-up", &[]).await;
@@ -692,7 +693,7 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
         "RELATED_IMAGE_VALKEY_8_1".into(),
         "mirror.invalid/valkey:8.1".into(),
     ));
-    let _op = start_operator(&client, opts).await;
+    let mut op = start_operator(&client, opts.clone()).await;
     apply_redis(
         &client,
         &ns.name,
@@ -774,7 +775,9 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
     println!("put back on Redis 7.0: {restarted:?}; primaries untouched");
 
     // 2. Redis 7.0 → Valkey 8.1 from an image the node has (a new spec
-    // change, a new attempt), watching the order of the restarts.
+    // change, a new attempt), watching the order of the restarts. The
+    // operator is killed (SIGKILL) once the first old primary restarts,
+    // and another one finishes the upgrade.
     let before = pod_uids(&client, &ns.name).await;
     let r = redis_api(&client, &ns.name)
         .get("cache")
@@ -792,6 +795,7 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
     )
     .await;
     let mut order: Vec<(String, Vec<Option<String>>)> = Vec::new();
+    let mut next_op = None;
     let deadline = Instant::now() + Duration::from_secs(300);
     let r = loop {
         let now = pod_uids(&client, &ns.name).await;
@@ -804,6 +808,18 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
             if now.get(pod) != Some(uid) && !order.iter().any(|(p, _)| p == pod) {
                 order.push((pod.clone(), primaries.clone()));
             }
+        }
+        if next_op.is_none()
+            && order
+                .iter()
+                .any(|(p, _)| primaries_before.iter().any(|q| q == p))
+        {
+            op.kill();
+            let sequence: Vec<&str> = order.iter().map(|(p, _)| p.as_str()).collect();
+            println!("operator killed mid-upgrade, after restarts {sequence:?}");
+            let mut o = OperatorOptions::watching(&[&ns.name]);
+            o.env = opts.env.clone();
+            next_op = Some(start_operator(&client, o).await);
         }
         let done = r
             .status
@@ -839,6 +855,13 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
             .is_some_and(|v| v.starts_with("8.1") && !v.contains(',')),
         "every server runs Valkey 8.1: {:?}",
         st.current_version
+    );
+    assert!(next_op.is_some(), "the operator was killed mid-upgrade");
+    let u = st.upgrade.clone().expect("upgrade");
+    assert_eq!(
+        (u.from.engine, u.from.version.as_str(), u.done, u.total),
+        (Engine::Redis, "7.0", 6, 6),
+        "the next operator went on with the same upgrade: {u:?}"
     );
     assert_eq!(sequence.len(), 6, "every pod restarted once: {order:?}");
     for (pod, primaries) in &order {
@@ -877,6 +900,10 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_without
         );
         assert!(t.acked.len() > 100, "shard {s}: the writer wrote");
         assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+        assert!(
+            gap < Duration::from_secs(3),
+            "shard {s} took no write for {gap:?}"
+        );
     }
     let events = recent_events(&client, &ns.name, 100).await;
     for reason in [

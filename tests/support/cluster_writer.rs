@@ -52,7 +52,10 @@ pub struct Tally {
 
 /// Writes `{tag}:<n>` to whichever node serves the tag's slot, confirming
 /// each with `WAIT 1 500`; on any error it finds the primary again (and
-/// learns the cluster's current addresses from the node it asked).
+/// learns the cluster's current addresses from the node it asked). Once a
+/// second it also learns them from the node it writes to, as a cluster
+/// client refreshes its topology: a writer that kept one primary through a
+/// roll would otherwise know only addresses the restarted pods gave up.
 pub fn writer(
     members: Vec<Member>,
     opts: ConnectOptions,
@@ -65,7 +68,29 @@ pub fn writer(
         let mut members = members;
         let mut conn: Option<Node> = None;
         let mut i = 0u64;
+        let mut learned = Instant::now();
         while !stop.load(Ordering::Relaxed) {
+            if let Some(node) = conn.as_mut()
+                && learned.elapsed() >= Duration::from_secs(1)
+            {
+                learned = Instant::now();
+                if let Ok(nodes) = cluster::nodes(node).await {
+                    let bus = members.first().map_or(16379, |m| m.bus_port);
+                    for k in nodes.iter().filter(|k| !k.fail && !k.handshake) {
+                        if let Some(ep) = k.addr.clone()
+                            && !members.iter().any(|m| m.endpoint == ep)
+                        {
+                            members.insert(
+                                0,
+                                Member {
+                                    endpoint: ep,
+                                    bus_port: k.bus_port.unwrap_or(bus),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
             let Some(node) = conn.as_mut() else {
                 if let Some((ep, mut known)) = discover(&members, &opts, slot).await {
                     conn = Node::connect(&ep, &opts).await.ok();

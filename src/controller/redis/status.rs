@@ -415,7 +415,7 @@ impl Reconciler {
         );
         // Offsets move with every write; compare without them so a busy but
         // healthy Redis does not cause a status write per reconcile.
-        let steady = all_ready && !degraded;
+        let steady = all_ready && !degraded && !self.upgrade_in_flight();
         if old.ready != status.ready {
             tracing::info!(
                 redis = %self.oref,
@@ -480,6 +480,16 @@ impl Reconciler {
     /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
     /// interval with a per-object backoff while passes keep seeing the same
     /// state (see [`stuck_backoff`]).
+    /// An upgrade or its rollback is under way: its last instance may be
+    /// Ready before it is proven (caught up), and nothing else wakes the
+    /// pass that records the end, so it is not a steady state.
+    pub(super) fn upgrade_in_flight(&self) -> bool {
+        use crate::api::v1alpha1::UpgradePhase;
+        self.upgrade
+            .as_ref()
+            .is_some_and(|u| matches!(u.phase, UpgradePhase::Upgrading | UpgradePhase::RollingBack))
+    }
+
     pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
         if steady {
             self.ctx.forget_stuck(&self.oref);

@@ -638,7 +638,7 @@ impl Reconciler {
             self.redis.metadata.generation,
             Timestamp::now(),
         );
-        let steady = all_ready && !degraded;
+        let steady = all_ready && !degraded && !self.upgrade_in_flight();
         if !status::status_differs(&old, &st) {
             return Ok(self.requeue(steady, &st));
         }
