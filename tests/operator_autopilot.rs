@@ -38,7 +38,10 @@ const START: &str = "64Mi";
 const START_MAXMEMORY: u64 = 48 * MI;
 const READY: Duration = Duration::from_secs(180);
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Tests that fill the node's memory (the ballast) or compare OOM counts
+/// between two fills hold this for writing and run alone; the others hold
+/// it for reading and run side by side.
+static NODE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn spec(autopilot: Option<Value>) -> Value {
     let mut s = json!({
@@ -196,7 +199,7 @@ async fn settled_at(
 #[cfg(feature = "long-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_autopilot_a_steady_fill_is_refused_with_oom() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _alone = NODE.write().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot-off", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
@@ -231,7 +234,7 @@ async fn without_the_autopilot_a_steady_fill_is_refused_with_oom() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _shared = NODE.read().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot", &[]).await;
     let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
@@ -660,7 +663,7 @@ async fn fill_fast(
 /// pod restarts, either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _alone = NODE.write().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot-fast", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
@@ -713,7 +716,7 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
 /// a writer following the primary loses no acknowledged write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _shared = NODE.read().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot-restart", &[]).await;
     let mut opts = OperatorOptions::watching(&[&ns.name]);
@@ -841,7 +844,7 @@ async fn where_resize_is_refused_the_instances_restart_in_order_losing_nothing()
 /// restarts in place with the new maxmemory; every key is everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grow_interrupted_by_an_operator_crash_is_finished_and_survives_pod_faults() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _shared = NODE.read().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot-crash", &[]).await;
     let mut opts = OperatorOptions::watching(&[&ns.name]).no_restart();
@@ -1011,7 +1014,7 @@ async fn node_memory(client: &kube::Client) -> (u64, u64) {
 /// deferred resizes complete and every instance reaches the target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limits() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _alone = NODE.write().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot-tight", &[]).await;
     let mut op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;

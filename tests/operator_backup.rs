@@ -639,7 +639,17 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
     // appear: the names are taken once the suspend is observed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = listed().await;
-    tokio::time::sleep(Duration::from_secs(65)).await;
+    // "* * * * *" is due at every minute boundary (in any time zone with a
+    // whole-minute offset): wait past the next one, with the time a run
+    // would take to appear.
+    let now = chrono::Utc::now();
+    let into_minute = now.timestamp().rem_euclid(60) as u64;
+    let past_due = Duration::from_secs(60 - into_minute + 10);
+    println!(
+        "suspended at {now}: watching {} s, past the next due time",
+        past_due.as_secs()
+    );
+    tokio::time::sleep(past_due).await;
     let after = listed().await;
     let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
     assert!(
