@@ -86,12 +86,9 @@ cluster-down:
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-fail-fast
 
-# The whole test run: unit and integration suites in one cargo invocation,
-# so the unit tests' build overlaps the suites' on 2 cores. The cluster
-# comes down even when a step fails.
-test: setup lint tools release-bins cluster-up
-	@status=0; $(MAKE) --no-print-directory engines || status=$$?; \
-	[ $$status -ne 0 ] || $(CARGO) test --workspace --lib --bins --test "*" --no-fail-fast || status=$$?; \
+# The whole test run. The cluster comes down even when a step fails.
+test: setup lint unit tools release-bins cluster-up
+	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
 
