@@ -18,6 +18,9 @@
 //! - (another) an upgrade from Redis 7.0 to a Valkey image that cannot be
 //!   pulled, rolled back without a primary touched; then Redis 7.0 to Valkey
 //!   8.1 under the writers, no confirmed write lost;
+//! - (another) one shard filled past the memory autopilot's level: every
+//!   instance of every shard grows in place, replicas before primaries, no
+//!   OOM reply and no pod replaced;
 //! - (a third, in parallel) the operator stopped right after it gave the
 //!   first shard its slots, and the next operator process finishing the
 //!   cluster from there; then a shard primary's network cut and healed.
@@ -915,4 +918,167 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
     ] {
         assert!(events.contains(reason), "no {reason} event:\n{events}");
     }
+}
+
+/// Each pod's server memory limit, by pod name.
+async fn pod_memory(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut out = BTreeMap::new();
+    for p in pods.list(&Default::default()).await.expect("pods").items {
+        let Some(spec) = p.spec else { continue };
+        if let (Some(name), Some(c)) = (
+            p.metadata.name,
+            spec.containers.iter().find(|c| c.name == "redis"),
+        ) {
+            let limit = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref()?.get("memory").cloned())
+                .map(|q| q.0)
+                .unwrap_or_default();
+            out.insert(name, limit);
+        }
+    }
+    out
+}
+
+/// The memory autopilot in Cluster mode: shard 1's primary is filled past
+/// 80 % of its `maxmemory`; the autopilot grows every instance of every
+/// shard in place (the same limit everywhere), every replica before the
+/// primaries; `maxmemory` follows on every node; the fill meets no OOM
+/// reply; no pod is replaced or restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_autopilot_grows_every_shard_in_place_without_oom() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-mem", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "persistence": {"rdb": false}, "config": {"maxmemory-policy": "noeviction"},
+               "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
+               "monitoring": {"exporter": false},
+               "autopilot": {"memory": {"maxMemory": "256Mi", "lookaheadSeconds": 0}}}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let primaries: Vec<String> = (0..3)
+        .map(|s| shard_primary(&r, s).expect("primary"))
+        .collect();
+    let uids = pod_uids(&client, &ns.name).await;
+    let start = pod_memory(&client, &ns.name).await;
+    assert!(start.values().all(|l| l == "64Mi"), "{start:?}");
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let want = spread(3);
+    let tag = tag_in(&want[1], 1);
+    let ip = pod_ip(&client, &ns.name, &primaries[1]).await;
+    // 40 MiB at 2 MiB/s into shard 1: past 80 % of the 48 MiB maxmemory
+    // the 64Mi limit gives.
+    let filler = support::fill::Filler::start(
+        ip,
+        password.clone(),
+        &format!("{{{tag}}}"),
+        0,
+        40 << 20,
+        2 << 20,
+        false,
+    );
+    // When each pod's limit first changed.
+    let mut changed: BTreeMap<String, Duration> = BTreeMap::new();
+    let t = Instant::now();
+    let target = loop {
+        let now = pod_memory(&client, &ns.name).await;
+        for (pod, l) in &now {
+            if l != "64Mi" && !changed.contains_key(pod) {
+                changed.insert(pod.clone(), t.elapsed());
+            }
+        }
+        let r = redis_api(&client, &ns.name)
+            .get("cache")
+            .await
+            .expect("redis");
+        let target = r
+            .status
+            .as_ref()
+            .and_then(|s| s.autopilot.as_ref()?.memory.as_ref())
+            .map(|m| m.limit.clone());
+        if let Some(target) = target.filter(|l| l != "64Mi")
+            && now.len() == 6
+            && now.values().all(|l| *l == target)
+        {
+            break target;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "every instance at the autopilot's limit within 120 s: {now:?}\n{}",
+            recent_events(&client, &ns.name, 40).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let tally = filler.finish(Duration::from_secs(60)).await;
+    println!(
+        "fill of 40 MiB at 2 MiB/s into shard 1: {} keys, {} OOM replies, {} other failures; \
+         every instance at {target} after {:.1} s; first change per pod: {changed:?}",
+        tally.written,
+        tally.oom,
+        tally.failed,
+        t.elapsed().as_secs_f64()
+    );
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert_eq!(tally.oom, 0, "OOM replies with the autopilot on\n{events}");
+    assert_eq!(tally.failed, 0, "{:?}", tally.first_failure);
+    assert_eq!(tally.written, (40 << 20) / support::fill::VALUE as u64);
+    // Replicas first: no primary changed before every replica had.
+    let last_replica = changed
+        .iter()
+        .filter(|(p, _)| !primaries.contains(p))
+        .map(|(_, d)| *d)
+        .max()
+        .expect("replicas resized");
+    let first_primary = changed
+        .iter()
+        .filter(|(p, _)| primaries.contains(p))
+        .map(|(_, d)| *d)
+        .min()
+        .expect("primaries resized");
+    assert!(
+        last_replica <= first_primary,
+        "a primary was resized before every replica: {changed:?} (primaries {primaries:?})"
+    );
+    // maxmemory follows the limit on every node (75 % of it).
+    let want_max = redpilot::controller::redis::autopilot::policy::maxmemory_of(
+        redpilot::controller::redis::config::quantity_bytes(
+            &k8s_openapi::apimachinery::pkg::api::resource::Quantity(target.clone()),
+        )
+        .expect("limit"),
+    );
+    wait_for(
+        "maxmemory on every node",
+        Duration::from_secs(30),
+        || async {
+            for pod in uids.keys() {
+                let mut n = connect_pod(&client, &ns.name, pod, &password).await.ok()?;
+                if info_u64(&mut n, "memory", "maxmemory").await != want_max {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    assert!(events.contains("MemoryGrow"), "{events}");
+    assert!(!events.contains("RollingRestart"), "{events}");
+    assert_eq!(
+        pod_uids(&client, &ns.name).await,
+        uids,
+        "no pod was replaced"
+    );
+    let restarts: i32 = support::operator::redis_pods(&client, &ns.name, "cache")
+        .await
+        .values()
+        .map(support::operator::container_restarts)
+        .sum();
+    assert_eq!(restarts, 0, "no server restarted");
 }

@@ -273,9 +273,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("self.mode != 'Cluster' || !has(self.hibernate) || !self.hibernate")
         .message("spec.hibernate: hibernation of a Cluster Redis is not supported yet")
         .field_path(".hibernate"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.autopilot)")
-        .message("spec.autopilot: the memory autopilot does not support Cluster mode yet")
-        .field_path(".autopilot"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),

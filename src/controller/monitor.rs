@@ -21,6 +21,9 @@
 //! will reach within the lookahead) the level the autopilot acts at — so a
 //! fill is caught within a second, not at the next periodic reconcile.
 //!
+//! In Cluster mode (memory autopilot on) every shard's primary is watched;
+//! the autopilot reads the fullest one's samples.
+//!
 //! Length: ~390 lines of code and ~100 of tests: one probe loop serves
 //! both watches (health and memory) over one connection per primary.
 //!
@@ -191,9 +194,13 @@ impl Drop for Watch {
     }
 }
 
+/// A watch: the Redis and which of its primaries (0 outside Cluster mode;
+/// the shard's index in Cluster mode).
+type Key = (ObjectRef<Redis>, usize);
+
 /// The primaries watched, per Redis.
 pub struct Monitor {
-    watches: Mutex<HashMap<ObjectRef<Redis>, Watch>>,
+    watches: Mutex<HashMap<Key, Watch>>,
     trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
 }
 
@@ -213,9 +220,17 @@ impl Monitor {
     /// Watches `target` as the primary of `obj` (replacing another target;
     /// the same target keeps its probe and its history).
     pub fn watch(&self, obj: &ObjectRef<Redis>, target: Target) {
+        self.watch_at(obj, 0, target);
+    }
+
+    /// Watches `target` as primary `index` of `obj` (a Cluster Redis has
+    /// one per shard).
+    pub fn watch_at(&self, obj: &ObjectRef<Redis>, index: usize, target: Target) {
         let Ok(mut w) = self.watches.lock() else {
             return;
         };
+        let key = (obj.clone(), index);
+        let obj = &key;
         if w.get(obj).is_some_and(|old| old.target == target) {
             return;
         }
@@ -240,7 +255,7 @@ impl Monitor {
             new.lookahead = old.lookahead;
         }
         let task = tokio::spawn(probe_loop(
-            obj.clone(),
+            key.0.clone(),
             target.clone(),
             Probed {
                 shared: shared.clone(),
@@ -270,55 +285,72 @@ impl Monitor {
         lookahead: Duration,
     ) {
         let Ok(w) = self.watches.lock() else { return };
-        let Some(watch) = w.get(obj) else { return };
         let (low, alert) = (levels.map_or(0, |l| l.0), levels.map(|l| l.1));
-        if let Ok(mut m) = watch.memory.lock()
-            && (m.alert != alert || m.low != low || m.lookahead != lookahead)
-        {
-            m.alert = alert;
-            m.low = low;
-            m.lookahead = lookahead;
-            m.told = false;
-            m.told_low = false;
-            if alert.is_none() {
-                m.samples.clear();
+        for (_, watch) in w.iter().filter(|((o, _), _)| o == obj) {
+            if let Ok(mut m) = watch.memory.lock()
+                && (m.alert != alert || m.low != low || m.lookahead != lookahead)
+            {
+                m.alert = alert;
+                m.low = low;
+                m.lookahead = lookahead;
+                m.told = false;
+                m.told_low = false;
+                if alert.is_none() {
+                    m.samples.clear();
+                }
             }
         }
     }
 
-    /// The memory of the primary of `obj`, as last sampled.
+    /// The memory of the primary of `obj`, as last sampled (in Cluster
+    /// mode, of the fullest shard primary).
     pub fn memory(&self, obj: &ObjectRef<Redis>) -> Option<MemorySample> {
         let w = self.watches.lock().ok()?;
-        let m = w.get(obj)?.memory.lock().ok()?;
-        m.sample()
+        w.iter()
+            .filter(|((o, _), _)| o == obj)
+            .filter_map(|(_, watch)| watch.memory.lock().ok()?.sample())
+            .max_by_key(|s| s.used)
     }
 
-    /// Stops watching the primary of `obj`.
+    /// Stops watching the primaries of `obj`.
     pub fn unwatch(&self, obj: &ObjectRef<Redis>) {
+        self.unwatch_from(obj, 0);
+    }
+
+    /// Stops watching the primaries of `obj` from index `from` on (the
+    /// shards a Cluster Redis does not have).
+    pub fn unwatch_from(&self, obj: &ObjectRef<Redis>, from: usize) {
         if let Ok(mut w) = self.watches.lock() {
-            w.remove(obj);
+            w.retain(|(o, i), _| o != obj || *i < from);
         }
     }
 
     /// Keeps only the watches of objects `keep` names.
     pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
         if let Ok(mut w) = self.watches.lock() {
-            w.retain(|o, _| keep(o));
+            w.retain(|(o, _), _| keep(o));
         }
     }
 
     /// The objects whose primary is watched.
     pub fn objects(&self) -> Vec<ObjectRef<Redis>> {
-        self.watches
-            .lock()
-            .map(|w| w.keys().cloned().collect())
-            .unwrap_or_default()
+        let Ok(w) = self.watches.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<ObjectRef<Redis>> = Vec::new();
+        for (o, _) in w.keys() {
+            if !out.contains(o) {
+                out.push(o.clone());
+            }
+        }
+        out
     }
 
-    /// The health of the primary watched for `obj`.
+    /// The health of the primary watched for `obj` (in Cluster mode, shard
+    /// 0's).
     pub fn health(&self, obj: &ObjectRef<Redis>) -> Option<Health> {
         let w = self.watches.lock().ok()?;
-        let watch = w.get(obj)?;
+        let watch = w.get(&(obj.clone(), 0))?;
         let s = watch.shared.lock().ok()?;
         Some(Health {
             pod: watch.target.pod.clone(),

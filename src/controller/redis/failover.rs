@@ -354,6 +354,54 @@ impl Reconciler {
         );
     }
 
+    /// Cluster mode: with the memory autopilot on, the monitor samples
+    /// every shard's primary (a fill on any shard is caught within a probe)
+    /// and asks for a pass when one stops answering; off, nothing is
+    /// watched.
+    pub(super) fn watch_shard_primaries(
+        &self,
+        facts: &[PodFacts],
+        primaries: &[(usize, &str)],
+        password: &str,
+    ) {
+        let monitor = &self.ctx.monitor;
+        let spec = &self.redis.spec;
+        let autopilot = spec
+            .autopilot
+            .as_ref()
+            .and_then(|a| a.memory.as_ref())
+            .is_some_and(|m| m.enabled);
+        if !autopilot || password.is_empty() {
+            monitor.unwatch(&self.oref);
+            return;
+        }
+        for (shard, pod) in primaries {
+            let Some(ip) = facts
+                .iter()
+                .find(|f| f.name == *pod)
+                .and_then(|f| f.ip.clone())
+            else {
+                continue;
+            };
+            monitor.watch_at(
+                &self.oref,
+                *shard,
+                Target {
+                    pod: pod.to_string(),
+                    ip,
+                    port: build::REDIS_PORT,
+                    silence: silence_bound(&spec.failover()),
+                    password: password.to_string(),
+                    authenticate: true,
+                },
+            );
+        }
+        monitor.unwatch_from(
+            &self.oref,
+            usize::try_from(spec.desired_shards()).unwrap_or(0),
+        );
+    }
+
     /// Replaces the recorded `primary` when [`decide`] says so. Returns
     /// true when the pass must end here (a primary was promoted: what was
     /// observed is stale), false to go on.

@@ -388,7 +388,8 @@ impl Reconciler {
         self.track_live_config().await?;
 
         // The memory limit, decided before the template is built from it.
-        self.autopilot(&facts, primary.as_deref()).await?;
+        self.autopilot(&facts, primary.as_deref().as_slice())
+            .await?;
 
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
         let hold = self
@@ -445,7 +446,8 @@ impl Reconciler {
         // or by marking them for the restarts below).
         let mut facts = facts;
         if let Some(p) = &primary {
-            self.autopilot_resize(&mut facts, p, &opts).await?;
+            self.autopilot_resize(&mut facts, &[p.as_str()], &opts)
+                .await?;
         }
 
         // 9. A switchover the user asked for, then restarts for settings

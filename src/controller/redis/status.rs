@@ -293,29 +293,7 @@ impl Reconciler {
         } else if let Some(u) = &self.upgrade {
             conds.push(super::upgrade::condition(u));
         }
-        // The memory autopilot's condition; a pass that returned before the
-        // autopilot looked keeps the last one.
-        let kept_autopilot = || {
-            let c = self
-                .redis
-                .status
-                .as_ref()?
-                .conditions
-                .iter()
-                .find(|c| c.type_ == super::autopilot::CONDITION)?;
-            Some(Cond::new(
-                super::autopilot::CONDITION,
-                c.status == "True",
-                c.reason.clone(),
-                c.message.clone(),
-            ))
-        };
-        if let Some(c) = self.autopilot_cond.take().or_else(|| {
-            self.redis
-                .spec
-                .memory_autopilot()
-                .and_then(|_| kept_autopilot())
-        }) {
+        if let Some(c) = self.autopilot_condition() {
             conds.push(c);
         }
         let old = self.redis.status.clone().unwrap_or_default();
@@ -480,6 +458,30 @@ impl Reconciler {
     /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
     /// interval with a per-object backoff while passes keep seeing the same
     /// state (see [`stuck_backoff`]).
+    /// The memory autopilot's condition for this pass; a pass that
+    /// returned before the autopilot looked keeps the last one.
+    pub(super) fn autopilot_condition(&mut self) -> Option<Cond> {
+        let kept = || {
+            let c = self
+                .redis
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == super::autopilot::CONDITION)?;
+            Some(Cond::new(
+                super::autopilot::CONDITION,
+                c.status == "True",
+                c.reason.clone(),
+                c.message.clone(),
+            ))
+        };
+        match self.autopilot_cond.take() {
+            Some(c) => Some(c),
+            None => self.redis.spec.memory_autopilot().and_then(|_| kept()),
+        }
+    }
+
     /// An upgrade or its rollback is under way: its last instance may be
     /// Ready before it is proven (caught up), and nothing else wakes the
     /// pass that records the end, so it is not a steady state.

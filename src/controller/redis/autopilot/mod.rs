@@ -215,10 +215,12 @@ impl Reconciler {
     /// Decides the memory limit (before the children are applied, so the
     /// template and `maxmemory` follow the decision in the same pass) and
     /// points the monitor at the level to watch.
+    /// `primaries`: each shard's primary (one outside Cluster mode); the
+    /// fullest decides, as every instance runs the same limit.
     pub(super) async fn autopilot(
         &mut self,
         facts: &[PodFacts],
-        primary: Option<&str>,
+        primaries: &[&str],
     ) -> Result<(), super::Error> {
         let Some(spec) = self.redis.spec.memory_autopilot().cloned() else {
             self.ctx
@@ -241,10 +243,11 @@ impl Reconciler {
             Some((low, alert)),
             Duration::from_secs(policy.lookahead.max(0) as u64),
         );
-        let Some(used) = primary
-            .and_then(|p| facts.iter().find(|f| f.name == p))
-            .filter(|f| f.reachable)
-            .and_then(|f| f.used_memory)
+        let Some(used) = facts
+            .iter()
+            .filter(|f| primaries.contains(&f.name.as_str()) && f.reachable)
+            .filter_map(|f| f.used_memory)
+            .max()
         else {
             self.autopilot_cond = Some(condition(None, facts));
             return Ok(());
@@ -341,7 +344,7 @@ impl Reconciler {
                 return None;
             }
         };
-        let instances = self.redis.spec.desired_instances().max(1) as u64;
+        let instances = self.redis.spec.total_instances().max(1) as u64;
         let r = resources(&self.redis);
         let req = r
             .as_ref()

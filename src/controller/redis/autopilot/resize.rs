@@ -109,21 +109,22 @@ fn settled(facts: &[PodFacts], target: u64) -> bool {
 }
 
 /// Which instances to resize now (pure): grows replicas first and the
-/// primary once every other instance runs the target; a shrink once the
-/// instance's `maxmemory` is below the target's.
-pub fn to_resize(facts: &[PodFacts], primary: &str, target: u64) -> Vec<String> {
+/// primaries (in Cluster mode, every shard's) once every replica runs the
+/// target; a shrink once the instance's `maxmemory` is below the target's.
+pub fn to_resize(facts: &[PodFacts], primaries: &[&str], target: u64) -> Vec<String> {
+    let primary = |f: &PodFacts| primaries.contains(&f.name.as_str());
     let live: Vec<&PodFacts> = facts
         .iter()
         .filter(|f| !f.terminating && f.ip.is_some() && f.mem_limit.is_some())
         .collect();
-    let others_done = live.iter().filter(|f| f.name != primary).all(|f| {
+    let others_done = live.iter().filter(|f| !primary(f)).all(|f| {
         f.mem_limit_applied
             .or(f.mem_limit)
             .is_some_and(|l| l >= target)
     });
     live.iter()
         .filter(|f| match f.mem_limit {
-            Some(l) if l < target => f.name != primary || others_done,
+            Some(l) if l < target => !primary(f) || others_done,
             Some(l) if l > target => f
                 .maxmemory
                 .is_some_and(|m| m > 0 && m <= maxmemory_of(target)),
@@ -138,7 +139,7 @@ impl Reconciler {
     pub(in crate::controller::redis) async fn autopilot_resize(
         &mut self,
         facts: &mut [PodFacts],
-        primary: &str,
+        primaries: &[&str],
         opts: &ConnectOptions,
     ) -> Result<(), super::super::Error> {
         let Some(rec) = record(&self.redis).cloned() else {
@@ -161,7 +162,7 @@ impl Reconciler {
         let Some(res) = resources(&self.redis) else {
             return Ok(());
         };
-        for name in to_resize(facts, primary, target) {
+        for name in to_resize(facts, primaries, target) {
             let shrink = facts
                 .iter()
                 .find(|f| f.name == name)
@@ -172,7 +173,7 @@ impl Reconciler {
             }
             match self.resize_pod(&name, &res).await {
                 Ok(()) => {
-                    if name != primary {
+                    if !primaries.contains(&name.as_str()) {
                         crate::failpoint::hit("after-resize-replica");
                     }
                 }
@@ -410,20 +411,53 @@ mod tests {
             pod("c-1", 64, 64, 48),
             pod("c-2", 64, 64, 48),
         ];
-        assert_eq!(to_resize(&facts, "c-0", 96 * MI), vec!["c-1", "c-2"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI), vec!["c-1", "c-2"]);
         // Replicas patched, not yet in effect: the primary waits.
         let facts = vec![
             pod("c-0", 64, 64, 48),
             pod("c-1", 96, 64, 48),
             pod("c-2", 96, 96, 48),
         ];
-        assert!(to_resize(&facts, "c-0", 96 * MI).is_empty());
+        assert!(to_resize(&facts, &["c-0"], 96 * MI).is_empty());
         let facts = vec![
             pod("c-0", 64, 64, 48),
             pod("c-1", 96, 96, 72),
             pod("c-2", 96, 96, 72),
         ];
-        assert_eq!(to_resize(&facts, "c-0", 96 * MI), vec!["c-0"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI), vec!["c-0"]);
+    }
+
+    #[test]
+    fn in_cluster_mode_every_shard_s_replicas_grow_before_any_primary() {
+        let primaries = ["r-s0-0", "r-s1-0"];
+        let facts = vec![
+            pod("r-s0-0", 64, 64, 48),
+            pod("r-s0-1", 64, 64, 48),
+            pod("r-s1-0", 64, 64, 48),
+            pod("r-s1-1", 64, 64, 48),
+        ];
+        assert_eq!(
+            to_resize(&facts, &primaries, 96 * MI),
+            vec!["r-s0-1", "r-s1-1"]
+        );
+        // Shard 0's replica done, shard 1's not yet in effect: no primary.
+        let facts = vec![
+            pod("r-s0-0", 64, 64, 48),
+            pod("r-s0-1", 96, 96, 72),
+            pod("r-s1-0", 64, 64, 48),
+            pod("r-s1-1", 96, 64, 48),
+        ];
+        assert!(to_resize(&facts, &primaries, 96 * MI).is_empty());
+        let facts = vec![
+            pod("r-s0-0", 64, 64, 48),
+            pod("r-s0-1", 96, 96, 72),
+            pod("r-s1-0", 64, 64, 48),
+            pod("r-s1-1", 96, 96, 72),
+        ];
+        assert_eq!(
+            to_resize(&facts, &primaries, 96 * MI),
+            vec!["r-s0-0", "r-s1-0"]
+        );
     }
 
     #[test]
@@ -447,7 +481,7 @@ mod tests {
     #[test]
     fn a_shrink_resizes_once_maxmemory_is_down() {
         let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 96, 96, 48)];
-        assert_eq!(to_resize(&facts, "c-0", 64 * MI), vec!["c-1"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 64 * MI), vec!["c-1"]);
     }
 
     fn api_error(code: u16, message: &str) -> kube::Error {

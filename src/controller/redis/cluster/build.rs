@@ -117,8 +117,9 @@ pub fn shard_statefulset(
     secret_name: &str,
     restart: &str,
     image: &str,
+    memory_limit: Option<u64>,
 ) -> StatefulSet {
-    let mut sts = statefulset::statefulset(redis, names, secret_name, restart, image, None);
+    let mut sts = statefulset::statefulset(redis, names, secret_name, restart, image, memory_limit);
     let shard_value = shard.to_string();
     sts.metadata.name = Some(shard_statefulset_name(names, shard));
     sts.spec.replicas = Some(redis.spec.desired_instances());
@@ -245,7 +246,7 @@ mod tests {
     fn each_shard_selects_only_its_pods() {
         let r = cluster();
         let names = Names::new("cache");
-        let sts = shard_statefulset(&r, &names, 2, "s", "h", "img");
+        let sts = shard_statefulset(&r, &names, 2, "s", "h", "img", None);
         assert_eq!(sts.metadata.name.as_deref(), Some("cache-s2"));
         assert_eq!(sts.spec.replicas, Some(2));
         let sel = sts.spec.selector.match_labels.clone().unwrap_or_default();

@@ -101,7 +101,16 @@ impl Reconciler {
             .await?;
 
         self.track_live_config().await?;
-        self.apply_cluster_children().await?;
+        // The memory limit, decided before the templates are built from
+        // it; the monitor samples every shard primary's memory.
+        let by_shard: Vec<(usize, &str)> = plan
+            .shards
+            .iter()
+            .filter_map(|s| Some((usize::try_from(s.index).ok()?, s.primary.as_deref()?)))
+            .collect();
+        self.watch_shard_primaries(&facts, &by_shard, &auth.current);
+        self.autopilot(&facts, &primaries).await?;
+        self.apply_cluster_children(&facts).await?;
         if !self.notes.is_empty() {
             return self.cluster_finish(&facts, &members, &plan, false).await;
         }
@@ -109,6 +118,12 @@ impl Reconciler {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
             self.cluster_steps(&plan, &members, &mut conns).await;
+            // The memory autopilot's limit reaches the instances: in place,
+            // every replica before the primaries, or by marking them for
+            // the ordered restart below.
+            if plan.steps.is_empty() {
+                self.autopilot_resize(&mut facts, &primaries, &opts).await?;
+            }
             if plan.steps.is_empty() {
                 // The status tells who serves each shard after this pass.
                 if let Some((shard, new, old)) = self
@@ -136,7 +151,11 @@ impl Reconciler {
                 .as_ref()
                 .filter(|s| super::observe::sts_observed(s))
                 .and_then(|s| s.status.as_ref()?.update_revision.clone());
-            f.outdated = matches!((want, &f.revision), (Some(w), Some(h)) if &w != h);
+            // Revisions kept by the operator's own template changes (a new
+            // release, the memory autopilot's in-place resize) are current.
+            let kept = super::kept::kept_revisions(sts.as_ref());
+            f.outdated =
+                matches!((want, &f.revision), (Some(w), Some(h)) if &w != h && !kept.contains(h));
         }
     }
 
@@ -188,7 +207,7 @@ impl Reconciler {
     }
 
     /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
-    async fn apply_cluster_children(&mut self) -> Result<(), Error> {
+    async fn apply_cluster_children(&mut self, facts: &[PodFacts]) -> Result<(), Error> {
         let cm = super::build::config_map(&self.redis, &self.names, None, None);
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
@@ -198,17 +217,42 @@ impl Reconciler {
 
         let (restart, image) = self.template_inputs();
         let secret = self.names.server_auth();
+        let generation = self.redis.metadata.generation;
+        let observed = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation);
+        let autopilot = super::autopilot::record(&self.redis).cloned();
         for shard in 0..self.redis.spec.desired_shards() {
-            let sts = build::shard_statefulset(
+            let mine: Vec<PodFacts> = facts
+                .iter()
+                .filter(|f| build::shard_of(&self.names, &f.name).is_some_and(|(s, _)| s == shard))
+                .cloned()
+                .collect();
+            // The memory autopilot moving in place: the template keeps a
+            // size the shard's instances run.
+            let memory_limit = autopilot.as_ref().map(|rec| {
+                let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
+                super::autopilot::template_limit(&mine, rec.limit_bytes as u64, restart)
+            });
+            let mut sts = build::shard_statefulset(
                 &self.redis,
                 &self.names,
                 shard,
                 &secret,
                 &restart,
                 &image,
+                memory_limit,
             );
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;
+            // A template changed by the operator alone restarts nothing
+            // (see `kept`).
+            let in_use: Vec<String> = mine.iter().filter_map(|f| f.revision.clone()).collect();
+            let kept = super::kept::decide(live.as_ref(), &sts, generation, observed, &in_use);
+            super::kept::annotate(&mut sts, generation, &kept);
+            let sts = super::build::stamp_hash(sts);
             let wrote = self
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
@@ -528,6 +572,9 @@ impl Reconciler {
         } else if let Some(u) = &self.upgrade {
             conds.push(super::upgrade::condition(u));
         }
+        if let Some(c) = self.autopilot_condition() {
+            conds.push(c);
+        }
         let without: Vec<String> = plan
             .shards
             .iter()
@@ -630,6 +677,8 @@ impl Reconciler {
             cluster: cluster.or_else(|| old.cluster.clone()),
             shards,
             upgrade: self.upgrade.clone(),
+            // Written by the autopilot's own patch this pass: kept as read.
+            autopilot: old.autopilot.clone(),
             ..Default::default()
         };
         st.conditions = status::merge(
