@@ -508,22 +508,11 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
     );
 }
 
-/// The two cases that wait on minute boundaries run side by side in one
-/// test (each in its own namespace, with its own operator), so the suite's
-/// other tests are not queued behind two minute-long waits on the two test
-/// threads.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn schedules_run_prune_suspend_and_free_a_stuck_run() {
-    tokio::join!(
-        a_schedule_runs_twice_and_prunes_by_retention(),
-        a_backup_that_cannot_start_fails_and_frees_its_schedule(),
-    );
-}
-
 /// Two schedules every minute, one with `keepLast: 1`, one with `maxAge:
 /// 1m`: each runs twice, and retention deletes each one's first backup and
 /// its stored object once the second completes; once suspended, a schedule
 /// starts no more runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_schedule_runs_twice_and_prunes_by_retention() {
     use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
     let client = client().await;
@@ -1089,6 +1078,7 @@ async fn backups_with_a_long_common_prefix_never_share_a_job() {
 ///   is still Running when the next is due (skipped, `RunSkipped`), then
 ///   its Job's deadline fails it (`DeadlineExceeded`), and a later run
 ///   starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_that_cannot_start_fails_and_frees_its_schedule() {
     use k8s_openapi::api::batch::v1::Job;
     use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
