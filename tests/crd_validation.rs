@@ -1030,13 +1030,6 @@ async fn cluster_specs_are_checked_at_admission() {
             vec!["spec.bootstrap", "Cluster"],
         ),
         (
-            "autopilot",
-            cluster(
-                json!({"resources": {"limits": {"memory": "1Gi"}}, "autopilot": {"memory": {"maxMemory": "2Gi"}}}),
-            ),
-            vec!["spec.autopilot", "Cluster"],
-        ),
-        (
             "cluster-node-timeout in spec.config",
             cluster(json!({"config": {"cluster-node-timeout": "5000"}})),
             vec![
@@ -1051,6 +1044,22 @@ async fn cluster_specs_are_checked_at_admission() {
             .create(&dry_run_post(), &redis_object("c", spec.clone()))
             .await;
         failures.extend(check_rejection(case, r, fragments));
+    }
+    // The memory autopilot runs in Cluster mode (every shard, one limit).
+    if let Err(e) = api
+        .create(
+            &dry_run_post(),
+            &redis_object(
+                "c",
+                cluster(json!({"resources": {"limits": {"memory": "1Gi"}},
+                               "autopilot": {"memory": {"maxMemory": "2Gi"}}})),
+            ),
+        )
+        .await
+    {
+        failures.push(format!(
+            "the memory autopilot in Cluster mode: refused, expected to be allowed: {e}"
+        ));
     }
     let long = "c".repeat(49);
     let r = api
