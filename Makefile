@@ -137,13 +137,16 @@ bench-timing: engines cluster-up
 # Cluster mode measurements: CLUSTER_RUNS shard-primary kill -9s of a 3 x 2
 # Valkey 8.1 cluster under per-shard writers confirming with WAIT 1
 # (tests/redis_cluster.rs), printing the time to writable again p50/p99 and
-# the writes lost; then the operator's suite (tests/operator_cluster.rs).
-# `make test` runs each once.
+# the writes lost; then the operator's suite (tests/operator_cluster.rs),
+# its shard-primary kill -9 repeated CLUSTER_RUNS times with the operator in
+# charge (p50/p99). `make test` runs each once.
 CLUSTER_RUNS ?= 10
 bench-cluster: engines cluster-up
 	REDPILOT_CLUSTER_RUNS=$(CLUSTER_RUNS) $(CARGO) test --test redis_cluster -- \
 		--nocapture a_killed_shard_primary
-	$(CARGO) test --test operator_cluster -- --nocapture
+	REDPILOT_CLUSTER_OP_RUNS=$(CLUSTER_RUNS) $(CARGO) test --test operator_cluster -- \
+		--nocapture a_cluster_redis_forms
+	$(CARGO) test --test operator_cluster -- --nocapture --skip a_cluster_redis_forms
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against

@@ -190,6 +190,52 @@ async fn a_cluster_redis_forms_and_heals_a_killed_primary_and_a_lost_pod() {
         "{st:?}"
     );
 
+    // `REDPILOT_CLUSTER_OP_RUNS` (default 1; `make bench-cluster` sets it)
+    // repeats the kill of shard 0's primary, each time on the node that
+    // serves it then, for a p50/p99 with the operator in charge.
+    let runs: usize = std::env::var("REDPILOT_CLUSTER_OP_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut outages = vec![outage0.as_secs_f64()];
+    let mut r = r;
+    for run in 2..=runs {
+        let p = shard_primary(&r, 0).expect("shard 0 primary");
+        let mut n = connect_pod(&client, &ns.name, &p, &password)
+            .await
+            .expect("connect to shard 0's primary");
+        let pid = info_u64(&mut n, "server", "process_id").await;
+        drop(n);
+        let dead = Endpoint::new(pod_ip(&client, &ns.name, &p).await, 6379);
+        // The writer has settled on the current primary.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let killed = Instant::now();
+        kill_9(u32::try_from(pid).expect("pid"));
+        let back = first_write_elsewhere(&tallies[0], killed, &dead, Duration::from_secs(30)).await;
+        outages.push((back - killed).as_secs_f64());
+        r = wait_until(&client, &ns.name, "shard 0 healed again", |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.shards.first().is_some_and(|s| {
+                    s.primary.as_deref() != Some(p.as_str()) && s.replicas == vec![p.clone()]
+                })
+            })
+        })
+        .await;
+        println!(
+            "run {run}: {p} kill -9 → writable again in {:.0} ms, healed in {:.1} s",
+            outages[run - 1] * 1000.0,
+            killed.elapsed().as_secs_f64()
+        );
+    }
+    if runs > 1 {
+        let (p50, p99) = support::faults::percentiles(&outages);
+        println!(
+            "shard primary kill -9 with the operator, {runs} runs: writable again p50 {:.0} ms, p99 {:.0} ms",
+            p50 * 1000.0,
+            p99 * 1000.0
+        );
+    }
+
     // 2. Shard 1's primary pod deleted: a new, empty node in its place.
     let p1 = shard_primary(&r, 1).expect("shard 1 primary");
     let dead1 = Endpoint::new(pod_ip(&client, &ns.name, &p1).await, 6379);
