@@ -316,11 +316,7 @@ impl Reconciler {
     pub(super) fn watch_primary(&self, facts: &[PodFacts], primary: Option<&str>, password: &str) {
         let monitor = &self.ctx.monitor;
         let spec = &self.redis.spec;
-        let autopilot = spec
-            .autopilot
-            .as_ref()
-            .and_then(|a| a.memory.as_ref())
-            .is_some_and(|m| m.enabled);
+        let autopilot = spec.memory_autopilot().is_some();
         let watched =
             (spec.mode == Mode::Replication && spec.desired_instances() >= 2) || autopilot;
         let Some(p) = primary.filter(|_| watched && !password.is_empty()) else {
@@ -366,11 +362,7 @@ impl Reconciler {
     ) {
         let monitor = &self.ctx.monitor;
         let spec = &self.redis.spec;
-        let autopilot = spec
-            .autopilot
-            .as_ref()
-            .and_then(|a| a.memory.as_ref())
-            .is_some_and(|m| m.enabled);
+        let autopilot = spec.memory_autopilot().is_some();
         if !autopilot || password.is_empty() {
             monitor.unwatch(&self.oref);
             return;

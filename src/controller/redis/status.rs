@@ -288,14 +288,7 @@ impl Reconciler {
             Cond::new("Degraded", false, "AsExpected", "no problems found")
         });
 
-        if let Some(c) = self.upgrade_cond.take() {
-            conds.push(c);
-        } else if let Some(u) = &self.upgrade {
-            conds.push(super::upgrade::condition(u));
-        }
-        if let Some(c) = self.autopilot_condition() {
-            conds.push(c);
-        }
+        conds.extend(self.capability_conditions());
         let old = self.redis.status.clone().unwrap_or_default();
         conds.push(primary_condition(
             facts,
@@ -458,9 +451,22 @@ impl Reconciler {
     /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
     /// interval with a per-object backoff while passes keep seeing the same
     /// state (see [`stuck_backoff`]).
+    /// The upgrade's and the memory autopilot's conditions for this pass
+    /// (every mode).
+    pub(super) fn capability_conditions(&mut self) -> Vec<Cond> {
+        let upgrade = match self.upgrade_cond.take() {
+            Some(c) => Some(c),
+            None => self.upgrade.as_ref().map(super::upgrade::condition),
+        };
+        upgrade
+            .into_iter()
+            .chain(self.autopilot_condition())
+            .collect()
+    }
+
     /// The memory autopilot's condition for this pass; a pass that
     /// returned before the autopilot looked keeps the last one.
-    pub(super) fn autopilot_condition(&mut self) -> Option<Cond> {
+    fn autopilot_condition(&mut self) -> Option<Cond> {
         let kept = || {
             let c = self
                 .redis

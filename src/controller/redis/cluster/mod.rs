@@ -567,14 +567,7 @@ impl Reconciler {
                 Cond::new("Degraded", false, "AsExpected", "no problems found")
             },
         ];
-        if let Some(c) = self.upgrade_cond.take() {
-            conds.push(c);
-        } else if let Some(u) = &self.upgrade {
-            conds.push(super::upgrade::condition(u));
-        }
-        if let Some(c) = self.autopilot_condition() {
-            conds.push(c);
-        }
+        conds.extend(self.capability_conditions());
         let without: Vec<String> = plan
             .shards
             .iter()
