@@ -708,8 +708,12 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
     );
 }
 
-/// Each pod's server image, by pod name.
-async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+/// `pick` of each pod's server container, by pod name.
+async fn per_server(
+    client: &kube::Client,
+    ns: &str,
+    pick: impl Fn(&k8s_openapi::api::core::v1::Container) -> String,
+) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut out = BTreeMap::new();
     for p in pods.list(&Default::default()).await.expect("pods").items {
@@ -718,10 +722,15 @@ async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String>
             p.metadata.name,
             spec.containers.iter().find(|c| c.name == "redis"),
         ) {
-            out.insert(name, c.image.clone().unwrap_or_default());
+            out.insert(name, pick(c));
         }
     }
     out
+}
+
+/// Each pod's server image, by pod name.
+async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+    per_server(client, ns, |c| c.image.clone().unwrap_or_default()).await
 }
 
 /// A Cluster upgrade: first to an image the node cannot pull (the first
@@ -968,24 +977,14 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
 
 /// Each pod's server memory limit, by pod name.
 async fn pod_memory(client: &kube::Client, ns: &str) -> BTreeMap<String, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut out = BTreeMap::new();
-    for p in pods.list(&Default::default()).await.expect("pods").items {
-        let Some(spec) = p.spec else { continue };
-        if let (Some(name), Some(c)) = (
-            p.metadata.name,
-            spec.containers.iter().find(|c| c.name == "redis"),
-        ) {
-            let limit = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref()?.get("memory").cloned())
-                .map(|q| q.0)
-                .unwrap_or_default();
-            out.insert(name, limit);
-        }
-    }
-    out
+    per_server(client, ns, |c| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref()?.get("memory").cloned())
+            .map(|q| q.0)
+            .unwrap_or_default()
+    })
+    .await
 }
 
 /// The memory autopilot in Cluster mode: shard 1's primary is filled past

@@ -242,12 +242,7 @@ impl Reconciler {
             .await?;
 
         let (restart, image) = self.template_inputs();
-        // The memory autopilot moving in place: the template keeps a size
-        // the instances run (see `autopilot::template_limit`).
-        let memory_limit = super::autopilot::record(&self.redis).map(|rec| {
-            let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
-            super::autopilot::template_limit(facts, rec.limit_bytes as u64, restart)
-        });
+        let memory_limit = self.template_memory_limit(facts);
         let mut sts = statefulset::statefulset(
             &self.redis,
             &self.names,
@@ -273,17 +268,8 @@ impl Reconciler {
             Some(s) => Some(s.clone()),
             None => self.lookup(&self.names.statefulset()).await?,
         };
-        // A template changed by the operator alone restarts nothing.
-        let in_use: Vec<String> = facts.iter().filter_map(|f| f.revision.clone()).collect();
-        let generation = self.redis.metadata.generation;
-        let observed = self
-            .redis
-            .status
-            .as_ref()
-            .and_then(|s| s.observed_generation);
-        let kept = kept::decide(live_sts.as_ref(), &sts, generation, observed, &in_use);
-        kept::annotate(&mut sts, generation, &kept);
-        sts = build::stamp_hash(sts);
+        let kept;
+        (sts, kept) = self.keep_operator_revisions(live_sts.as_ref(), sts, facts);
         // The memory autopilot's resize changes the template too; its pods
         // are resized in place (see `autopilot::resize`), not kept.
         let resized = super::autopilot::record(&self.redis).is_some()
@@ -335,5 +321,37 @@ impl Reconciler {
             self.progressing.push("StatefulSet updated".into());
         }
         Ok(hold)
+    }
+}
+
+impl Reconciler {
+    /// The memory limit a StatefulSet's template carries while the memory
+    /// autopilot moves `facts`' instances in place: a size they run (see
+    /// `autopilot::template_limit`). `None` without the autopilot.
+    pub(super) fn template_memory_limit(&self, facts: &[PodFacts]) -> Option<u64> {
+        super::autopilot::record(&self.redis).map(|rec| {
+            let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
+            super::autopilot::template_limit(facts, rec.limit_bytes as u64, restart)
+        })
+    }
+
+    /// A template changed by the operator alone restarts nothing: `sts`
+    /// with the kept revisions of `facts`' pods recorded (see `kept`).
+    pub(super) fn keep_operator_revisions(
+        &self,
+        live: Option<&StatefulSet>,
+        mut sts: StatefulSet,
+        facts: &[PodFacts],
+    ) -> (StatefulSet, kept::Kept) {
+        let in_use: Vec<String> = facts.iter().filter_map(|f| f.revision.clone()).collect();
+        let generation = self.redis.metadata.generation;
+        let observed = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation);
+        let kept = kept::decide(live, &sts, generation, observed, &in_use);
+        kept::annotate(&mut sts, generation, &kept);
+        (build::stamp_hash(sts), kept)
     }
 }

@@ -217,26 +217,14 @@ impl Reconciler {
 
         let (restart, image) = self.template_inputs();
         let secret = self.names.server_auth();
-        let generation = self.redis.metadata.generation;
-        let observed = self
-            .redis
-            .status
-            .as_ref()
-            .and_then(|s| s.observed_generation);
-        let autopilot = super::autopilot::record(&self.redis).cloned();
         for shard in 0..self.redis.spec.desired_shards() {
             let mine: Vec<PodFacts> = facts
                 .iter()
                 .filter(|f| build::shard_of(&self.names, &f.name).is_some_and(|(s, _)| s == shard))
                 .cloned()
                 .collect();
-            // The memory autopilot moving in place: the template keeps a
-            // size the shard's instances run.
-            let memory_limit = autopilot.as_ref().map(|rec| {
-                let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
-                super::autopilot::template_limit(&mine, rec.limit_bytes as u64, restart)
-            });
-            let mut sts = build::shard_statefulset(
+            let memory_limit = self.template_memory_limit(&mine);
+            let sts = build::shard_statefulset(
                 &self.redis,
                 &self.names,
                 shard,
@@ -247,12 +235,7 @@ impl Reconciler {
             );
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;
-            // A template changed by the operator alone restarts nothing
-            // (see `kept`).
-            let in_use: Vec<String> = mine.iter().filter_map(|f| f.revision.clone()).collect();
-            let kept = super::kept::decide(live.as_ref(), &sts, generation, observed, &in_use);
-            super::kept::annotate(&mut sts, generation, &kept);
-            let sts = super::build::stamp_hash(sts);
+            let (sts, _) = self.keep_operator_revisions(live.as_ref(), sts, &mine);
             let wrote = self
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
