@@ -139,6 +139,12 @@ struct BackupArgs {
     /// The instance's name in the manifest (default: host:port).
     #[arg(long)]
     source_name: Option<String>,
+    /// The shard of a Cluster Redis the instance serves (with `--slots`).
+    #[arg(long, requires = "slots")]
+    shard: Option<i32>,
+    /// The slot ranges of that shard, e.g. `0-5460`.
+    #[arg(long, requires = "shard")]
+    slots: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -150,6 +156,10 @@ struct BackupArgs {
 struct DeleteArgs {
     #[command(flatten)]
     store: StoreArgs,
+    /// More backups in the same store to delete (the other shards of a
+    /// Cluster Redis's backup).
+    #[arg(long)]
+    also_key: Vec<String>,
     #[command(flatten)]
     result: ResultArgs,
 }
@@ -461,6 +471,7 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
         name: args.source_name.unwrap_or_else(|| endpoint.to_string()),
         endpoint,
         options,
+        shard: args.shard.zip(args.slots),
     };
     let m = backup::backup(&source, store, &location, &args.store.key).await?;
     manifest_json(&m)
@@ -541,9 +552,13 @@ fn restored_for(marker: &str, owner: &str) -> bool {
 
 async fn delete(args: DeleteArgs) -> Result<String, redpilot::backup::BackupError> {
     let (store, location) = open_store(&args.store)?;
-    let at = format!("{location}/{}", args.store.key);
-    redpilot::backup::store::delete(store.as_ref(), &at, &args.store.key).await?;
-    Ok(serde_json::json!({"deleted": at}).to_string())
+    let mut deleted = Vec::new();
+    for key in std::iter::once(&args.store.key).chain(&args.also_key) {
+        let at = format!("{location}/{key}");
+        redpilot::backup::store::delete(store.as_ref(), &at, key).await?;
+        deleted.push(at);
+    }
+    Ok(serde_json::json!({"deleted": deleted.join(", ")}).to_string())
 }
 
 fn write_crds(output: Option<&std::path::Path>) -> Result<(), Box<dyn std::error::Error>> {

@@ -1020,14 +1020,13 @@ async fn cluster_specs_are_checked_at_admission() {
             vec!["spec.version", "ADDSLOTSRANGE"],
         ),
         (
-            "hibernate",
-            cluster(json!({"hibernate": true, "storage": {"size": "1Gi"}})),
-            vec!["spec.hibernate", "Cluster"],
-        ),
-        (
-            "bootstrap",
-            cluster(json!({"bootstrap": {"fromBackup": {"backup": "b1"}}})),
-            vec!["spec.bootstrap", "Cluster"],
+            "bootstrap from a bucket key",
+            cluster(json!({"bootstrap": {"fromBackup": {"key": "k.rdb",
+                "s3": {"bucket": "b", "credentials": {"secretName": "s"}}}}})),
+            vec![
+                "spec.bootstrap.fromBackup",
+                "RedisBackup of a Cluster Redis",
+            ],
         ),
         (
             "cluster-node-timeout in spec.config",
@@ -1059,6 +1058,36 @@ async fn cluster_specs_are_checked_at_admission() {
     {
         failures.push(format!(
             "the memory autopilot in Cluster mode: refused, expected to be allowed: {e}"
+        ));
+    }
+    // A Cluster Redis with volumes hibernates.
+    if let Err(e) = api
+        .create(
+            &dry_run_post(),
+            &redis_object(
+                "c",
+                cluster(json!({"hibernate": true, "storage": {"size": "1Gi"}})),
+            ),
+        )
+        .await
+    {
+        failures.push(format!(
+            "a hibernating Cluster Redis with volumes: refused, expected to be allowed: {e}"
+        ));
+    }
+    // A Cluster Redis is restored from a RedisBackup by name.
+    if let Err(e) = api
+        .create(
+            &dry_run_post(),
+            &redis_object(
+                "c",
+                cluster(json!({"bootstrap": {"fromBackup": {"backup": "b1"}}})),
+            ),
+        )
+        .await
+    {
+        failures.push(format!(
+            "a Cluster Redis bootstrapped from a RedisBackup: refused, expected to be allowed: {e}"
         ));
     }
     let long = "c".repeat(49);

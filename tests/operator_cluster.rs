@@ -1127,3 +1127,379 @@ async fn the_memory_autopilot_grows_every_shard_in_place_without_oom() {
         .sum();
     assert_eq!(restarts, 0, "no server restarted");
 }
+
+/// The local node's bridge address: pods reach the host (the S3 server)
+/// there.
+const NODE_IP: &str = "10.244.0.1";
+
+/// The members of the 3 x 2 Cluster Redis `name`, from its pods' IPs.
+async fn members_of(client: &kube::Client, ns: &str, name: &str) -> Vec<Member> {
+    let mut out = Vec::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            let ip = pod_ip(client, ns, &format!("{name}-s{s}-{j}")).await;
+            out.push(Member {
+                endpoint: Endpoint::new(ip, 6379),
+                bus_port: 16379,
+            });
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a_new_cluster() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use redpilot::api::v1alpha1::{BackupPhase, Mode, RedisBackup};
+    use support::s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
+    const BUCKET: &str = "backups";
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-backup", &[]).await;
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    let creds: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("creating the credentials Secret");
+    let mut opts = OperatorOptions::watching(&[&ns.name])
+        .named("op-cluster-backup")
+        .no_restart();
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut crashing = opts.clone();
+    crashing.env.push((
+        "REDPILOT_FAILPOINTS".into(),
+        "backup-after-first-shard-job".into(),
+    ));
+    let mut first = start_operator(&client, crashing).await;
+    let spec = json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"});
+    apply_redis(&client, &ns.name, "cache", spec.clone()).await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let primaries: Vec<String> = (0..3)
+        .map(|s| shard_primary(&r, s).expect("primary"))
+        .collect();
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let want = spread(3);
+    let writers = Writers::start(&members(&client, &ns.name).await, &copts, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // 1. A backup of every shard, under the writers; the operator stops
+    // (as a crash would) once the first shard's Job exists.
+    let asked = Instant::now();
+    let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+                   "metadata": {"name": "b1"},
+                   "spec": {"redis": "cache", "target": {"s3": {
+                       "endpoint": s3.endpoint(), "bucket": BUCKET, "prefix": "e2e",
+                       "pathStyle": true, "credentials": {"secretName": "s3"}}}}});
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), &ns.name);
+    backups
+        .patch("b1", &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
+        .await
+        .expect("creating RedisBackup b1");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = first.exit_status() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not reach the failpoint: {}",
+            first.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(exit.code(), Some(86), "{}", first.log_tail(30));
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &ns.name);
+    let stopped = backups.get("b1").await.expect("b1");
+    let st = stopped.status.clone().expect("status");
+    assert_eq!(st.shards.len(), 3, "{st:?}");
+    let mut existing = 0;
+    for s in &st.shards {
+        existing += usize::from(jobs.get_opt(&s.job).await.expect("job").is_some());
+    }
+    assert_eq!(
+        existing, 1,
+        "one shard's Job exists when the operator stops"
+    );
+    println!("operator stopped with 1 of 3 shard Jobs created");
+    // Writes every shard confirmed before the backup was asked for are in it.
+    let before: Vec<Vec<(String, Instant)>> = {
+        let mut out = Vec::new();
+        for t in &writers.tallies {
+            let t = t.lock().await;
+            out.push(
+                t.acked
+                    .iter()
+                    .filter(|(_, at)| *at < asked)
+                    .cloned()
+                    .collect(),
+            );
+        }
+        out
+    };
+    let _next = spawn_operator(&client, opts.named("op-cluster-backup-next")).await;
+    let done = wait_for("b1 to end", Duration::from_secs(120), || async {
+        let b = backups.get("b1").await.ok()?;
+        let phase = b.status.as_ref()?.phase?;
+        matches!(phase, BackupPhase::Completed | BackupPhase::Failed).then_some(b)
+    })
+    .await;
+    let took = asked.elapsed();
+    let tallies = writers.stop().await;
+    let st = done.status.clone().expect("status");
+    assert_eq!(
+        st.phase,
+        Some(BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, &ns.name, 20).await
+    );
+    let mut total_keys = 0;
+    for (i, s) in st.shards.iter().enumerate() {
+        assert_eq!(s.index, i as i32);
+        assert_eq!(s.slots, want[i].to_string(), "shard {i}");
+        assert_eq!(s.phase, Some(BackupPhase::Completed), "shard {i}");
+        // Taken from the shard's replica, never its primary.
+        assert!(
+            s.source.starts_with(&format!("cache-s{i}-")) && s.source != primaries[i],
+            "shard {i} from {}",
+            s.source
+        );
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                s3.bucket_dir(BUCKET)
+                    .join(format!("{}.manifest.json", s.key)),
+            )
+            .expect("the shard's manifest"),
+        )
+        .expect("manifest json");
+        assert_eq!(manifest["shard"], json!(i), "{manifest}");
+        assert_eq!(manifest["slots"], json!(want[i].to_string()), "{manifest}");
+        let keys = s.keys.expect("keys");
+        assert!(keys >= before[i].len() as i64, "shard {i}: {keys} keys");
+        total_keys += keys;
+    }
+    assert_eq!(st.keys, Some(total_keys));
+    let origin = st.origin.clone().expect("status.origin");
+    assert_eq!(
+        (
+            origin.mode,
+            origin.shards,
+            origin.instances,
+            origin.version.as_str()
+        ),
+        (Mode::Cluster, Some(3), 2, "8.1")
+    );
+    println!(
+        "backup of 3 shards across an operator crash: Completed {:.1} s after it was asked; {} keys ({:?} per shard); confirmed before: {:?}",
+        took.as_secs_f64(),
+        total_keys,
+        st.shards
+            .iter()
+            .map(|s| s.keys.unwrap_or(0))
+            .collect::<Vec<_>>(),
+        before.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    drop(tallies);
+
+    // 2. Restored into a new Cluster Redis of the same shape.
+    let t = Instant::now();
+    let mut copy = spec.clone();
+    copy["bootstrap"] = json!({"fromBackup": {"backup": "b1"}});
+    apply_redis(&client, &ns.name, "copy", copy.clone()).await;
+    let r = wait_ready(&client, &ns.name, "copy", READY).await;
+    let bs = r
+        .status
+        .as_ref()
+        .and_then(|s| s.bootstrap.clone())
+        .expect("status.bootstrap");
+    assert!(bs.done && bs.shards.len() == 3, "{bs:?}");
+    println!(
+        "restored into a new 3 x 2 Cluster Redis: Ready in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let copy_pw = redis_password(&client, &ns.name, "copy").await;
+    let copy_opts = ConnectOptions::default()
+        .with_password(copy_pw)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let ms = members_of(&client, &ns.name, "copy").await;
+    let mut restored_keys = 0;
+    for (i, acked) in before.into_iter().enumerate() {
+        let slot = cluster::key_slot(cluster_writer::tag_in(&want[i], i).as_bytes());
+        let tally = cluster_writer::Tally {
+            acked,
+            ..Default::default()
+        };
+        let lost = missing(&ms, &copy_opts, slot, &tally).await;
+        assert_eq!(
+            lost, 0,
+            "shard {i}: confirmed writes missing from the restore"
+        );
+        let p = cluster_writer::primary_for(&ms, &copy_opts, slot)
+            .await
+            .expect("primary");
+        let mut n = Node::connect(&p, &copy_opts).await.expect("connect");
+        restored_keys += n
+            .query::<i64>("DBSIZE", &redis::cmd("DBSIZE"))
+            .await
+            .expect("DBSIZE");
+    }
+    assert_eq!(
+        restored_keys, total_keys,
+        "the restore holds the backup's keys"
+    );
+
+    // 3. Another shard count is refused, naming the field.
+    let mut wrong = spec.clone();
+    wrong["shards"] = json!(4);
+    wrong["bootstrap"] = json!({"fromBackup": {"backup": "b1"}});
+    apply_redis(&client, &ns.name, "wrong", wrong).await;
+    let api = redis_api(&client, &ns.name);
+    let cond = wait_for(
+        "the 4-shard restore refused",
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("wrong").await.ok()?;
+            r.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+        },
+    )
+    .await;
+    assert_eq!(cond.reason, "ShardCountMismatch", "{cond:?}");
+    assert!(
+        cond.message.contains("spec.shards is 4"),
+        "{}",
+        cond.message
+    );
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(client.clone(), &ns.name);
+    assert!(
+        sts.get_opt("wrong-s0").await.expect("get").is_none(),
+        "nothing is created for a refused restore"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernation_saves_every_shard_and_wakes_on_new_addresses_with_every_write() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use redpilot::api::v1alpha1::Phase;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-sleep", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "storage": {"size": "64Mi"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let want = spread(3);
+    let before = members(&client, &ns.name).await;
+    let writers = Writers::start(&before, &copts, &want);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // 1. Asleep: every shard saved, no pod, every claim kept.
+    let t = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"hibernate": true}}),
+    )
+    .await;
+    let api = redis_api(&client, &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let r = wait_for("the Redis to hibernate", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        let none = pods
+            .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=cache"))
+            .await
+            .ok()?
+            .items
+            .is_empty();
+        (none && r.status.as_ref()?.phase == Some(Phase::Hibernated)).then_some(r)
+    })
+    .await;
+    println!("hibernated in {:.1} s", t.elapsed().as_secs_f64());
+    let tallies = writers.stop().await;
+    let h = r
+        .status
+        .and_then(|s| s.hibernation)
+        .expect("status.hibernation");
+    assert!(h.saved_at.is_some() && h.since.is_some(), "{h:?}");
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+        .list(&Default::default())
+        .await
+        .expect("claims")
+        .items
+        .len();
+    assert_eq!(claims, 6, "every instance keeps its volume");
+    let mut acked = Vec::new();
+    for t in &tallies {
+        let t = t.lock().await;
+        assert!(!t.acked.is_empty(), "every shard took writes");
+        acked.push(t.acked.clone());
+    }
+
+    // 2. Awake: new pods with new addresses; the cluster finds itself
+    // again, and every write confirmed before the sleep is there.
+    let t = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"hibernate": false}}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let woke = t.elapsed();
+    let after = members(&client, &ns.name).await;
+    let moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b.endpoint != a.endpoint)
+        .count();
+    assert_eq!(moved, 6, "every pod came back on a new address");
+    let st = r.status.clone().expect("status");
+    assert!(st.hibernation.is_none(), "{:?}", st.hibernation);
+    let c = st.cluster.clone().expect("cluster");
+    assert_eq!(
+        (c.state.as_str(), c.slots_ok, c.known_nodes),
+        ("ok", 16384, 6),
+        "{c:?}"
+    );
+    let mut lost = Vec::new();
+    for (i, acked) in acked.into_iter().enumerate() {
+        let n = acked.len();
+        let slot = cluster::key_slot(cluster_writer::tag_in(&want[i], i).as_bytes());
+        let tally = cluster_writer::Tally {
+            acked,
+            ..Default::default()
+        };
+        lost.push((n, missing(&after, &copts, slot, &tally).await));
+    }
+    println!(
+        "woke on 6 new addresses: Ready in {:.1} s; confirmed writes (confirmed, lost) per shard: {lost:?}",
+        woke.as_secs_f64()
+    );
+    assert!(lost.iter().all(|(_, l)| *l == 0), "{lost:?}");
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(
+        events.contains("Hibernated") && events.contains("Resumed"),
+        "{events}"
+    );
+}

@@ -267,12 +267,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("self.mode != 'Cluster' || (has(self.instances) == has(oldSelf.instances) && (!has(self.instances) || self.instances == oldSelf.instances))")
         .message("spec.instances cannot change yet in Cluster mode: adding and removing replicas of a shard is not supported; create a new Cluster Redis")
         .field_path(".instances"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.bootstrap)")
-        .message("spec.bootstrap: restoring a Cluster Redis from a backup is not supported yet")
+    validation = Rule::new("self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup)")
+        .message("spec.bootstrap.fromBackup: a Cluster Redis is restored from a RedisBackup of a Cluster Redis (set backup); a bucket key holds one shard's file")
         .field_path(".bootstrap"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.hibernate) || !self.hibernate")
-        .message("spec.hibernate: hibernation of a Cluster Redis is not supported yet")
-        .field_path(".hibernate"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),

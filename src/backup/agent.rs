@@ -85,6 +85,8 @@ pub struct Source {
     pub endpoint: Endpoint,
     /// How to connect (password, TLS, timeouts).
     pub options: ConnectOptions,
+    /// The shard of a Cluster Redis it serves, and its slot ranges.
+    pub shard: Option<(i32, String)>,
 }
 
 /// Hashes what goes through to the upload, and keeps the upload's own
@@ -189,6 +191,8 @@ pub async fn backup(
         source: source.name.clone(),
         replid: report.replid.clone(),
         offset: report.offset,
+        shard: source.shard.as_ref().map(|(i, _)| *i),
+        slots: source.shard.as_ref().map(|(_, s)| s.clone()),
         started_at,
         completed_at: now(),
     };

@@ -43,6 +43,12 @@ pub struct Manifest {
     pub replid: Option<String>,
     /// Replication offset of the snapshot.
     pub offset: Option<i64>,
+    /// A Cluster Redis's shard: its index ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<i32>,
+    /// ... and the slot ranges it served, e.g. `0-5460`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<String>,
     /// When the snapshot was requested and when the upload completed (RFC 3339).
     pub started_at: String,
     /// When the upload completed.

@@ -316,6 +316,8 @@ mod tests {
             source: "cache-1".into(),
             replid: None,
             offset: Some(42),
+            shard: None,
+            slots: None,
             started_at: "t0".into(),
             completed_at: "t1".into(),
         };

@@ -270,9 +270,19 @@ pub struct RedisBackupStatus {
     /// Replication offset of the snapshot on that instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<i64>,
-    /// The Job doing the work.
+    /// The Job doing the work (not set for a Cluster Redis: each shard has
+    /// its own, in `shards`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// A Cluster Redis: one RDB file per shard, each taken from a replica of
+    /// the shard where one serves, in parallel. `key` is then the prefix
+    /// every shard's key shares, and `sizeBytes` and `keys` are the sums.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<BackupShardStatus>,
+    /// What the backed-up Redis was when the backup started: a restore
+    /// compares it with the Redis it fills.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<BackupOrigin>,
     /// Why it failed, as a bounded category: RedisNotFound,
     /// CredentialsNotFound, ClaimNotFound, SourceFailed, StoreAccessDenied,
     /// StoreNotFound, StoreFailed, InvalidRequest, DeadlineExceeded,
@@ -283,6 +293,73 @@ pub struct RedisBackupStatus {
     /// What happened, in words (never a secret).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// One shard's part of a backup of a Cluster Redis (`status.shards[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupShardStatus {
+    /// The shard's index.
+    pub index: i32,
+    /// The slot ranges the shard served when the backup started, e.g.
+    /// `0-5461` (also in the shard's manifest).
+    pub slots: String,
+    /// The instance (pod) its snapshot is taken from.
+    pub source: String,
+    /// Object key of its RDB file (its manifest is `<key>.manifest.json`).
+    pub key: String,
+    /// The Job taking it.
+    pub job: String,
+    /// Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+    /// Size of the stored file in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Keys in the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i64>,
+    /// SHA-256 of the stored file (lowercase hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// The backed-up Redis's shape when its backup started (`status.origin`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupOrigin {
+    /// Its mode.
+    pub mode: super::Mode,
+    /// Its engine.
+    pub engine: super::Engine,
+    /// Its `spec.version`.
+    pub version: String,
+    /// Its `spec.image`, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Its shard count (Cluster mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<i32>,
+    /// Instances (per shard in Cluster mode).
+    pub instances: i32,
+    /// Its `spec.config`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+impl BackupOrigin {
+    /// The shape of `spec` now.
+    pub fn of(spec: &super::RedisSpec) -> Self {
+        BackupOrigin {
+            mode: spec.mode,
+            engine: spec.engine,
+            version: spec.version.clone(),
+            image: spec.image.clone(),
+            shards: spec.shards,
+            instances: spec.desired_instances(),
+            config: spec.config.clone(),
+        }
+    }
 }
 
 /// The backup a new Redis is loaded from before it reports Ready.
@@ -348,4 +425,20 @@ pub struct BootstrapStatus {
     /// container reported it (checked against the backup's manifest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// A Cluster Redis: each shard's file, loaded into the shard's first
+    /// instance (`<name>-s<i>-0`), which then serves the shard's slots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<BootstrapShard>,
+}
+
+/// One shard of a Cluster Redis's bootstrap (`status.bootstrap.shards[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapShard {
+    /// The shard's index.
+    pub index: i32,
+    /// Object key of its RDB file.
+    pub key: String,
+    /// The slot ranges it holds.
+    pub slots: String,
 }

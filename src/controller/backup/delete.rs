@@ -38,7 +38,18 @@ impl Pass {
     /// Removes the stored backup and its manifest (`deletionPolicy:
     /// Delete`). The operator reads the credentials for this only; a
     /// missing object counts as deleted.
+    /// The stored files: one, or one per shard of a Cluster Redis.
+    fn stored_keys(&self) -> Vec<String> {
+        let st = self.status();
+        if st.shards.is_empty() {
+            st.key.into_iter().collect()
+        } else {
+            st.shards.into_iter().map(|s| s.key).collect()
+        }
+    }
+
     pub(super) async fn delete_stored(&self) -> Result<(), Error> {
+        let keys = self.stored_keys();
         let Some(key) = self.status().key else {
             return Ok(());
         };
@@ -83,7 +94,10 @@ impl Pass {
         };
         let result = async {
             let store = crate::backup::open(&target)?;
-            crate::backup::store::delete(store.as_ref(), &target.location(&key), &key).await
+            for k in &keys {
+                crate::backup::store::delete(store.as_ref(), &target.location(k), k).await?;
+            }
+            Ok::<(), crate::backup::BackupError>(())
         }
         .await;
         match result {
@@ -116,8 +130,12 @@ impl Pass {
         self.ctx.metrics.kube("get_job");
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let Some(j) = jobs.get_opt(&name).await? else {
-            self.apply(job::delete_job(&self.b, self.target()?, &key))
-                .await?;
+            self.apply(job::delete_job(
+                &self.b,
+                self.target()?,
+                &self.stored_keys(),
+            ))
+            .await?;
             return Ok(false);
         };
         let location = self.target()?.location(&key);

@@ -48,6 +48,44 @@ pub fn choose_source(redis: &Redis) -> Option<String> {
         .map(|i| i.name.clone())
 }
 
+/// The instance to back up shard `shard` of a Cluster Redis from: the
+/// ready, linked replica of the shard furthest ahead, else its ready
+/// primary (pods `<name>-s<shard>-<j>`).
+pub fn choose_shard_source(redis: &Redis, shard: i32) -> Option<String> {
+    let status = redis.status.as_ref()?;
+    let prefix = format!("{}-s{shard}-", redis.metadata.name.as_deref()?);
+    let of_shard = |name: &str| {
+        name.strip_prefix(&prefix)
+            .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let replica = status
+        .instances
+        .iter()
+        .filter(|i| of_shard(&i.name))
+        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
+        .max_by_key(|i| (i.offset.unwrap_or(0), std::cmp::Reverse(i.name.clone())));
+    if let Some(r) = replica {
+        return Some(r.name.clone());
+    }
+    let primary = status
+        .shards
+        .iter()
+        .find(|s| s.index == shard)?
+        .primary
+        .as_ref()?;
+    status
+        .instances
+        .iter()
+        .find(|i| &i.name == primary && i.role == "primary" && i.ready)
+        .map(|i| i.name.clone())
+}
+
+/// The key of shard `shard`'s file in a Cluster Redis's backup stored
+/// under the prefix `key` (an [`object_key`] without its `.rdb`).
+pub fn shard_key(key: &str, shard: i32) -> String {
+    format!("{key}/shard-{shard}.rdb")
+}
+
 /// The Job's condition `type_` when it is true (`Complete`, `Failed`).
 pub fn condition<'a>(
     j: &'a Job,
@@ -202,6 +240,7 @@ pub fn job(
     source: &str,
     host: &str,
     key: &str,
+    shard: Option<(i32, &str)>,
 ) -> Job {
     let redis = Names::new(&b.spec.redis);
     let mut args = vec![
@@ -213,6 +252,14 @@ pub fn job(
         "--source-name".into(),
         source.to_string(),
     ];
+    if let Some((index, slots)) = shard {
+        args.extend([
+            "--shard".into(),
+            index.to_string(),
+            "--slots".into(),
+            slots.to_string(),
+        ]);
+    }
     args.extend(target.args(key));
     let mut env = vec![EnvVar {
         name: "REDIS_PASSWORD".into(),
@@ -242,10 +289,16 @@ pub fn delete_job_name(b: &RedisBackup) -> String {
 }
 
 /// The Job that removes a backup stored on a volume (`redpilot delete`),
-/// for `deletionPolicy: Delete`.
-pub fn delete_job(b: &RedisBackup, target: Target<'_>, key: &str) -> Job {
+/// for `deletionPolicy: Delete`: the files under `keys` (one, or one per
+/// shard) and their manifests.
+pub fn delete_job(b: &RedisBackup, target: Target<'_>, keys: &[String]) -> Job {
     let mut args = vec!["delete".to_string()];
-    args.extend(target.args(key));
+    if let Some((first, more)) = keys.split_first() {
+        args.extend(target.args(first));
+        for k in more {
+            args.extend(["--also-key".to_string(), k.clone()]);
+        }
+    }
     agent_job(b, &delete_job_name(b), args, target.env(false), target)
 }
 
@@ -383,6 +436,39 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_is_backed_up_from_its_own_replica() {
+        let mut r = redis(vec![
+            inst("cache-s0-0", "primary", true, None, 100),
+            inst("cache-s0-1", "replica", true, Some(true), 90),
+            inst("cache-s1-0", "replica", true, Some(true), 500),
+            inst("cache-s1-1", "primary", true, None, 510),
+            inst("cache-s10-0", "replica", true, Some(true), 900),
+        ]);
+        r.metadata.name = Some("cache".into());
+        if let Some(st) = r.status.as_mut() {
+            st.shards = (0..2)
+                .map(|i| crate::api::v1alpha1::ShardStatus {
+                    index: i,
+                    primary: Some(if i == 0 { "cache-s0-0" } else { "cache-s1-1" }.into()),
+                    ..Default::default()
+                })
+                .collect();
+        }
+        assert_eq!(choose_shard_source(&r, 0).as_deref(), Some("cache-s0-1"));
+        assert_eq!(choose_shard_source(&r, 1).as_deref(), Some("cache-s1-0"));
+        // Shard 1's replica unlinked: its primary; shard 2 has no instance.
+        if let Some(st) = r.status.as_mut() {
+            st.instances[2].link_up = Some(false);
+        }
+        assert_eq!(choose_shard_source(&r, 1).as_deref(), Some("cache-s1-1"));
+        assert_eq!(choose_shard_source(&r, 2), None);
+        assert_eq!(
+            shard_key("e2e/ns/cache/b1-T", 2),
+            "e2e/ns/cache/b1-T/shard-2.rdb"
+        );
+    }
+
+    #[test]
     fn keys_and_names() {
         assert_eq!(
             object_key(Some("/backups/"), "ns", "cache", "b1", "20261127T040000Z"),
@@ -466,6 +552,8 @@ mod tests {
             source: "c-0".into(),
             replid: None,
             offset: None,
+            shard: None,
+            slots: None,
             started_at: "t0".into(),
             completed_at: "t1".into(),
         };
@@ -591,6 +679,7 @@ mod tests {
             "cache-1",
             "10.244.0.5",
             "ns/cache/b1-t.rdb",
+            None,
         );
         assert_eq!(j.metadata.name.as_deref(), Some("b1-0a1b2c3d-backup"));
         let owner = &j.metadata.owner_references.as_ref().expect("owner")[0];

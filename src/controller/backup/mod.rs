@@ -12,17 +12,23 @@
 //! retried by the Job with backoff; the others fail the Job at once
 //! (its podFailurePolicy). A failed upload leaves no object under the key.
 //!
+//! A Cluster Redis is backed up shard by shard, all at once: one Job per
+//! shard on its best replica, each file under `<key>/shard-<i>.rdb` with
+//! the shard and its slots in its manifest; `status.shards` follows each,
+//! and the backup completes when every shard did.
+//!
 //! Deleting a RedisBackup keeps the stored backup unless its
 //! `deletionPolicy` is `Delete`: then a finalizer holds the object until the
 //! backup and its manifest are removed from the bucket. A Redis never owns
 //! its backups: deleting it deletes none.
 //!
-//! Length: ~480 lines: one backup's life from the first pass to its end
+//! Length: ~560 lines: one backup's life from the first pass to its end
 //! (start, follow the Job, read its outcome, the status writes) reads as one
 //! sequence; deletion is in `delete`, the pure Job builders in `job`.
 
 mod delete;
 pub mod job;
+mod shards;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +46,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use super::agent::{self, Target};
 use super::{Error, FIELD_MANAGER};
 use crate::api::v1alpha1::{
-    BackupPhase, DeletionPolicy, Redis, RedisBackup, RedisBackupStatus, S3Location,
+    BackupOrigin, BackupPhase, DeletionPolicy, Mode, Redis, RedisBackup, RedisBackupStatus,
+    S3Location,
 };
 
 use crate::telemetry::Metrics;
@@ -118,6 +125,19 @@ pub async fn reconcile(b: Arc<RedisBackup>, ctx: Arc<BackupContext>) -> Result<A
     r.run().await
 }
 
+/// Where one backup Job stands.
+enum Part {
+    /// Not ended; `started` once its agent runs.
+    Running {
+        /// Its agent runs.
+        started: bool,
+    },
+    /// Stored, as its manifest describes.
+    Done(Box<crate::backup::Manifest>),
+    /// Ended without a backup: a bounded reason and what happened.
+    Failed(&'static str, String),
+}
+
 struct Pass {
     b: Arc<RedisBackup>,
     ctx: Arc<BackupContext>,
@@ -169,6 +189,7 @@ impl Pass {
         let st = self.status();
         match st.phase {
             Some(BackupPhase::Completed) | Some(BackupPhase::Failed) => Ok(Action::await_change()),
+            _ if !st.shards.is_empty() => self.follow_shards(st).await,
             _ if st.job.is_none() => self.start().await,
             _ => self.follow(st).await,
         }
@@ -201,6 +222,9 @@ impl Pass {
             );
             return self.fail("ClaimNotFound", msg).await;
         }
+        if redis.spec.mode == Mode::Cluster {
+            return self.start_shards(&redis).await;
+        }
         let Some(source) = job::choose_source(&redis) else {
             return self
                 .pending(format!(
@@ -231,12 +255,16 @@ impl Pass {
             key: Some(key.clone()),
             source: Some(source.clone()),
             job: Some(job_name.clone()),
+            origin: Some(BackupOrigin::of(&redis.spec)),
             ..Default::default()
         };
         // The key and source first: a pass after a crash here re-creates
         // the same Job.
         self.write_status(&st).await?;
-        if let Some(refused) = self.apply_job(&job_name, &source, &host, &key).await? {
+        if let Some(refused) = self
+            .apply_job(&job_name, &source, &host, &key, None)
+            .await?
+        {
             return self.fail("JobRejected", refused).await;
         }
         let note = format!(
@@ -256,8 +284,9 @@ impl Pass {
         source: &str,
         host: &str,
         key: &str,
+        shard: Option<(i32, &str)>,
     ) -> Result<Option<String>, Error> {
-        let j = job::job(&self.b, name, self.target()?, source, host, key);
+        let j = job::job(&self.b, name, self.target()?, source, host, key, shard);
         match self.apply(j).await {
             Ok(()) => Ok(None),
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 422 => Ok(Some(format!(
@@ -283,48 +312,68 @@ impl Pass {
 
     async fn follow(&mut self, st: RedisBackupStatus) -> Result<Action, Error> {
         let job_name = st.job.clone().unwrap_or_default();
+        match self
+            .follow_part(&job_name, st.source.as_deref(), st.key.as_deref(), None)
+            .await?
+        {
+            Part::Done(m) => self.complete(st, *m).await,
+            Part::Failed(reason, msg) => self.fail(reason, msg).await,
+            // Pod changes do not wake this controller: look again soon
+            // while no agent runs (none started yet, or a retry is due); a
+            // running agent's end changes the Job, which does.
+            Part::Running { started: true } => Ok(Action::await_change()),
+            Part::Running { started: false } => Ok(Action::requeue(Duration::from_secs(10))),
+        }
+    }
+
+    /// Where the Job `job_name` (backing up `source` to `key`) stands. A
+    /// Job that is gone is applied again; one whose pod cannot start is
+    /// stopped.
+    async fn follow_part(
+        &self,
+        job_name: &str,
+        source: Option<&str>,
+        key: Option<&str>,
+        shard: Option<(i32, &str)>,
+    ) -> Result<Part, Error> {
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         self.ctx.metrics.kube("get_job");
-        let Some(j) = jobs.get_opt(&job_name).await? else {
+        let Some(j) = jobs.get_opt(job_name).await? else {
             // Deleted by someone, or never created (a crash right after the
             // status was written): the same Job again, from the status.
-            let (Some(source), Some(key)) = (st.source.clone(), st.key.clone()) else {
-                return self
-                    .fail("JobFailed", "the backup Job is gone".into())
-                    .await;
+            let (Some(source), Some(key)) = (source, key) else {
+                return Ok(Part::Failed("JobFailed", "the backup Job is gone".into()));
             };
-            let Some(host) = self.pod_ip(&source).await? else {
+            let Some(host) = self.pod_ip(source).await? else {
                 let msg = format!("the source instance {source} is gone");
-                return self.fail("SourceFailed", msg).await;
+                return Ok(Part::Failed("SourceFailed", msg));
             };
-            if let Some(refused) = self.apply_job(&job_name, &source, &host, &key).await? {
-                return self.fail("JobRejected", refused).await;
+            if let Some(refused) = self.apply_job(job_name, source, &host, key, shard).await? {
+                return Ok(Part::Failed("JobRejected", refused));
             }
-            return Ok(Action::await_change());
+            return Ok(Part::Running { started: false });
         };
         let uid = self.uid()?;
         if !job::controlled_by(&j, &uid) {
             let msg = format!(
                 "Job {job_name} is not controlled by this RedisBackup (uid {uid}); its outcome is not this backup's"
             );
-            return self.fail("JobNotOwned", msg).await;
+            return Ok(Part::Failed("JobNotOwned", msg));
         }
         if job::condition(&j, "Complete").is_some() {
-            return match self.agent_outcome(&job_name, true).await? {
-                Some(agent::Outcome::Done(m)) => {
-                    match job::manifest_mismatch(st.key.as_deref(), &m) {
-                        Some(why) => self.fail("ManifestMismatch", why).await,
-                        None => self.complete(st, *m).await,
-                    }
-                }
+            return Ok(match self.agent_outcome(job_name, true).await? {
+                Some(agent::Outcome::Done(m)) => match job::manifest_mismatch(key, &m) {
+                    Some(why) => Part::Failed("ManifestMismatch", why),
+                    None => Part::Done(m),
+                },
                 Some(agent::Outcome::Failed { reason, message }) => {
-                    self.fail(agent::bounded_reason(&reason), message).await
+                    Part::Failed(agent::bounded_reason(&reason), message)
                 }
-                _ => {
-                    let msg = "the backup Job succeeded but its pod left no manifest".into();
-                    self.fail("JobFailed", msg).await
-                }
-            };
+                _ => Part::Failed(
+                    "JobFailed",
+                    "the backup Job succeeded but its pod left no manifest".into(),
+                ),
+            });
         }
         if let Some(c) = job::condition(&j, "Failed").cloned() {
             if c.reason.as_deref() == Some("DeadlineExceeded") {
@@ -337,30 +386,28 @@ impl Pass {
                     "the backup did not end within {limit} s (spec.timeoutSeconds); Job {job_name} was stopped: {}",
                     c.message.unwrap_or_default()
                 );
-                return self.fail("DeadlineExceeded", msg).await;
+                return Ok(Part::Failed("DeadlineExceeded", msg));
             }
-            return match self.agent_outcome(&job_name, false).await? {
+            return Ok(match self.agent_outcome(job_name, false).await? {
                 Some(agent::Outcome::Failed { reason, message }) => {
-                    self.fail(agent::bounded_reason(&reason), message).await
+                    Part::Failed(agent::bounded_reason(&reason), message)
                 }
                 _ => {
                     let why = c.message.unwrap_or_else(|| c.reason.unwrap_or_default());
-                    self.fail("JobFailed", format!("the backup Job failed: {why}"))
-                        .await
+                    Part::Failed("JobFailed", format!("the backup Job failed: {why}"))
                 }
-            };
+            });
         }
         // Running, or waiting for a pod that may never start.
-        let pods = self.job_pods(&job_name).await?;
+        let pods = self.job_pods(job_name).await?;
         let now = chrono::Utc::now();
         if let Some((reason, msg)) = pods.iter().find_map(|p| job::cannot_start(p, now)) {
-            let failed = self.fail(reason, msg).await?;
             // The Job would otherwise wait until its deadline; if it cannot
             // be stopped now, that deadline still ends it.
-            if let Err(e) = self.stop_job(&job_name).await {
+            if let Err(e) = self.stop_job(job_name).await {
                 tracing::warn!(job = %job_name, error = %e, "could not stop a backup Job whose pod cannot start");
             }
-            return Ok(failed);
+            return Ok(Part::Failed(reason, msg));
         }
         let started = pods.iter().any(|p| {
             p.status
@@ -371,14 +418,7 @@ impl Pass {
                         .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
                 })
         });
-        // Pod changes do not wake this controller: look again soon while
-        // no agent runs (none started yet, or a retry is due); a running
-        // agent's end changes the Job, which does.
-        if started {
-            Ok(Action::await_change())
-        } else {
-            Ok(Action::requeue(Duration::from_secs(10)))
-        }
+        Ok(Part::Running { started })
     }
 
     /// The pods of the Job `job_name`.

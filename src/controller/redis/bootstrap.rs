@@ -12,7 +12,16 @@
 //! Replication instance; recovery promotes ordinal 0 (no other instance is
 //! ahead of it) and the replicas sync from it. A failed restore stops the
 //! bootstrap with a Degraded condition whose reason names the cause.
+//!
+//! A Cluster Redis is restored from a RedisBackup of a Cluster Redis with
+//! the same shard count and slot layout ([`shape_mismatch`]): shard `i`'s
+//! file goes into `<name>-s<i>-0`, whose server claims the slots it holds
+//! keys of when it starts; the cluster plan (`decide_restoring`) meets
+//! those nodes and gives the rest of each shard's slots to the same node.
+//! The bootstrap is done once every shard serves its slots and the cluster
+//! is whole.
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
 };
@@ -20,11 +29,15 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build::{self, Names};
+use super::cluster::build as cluster_build;
+use super::cluster::plan::Shard;
 use crate::api::v1alpha1::{
-    BackupPhase, BootstrapStatus, Engine, Redis, RedisBackup, S3Location, VolumeLocation,
+    BackupPhase, BootstrapShard, BootstrapStatus, Engine, Mode, Redis, RedisBackup,
+    RedisBackupStatus, RedisSpec, S3Location, VolumeLocation,
 };
 use crate::controller::Error;
 use crate::controller::agent::{self, Outcome, Target};
+use crate::redis::cluster::spread;
 
 /// Name of the restore init container.
 pub const RESTORE_CONTAINER: &str = "restore";
@@ -61,7 +74,15 @@ impl Reconciler {
         };
         match resolved {
             Ok(bs) => {
-                let note = format!("restoring {} into {}", bs.location, self.names.pod(0));
+                let note = if bs.shards.is_empty() {
+                    format!("restoring {} into {}", bs.location, self.names.pod(0))
+                } else {
+                    format!(
+                        "restoring the {} shard files of {} into the first instance of each shard",
+                        bs.shards.len(),
+                        bs.location
+                    )
+                };
                 self.event(EventType::Normal, "BootstrapStarted", "Bootstrap", note)
                     .await;
                 self.bootstrap = Some(bs);
@@ -96,10 +117,25 @@ impl Reconciler {
             )));
         };
         let status = b.status.clone().unwrap_or_default();
+        if status.phase == Some(BackupPhase::Completed)
+            && let Some((reason, why)) = shape_mismatch(&self.redis.spec, &status, name)
+        {
+            return Ok(Err(Unresolved::Failed(reason, why)));
+        }
+        let shards: Vec<BootstrapShard> = status
+            .shards
+            .iter()
+            .map(|s| BootstrapShard {
+                index: s.index,
+                key: s.key.clone(),
+                slots: s.slots.clone(),
+            })
+            .collect();
         Ok(match (status.phase, status.key) {
-            (Some(BackupPhase::Completed), Some(key)) => {
-                Ok(resolved(b.spec.target.s3, b.spec.target.volume, key))
-            }
+            (Some(BackupPhase::Completed), Some(key)) => Ok(BootstrapStatus {
+                shards,
+                ..resolved(b.spec.target.s3, b.spec.target.volume, key)
+            }),
             (Some(BackupPhase::Failed), _) => Err(Unresolved::Failed(
                 "BackupFailed",
                 format!(
@@ -132,12 +168,7 @@ impl Reconciler {
             return;
         }
         let first_name = self.names.pod(0);
-        let first: Option<Pod> = self.cached(&first_name);
-        let statuses = first
-            .and_then(|p| p.status)
-            .and_then(|s| s.init_container_statuses)
-            .unwrap_or_default();
-        let ended = agent::termination(&statuses, RESTORE_CONTAINER);
+        let ended = self.restore_ended(&first_name);
         // The restore's checksum, kept from the run that loaded it (a
         // later start of the same pod only skips).
         let sha256 = match ended.as_ref().and_then(|(_, m)| m.as_deref()) {
@@ -173,26 +204,162 @@ impl Reconciler {
             });
             return;
         }
-        let Some((code, message)) = ended else {
+        if let Some((reason, why)) = restore_failure(ended) {
+            let msg = format!("restoring {} into {first_name}: {why}", bs.location);
+            self.report_failure(reason, "Bootstrap", "bootstrap", msg)
+                .await;
+        }
+    }
+
+    /// How the restore container of `pod` ended (exit code, message).
+    fn restore_ended(&self, pod: &str) -> Option<(i32, Option<String>)> {
+        let p: Option<Pod> = self.cached(pod);
+        let statuses = p
+            .and_then(|p| p.status)
+            .and_then(|s| s.init_container_statuses)
+            .unwrap_or_default();
+        agent::termination(&statuses, RESTORE_CONTAINER)
+    }
+
+    /// A Cluster Redis's bootstrap: a failed restore of any shard is
+    /// reported; the bootstrap is done once every shard's first instance
+    /// (the one its file was loaded into) serves the shard's slots and the
+    /// cluster is whole.
+    pub(super) async fn track_cluster_bootstrap(&mut self, shards: &[Shard], healthy: bool) {
+        let Some(bs) = self.bootstrap.clone() else {
             return;
         };
-        if code == 0 {
+        if bs.done {
             return;
         }
-        let (reason, why) = match message.as_deref().and_then(agent::outcome) {
-            Some(Outcome::Failed { reason, message }) => (agent::bounded_reason(&reason), message),
-            _ => (
-                "RestoreFailed",
-                format!("the restore container exited with code {code}"),
+        let mut serving = 0;
+        for sh in &bs.shards {
+            let first = cluster_build::first_of_shard(&self.names, sh.index);
+            // Its primary holds the restored data: the first instance, or
+            // a replica that synced from it and took over.
+            let decided = shards.iter().find(|s| s.index == sh.index);
+            if decided.is_some_and(|s| {
+                s.primary.is_some() && super::cluster::plan::show(&s.slots) == sh.slots
+            }) {
+                serving += 1;
+                continue;
+            }
+            if let Some((reason, why)) = restore_failure(self.restore_ended(&first)) {
+                let location = target(&bs).map(|t| t.location(&sh.key)).unwrap_or_default();
+                let msg = format!(
+                    "restoring {location} into {first} (shard {}): {why}",
+                    sh.index
+                );
+                self.report_failure(reason, "Bootstrap", "bootstrap", msg)
+                    .await;
+            }
+        }
+        if healthy && serving == bs.shards.len() {
+            let note = format!(
+                "the first instance of each of the {serving} shards serves the slots restored from {}",
+                bs.location
+            );
+            self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
+                .await;
+            self.bootstrap = Some(BootstrapStatus { done: true, ..bs });
+        } else if !healthy || serving < bs.shards.len() {
+            self.progressing.push(format!(
+                "restoring from {}: {serving} of {} shards serve their restored slots",
+                bs.location,
+                bs.shards.len()
+            ));
+        }
+    }
+}
+
+/// Why a restore container that ended failed (`None` when it did not
+/// end, or succeeded): a bounded reason and the agent's message.
+fn restore_failure(ended: Option<(i32, Option<String>)>) -> Option<(&'static str, String)> {
+    let (code, message) = ended?;
+    if code == 0 {
+        return None;
+    }
+    Some(match message.as_deref().and_then(agent::outcome) {
+        Some(Outcome::Failed { reason, message }) => (agent::bounded_reason(&reason), message),
+        _ => (
+            "RestoreFailed",
+            format!("the restore container exited with code {code}"),
+        ),
+    })
+}
+
+/// Why the backup `b` (named `name`) cannot fill a Redis of `spec`: a
+/// Cluster Redis's backup fills only a Cluster Redis of the same shard
+/// count whose shards get the same slots, and a one-dataset backup only a
+/// Standalone or Replication Redis. A bounded reason and a message naming
+/// the field.
+pub fn shape_mismatch(
+    spec: &RedisSpec,
+    b: &RedisBackupStatus,
+    name: &str,
+) -> Option<(&'static str, String)> {
+    let field = "spec.bootstrap.fromBackup.backup";
+    let cluster = spec.mode == Mode::Cluster;
+    let have = b.shards.len();
+    if have == 0 {
+        return cluster.then(|| {
+            (
+                "BackupModeMismatch",
+                format!(
+                    "{field}: RedisBackup {name} holds one dataset, not a shard per file; a Cluster Redis is restored from a backup of a Cluster Redis"
+                ),
+            )
+        });
+    }
+    if !cluster {
+        return Some((
+            "BackupModeMismatch",
+            format!(
+                "{field}: RedisBackup {name} holds a Cluster Redis of {have} shards; restore it into a Redis with spec.mode Cluster and spec.shards {have}"
             ),
-        };
-        let msg = format!(
-            "restoring {} into {}: {why}",
-            bs.location,
-            self.names.pod(0)
-        );
-        self.report_failure(reason, "Bootstrap", "bootstrap", msg)
-            .await;
+        ));
+    }
+    let want = spec.desired_shards();
+    if usize::try_from(want).ok() != Some(have) {
+        return Some((
+            "ShardCountMismatch",
+            format!(
+                "spec.shards is {want} but RedisBackup {name} holds {have} shards: a backup is restored into the same shard count (online resharding does not exist yet)"
+            ),
+        ));
+    }
+    let even = spread(u16::try_from(have).unwrap_or(0));
+    for (i, s) in b.shards.iter().enumerate() {
+        let expected = even.get(i).map(ToString::to_string).unwrap_or_default();
+        if s.index != i as i32 || s.slots != expected {
+            return Some((
+                "SlotLayoutMismatch",
+                format!(
+                    "{field}: shard {} of RedisBackup {name} holds slots {}, but a new Cluster Redis of {have} shards gives shard {i} slots {expected}; only an even slot layout can be restored until online resharding exists",
+                    s.index, s.slots
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Adds the restore of `key` into `pod` to a StatefulSet's pod template
+/// (and, for a backup on a volume, the claim read-only).
+pub fn add_restore(
+    sts: &mut StatefulSet,
+    bs: &BootstrapStatus,
+    key: &str,
+    pod: &str,
+    names: &Names,
+    redis: &Redis,
+) {
+    let Some(spec) = sts.spec.template.spec.as_mut() else {
+        return;
+    };
+    spec.init_containers = Some(vec![init_container(bs, key, pod, names, redis)]);
+    if let Some((v, _)) = target(bs).and_then(|t| t.volume(true)) {
+        spec.volumes.get_or_insert_with(Vec::new).push(v);
     }
 }
 
@@ -211,6 +378,7 @@ fn resolved(
         key,
         done: false,
         sha256: None,
+        shards: Vec::new(),
     }
 }
 
@@ -219,19 +387,26 @@ pub fn target(bs: &BootstrapStatus) -> Option<Target<'_>> {
     Target::of(bs.s3.as_ref(), bs.volume.as_ref())
 }
 
-/// The init container that fetches the backup into `/data/dump.rdb` of the
-/// first instance, checked against its manifest and this Redis's server.
-pub fn init_container(bs: &BootstrapStatus, names: &Names, redis: &Redis) -> Container {
+/// The init container that fetches the file under `key` into
+/// `/data/dump.rdb` of `pod` (the first instance, or a shard's), checked
+/// against its manifest and this Redis's server.
+pub fn init_container(
+    bs: &BootstrapStatus,
+    key: &str,
+    pod: &str,
+    names: &Names,
+    redis: &Redis,
+) -> Container {
     let spec = &redis.spec;
     let mut args = vec![
         "restore".to_string(),
         "--only-pod".into(),
-        names.pod(0),
+        pod.to_string(),
         "--dest".into(),
         "/data/dump.rdb".into(),
     ];
     let source = target(bs);
-    args.extend(source.map(|t| t.args(&bs.key)).unwrap_or_default());
+    args.extend(source.map(|t| t.args(key)).unwrap_or_default());
     if spec.image.is_none()
         && let Some(max) = super::statefulset::max_rdb(spec)
     {
@@ -283,4 +458,62 @@ pub fn init_container(bs: &BootstrapStatus, names: &Names, redis: &Redis) -> Con
         mounts.push(m);
     }
     agent::container(RESTORE_CONTAINER, args, env, mounts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::BackupShardStatus;
+
+    fn cluster_backup(slots: &[&str]) -> RedisBackupStatus {
+        RedisBackupStatus {
+            shards: slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| BackupShardStatus {
+                    index: i as i32,
+                    slots: s.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn spec(mode: Mode, shards: Option<i32>) -> RedisSpec {
+        RedisSpec {
+            mode,
+            shards,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_backup_fills_only_a_redis_of_its_shape() {
+        let even = cluster_backup(&["0-5461", "5462-10922", "10923-16383"]);
+        let one = RedisBackupStatus::default();
+        let reason = |s: &RedisSpec, b: &RedisBackupStatus| shape_mismatch(s, b, "b1").map(|r| r.0);
+        assert_eq!(reason(&spec(Mode::Cluster, Some(3)), &even), None);
+        assert_eq!(reason(&spec(Mode::Replication, None), &one), None);
+        assert_eq!(reason(&spec(Mode::Standalone, None), &one), None);
+        assert_eq!(
+            reason(&spec(Mode::Cluster, Some(3)), &one),
+            Some("BackupModeMismatch")
+        );
+        assert_eq!(
+            reason(&spec(Mode::Replication, None), &even),
+            Some("BackupModeMismatch")
+        );
+        let (r, msg) = shape_mismatch(&spec(Mode::Cluster, Some(4)), &even, "b1").expect("refused");
+        assert_eq!(r, "ShardCountMismatch");
+        assert!(
+            msg.contains("spec.shards is 4") && msg.contains("3 shards"),
+            "{msg}"
+        );
+        let moved = cluster_backup(&["0-5000", "5001-10922", "10923-16383"]);
+        let (r, msg) =
+            shape_mismatch(&spec(Mode::Cluster, Some(3)), &moved, "b1").expect("refused");
+        assert_eq!(r, "SlotLayoutMismatch");
+        assert!(msg.contains("0-5000") && msg.contains("0-5461"), "{msg}");
+    }
 }

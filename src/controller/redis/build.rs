@@ -61,6 +61,9 @@ pub const PRIMARY_KEY: &str = "primary";
 /// value is the backup's location): the restore init container then does
 /// nothing, so a re-created instance never loads the old backup again.
 pub const BOOTSTRAPPED_KEY: &str = "bootstrapped";
+/// ConfigMap key of a Cluster Redis waking from hibernation (when every
+/// instance saved): its nodes skip the boot rule's wait for a takeover.
+pub const WAKING_KEY: &str = "waking";
 
 /// Names of the children of one Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]

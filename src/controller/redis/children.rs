@@ -251,18 +251,9 @@ impl Reconciler {
             &image,
             memory_limit,
         );
-        if let Some(bs) = &self.bootstrap
-            && let Some(pod) = sts.spec.template.spec.as_mut()
-        {
-            pod.init_containers = Some(vec![super::bootstrap::init_container(
-                bs,
-                &self.names,
-                &self.redis,
-            )]);
-            // A backup on a volume: the claim, read-only, for the restore.
-            if let Some((v, _)) = super::bootstrap::target(bs).and_then(|t| t.volume(true)) {
-                pod.volumes.get_or_insert_with(Vec::new).push(v);
-            }
+        if let Some(bs) = &self.bootstrap {
+            let first = self.names.pod(0);
+            super::bootstrap::add_restore(&mut sts, bs, &bs.key, &first, &self.names, &self.redis);
         }
         let live_sts = match live_sts {
             Some(s) => Some(s.clone()),
@@ -307,12 +298,7 @@ impl Reconciler {
             sts = build::stamp_hash(sts);
         }
         if self.hibernating {
-            // No pod, and the claims stay whatever the scale-down policy.
-            sts.spec.replicas = Some(0);
-            if let Some(p) = sts.spec.persistent_volume_claim_retention_policy.as_mut() {
-                p.when_scaled = Some("Retain".into());
-            }
-            sts = build::stamp_hash(sts);
+            sts = super::hibernate::scaled_to_zero(sts);
         }
         let sts_written = self
             .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
@@ -28,14 +29,26 @@ const WRITE_PAUSE: Duration = Duration::from_secs(60);
 /// How long the replicas have to catch up with the paused primary.
 const CATCH_UP: Duration = Duration::from_secs(10);
 
+/// A StatefulSet of a hibernating Redis: no pod, and the claims stay
+/// whatever the scale-down policy.
+pub fn scaled_to_zero(mut sts: StatefulSet) -> StatefulSet {
+    sts.spec.replicas = Some(0);
+    if let Some(p) = sts.spec.persistent_volume_claim_retention_policy.as_mut() {
+        p.when_scaled = Some("Retain".into());
+    }
+    build::stamp_hash(sts)
+}
+
 impl Reconciler {
     /// A hibernating Redis: saves the data once, then lets the children be
-    /// applied with no replica (`self.hibernating`). When the save fails,
-    /// nothing is scaled down and the failure is reported.
+    /// applied with no replica (`self.hibernating`). `groups` are the
+    /// primaries and their instances (one for Replication, one per shard
+    /// for Cluster), saved at once. When a save fails, nothing is scaled
+    /// down and the failure is reported.
     pub(super) async fn hibernate(
         &mut self,
         facts: &[PodFacts],
-        primary: Option<&str>,
+        groups: &[(Option<&str>, Vec<PodFacts>)],
         opts: &ConnectOptions,
     ) -> Result<(), Error> {
         self.hibernating = true;
@@ -45,18 +58,35 @@ impl Reconciler {
             .is_some_and(|h| h.saved_at.is_some());
         let running: Vec<&PodFacts> = facts.iter().filter(|f| !f.terminating).collect();
         if !saved && !running.is_empty() {
-            match save_all(facts, primary, opts).await {
-                Ok(offset) => {
+            let saves = groups
+                .iter()
+                .map(|(primary, facts)| save_all(facts, *primary, opts));
+            let saved: Result<Vec<i64>, _> =
+                futures::future::join_all(saves).await.into_iter().collect();
+            match saved {
+                Ok(offsets) => {
+                    // One offset names the Replication primary's; a Cluster
+                    // Redis's shards each have their own.
+                    let offset = match offsets.as_slice() {
+                        [one] => Some(*one),
+                        _ => None,
+                    };
+                    let at = match offset {
+                        Some(o) => format!("at offset {o}"),
+                        None => {
+                            format!("at {} shard primaries' offsets {offsets:?}", offsets.len())
+                        }
+                    };
                     let now = crate::controller::rfc3339(chrono::Utc::now());
                     let note = format!(
-                        "saved the dataset on {} instance(s) at offset {offset}; removing the pods (volumes and Secret stay)",
+                        "saved the dataset on {} instance(s) {at}; removing the pods (volumes and Secret stay)",
                         running.len()
                     );
                     self.event(EventType::Normal, "Hibernating", "Hibernate", note)
                         .await;
                     self.hibernation = Some(HibernationStatus {
                         saved_at: Some(now),
-                        offset: Some(offset),
+                        offset,
                         since: None,
                     });
                 }

@@ -331,12 +331,11 @@ impl Reconciler {
         // Hibernation: save, then scale to zero; nothing else moves.
         if self.redis.spec.hibernate {
             self.watch_primary(&facts, None, "");
-            self.hibernate(
-                &facts,
+            let group = (
                 previous_primary.as_deref().or(primary.as_deref()),
-                &opts,
-            )
-            .await?;
+                facts.clone(),
+            );
+            self.hibernate(&facts, &[group], &opts).await?;
             if self.hibernating {
                 self.apply_children(&obs.live_sts, &facts, None, &self.names.server_auth())
                     .await?;

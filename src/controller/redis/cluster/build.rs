@@ -27,10 +27,19 @@ pub const NODE_TIMEOUT_MS: u32 = 1000;
 /// How long a node that served slots and had replicas waits at start-up
 /// for the cluster to hand its slots to a replica (see [`start_script`]).
 pub const TAKEOVER_WAIT_SECS: u32 = 30;
+/// The variable set (from the ConfigMap) while a Redis wakes from
+/// hibernation.
+pub const WAKING_ENV: &str = "REDPILOT_WAKING";
 
 /// The StatefulSet of shard `shard`.
 pub fn shard_statefulset_name(names: &Names, shard: i32) -> String {
     format!("{}-s{shard}", names.base)
+}
+
+/// The first instance of shard `shard` (`<name>-s<i>-0`): where a
+/// restored shard's file is loaded.
+pub fn first_of_shard(names: &Names, shard: i32) -> String {
+    format!("{}-0", shard_statefulset_name(names, shard))
 }
 
 /// The shard a pod belongs to, from its name (`<name>-s<i>-<j>`).
@@ -65,7 +74,9 @@ pub fn config_lines() -> Vec<String> {
 /// slots went to another node (the cluster elected a replica; the node
 /// then rejoins as that replica's replica), for at most
 /// [`TAKEOVER_WAIT_SECS`] (when no replica can take over, e.g. all nodes
-/// restart at once, the node starts with what it has).
+/// restart at once, the node starts with what it has). A Redis waking from
+/// hibernation ([`WAKING_ENV`] set) skips the wait: every instance saved
+/// the same data with writes paused, so no replica holds newer writes.
 pub fn start_script(engine: Engine) -> String {
     let (server, cli) = match engine {
         Engine::Redis => ("redis-server", "redis-cli"),
@@ -81,7 +92,9 @@ if [ -s "$conf" ]; then
   me=$(awk '$3 ~ /myself/ {{print $1; exit}}' "$conf")
   served=$(awk '$3 ~ /myself/ && $3 ~ /master/ && NF > 8 {{print "yes"; exit}}' "$conf")
   followers=$(awk -v me="$me" '$4 == me {{n++}} END {{print n+0}}' "$conf")
-  if [ -n "$me" ] && [ "$served" = yes ] && [ "$followers" -gt 0 ]; then
+  if [ -n "${{{WAKING_ENV}:-}}" ]; then
+    echo "redpilot: waking from hibernation (saved ${{{WAKING_ENV}}}): every instance saved the same data; starting at once" >&2
+  elif [ -n "$me" ] && [ "$served" = yes ] && [ "$followers" -gt 0 ]; then
     peers=$(awk '$3 !~ /myself/ && $3 !~ /noaddr/ {{split($2, a, "@"); print a[1]}}' "$conf")
     u=; [ -n "${{REDPILOT_PROBE_PASSWORD:-}}" ] && u="--user {PROBE_USER}"
     echo "redpilot: this node served slots and had replicas: waiting until the cluster hands its slots to a replica (at most {TAKEOVER_WAIT_SECS} s)" >&2
@@ -175,6 +188,13 @@ pub fn shard_statefulset(
                 "-c".into(),
                 start_script(redis.spec.engine),
             ]);
+            c.env
+                .get_or_insert_with(Vec::new)
+                .push(statefulset::config_env(
+                    names,
+                    WAKING_ENV,
+                    build::WAKING_KEY,
+                ));
             c.ports.get_or_insert_with(Vec::new).push(ContainerPort {
                 name: Some("cluster-bus".into()),
                 container_port: i32::from(BUS_PORT),
@@ -288,7 +308,7 @@ mod tests {
             "{me} 127.0.0.1:1@11 myself,slave {other} 0 0 1 connected\n\
              {other} 127.0.0.1:2@12 master - 0 0 1 connected 0-5460\n"
         );
-        let run = |conf: &str| -> (String, std::time::Duration) {
+        let run_with = |conf: &str, waking: &str| -> (String, std::time::Duration) {
             std::fs::write(dir.join("nodes.conf"), conf).expect("write");
             let script = start_script(Engine::Redis)
                 .replace(
@@ -305,6 +325,7 @@ mod tests {
                 .arg("-c")
                 .arg(&script)
                 .env("POD_IP", "127.0.0.1")
+                .env(WAKING_ENV, waking)
                 .env("REDPILOT_CGROUP_FILE", "/dev/null")
                 .output()
                 .expect("sh");
@@ -314,8 +335,15 @@ mod tests {
                 t.elapsed(),
             )
         };
+        let run = |conf: &str| run_with(conf, "");
+        // Waking from hibernation (every instance saved): no wait.
+        let (out, took) = run_with(&primary_with_replica, "2026-11-28T16:00:00Z");
+        assert!(out.contains("waking from hibernation"), "{out}");
+        assert!(!out.contains("waiting") && out.contains("started"), "{out}");
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
         let (out, took) = run(&primary_with_replica);
         assert!(out.contains("waiting until the cluster hands"), "{out}");
+        assert!(!out.contains("waking from hibernation"), "{out}");
         assert!(out.contains("no peer reported a takeover"), "{out}");
         assert!(out.contains("started"), "{out}");
         assert!(took >= std::time::Duration::from_secs(2), "{took:?}");

@@ -74,12 +74,46 @@ impl Reconciler {
         let members = self.members(&facts, &views);
         let shards = self.redis.spec.desired_shards();
         let instances = self.redis.spec.desired_instances();
-        let mut plan = plan::decide(&members, shards, instances);
+        // A Redis restored from a backup: nothing is created before the
+        // backup is resolved (its shard files are then fixed in the status).
+        if !self.resolve_bootstrap().await? {
+            let plan = plan::decide(&members, shards, instances);
+            return self.cluster_finish(&facts, &members, &plan, paused).await;
+        }
+        let restoring = self.bootstrap.as_ref().is_some_and(|b| !b.done);
+        let mut plan = plan::decide_restoring(&members, shards, instances, restoring);
 
         if paused {
             self.progressing
                 .push("reconciliation is paused (spec.paused)".into());
             return self.cluster_finish(&facts, &members, &plan, true).await;
+        }
+
+        // Hibernation: every shard saves (writes paused on its primary,
+        // its replicas caught up), then every shard scales to zero; nothing
+        // else moves.
+        if self.redis.spec.hibernate {
+            self.watch_shard_primaries(&facts, &[], "");
+            let names = self.names.clone();
+            let groups: Vec<(Option<&str>, Vec<PodFacts>)> = plan
+                .shards
+                .iter()
+                .map(|s| {
+                    let mine = facts
+                        .iter()
+                        .filter(|f| {
+                            build::shard_of(&names, &f.name).is_some_and(|(i, _)| i == s.index)
+                        })
+                        .cloned()
+                        .collect();
+                    (s.primary.as_deref(), mine)
+                })
+                .collect();
+            self.hibernate(&facts, &groups, &opts).await?;
+            if self.hibernating {
+                self.apply_cluster_children(&facts).await?;
+            }
+            return self.cluster_finish(&facts, &members, &plan, false).await;
         }
 
         // A changed version starts an upgrade (recorded before the
@@ -208,7 +242,15 @@ impl Reconciler {
 
     /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
     async fn apply_cluster_children(&mut self, facts: &[PodFacts]) -> Result<(), Error> {
-        let cm = super::build::config_map(&self.redis, &self.names, None, None);
+        let mut cm = super::build::config_map(&self.redis, &self.names, None, self.bootstrapped());
+        // Saved for hibernation: the nodes that start next (on waking) skip
+        // the boot rule's wait; cleared once the Redis is Ready again.
+        if let Some(saved) = self.hibernation.as_ref().and_then(|h| h.saved_at.clone()) {
+            cm.data
+                .get_or_insert_with(Default::default)
+                .insert(super::build::WAKING_KEY.to_string(), saved);
+            cm = super::build::stamp_hash(cm);
+        }
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
             .await?;
@@ -233,9 +275,26 @@ impl Reconciler {
                 &image,
                 memory_limit,
             );
+            let mut sts = sts;
+            if let Some(bs) = &self.bootstrap
+                && let Some(file) = bs.shards.iter().find(|f| f.index == shard)
+            {
+                let first = build::first_of_shard(&self.names, shard);
+                super::bootstrap::add_restore(
+                    &mut sts,
+                    bs,
+                    &file.key,
+                    &first,
+                    &self.names,
+                    &self.redis,
+                );
+            }
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;
-            let (sts, _) = self.keep_operator_revisions(live.as_ref(), sts, &mine);
+            let (mut sts, _) = self.keep_operator_revisions(live.as_ref(), sts, &mine);
+            if self.hibernating {
+                sts = super::hibernate::scaled_to_zero(sts);
+            }
             let wrote = self
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
@@ -509,6 +568,8 @@ impl Reconciler {
         let spec = &redis.spec;
         let total = spec.total_instances();
         let instances = spec.desired_instances();
+        self.track_cluster_bootstrap(&plan.shards, plan.healthy)
+            .await;
         self.notes.extend(plan.problems.iter().cloned());
         self.progressing.extend(plan.waiting.iter().cloned());
         let ready_count = facts.iter().filter(|f| serving(f)).count() as i32;
@@ -517,10 +578,19 @@ impl Reconciler {
             && plan.healthy
             && facts.iter().all(|f| f.reachable);
         let degraded = !self.notes.is_empty();
-        let progressing = !self.progressing.is_empty() || !all_ready;
+        self.track_wake(all_ready).await;
+        let hibernated = self.hibernating && facts.is_empty();
+        let progressing = (!self.progressing.is_empty() || !all_ready) && !hibernated;
         let single = instances == 1;
         let mut conds = vec![
-            if all_ready && !degraded {
+            if hibernated {
+                Cond::new(
+                    "Ready",
+                    false,
+                    "Hibernated",
+                    "spec.hibernate is true: no pod runs; the volumes keep the data",
+                )
+            } else if all_ready && !degraded {
                 Cond::new(
                     "Ready",
                     true,
@@ -577,6 +647,8 @@ impl Reconciler {
             Phase::Paused
         } else if degraded {
             Phase::Degraded
+        } else if hibernated {
+            Phase::Hibernated
         } else if all_ready {
             Phase::Ready
         } else {
@@ -653,6 +725,8 @@ impl Reconciler {
             cluster: cluster.or_else(|| old.cluster.clone()),
             shards,
             upgrade: self.upgrade.clone(),
+            bootstrap: self.bootstrap.clone(),
+            hibernation: self.hibernation.clone(),
             // Written by the autopilot's own patch this pass: kept as read.
             autopilot: old.autopilot.clone(),
             ..Default::default()

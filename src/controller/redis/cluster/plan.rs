@@ -186,6 +186,16 @@ fn owners<'a>(views: impl Iterator<Item = &'a View>) -> Vec<Option<(u64, String)
 
 /// Decides the next steps for `shards` shards of `instances` instances.
 pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
+    decide_restoring(members, shards, instances, false)
+}
+
+/// [`decide`] for a Cluster Redis that may be restoring from a backup
+/// (`restoring`): the first instance of each shard loaded the shard's file
+/// and, holding keys of slots nobody owned, claimed those slots at start.
+/// Such a node is met although the cluster does not know its slots, as
+/// long as they all lie in its own shard's range; and the slots of a shard
+/// go only to its first instance, never to an empty node of the shard.
+pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restoring: bool) -> Plan {
     let mut plan = Plan::default();
     let live: Vec<&Member> = members.iter().filter(|m| m.live()).collect();
     let by_id: BTreeMap<&str, &Member> = live.iter().filter_map(|m| Some((m.id()?, *m))).collect();
@@ -234,6 +244,8 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
     }
     let owned_by = |id: &str| -> &[u16] { owned.get(id).map_or(&[], Vec::as_slice) };
 
+    let want = spread(u16::try_from(shards.max(0)).unwrap_or(0));
+
     // 1. Meet every node the anchor does not know.
     for m in &live {
         let (Some(id), Some(ip)) = (m.id(), m.ip.as_deref()) else {
@@ -242,7 +254,19 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
         if m.pod == anchor.pod {
             continue;
         }
-        if anchor_view.is_some_and(|v| v.knows(id)) {
+        // Known, but at an address its pod no longer has (every pod of a
+        // Redis woken from hibernation has a new IP, and the nodes cannot
+        // reach one another): met again at the new one, which the cluster
+        // takes as the node's address.
+        let known_at = anchor_view.and_then(|v| {
+            v.nodes
+                .iter()
+                .find(|n| n.id == id && !n.handshake)
+                .map(|n| n.addr.as_ref().map(|a| a.host().to_string()))
+        });
+        if let Some(at) = known_at
+            && at.as_deref() == Some(ip)
+        {
             continue;
         }
         let in_handshake = anchor_view.is_some_and(|v| {
@@ -266,12 +290,18 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
                     .filter(|s| {
                         owner[usize::from(*s)]
                             .as_ref()
-                            .is_none_or(|(e, _)| *e <= n.config_epoch)
+                            .is_none_or(|(e, o)| o != id && *e <= n.config_epoch)
                     })
                     .collect()
             })
             .unwrap_or_default();
-        if !foreign.is_empty() {
+        let restored = restoring
+            && m.ordinal == 0
+            && usize::try_from(m.shard)
+                .ok()
+                .and_then(|i| want.get(i))
+                .is_some_and(|r| foreign.iter().all(|s| (r.start..=r.end).contains(s)));
+        if !foreign.is_empty() && !restored {
             plan.problems.push(format!(
                 "{} serves slots {} that the cluster of {} does not know: it is not joined \
                  (two clusters would merge)",
@@ -289,7 +319,6 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
     }
 
     // 2. Each shard's primary: the node of its pods that owns slots.
-    let want = spread(u16::try_from(shards.max(0)).unwrap_or(0));
     for i in 0..shards {
         let mut shard = Shard {
             index: i,
@@ -333,7 +362,7 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
             Some(p) => Some(p.clone()),
             None if fresh || (range.start..=range.end).all(|s| owner[usize::from(s)].is_none()) => {
                 live.iter()
-                    .filter(|m| m.shard == shard.index)
+                    .filter(|m| m.shard == shard.index && (!restoring || m.ordinal == 0))
                     .filter(|m| {
                         m.me().is_some_and(|n| n.primary && n.slots.is_empty())
                             && m.id().is_some_and(|id| {
@@ -622,6 +651,138 @@ mod tests {
             }]
         );
         assert!(!plan.healthy);
+    }
+
+    /// The line of a restored first instance of shard `s`: it claimed the
+    /// slots it holds keys of (a few at the start of its range), epoch 0.
+    fn restored_line(s: i32) -> String {
+        let r = spread(3)[s as usize];
+        let held = format!("{}-{}", r.start + 1, r.start + 5);
+        line(IDS[2 * s as usize], &ip(s, 0), "master", "-", 0, &held)
+    }
+
+    #[test]
+    fn restored_first_instances_are_met_and_given_the_rest_of_their_shard() {
+        // Fresh: each restored node knows itself and owns the slots it has
+        // keys of; the others are empty.
+        let fresh: Vec<Member> = (0..6)
+            .map(|k| {
+                let (s, o) = (k / 2, k % 2);
+                let l = if o == 0 {
+                    restored_line(s)
+                } else {
+                    line(IDS[k as usize], &ip(s, o), "master", "-", 0, "")
+                };
+                member(s, o, IDS[k as usize], &[l], false)
+            })
+            .collect();
+        // Not restoring, the other restored nodes are refused: their slots
+        // are unknown to the anchor's cluster.
+        let plain = decide(&fresh, 3, 2);
+        assert_eq!(plain.problems.len(), 2, "{:?}", plain.problems);
+        let plan = decide_restoring(&fresh, 3, 2, true);
+        assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+        let meets = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Meet { from, .. } if from == "r-s0-0"))
+            .count();
+        assert_eq!(meets, 5, "{:?}", plan.steps);
+        let r0 = spread(3)[0];
+        assert!(
+            plan.steps.contains(&Step::AddSlots {
+                pod: "r-s0-0".into(),
+                ranges: vec![
+                    SlotRange {
+                        start: r0.start,
+                        end: r0.start
+                    },
+                    SlotRange {
+                        start: r0.start + 6,
+                        end: r0.end
+                    },
+                ],
+            }),
+            "{:?}",
+            plan.steps
+        );
+
+        // s1-1 (empty) is known but s1-0 (restored) not yet: shard 1's
+        // slots wait for s1-0 instead of going to the empty node.
+        let mut lines: Vec<String> = vec![restored_line(0), restored_line(2)];
+        lines.push(line(IDS[1], &ip(0, 1), "master", "-", 0, ""));
+        lines.push(line(IDS[3], &ip(1, 1), "master", "-", 0, ""));
+        lines.push(line(IDS[5], &ip(2, 1), "master", "-", 0, ""));
+        let mut members: Vec<Member> = [(0, 0, 0), (0, 1, 1), (1, 1, 3), (2, 0, 4), (2, 1, 5)]
+            .iter()
+            .map(|&(s, o, k)| member(s, o, IDS[k], &lines, false))
+            .collect();
+        members.push(member(1, 0, IDS[2], &[restored_line(1)], false));
+        let plan = decide_restoring(&members, 3, 2, true);
+        assert!(
+            !plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::AddSlots { pod, .. } if pod == "r-s1-1")),
+            "{:?}",
+            plan.steps
+        );
+        assert!(plan.steps.contains(&Step::Meet {
+            from: "r-s0-0".into(),
+            to: "r-s1-0".into(),
+            ip: ip(1, 0),
+        }));
+        // Without a restore, an empty node of a shard nobody serves takes
+        // its slots (a new cluster).
+        let plain = decide(&members, 3, 2);
+        assert!(
+            plain
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::AddSlots { pod, .. } if pod == "r-s1-1")),
+            "{:?}",
+            plain.steps
+        );
+    }
+
+    #[test]
+    fn nodes_known_at_an_old_address_are_met_at_their_new_one() {
+        // Woken from hibernation: every node knows the whole cluster from
+        // its nodes.conf, at the addresses of before; the pods have new ones.
+        let old_lines = formed_lines();
+        let members: Vec<Member> = (0..6)
+            .map(|k| {
+                let (s, o) = (k / 2, k % 2);
+                let mut m = member(s, o, IDS[k as usize], &old_lines, false);
+                m.ip = Some(format!("10.1.{s}.{o}"));
+                if let Some(v) = m.view.as_mut()
+                    && let Some(me) = v.nodes.iter_mut().find(|n| n.myself)
+                {
+                    me.addr = Some(crate::redis::Endpoint::new(format!("10.1.{s}.{o}"), 6379));
+                }
+                m
+            })
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+        let met: Vec<(&str, &str)> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Meet { to, ip, .. } => Some((to.as_str(), ip.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(met.len(), 5, "{:?}", plan.steps);
+        assert!(met.contains(&("r-s2-1", "10.1.2.1")), "{met:?}");
+        // Nothing else moves: every shard keeps its primary and slots.
+        assert!(
+            plan.steps.iter().all(|s| matches!(s, Step::Meet { .. })),
+            "{:?}",
+            plan.steps
+        );
+        // Once met, at the right addresses, nothing is left to do.
+        assert!(decide(&formed(), 3, 2).steps.is_empty());
     }
 
     #[test]

@@ -1,0 +1,216 @@
+//! The backup of a Cluster Redis: one Job per shard, all at once, each on
+//! the shard's best replica; the backup completes when every shard did and
+//! fails with the first shard that failed, naming it.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::{Part, Pass, job};
+use crate::api::v1alpha1::{
+    BackupOrigin, BackupPhase, BackupShardStatus, Redis, RedisBackupStatus,
+};
+use crate::controller::Error;
+
+impl Pass {
+    /// A backup of a Cluster Redis: one Job per shard, all at once, each
+    /// on the shard's best replica, once every shard serves its slots. The
+    /// shards (source, key, slots, Job) are in the status before any Job
+    /// exists, so a pass after a crash re-creates the same Jobs.
+    pub(super) async fn start_shards(&mut self, redis: &Redis) -> Result<Action, Error> {
+        let spec = self.b.spec.clone();
+        let wanted = redis.spec.desired_shards();
+        let serving: Vec<(i32, String)> = redis
+            .status
+            .as_ref()
+            .map(|s| {
+                s.shards
+                    .iter()
+                    .filter(|s| s.primary.is_some())
+                    .filter_map(|s| Some((s.index, s.slots.clone()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if serving.len() != usize::try_from(wanted).unwrap_or(0) {
+            return self
+                .pending(format!(
+                    "waiting for every shard of Redis {} to serve its slots ({} of {wanted} do)",
+                    spec.redis,
+                    serving.len()
+                ))
+                .await;
+        }
+        let mut sources = Vec::new();
+        for (index, slots) in serving {
+            let Some(source) = job::choose_shard_source(redis, index) else {
+                return self
+                    .pending(format!(
+                        "waiting for an instance of shard {index} of Redis {} to be ready",
+                        spec.redis
+                    ))
+                    .await;
+            };
+            let Some(host) = self.pod_ip(&source).await? else {
+                return self
+                    .pending(format!("waiting for {source} to have an address"))
+                    .await;
+            };
+            sources.push((index, slots, source, host));
+        }
+        let now = chrono::Utc::now();
+        let prefix = spec.target.s3.as_ref().and_then(|s| s.prefix.as_deref());
+        let file = job::object_key(
+            prefix,
+            &self.ns,
+            &spec.redis,
+            &self.name,
+            &now.format("%Y%m%dT%H%M%SZ").to_string(),
+        );
+        let key = file.trim_end_matches(".rdb").to_string();
+        let uid = self.uid()?;
+        let shards: Vec<BackupShardStatus> = sources
+            .iter()
+            .map(|(index, slots, source, _)| BackupShardStatus {
+                index: *index,
+                slots: slots.clone(),
+                source: source.clone(),
+                key: job::shard_key(&key, *index),
+                job: job::job_name(&self.name, &uid, &format!("backup-s{index}")),
+                phase: Some(BackupPhase::Running),
+                ..Default::default()
+            })
+            .collect();
+        let st = RedisBackupStatus {
+            phase: Some(BackupPhase::Running),
+            started_at: Some(crate::controller::rfc3339(now)),
+            location: Some(self.target()?.location(&key)),
+            key: Some(key.clone()),
+            shards: shards.clone(),
+            origin: Some(BackupOrigin::of(&redis.spec)),
+            ..Default::default()
+        };
+        self.write_status(&st).await?;
+        for (s, (_, _, _, host)) in shards.iter().zip(&sources) {
+            let shard = Some((s.index, s.slots.as_str()));
+            if let Some(refused) = self
+                .apply_job(&s.job, &s.source, host, &s.key, shard)
+                .await?
+            {
+                return self.fail("JobRejected", refused).await;
+            }
+            // A test stops the operator here: one shard's Job exists, the
+            // others only in the status.
+            crate::failpoint::hit("backup-after-first-shard-job");
+        }
+        let from: Vec<String> = shards
+            .iter()
+            .map(|s| format!("shard {} ({}) from {}", s.index, s.slots, s.source))
+            .collect();
+        let note = format!(
+            "backing up the {} shards of Redis {} to {}: {}",
+            shards.len(),
+            spec.redis,
+            st.location.clone().unwrap_or_default(),
+            from.join("; ")
+        );
+        self.event(EventType::Normal, "BackupStarted", note).await;
+        Ok(Action::await_change())
+    }
+
+    /// Follows every shard's Job: a shard done is recorded at once; the
+    /// backup completes when every shard did, and fails with the first
+    /// shard that failed (naming it).
+    pub(super) async fn follow_shards(&mut self, st: RedisBackupStatus) -> Result<Action, Error> {
+        let mut shards = st.shards.clone();
+        let mut waiting_for_a_pod = false;
+        let mut failed = None;
+        let mut manifests = Vec::new();
+        for s in shards
+            .iter_mut()
+            .filter(|s| s.phase != Some(BackupPhase::Completed))
+        {
+            let at = Some((s.index, s.slots.as_str()));
+            match self
+                .follow_part(&s.job, Some(&s.source), Some(&s.key), at)
+                .await?
+            {
+                Part::Running { started } => waiting_for_a_pod |= !started,
+                Part::Done(m) => {
+                    s.phase = Some(BackupPhase::Completed);
+                    s.size_bytes = i64::try_from(m.size_bytes).ok();
+                    s.keys = m.keys.and_then(|k| i64::try_from(k).ok());
+                    s.sha256 = Some(m.sha256.clone());
+                    manifests.push(*m);
+                }
+                Part::Failed(reason, msg) => {
+                    s.phase = Some(BackupPhase::Failed);
+                    failed = Some((reason, format!("shard {}: {msg}", s.index)));
+                    break;
+                }
+            }
+        }
+        let updated = RedisBackupStatus {
+            shards: shards.clone(),
+            ..st.clone()
+        };
+        if let Some((reason, msg)) = failed {
+            self.write_status(&updated).await?;
+            return self.fail(reason, msg).await;
+        }
+        if shards
+            .iter()
+            .all(|s| s.phase == Some(BackupPhase::Completed))
+        {
+            return self.complete_shards(updated, manifests).await;
+        }
+        if updated != st {
+            self.write_status(&updated).await?;
+        }
+        if waiting_for_a_pod {
+            Ok(Action::requeue(Duration::from_secs(10)))
+        } else {
+            Ok(Action::await_change())
+        }
+    }
+
+    /// Every shard stored: the sums, and the engine and version of the
+    /// last manifest read (every shard runs the same server).
+    async fn complete_shards(
+        &mut self,
+        st: RedisBackupStatus,
+        manifests: Vec<crate::backup::Manifest>,
+    ) -> Result<Action, Error> {
+        let size: i64 = st.shards.iter().filter_map(|s| s.size_bytes).sum();
+        let keys: Option<i64> = st.shards.iter().map(|s| s.keys).sum();
+        let last = manifests.last();
+        let done = RedisBackupStatus {
+            phase: Some(BackupPhase::Completed),
+            completed_at: Some(crate::controller::rfc3339(chrono::Utc::now())),
+            size_bytes: Some(size),
+            keys,
+            engine: last.map(|m| m.engine.clone()).or(st.engine.clone()),
+            engine_version: last
+                .and_then(|m| m.engine_version.clone())
+                .or(st.engine_version.clone()),
+            rdb_version: last.map(|m| i64::from(m.rdb_version)).or(st.rdb_version),
+            reason: None,
+            message: None,
+            ..st
+        };
+        self.write_status(&done).await?;
+        self.ctx
+            .metrics
+            .backups
+            .with_label_values(&["completed"])
+            .inc();
+        let note = format!(
+            "stored {size} bytes ({} keys) in {} shard files at {}",
+            keys.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
+            done.shards.len(),
+            done.location.clone().unwrap_or_default()
+        );
+        self.event(EventType::Normal, "BackupCompleted", note).await;
+        Ok(Action::await_change())
+    }
+}
