@@ -23,7 +23,16 @@
 //!   OOM reply and no pod replaced;
 //! - (a third, in parallel) the operator stopped right after it gave the
 //!   first shard its slots, and the next operator process finishing the
-//!   cluster from there; then a shard primary's network cut and healed.
+//!   cluster from there; then a shard primary's network cut and healed;
+//! - (another) a RedisBackup of every shard under the writers, the operator
+//!   stopped after the first shard's Job and the next one finishing it;
+//!   then a new Cluster Redis restored from it holding every write
+//!   confirmed before the backup was asked for, and a restore into another
+//!   shard count refused;
+//! - (another, with volumes and the user's password Secret) hibernation
+//!   and waking on six new addresses with every confirmed write, then a
+//!   live password rotation on every node and a replica killed afterwards
+//!   relinking with the new password.
 
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
@@ -1388,24 +1397,25 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hibernation_saves_every_shard_and_wakes_on_new_addresses_with_every_write() {
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+async fn hibernation_saves_every_shard_wakes_on_new_addresses_and_a_password_rotates_live() {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
     use redpilot::api::v1alpha1::Phase;
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-cluster-sleep", &[]).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let (old_pw, new_pw) = ("first pass\\word", "second \"pass\" word");
+    support::operator::create_user_secret(&client, &ns.name, "app-pw", old_pw).await;
     apply_redis(
         &client,
         &ns.name,
         "cache",
         json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
-               "storage": {"size": "64Mi"}}),
+               "storage": {"size": "64Mi"}, "auth": {"secretName": "app-pw"}}),
     )
     .await;
     wait_ready(&client, &ns.name, "cache", READY).await;
-    let password = redis_password(&client, &ns.name, "cache").await;
     let copts = ConnectOptions::default()
-        .with_password(password)
+        .with_password(old_pw)
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
     let want = spread(3);
     let before = members(&client, &ns.name).await;
@@ -1501,5 +1511,83 @@ async fn hibernation_saves_every_shard_and_wakes_on_new_addresses_with_every_wri
     assert!(
         events.contains("Hibernated") && events.contains("Resumed"),
         "{events}"
+    );
+
+    // 3. The user's Secret gets a new password: every node takes it live
+    // and then refuses the old one; a replica killed afterwards restarts
+    // and relinks with it.
+    let t = Instant::now();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    secrets
+        .patch(
+            "app-pw",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"password": new_pw}})),
+        )
+        .await
+        .expect("rotate the user's Secret");
+    support::operator::poke(&client, &ns.name, "cache", 1).await;
+    wait_for("the rotation to complete", READY, || async {
+        let events = recent_events(&client, &ns.name, 80).await;
+        let data = secrets.get("cache-server-auth").await.ok()?.data?;
+        let done = events.contains("PasswordRotated")
+            && !data.contains_key("previous")
+            && data.get("password").map(|b| b.0.as_slice()) == Some(new_pw.as_bytes());
+        done.then_some(())
+    })
+    .await;
+    let rotated = t.elapsed();
+    let new_opts = ConnectOptions::default()
+        .with_password(new_pw)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    for m in &after {
+        let old = Node::connect(&m.endpoint, &copts).await.err();
+        assert_eq!(
+            old.as_ref().map(|e| e.category()),
+            Some(redpilot::redis::ErrorCategory::Auth),
+            "{} refuses the old password: {old:?}",
+            m.endpoint
+        );
+        Node::connect(&m.endpoint, &new_opts)
+            .await
+            .unwrap_or_else(|e| panic!("{} accepts the new password: {e}", m.endpoint));
+    }
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let replica = r.status.as_ref().expect("status").shards[0].replicas[0].clone();
+    let mut n = connect_pod(&client, &ns.name, &replica, new_pw)
+        .await
+        .expect("connect to the replica");
+    let pid = support::operator::server_pid(&mut n).await;
+    drop(n);
+    kill_9(pid);
+    wait_for("the killed replica to relink", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let st = r.status.as_ref()?;
+        let linked = st
+            .instances
+            .iter()
+            .any(|i| i.name == replica && i.link_up == Some(true));
+        let mut n = connect_pod(&client, &ns.name, &replica, new_pw)
+            .await
+            .ok()?;
+        let fresh = support::operator::server_pid(&mut n).await != pid;
+        (linked && fresh && support::operator::is_ready(&r)).then_some(())
+    })
+    .await;
+    for (i, _) in want.iter().enumerate() {
+        let slot = cluster::key_slot(cluster_writer::tag_in(&want[i], i).as_bytes());
+        let tally = cluster_writer::Tally {
+            acked: tallies[i].lock().await.acked.clone(),
+            ..Default::default()
+        };
+        assert_eq!(
+            missing(&after, &new_opts, slot, &tally).await,
+            0,
+            "shard {i}"
+        );
+    }
+    println!(
+        "password rotated on 6 nodes in {:.1} s; {replica} killed afterwards relinked with it",
+        rotated.as_secs_f64()
     );
 }

@@ -188,7 +188,7 @@ impl Reconciler {
         if step == Step::Steady {
             return Ok(());
         }
-        let expected = self.redis.spec.desired_instances() as usize;
+        let expected = self.redis.spec.total_instances() as usize;
         let mut done = facts.len() == expected;
         for f in facts {
             let Some(ip) = f.ip.clone() else {
