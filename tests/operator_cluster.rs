@@ -546,19 +546,7 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
         json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"}),
     )
     .await;
-    let deadline = Instant::now() + READY;
-    let exit = loop {
-        if let Some(exit) = first.exit_status() {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the operator did not reach the failpoint: {}",
-            first.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(exit.code(), Some(86), "{}", first.log_tail(30));
+    support::operator::wait_failpoint(&mut first, READY).await;
     let stopped = Instant::now();
 
     // Half formed: some slots have an owner, not all.
@@ -1212,19 +1200,7 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         .patch("b1", &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
         .await
         .expect("creating RedisBackup b1");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let exit = loop {
-        if let Some(exit) = first.exit_status() {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the operator did not reach the failpoint: {}",
-            first.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(exit.code(), Some(86), "{}", first.log_tail(30));
+    support::operator::wait_failpoint(&mut first, Duration::from_secs(60)).await;
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &ns.name);
     let stopped = backups.get("b1").await.expect("b1");
     let st = stopped.status.clone().expect("status");

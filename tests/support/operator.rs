@@ -1229,6 +1229,24 @@ pub fn kill_9(pid: u32) {
     signal(pid, "-9");
 }
 
+/// Waits (at most `within`) for `op`, run with a failpoint armed, to stop
+/// at it (exit code 86).
+pub async fn wait_failpoint(op: &mut Operator, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    let exit = loop {
+        if let Some(exit) = op.exit_status() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the operator did not reach the failpoint: {}",
+            op.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(exit.code(), Some(86), "{}", op.log_tail(30));
+}
+
 /// `kill <sig> pid` (e.g. `-STOP`, `-CONT`).
 pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")

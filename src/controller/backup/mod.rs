@@ -502,12 +502,6 @@ impl Pass {
             message: None,
             ..st
         };
-        self.write_status(&done).await?;
-        self.ctx
-            .metrics
-            .backups
-            .with_label_values(&["completed"])
-            .inc();
         let note = format!(
             "stored {} bytes ({} keys) from {} at {}",
             m.size_bytes,
@@ -515,6 +509,17 @@ impl Pass {
             m.source,
             done.location.clone().unwrap_or_default()
         );
+        self.completed(&done, note).await
+    }
+
+    /// Records a completed backup: its status, the metric, the event.
+    async fn completed(&mut self, done: &RedisBackupStatus, note: String) -> Result<Action, Error> {
+        self.write_status(done).await?;
+        self.ctx
+            .metrics
+            .backups
+            .with_label_values(&["completed"])
+            .inc();
         self.event(EventType::Normal, "BackupCompleted", note).await;
         Ok(Action::await_change())
     }

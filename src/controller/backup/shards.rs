@@ -198,19 +198,12 @@ impl Pass {
             message: None,
             ..st
         };
-        self.write_status(&done).await?;
-        self.ctx
-            .metrics
-            .backups
-            .with_label_values(&["completed"])
-            .inc();
         let note = format!(
             "stored {size} bytes ({} keys) in {} shard files at {}",
             keys.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
             done.shards.len(),
             done.location.clone().unwrap_or_default()
         );
-        self.event(EventType::Normal, "BackupCompleted", note).await;
-        Ok(Action::await_change())
+        self.completed(&done, note).await
     }
 }

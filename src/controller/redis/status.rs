@@ -260,12 +260,7 @@ impl Reconciler {
 
         let mut conds = Vec::new();
         conds.push(if hibernated {
-            Cond::new(
-                "Ready",
-                false,
-                "Hibernated",
-                "spec.hibernate is true: no pod runs; the volumes keep the data",
-            )
+            hibernated_cond()
         } else if all_ready && !degraded {
             Cond::new(
                 "Ready",
@@ -555,6 +550,16 @@ pub(super) fn not_ready_cond(degraded: bool, ready: i32, desired: i32) -> Cond {
 }
 
 /// The phase of a Redis that is not Ready, not Degraded, not paused and not
+/// The Ready condition of a Redis hibernated (no pod runs).
+pub(super) fn hibernated_cond() -> Cond {
+    Cond::new(
+        "Ready",
+        false,
+        "Hibernated",
+        "spec.hibernate is true: no pod runs; the volumes keep the data",
+    )
+}
+
 /// hibernated: Pending/Creating until it was first Ready (`old` is the
 /// phase the last pass wrote), then Updating while the operator carries out
 /// a change and Recovering while it waits for instances to come back.

@@ -584,12 +584,7 @@ impl Reconciler {
         let single = instances == 1;
         let mut conds = vec![
             if hibernated {
-                Cond::new(
-                    "Ready",
-                    false,
-                    "Hibernated",
-                    "spec.hibernate is true: no pod runs; the volumes keep the data",
-                )
+                status::hibernated_cond()
             } else if all_ready && !degraded {
                 Cond::new(
                     "Ready",
