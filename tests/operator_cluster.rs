@@ -530,11 +530,12 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
 async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-cluster-crash", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name])
-        .named("op-crash")
-        .no_restart();
+    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-crash");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone();
+    // Only the process stopped at the failpoint is left down; the next one
+    // is started again if it loses its short lease on a loaded machine, as
+    // its Deployment would.
+    let mut crashing = opts.clone().no_restart();
     crashing
         .env
         .push(("REDPILOT_FAILPOINTS".into(), "cluster-after-slots".into()));
@@ -1163,11 +1164,9 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         .create(&PostParams::default(), &creds)
         .await
         .expect("creating the credentials Secret");
-    let mut opts = OperatorOptions::watching(&[&ns.name])
-        .named("op-cluster-backup")
-        .no_restart();
+    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-cluster-backup");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone();
+    let mut crashing = opts.clone().no_restart();
     crashing.env.push((
         "REDPILOT_FAILPOINTS".into(),
         "backup-after-first-shard-job".into(),
