@@ -33,13 +33,8 @@ pub const RETRIES: i32 = 2;
 /// serve), else the ready primary. `None` while no instance can serve.
 pub fn choose_source(redis: &Redis) -> Option<String> {
     let status = redis.status.as_ref()?;
-    let replica = status
-        .instances
-        .iter()
-        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
-        .max_by_key(|i| (i.offset.unwrap_or(0), std::cmp::Reverse(i.name.clone())));
-    if let Some(r) = replica {
-        return Some(r.name.clone());
+    if let Some(r) = best_replica(status.instances.iter()) {
+        return Some(r);
     }
     status
         .instances
@@ -58,14 +53,8 @@ pub fn choose_shard_source(redis: &Redis, shard: i32) -> Option<String> {
         name.strip_prefix(&prefix)
             .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
     };
-    let replica = status
-        .instances
-        .iter()
-        .filter(|i| of_shard(&i.name))
-        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
-        .max_by_key(|i| (i.offset.unwrap_or(0), std::cmp::Reverse(i.name.clone())));
-    if let Some(r) = replica {
-        return Some(r.name.clone());
+    if let Some(r) = best_replica(status.instances.iter().filter(|i| of_shard(&i.name))) {
+        return Some(r);
     }
     let primary = status
         .shards
@@ -77,6 +66,17 @@ pub fn choose_shard_source(redis: &Redis, shard: i32) -> Option<String> {
         .instances
         .iter()
         .find(|i| &i.name == primary && i.role == "primary" && i.ready)
+        .map(|i| i.name.clone())
+}
+
+/// Of `instances`, the ready replica with a live link furthest ahead (the
+/// first by name among equals).
+fn best_replica<'a>(
+    instances: impl Iterator<Item = &'a crate::api::v1alpha1::InstanceStatus>,
+) -> Option<String> {
+    instances
+        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
+        .max_by_key(|i| (i.offset.unwrap_or(0), std::cmp::Reverse(i.name.clone())))
         .map(|i| i.name.clone())
 }
 

@@ -239,14 +239,7 @@ impl Pass {
                 .await;
         };
         let now = chrono::Utc::now();
-        let prefix = spec.target.s3.as_ref().and_then(|s| s.prefix.as_deref());
-        let key = job::object_key(
-            prefix,
-            &self.ns,
-            &spec.redis,
-            &self.name,
-            &now.format("%Y%m%dT%H%M%SZ").to_string(),
-        );
+        let key = self.object_key(now);
         let job_name = job::job_name(&self.name, &self.uid()?, "backup");
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
@@ -274,6 +267,15 @@ impl Pass {
         );
         self.event(EventType::Normal, "BackupStarted", note).await;
         Ok(Action::await_change())
+    }
+
+    /// The object key of this backup started at `now` (see
+    /// [`job::object_key`]).
+    fn object_key(&self, now: chrono::DateTime<chrono::Utc>) -> String {
+        let spec = &self.b.spec;
+        let prefix = spec.target.s3.as_ref().and_then(|s| s.prefix.as_deref());
+        let stamp = now.format("%Y%m%dT%H%M%SZ").to_string();
+        job::object_key(prefix, &self.ns, &spec.redis, &self.name, &stamp)
     }
 
     /// Applies the backup Job; `Some(why)` when the API server refuses it

@@ -59,15 +59,7 @@ impl Pass {
             sources.push((index, slots, source, host));
         }
         let now = chrono::Utc::now();
-        let prefix = spec.target.s3.as_ref().and_then(|s| s.prefix.as_deref());
-        let file = job::object_key(
-            prefix,
-            &self.ns,
-            &spec.redis,
-            &self.name,
-            &now.format("%Y%m%dT%H%M%SZ").to_string(),
-        );
-        let key = file.trim_end_matches(".rdb").to_string();
+        let key = self.object_key(now).trim_end_matches(".rdb").to_string();
         let uid = self.uid()?;
         let shards: Vec<BackupShardStatus> = sources
             .iter()
