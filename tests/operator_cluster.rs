@@ -60,17 +60,7 @@ const READY: Duration = Duration::from_secs(180);
 
 /// The cluster members, from the pods' IPs.
 async fn members(client: &kube::Client, ns: &str) -> Vec<Member> {
-    let mut out = Vec::new();
-    for s in 0..3 {
-        for j in 0..2 {
-            let ip = pod_ip(client, ns, &format!("cache-s{s}-{j}")).await;
-            out.push(Member {
-                endpoint: Endpoint::new(ip, 6379),
-                bus_port: 16379,
-            });
-        }
-    }
-    out
+    members_of(client, ns, "cache").await
 }
 
 fn shard_primary(r: &Redis, shard: usize) -> Option<String> {
