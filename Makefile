@@ -83,8 +83,24 @@ cluster-down:
 	bash dev/cluster.sh down
 
 # Integration suites (tests/*.rs): real Redis servers and the dev cluster.
+# The suites that need no Kubernetes (real servers, the S3 server, promtool,
+# files) run beside the cluster suites, whose first ones mostly wait on the
+# cluster and on Prometheus' alert timers; their output follows the cluster
+# suites'. A suite not listed here runs with the cluster suites.
+LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster \
+	redis_failover redis_rdb redis_switchover redis_tls redis_topology setup_script
+CLUSTER_SUITES := $(filter-out $(LOCAL_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines
-	$(CARGO) test --workspace --test "*" --no-fail-fast
+	$(CARGO) test --workspace --test "*" --no-run
+	@log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
+	( $(CARGO) test --workspace $(addprefix --test ,$(LOCAL_SUITES)) --no-fail-fast \
+		>"$$log" 2>&1; echo $$? >"$$log.rc" ) & \
+	cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast \
+		|| cluster=$$?; \
+	wait; echo; echo "=== the suites without Kubernetes ($(words $(LOCAL_SUITES)), run beside the cluster suites)"; \
+	cat "$$log"; nokube=$$(cat "$$log.rc" 2>/dev/null || echo 1); \
+	echo "cluster suites: exit $$cluster; suites without Kubernetes: exit $$nokube"; \
+	[ "$$cluster" -eq 0 ] && [ "$$nokube" -eq 0 ]
 
 # The whole test run. The cluster comes down even when a step fails.
 test: setup lint unit tools release-bins cluster-up
