@@ -108,10 +108,10 @@ pub fn status(
     let _ = writeln!(
         out,
         "Redis {ns}/{name}: {:?} {} ({}), {:?}, {phase}, {} ready, primary {}",
-        spec.engine,
-        spec.version,
+        spec.engine(),
+        spec.version(),
         st.current_version.as_deref().unwrap_or("not running"),
-        spec.mode,
+        spec.mode(),
         st.ready.as_deref().unwrap_or("0/?"),
         st.primary.as_deref().unwrap_or("none"),
     );
@@ -388,7 +388,7 @@ mod tests {
     fn a_cluster_shows_one_line_per_shard() {
         use crate::api::v1alpha1::{ClusterStatus, Mode, ShardStatus};
         let mut r = redis();
-        r.spec.mode = Mode::Cluster;
+        r.spec.mode = Some(Mode::Cluster);
         r.spec.shards = Some(3);
         if let Some(st) = r.status.as_mut() {
             st.cluster = Some(ClusterStatus {

@@ -227,6 +227,14 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.version", "6.2 is not a Valkey version Redpilot knows"],
         ),
         (
+            "Valkey with the default version (only a backup gives one)",
+            json!({"engine": "Valkey"}),
+            vec![
+                "spec.version",
+                "7.0 (the default) is not a Valkey version Redpilot knows",
+            ],
+        ),
+        (
             "empty image",
             json!({"image": ""}),
             vec!["spec.image", "at least 1"],
@@ -374,6 +382,20 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
     )
     .await
     .expect("creating a valid Standalone Redis without storage");
+    api.create(&PostParams::default(), &redis_object("unset", json!({})))
+        .await
+        .expect("creating a Redis with mode, engine and version unset");
+    // A Redis that names only a backup: the operator sets what it left
+    // unset from the backed-up Redis, once.
+    api.create(
+        &PostParams::default(),
+        &redis_object(
+            "from-backup",
+            json!({"bootstrap": {"fromBackup": {"backup": "b1"}}}),
+        ),
+    )
+    .await
+    .expect("creating a Redis that names only a backup");
     api.create(
         &PostParams::default(),
         &redis_object(
@@ -514,6 +536,27 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             json!({"spec": {"instances": 2}}),
             vec!["spec.instances", "Standalone mode runs exactly 1 instance"],
         ),
+        (
+            "an unset mode (Standalone) set to Replication",
+            "unset",
+            json!({"spec": {"mode": "Replication", "instances": 3}}),
+            vec!["spec.mode", "immutable"],
+        ),
+        (
+            "an unset version (7.0) set below it",
+            "unset",
+            json!({"spec": {"version": "6.2"}}),
+            vec!["spec.version", "7.0 to 6.2 is a downgrade"],
+        ),
+        (
+            "an unset engine (Redis 7.0) set to an untested Valkey",
+            "unset",
+            json!({"spec": {"engine": "Valkey", "version": "7.2"}}),
+            vec![
+                "spec.engine",
+                "Redis 7.0 to Valkey 7.2 is not a supported move",
+            ],
+        ),
     ];
     let dry_run = PatchParams {
         dry_run: true,
@@ -564,6 +607,22 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             json!({"spec": {"storage": {"retainOnDelete": false}}}),
         ),
         ("pause", "ephemeral", json!({"spec": {"paused": true}})),
+        (
+            "an unset mode set to its default",
+            "unset",
+            json!({"spec": {"mode": "Standalone", "engine": "Redis", "version": "7.0"}}),
+        ),
+        (
+            "the shape of a backed-up Cluster Redis set on one that names only the backup",
+            "from-backup",
+            json!({"spec": {"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+                "version": "7.2", "config": {"maxmemory-policy": "allkeys-lru"}}}),
+        ),
+        (
+            "the shape of a backed-up Redis 6.2 set on one that names only the backup",
+            "from-backup",
+            json!({"spec": {"mode": "Replication", "instances": 3, "version": "6.2"}}),
+        ),
     ];
     for (case, name, patch) in &allowed {
         if let Err(e) = api.patch(name, &dry_run, &Patch::Merge(patch)).await {
@@ -620,9 +679,18 @@ async fn valid_specs_are_accepted_with_defaults() {
             .unwrap_or_else(|e| panic!("{case}: a valid spec was refused: {e}"));
         if i == 0 {
             let spec = &created.data["spec"];
-            assert_eq!(spec["mode"], "Standalone", "default mode: {spec}");
-            assert_eq!(spec["engine"], "Redis", "default engine: {spec}");
-            assert_eq!(spec["version"], "7.0", "default version: {spec}");
+            // Mode, engine and version stay unset (a Redis bootstrapped
+            // from a backup takes them from it); unset, they are
+            // Standalone, Redis and 7.0.
+            for field in ["mode", "engine", "version"] {
+                assert!(spec.get(field).is_none(), "{field} left unset: {spec}");
+            }
+            let typed: redpilot::api::v1alpha1::RedisSpec =
+                serde_json::from_value(spec.clone()).expect("a RedisSpec");
+            assert_eq!(typed.mode(), redpilot::api::v1alpha1::Mode::Standalone);
+            assert_eq!(typed.engine(), redpilot::api::v1alpha1::Engine::Redis);
+            assert_eq!(typed.version(), "7.0");
+            assert_eq!(typed.image(), "redis:7.0");
             assert_eq!(spec["paused"], false, "default paused: {spec}");
         }
     }

@@ -169,7 +169,8 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         &client,
         ns,
         "src",
-        json!({"mode": "Replication", "instances": 3}),
+        json!({"mode": "Replication", "instances": 3,
+               "config": {"slowlog-log-slower-than": "5000"}}),
     )
     .await;
     let src = wait_ready(&client, ns, "src", READY).await;
@@ -348,13 +349,14 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         tally.acked.len()
     );
 
-    // 3. Restore into a new 3-instance Redis.
+    // 3. Restore into a new Redis that names only the backup: it takes
+    // the backed-up Redis's mode, instances, engine, version and config.
     let t = Instant::now();
     apply_redis(
         &client,
         ns,
         "restored",
-        json!({"mode": "Replication", "instances": 3, "bootstrap": {"fromBackup": {"backup": "b1"}}}),
+        json!({"bootstrap": {"fromBackup": {"backup": "b1"}}}),
     )
     .await;
     let restored = wait_ready(&client, ns, "restored", READY + slow).await;
@@ -362,11 +364,47 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         "restored Redis Ready {:.1} s after creation",
         t.elapsed().as_secs_f64()
     );
+    let shape = &restored.spec;
+    assert_eq!(
+        (
+            shape.mode,
+            shape.instances,
+            shape.engine,
+            shape.version.as_deref()
+        ),
+        (
+            Some(redpilot::api::v1alpha1::Mode::Replication),
+            Some(3),
+            Some(redpilot::api::v1alpha1::Engine::Redis),
+            Some("7.0")
+        ),
+        "the spec takes the backed-up Redis's shape"
+    );
+    assert_eq!(
+        shape
+            .config
+            .get("slowlog-log-slower-than")
+            .map(String::as_str),
+        Some("5000")
+    );
+    let events = recent_events(&client, ns, 60).await;
+    assert!(
+        events.contains("SpecFromBackup") && events.contains("mode Replication, engine Redis, version 7.0, 3 instances, config slowlog-log-slower-than from RedisBackup b1"),
+        "{events}"
+    );
     let rst = restored.status.clone().expect("status");
     assert_eq!(
         rst.bootstrap.as_ref().map(|b| b.done),
         Some(true),
         "{:?}",
+        rst.bootstrap
+    );
+    assert!(
+        rst.bootstrap
+            .as_ref()
+            .and_then(|b| b.origin.as_ref())
+            .is_some_and(|o| o.instances == 3),
+        "status.bootstrap.origin: {:?}",
         rst.bootstrap
     );
     let rprimary = rst.primary.clone().expect("primary");

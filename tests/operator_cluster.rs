@@ -1162,7 +1162,8 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         "backup-after-first-shard-job".into(),
     ));
     let mut first = start_operator(&client, crashing).await;
-    let spec = json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"});
+    let spec = json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+                      "version": "8.1", "config": {"maxmemory-policy": "allkeys-lru"}});
     apply_redis(&client, &ns.name, "cache", spec.clone()).await;
     let r = wait_ready(&client, &ns.name, "cache", READY).await;
     let primaries: Vec<String> = (0..3)
@@ -1282,11 +1283,11 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
     );
     drop(tallies);
 
-    // 2. Restored into a new Cluster Redis of the same shape.
+    // 2. Restored into a new Redis that names only the backup: it becomes
+    // a Cluster Redis of the backed-up shape, engine, version and config.
     let t = Instant::now();
-    let mut copy = spec.clone();
-    copy["bootstrap"] = json!({"fromBackup": {"backup": "b1"}});
-    apply_redis(&client, &ns.name, "copy", copy.clone()).await;
+    let copy = json!({"bootstrap": {"fromBackup": {"backup": "b1"}}});
+    apply_redis(&client, &ns.name, "copy", copy).await;
     let r = wait_ready(&client, &ns.name, "copy", READY).await;
     let bs = r
         .status
@@ -1295,14 +1296,54 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         .expect("status.bootstrap");
     assert!(bs.done && bs.shards.len() == 3, "{bs:?}");
     println!(
-        "restored into a new 3 x 2 Cluster Redis: Ready in {:.1} s",
+        "restored into a new Redis naming only the backup: a 3 x 2 Cluster Redis Ready in {:.1} s",
         t.elapsed().as_secs_f64()
+    );
+    let shape = &r.spec;
+    assert_eq!(
+        (
+            shape.mode,
+            shape.shards,
+            shape.instances,
+            shape.engine,
+            shape.version.as_deref()
+        ),
+        (
+            Some(Mode::Cluster),
+            Some(3),
+            Some(2),
+            Some(redpilot::api::v1alpha1::Engine::Valkey),
+            Some("8.1")
+        ),
+        "the spec takes the backed-up Redis's shape"
+    );
+    assert_eq!(
+        bs.origin.as_ref().map(|o| o.mode),
+        Some(Mode::Cluster),
+        "status.bootstrap.origin: {bs:?}"
     );
     let copy_pw = redis_password(&client, &ns.name, "copy").await;
     let copy_opts = ConnectOptions::default()
         .with_password(copy_pw)
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
     let ms = members_of(&client, &ns.name, "copy").await;
+    let mut get_policy = redis::cmd("CONFIG");
+    get_policy.arg("GET").arg("maxmemory-policy");
+    for m in &ms {
+        let mut n = Node::connect(&m.endpoint, &copy_opts)
+            .await
+            .expect("connect");
+        let policy: Vec<String> = n
+            .query("CONFIG GET", &get_policy)
+            .await
+            .expect("CONFIG GET");
+        assert_eq!(
+            policy.get(1).map(String::as_str),
+            Some("allkeys-lru"),
+            "{}: the backed-up Redis's config",
+            m.endpoint
+        );
+    }
     let mut restored_keys = 0;
     for (i, acked) in before.into_iter().enumerate() {
         let slot = cluster::key_slot(cluster_writer::tag_in(&want[i], i).as_bytes());

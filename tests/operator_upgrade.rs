@@ -504,7 +504,7 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
         .get("cache")
         .await
         .expect("get");
-    assert_eq!(r.spec.version, "7.0");
+    assert_eq!(r.spec.version.as_deref(), Some("7.0"));
     assert!(
         r.status
             .as_ref()

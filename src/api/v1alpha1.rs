@@ -134,21 +134,34 @@ pub const KNOWN_VERSIONS: &[(Engine, &[&str])] = &[
     (Engine::Valkey, &["7.2", "8.0", "8.1", "9.0", "9.1"]),
 ];
 
-const KNOWN_VERSION_RULE: &str = "has(self.image) || (self.engine == 'Redis' \
-    ? self.version.matches('^(6[.]2|7[.][024])([.][0-9]+)?$') \
-    : self.version.matches('^(7[.]2|8[.][01]|9[.][01])([.][0-9]+)?$'))";
-const KNOWN_VERSION_MESSAGE: &str = "'spec.version: ' + self.version + ' is not a ' + self.engine \
+// Unset `mode`, `engine` and `version` read as their defaults in the rules
+// (Standalone, Redis, 7.0), as the operator reads them. A Redis bootstrapped
+// from a RedisBackup may leave them unset: the operator then sets them from
+// the backup before it creates anything, and the rules let that first
+// setting through.
+const KNOWN_VERSION_RULE: &str = "has(self.image) || (!has(self.version) && has(self.bootstrap)) \
+    || ((has(self.engine) ? self.engine : 'Redis') == 'Redis' \
+    ? (has(self.version) ? self.version : '7.0').matches('^(6[.]2|7[.][024])([.][0-9]+)?$') \
+    : (has(self.version) ? self.version : '7.0').matches('^(7[.]2|8[.][01]|9[.][01])([.][0-9]+)?$'))";
+const KNOWN_VERSION_MESSAGE: &str = "'spec.version: ' + (has(self.version) ? self.version : '7.0 (the default)') \
+    + ' is not a ' + (has(self.engine) ? self.engine : 'Redis') \
     + ' version Redpilot knows; known: Redis 6.2, 7.0, 7.2, 7.4 (6.0 lacks the write pause a \
     switchover needs); Valkey 7.2, 8.0, 8.1, 9.0, 9.1 (or set spec.image to run another build)'";
 
 /// The engine moves that work with the real servers: a Valkey replica
 /// syncs from a Redis 6.2 or 7.0 primary (RDB 9 and 10); a Valkey primary
 /// cannot feed a Redis replica, and the other pairs are not tested.
-const MIGRATION_RULE: &str = "self.engine == oldSelf.engine || (oldSelf.engine == 'Redis' \
-    && self.engine == 'Valkey' && oldSelf.version.matches('^(6[.]2|7[.]0)([.]|$)') \
-    && self.version.matches('^(8[.]1|9[.]1)([.]|$)'))";
-const MIGRATION_MESSAGE: &str = "'spec.engine: ' + oldSelf.engine + ' ' + oldSelf.version \
-    + ' to ' + self.engine + ' ' + self.version + ' is not a supported move; supported: \
+const MIGRATION_RULE: &str = "(has(self.engine) ? self.engine : 'Redis') \
+    == (has(oldSelf.engine) ? oldSelf.engine : 'Redis') \
+    || (!has(oldSelf.engine) && has(self.bootstrap)) \
+    || ((has(oldSelf.engine) ? oldSelf.engine : 'Redis') == 'Redis' \
+    && has(self.engine) && self.engine == 'Valkey' \
+    && (has(oldSelf.version) ? oldSelf.version : '7.0').matches('^(6[.]2|7[.]0)([.]|$)') \
+    && has(self.version) && self.version.matches('^(8[.]1|9[.]1)([.]|$)'))";
+const MIGRATION_MESSAGE: &str = "'spec.engine: ' + (has(oldSelf.engine) ? oldSelf.engine : 'Redis') \
+    + ' ' + (has(oldSelf.version) ? oldSelf.version : '7.0') + ' to ' \
+    + (has(self.engine) ? self.engine : 'Redis') + ' ' \
+    + (has(self.version) ? self.version : '7.0') + ' is not a supported move; supported: \
     Redis 6.2 or 7.0 to Valkey 8.1 or 9.1 (a Valkey primary cannot feed a Redis replica, other \
     pairs are untested); create a new Redis for other engines'";
 
@@ -175,17 +188,20 @@ macro_rules! cel_version_number {
 /// (Between the switchover and success the operator holds the newer
 /// version and says so in `UpgradeFailed`, reason `NoWayBack`.)
 const NO_DOWNGRADE_RULE: &str = concat!(
-    "self.spec.engine != oldSelf.spec.engine || has(self.spec.image) || ",
-    cel_version_number!("self.spec.version"),
+    "(has(self.spec.engine) ? self.spec.engine : 'Redis') != ",
+    "(has(oldSelf.spec.engine) ? oldSelf.spec.engine : 'Redis') || has(self.spec.image) || ",
+    "(!has(oldSelf.spec.version) && has(self.spec.bootstrap)) || ",
+    cel_version_number!("(has(self.spec.version) ? self.spec.version : '7.0')"),
     " >= ",
-    cel_version_number!("oldSelf.spec.version"),
+    cel_version_number!("(has(oldSelf.spec.version) ? oldSelf.spec.version : '7.0')"),
     " || (has(oldSelf.status) && has(oldSelf.status.upgrade) && ",
     "oldSelf.status.upgrade.phase != 'Succeeded' && ",
-    "oldSelf.status.upgrade.from.engine == self.spec.engine && ",
-    "oldSelf.status.upgrade.from.version == self.spec.version)"
+    "oldSelf.status.upgrade.from.engine == (has(self.spec.engine) ? self.spec.engine : 'Redis') && ",
+    "oldSelf.status.upgrade.from.version == (has(self.spec.version) ? self.spec.version : '7.0'))"
 );
-const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' + oldSelf.spec.version + ' to ' \
-    + self.spec.version + ' is a downgrade, which is refused (an older server cannot load data \
+const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' \
+    + (has(oldSelf.spec.version) ? oldSelf.spec.version : '7.0') + ' to ' \
+    + (has(self.spec.version) ? self.spec.version : '7.0') + ' is a downgrade, which is refused (an older server cannot load data \
     written by a newer one); create a new Redis to run an older version'";
 
 /// The fewest shards of a Cluster Redis: a majority of primaries must agree
@@ -208,13 +224,14 @@ pub const MAX_CLUSTER_REDIS_NAME: usize = MAX_REDIS_NAME - 4;
 /// children (`<name>-headless`, `<name>-14`) are shorter.
 pub const MAX_REDIS_NAME: usize = 52;
 
-const CLUSTER_NAME_RULE: &str = "self.spec.mode != 'Cluster' || size(self.metadata.name) <= 48";
+const CLUSTER_NAME_RULE: &str =
+    "!has(self.spec.mode) || self.spec.mode != 'Cluster' || size(self.metadata.name) <= 48";
 const CLUSTER_NAME_MESSAGE: &str = "metadata.name: a Cluster Redis name is at most 48 characters: its StatefulSets are <name>-s<shard>, and their pods carry the label controller-revision-hash, <StatefulSet>-<hash of up to 10 characters>, at most 63 characters";
 
 const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.autopilot.memory) \
     || (has(self.resources) && has(self.resources.limits) && 'memory' in self.resources.limits)";
 /// Desired state of a Redis (or Valkey) deployment.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "redpilot.io",
     version = "v1alpha1",
@@ -252,22 +269,22 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     )
 )]
 #[x_kube(
-    validation = Rule::new("self.mode != 'Standalone' || !has(self.instances) || self.instances == 1")
+    validation = Rule::new("(has(self.mode) && self.mode != 'Standalone') || !has(self.instances) || self.instances == 1")
         .message("spec.instances: Standalone mode runs exactly 1 instance; use mode Replication for more")
         .field_path(".instances"),
-    validation = Rule::new("self.mode == 'Cluster' ? has(self.shards) : !has(self.shards)")
+    validation = Rule::new("has(self.mode) && self.mode == 'Cluster' ? has(self.shards) : !has(self.shards)")
         .message("spec.shards: set it (3 to 100) in mode Cluster, and only there")
         .field_path(".shards"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.shards) || !has(oldSelf.shards) || self.shards == oldSelf.shards")
+    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.shards) || !has(oldSelf.shards) || self.shards == oldSelf.shards")
         .message("spec.shards cannot change yet: online resharding is not supported; create a new Cluster Redis with the shard count you need")
         .field_path(".shards"),
-    validation = Rule::new("self.mode != 'Cluster' || has(self.image) || self.engine != 'Redis' || !self.version.matches('^6[.]')")
+    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || has(self.image) || (has(self.engine) && self.engine != 'Redis') || (has(self.version) ? !self.version.matches('^6[.]') : true)")
         .message("spec.version: Redis 6.2 is not supported in Cluster mode: the operator assigns slots with CLUSTER ADDSLOTSRANGE, which needs Redis 7.0 or later")
         .field_path(".version"),
-    validation = Rule::new("self.mode != 'Cluster' || (has(self.instances) == has(oldSelf.instances) && (!has(self.instances) || self.instances == oldSelf.instances))")
+    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(oldSelf.mode) || (has(self.instances) == has(oldSelf.instances) && (!has(self.instances) || self.instances == oldSelf.instances))")
         .message("spec.instances cannot change yet in Cluster mode: adding and removing replicas of a shard is not supported; create a new Cluster Redis")
         .field_path(".instances"),
-    validation = Rule::new("self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup)")
+    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup)")
         .message("spec.bootstrap.fromBackup: a Cluster Redis is restored from a RedisBackup of a Cluster Redis (set backup); a bucket key holds one shard's file")
         .field_path(".bootstrap"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
@@ -286,7 +303,7 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
         .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
         .field_path(".hibernate"),
-    validation = Rule::new("self.mode == oldSelf.mode")
+    validation = Rule::new("(has(self.mode) ? self.mode : 'Standalone') == (has(oldSelf.mode) ? oldSelf.mode : 'Standalone') || (!has(oldSelf.mode) && has(self.bootstrap))")
         .message("spec.mode is immutable")
         .field_path(".mode"),
     validation = Rule::new(KNOWN_VERSION_RULE)
@@ -298,20 +315,30 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RedisSpec {
-    /// Topology: `Standalone` (one instance) or `Replication` (one primary and
-    /// `instances - 1` replicas). Immutable.
-    #[serde(default)]
-    pub mode: Mode,
+    /// Topology: `Standalone` (one instance, the default), `Replication`
+    /// (one primary and `instances - 1` replicas) or `Cluster` (`shards`
+    /// primaries with replicas). Immutable. A Redis bootstrapped from a
+    /// RedisBackup that leaves it unset takes the backed-up Redis's mode
+    /// (and its shard and instance counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "unset_or::<Mode>")]
+    pub mode: Option<Mode>,
 
-    /// Server engine: `Redis` or `Valkey`. Immutable.
-    #[serde(default)]
-    pub engine: Engine,
+    /// Server engine: `Redis` (the default) or `Valkey`. A Redis
+    /// bootstrapped from a RedisBackup that leaves it unset takes the
+    /// backed-up Redis's engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "unset_or::<Engine>")]
+    pub engine: Option<Engine>,
 
-    /// Engine version, `MAJOR.MINOR` or `MAJOR.MINOR.PATCH`; the image is
-    /// derived from engine and version unless `image` is set.
-    #[serde(default = "default_version")]
-    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"), length(max = 32))]
-    pub version: String,
+    /// Engine version, `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (default 7.0);
+    /// the image is derived from engine and version unless `image` is set.
+    /// A Redis bootstrapped from a RedisBackup that leaves it unset takes
+    /// the backed-up Redis's version (and its `image` and `config`, when
+    /// those are unset too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "version_schema")]
+    pub version: Option<String>,
 
     /// Container image overriding the one derived from engine and version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -412,36 +439,9 @@ pub struct RedisSpec {
     pub autopilot: Option<AutopilotSpec>,
 }
 
-impl Default for RedisSpec {
-    fn default() -> Self {
-        RedisSpec {
-            mode: Mode::default(),
-            engine: Engine::default(),
-            version: default_version(),
-            image: None,
-            instances: None,
-            shards: None,
-            resources: None,
-            config: BTreeMap::new(),
-            auth: None,
-            storage: None,
-            persistence: None,
-            pod_template: None,
-            paused: false,
-            allow_data_loss_on_restart: false,
-            failover: None,
-            upgrade: None,
-            bootstrap: None,
-            hibernate: false,
-            monitoring: None,
-            autopilot: None,
-        }
-    }
-}
 
-fn default_version() -> String {
-    "7.0".to_string()
-}
+/// `spec.version` when it is not set.
+pub const DEFAULT_VERSION: &str = "7.0";
 
 /// Deployment topology.
 #[derive(
@@ -525,6 +525,25 @@ fn config_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         }
     }
     schema
+}
+
+/// The schema of an optional enum field: its values, not nullable (a null
+/// is dropped by the API server, so the field reads as unset), with the
+/// field's own description in place of the type's.
+fn unset_or<T: schemars::JsonSchema>(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = schemars::schema_for!(T);
+    for key in ["$schema", "title", "description"] {
+        schema.remove(key);
+    }
+    schema
+}
+
+fn version_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": "^[0-9]+\\.[0-9]+(\\.[0-9]+)?$"
+    })
 }
 
 fn quantity_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -969,9 +988,24 @@ impl RedisSpec {
         self.auth.as_ref()?.secret_name.as_deref()
     }
 
+    /// `spec.mode`, or its default (Standalone).
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or_default()
+    }
+
+    /// `spec.engine`, or its default (Redis).
+    pub fn engine(&self) -> Engine {
+        self.engine.unwrap_or_default()
+    }
+
+    /// `spec.version`, or its default ([`DEFAULT_VERSION`]).
+    pub fn version(&self) -> &str {
+        self.version.as_deref().unwrap_or(DEFAULT_VERSION)
+    }
+
     /// The number of instances, with the mode's default applied.
     pub fn desired_instances(&self) -> i32 {
-        match (self.instances, self.mode) {
+        match (self.instances, self.mode()) {
             (Some(n), _) => n,
             (None, Mode::Standalone) => 1,
             (None, Mode::Replication) => 3,
@@ -981,7 +1015,7 @@ impl RedisSpec {
 
     /// The number of shards: `spec.shards` in Cluster mode, 1 otherwise.
     pub fn desired_shards(&self) -> i32 {
-        match self.mode {
+        match self.mode() {
             Mode::Cluster => self.shards.unwrap_or(MIN_SHARDS),
             _ => 1,
         }
@@ -996,9 +1030,9 @@ impl RedisSpec {
     pub fn image(&self) -> String {
         match &self.image {
             Some(image) => image.clone(),
-            None => match self.engine {
-                Engine::Redis => format!("redis:{}", self.version),
-                Engine::Valkey => format!("valkey/valkey:{}", self.version),
+            None => match self.engine() {
+                Engine::Redis => format!("redis:{}", self.version()),
+                Engine::Valkey => format!("valkey/valkey:{}", self.version()),
             },
         }
     }

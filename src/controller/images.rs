@@ -90,7 +90,7 @@ impl Images {
             return image.clone();
         }
         self.by_name
-            .get(&Self::variable(spec.engine, &spec.version))
+            .get(&Self::variable(spec.engine(), spec.version()))
             .cloned()
             .unwrap_or_else(|| spec.image())
     }
@@ -112,8 +112,8 @@ mod tests {
 
     fn spec(engine: Engine, version: &str, image: Option<&str>) -> RedisSpec {
         RedisSpec {
-            engine,
-            version: version.into(),
+            engine: Some(engine),
+            version: Some(version.into()),
             image: image.map(str::to_string),
             ..Default::default()
         }

@@ -351,9 +351,9 @@ impl BackupOrigin {
     /// The shape of `spec` now.
     pub fn of(spec: &super::RedisSpec) -> Self {
         BackupOrigin {
-            mode: spec.mode,
-            engine: spec.engine,
-            version: spec.version.clone(),
+            mode: spec.mode(),
+            engine: spec.engine(),
+            version: spec.version().to_string(),
             image: spec.image.clone(),
             shards: spec.shards,
             instances: spec.desired_instances(),
@@ -429,6 +429,10 @@ pub struct BootstrapStatus {
     /// instance (`<name>-s<i>-0`), which then serves the shard's slots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<BootstrapShard>,
+    /// The backed-up Redis's shape (the RedisBackup's `status.origin`):
+    /// what the spec left unset was taken from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<BackupOrigin>,
 }
 
 /// One shard of a Cluster Redis's bootstrap (`status.bootstrap.shards[]`).

@@ -222,7 +222,7 @@ impl Pass {
             );
             return self.fail("ClaimNotFound", msg).await;
         }
-        if redis.spec.mode == Mode::Cluster {
+        if redis.spec.mode() == Mode::Cluster {
             return self.start_shards(&redis).await;
         }
         let Some(source) = job::choose_source(&redis) else {

@@ -116,7 +116,7 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
             "action": "replace",
         })];
         // A Cluster Redis: each series says which shard its pod serves.
-        if redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+        if redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
             relabelings.push(json!({
                 "sourceLabels": ["__meta_kubernetes_pod_label_redpilot_io_shard"],
                 "targetLabel": "shard",

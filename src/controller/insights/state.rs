@@ -308,7 +308,7 @@ mod tests {
         let mut r = Redis::new(
             "shop",
             RedisSpec {
-                mode: Mode::Cluster,
+                mode: Some(Mode::Cluster),
                 shards: Some(3),
                 instances: Some(2),
                 ..Default::default()

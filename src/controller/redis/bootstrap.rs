@@ -25,6 +25,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
 };
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
@@ -32,11 +33,11 @@ use super::build::{self, Names};
 use super::cluster::build as cluster_build;
 use super::cluster::plan::Shard;
 use crate::api::v1alpha1::{
-    BackupPhase, BootstrapShard, BootstrapStatus, Engine, Mode, Redis, RedisBackup,
+    BackupOrigin, BackupPhase, BootstrapShard, BootstrapStatus, Engine, Mode, Redis, RedisBackup,
     RedisBackupStatus, RedisSpec, S3Location, VolumeLocation,
 };
-use crate::controller::Error;
 use crate::controller::agent::{self, Outcome, Target};
+use crate::controller::{Error, FIELD_MANAGER};
 use crate::redis::cluster::spread;
 
 /// Name of the restore init container.
@@ -102,7 +103,7 @@ impl Reconciler {
     }
 
     async fn resolve_named(
-        &self,
+        &mut self,
         name: &str,
     ) -> Result<Result<BootstrapStatus, Unresolved>, Error> {
         self.ctx.metrics.kube("get_redisbackup");
@@ -117,6 +118,17 @@ impl Reconciler {
             )));
         };
         let status = b.status.clone().unwrap_or_default();
+        // What the spec leaves unset comes from the backed-up Redis, set in
+        // the spec before anything is checked or created.
+        if status.phase == Some(BackupPhase::Completed)
+            && let Some(origin) = &status.origin
+        {
+            match from_origin(&self.redis.spec, origin, name) {
+                Err(why) => return Ok(Err(Unresolved::Failed("InvalidBootstrap", why))),
+                Ok(Some(fill)) => return self.fill_spec(fill, name).await,
+                Ok(None) => {}
+            }
+        }
         if status.phase == Some(BackupPhase::Completed)
             && let Some((reason, why)) = shape_mismatch(&self.redis.spec, &status, name)
         {
@@ -134,6 +146,7 @@ impl Reconciler {
         Ok(match (status.phase, status.key) {
             (Some(BackupPhase::Completed), Some(key)) => Ok(BootstrapStatus {
                 shards,
+                origin: status.origin,
                 ..resolved(b.spec.target.s3, b.spec.target.volume, key)
             }),
             (Some(BackupPhase::Failed), _) => Err(Unresolved::Failed(
@@ -147,6 +160,52 @@ impl Reconciler {
                 "waiting for RedisBackup {name} to complete"
             ))),
         })
+    }
+
+    /// Sets what the spec left unset from RedisBackup `name`'s origin
+    /// (server-side apply of those fields only, with the operator's field
+    /// manager), then stops the pass: the next one sees the whole spec.
+    async fn fill_spec(
+        &mut self,
+        fill: Fill,
+        name: &str,
+    ) -> Result<Result<BootstrapStatus, Unresolved>, Error> {
+        let body = serde_json::json!({
+            "apiVersion": "redpilot.io/v1alpha1",
+            "kind": "Redis",
+            "metadata": {"name": self.redis.name_any()},
+            "spec": fill.patch,
+        });
+        self.ctx.metrics.kube("apply_redis_spec");
+        let api: kube::Api<Redis> = self.api();
+        let pp = kube::api::PatchParams::apply(FIELD_MANAGER);
+        match api
+            .patch(&self.redis.name_any(), &pp, &kube::api::Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 422 || e.code == 409 => {
+                return Ok(Err(Unresolved::Failed(
+                    "InvalidBootstrap",
+                    format!(
+                        "spec.bootstrap.fromBackup.backup: taking {} from RedisBackup {name} was refused: {}",
+                        fill.summary, e.message
+                    ),
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.wrote = true;
+        let note = format!(
+            "{} from RedisBackup {name}, which the spec left unset",
+            fill.summary
+        );
+        self.event(EventType::Normal, "SpecFromBackup", "Bootstrap", note)
+            .await;
+        Ok(Err(Unresolved::Waiting(format!(
+            "taking {} from RedisBackup {name}",
+            fill.summary
+        ))))
     }
 
     /// The location a finished bootstrap loaded (published in the
@@ -288,6 +347,86 @@ fn restore_failure(ended: Option<(i32, Option<String>)>) -> Option<(&'static str
     })
 }
 
+/// What a Redis bootstrapped from a backup takes from the backed-up Redis.
+#[derive(Debug, PartialEq)]
+pub struct Fill {
+    /// The spec fields to set (a partial spec).
+    pub patch: serde_json::Value,
+    /// What they are, for the status and the event ("mode Cluster, ...").
+    pub summary: String,
+}
+
+/// The spec fields a Redis bootstrapped from RedisBackup `name` leaves
+/// unset and takes from its `origin`: mode, engine and version (with the
+/// image, when all three are unset), the shard and instance counts when
+/// the mode is the backed-up one, and the config when none is given.
+/// `None` when nothing is unset; an error naming the field when the
+/// version cannot be taken (another engine than the backed-up one).
+pub fn from_origin(
+    spec: &RedisSpec,
+    origin: &BackupOrigin,
+    name: &str,
+) -> Result<Option<Fill>, String> {
+    let mut patch = serde_json::Map::new();
+    let mut parts = Vec::new();
+    let mode = spec.mode.unwrap_or(origin.mode);
+    if spec.mode.is_none() {
+        patch.insert("mode".into(), serde_json::json!(mode));
+        parts.push(format!("mode {mode:?}"));
+    }
+    let engine = spec.engine.unwrap_or(origin.engine);
+    if spec.engine.is_none() {
+        patch.insert("engine".into(), serde_json::json!(engine));
+        parts.push(format!("engine {engine:?}"));
+    }
+    if spec.version.is_none() && spec.image.is_none() {
+        if engine != origin.engine {
+            return Err(format!(
+                "spec.version: set it: RedisBackup {name} holds {:?} {} data and spec.engine is {engine:?}, so its version does not apply",
+                origin.engine, origin.version
+            ));
+        }
+        patch.insert("version".into(), origin.version.clone().into());
+        parts.push(format!("version {}", origin.version));
+        if spec.engine.is_none()
+            && let Some(image) = &origin.image
+        {
+            patch.insert("image".into(), image.clone().into());
+            parts.push(format!("image {image}"));
+        }
+    }
+    if mode == origin.mode {
+        if mode == Mode::Cluster
+            && spec.shards.is_none()
+            && let Some(shards) = origin.shards
+        {
+            patch.insert("shards".into(), shards.into());
+            parts.push(format!("{shards} shards"));
+        }
+        if spec.instances.is_none() {
+            patch.insert("instances".into(), origin.instances.into());
+            let per = if mode == Mode::Cluster {
+                " per shard"
+            } else {
+                ""
+            };
+            parts.push(format!("{} instances{per}", origin.instances));
+        }
+    }
+    if spec.config.is_empty() && !origin.config.is_empty() {
+        patch.insert("config".into(), serde_json::json!(origin.config));
+        let keys: Vec<&str> = origin.config.keys().map(String::as_str).collect();
+        parts.push(format!("config {}", keys.join(", ")));
+    }
+    if patch.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Fill {
+        patch: serde_json::Value::Object(patch),
+        summary: parts.join(", "),
+    }))
+}
+
 /// Why the backup `b` (named `name`) cannot fill a Redis of `spec`: a
 /// Cluster Redis's backup fills only a Cluster Redis of the same shard
 /// count whose shards get the same slots, and a one-dataset backup only a
@@ -299,7 +438,7 @@ pub fn shape_mismatch(
     name: &str,
 ) -> Option<(&'static str, String)> {
     let field = "spec.bootstrap.fromBackup.backup";
-    let cluster = spec.mode == Mode::Cluster;
+    let cluster = spec.mode() == Mode::Cluster;
     let have = b.shards.len();
     if have == 0 {
         return cluster.then(|| {
@@ -379,6 +518,7 @@ fn resolved(
         done: false,
         sha256: None,
         shards: Vec::new(),
+        origin: None,
     }
 }
 
@@ -411,7 +551,7 @@ pub fn init_container(
         && let Some(max) = super::statefulset::max_rdb(spec)
     {
         args.extend(["--max-rdb-version".into(), max.to_string()]);
-        let engine = match spec.engine {
+        let engine = match spec.engine() {
             Engine::Redis => "redis",
             Engine::Valkey => "valkey",
         };
@@ -480,9 +620,112 @@ mod tests {
         }
     }
 
+    fn origin(mode: Mode, engine: Engine, version: &str) -> BackupOrigin {
+        BackupOrigin {
+            mode,
+            engine,
+            version: version.into(),
+            image: None,
+            shards: (mode == Mode::Cluster).then_some(3),
+            instances: 2,
+            config: [("maxmemory-policy".to_string(), "allkeys-lru".to_string())].into(),
+        }
+    }
+
+    #[test]
+    fn a_spec_that_names_only_the_backup_takes_its_shape() {
+        let cluster = origin(Mode::Cluster, Engine::Valkey, "8.1");
+        let fill = from_origin(&RedisSpec::default(), &cluster, "b1")
+            .expect("fills")
+            .expect("something to fill");
+        assert_eq!(
+            fill.patch,
+            serde_json::json!({
+                "mode": "Cluster", "engine": "Valkey", "version": "8.1", "shards": 3,
+                "instances": 2, "config": {"maxmemory-policy": "allkeys-lru"}
+            })
+        );
+        assert_eq!(
+            fill.summary,
+            "mode Cluster, engine Valkey, version 8.1, 3 shards, 2 instances per shard, config maxmemory-policy"
+        );
+
+        // What the spec sets stays; only the rest is taken.
+        let given = RedisSpec {
+            mode: Some(Mode::Cluster),
+            shards: Some(3),
+            version: Some("9.1".into()),
+            config: [("hz".to_string(), "20".to_string())].into(),
+            ..Default::default()
+        };
+        let fill = from_origin(&given, &cluster, "b1")
+            .expect("fills")
+            .expect("some");
+        assert_eq!(
+            fill.patch,
+            serde_json::json!({"engine": "Valkey", "instances": 2})
+        );
+
+        // Another mode than the backed-up one keeps its own counts (the
+        // shape check then refuses what cannot be restored).
+        let repl = origin(Mode::Replication, Engine::Redis, "7.2");
+        let standalone = RedisSpec {
+            mode: Some(Mode::Standalone),
+            ..Default::default()
+        };
+        let fill = from_origin(&standalone, &repl, "b1")
+            .expect("fills")
+            .expect("some");
+        assert_eq!(
+            fill.patch,
+            serde_json::json!({"engine": "Redis", "version": "7.2", "config": {"maxmemory-policy": "allkeys-lru"}})
+        );
+
+        // The image goes with the engine and version it was built for.
+        let built = BackupOrigin {
+            image: Some("registry.local/redis:7.2-patched".into()),
+            ..repl.clone()
+        };
+        let fill = from_origin(&RedisSpec::default(), &built, "b1")
+            .expect("fills")
+            .expect("some");
+        assert_eq!(fill.patch["image"], "registry.local/redis:7.2-patched");
+        let valkey_given = RedisSpec {
+            engine: Some(Engine::Valkey),
+            version: Some("8.1".into()),
+            ..Default::default()
+        };
+        let fill = from_origin(&valkey_given, &built, "b1")
+            .expect("fills")
+            .expect("some");
+        assert!(fill.patch.get("image").is_none(), "{:?}", fill.patch);
+
+        // Nothing unset: nothing to do.
+        let whole = RedisSpec {
+            mode: Some(Mode::Replication),
+            engine: Some(Engine::Redis),
+            version: Some("7.2".into()),
+            instances: Some(3),
+            config: [("hz".to_string(), "20".to_string())].into(),
+            ..Default::default()
+        };
+        assert_eq!(from_origin(&whole, &repl, "b1"), Ok(None));
+
+        // Another engine with no version: refused, naming the field.
+        let other = RedisSpec {
+            engine: Some(Engine::Valkey),
+            ..Default::default()
+        };
+        let err = from_origin(&other, &repl, "b1").expect_err("refused");
+        assert!(
+            err.starts_with("spec.version: set it: RedisBackup b1 holds Redis 7.2 data"),
+            "{err}"
+        );
+    }
+
     fn spec(mode: Mode, shards: Option<i32>) -> RedisSpec {
         RedisSpec {
-            mode,
+            mode: Some(mode),
             shards,
             ..Default::default()
         }

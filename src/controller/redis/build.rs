@@ -141,7 +141,7 @@ pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
     l.insert("app.kubernetes.io/component".into(), "database".into());
     l.insert(
         "app.kubernetes.io/version".into(),
-        label_safe(&redis.spec.version),
+        label_safe(redis.spec.version()),
     );
     l
 }
@@ -167,7 +167,7 @@ pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
         .annotations
         .as_ref()
         .and_then(|a| a.get(SELECTOR_NAME_ANNOTATION).cloned())
-        .unwrap_or_else(|| engine_name(redis.spec.engine).to_string());
+        .unwrap_or_else(|| engine_name(redis.spec.engine()).to_string());
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), name),
         (INSTANCE_LABEL.to_string(), redis.name_any()),
@@ -293,7 +293,7 @@ pub fn server_auth_secret(
             let p = conf_quoted(&format!(">{probe}"));
             // In Cluster mode it also reads the cluster's view: a node that
             // served slots asks its peers at boot whether they moved.
-            let cluster = if redis.spec.mode == Mode::Cluster {
+            let cluster = if redis.spec.mode() == Mode::Cluster {
                 " +cluster|nodes +cluster|info"
             } else {
                 ""
@@ -333,7 +333,7 @@ pub fn config_map(
     primary: Option<&str>,
     bootstrapped: Option<&str>,
 ) -> ConfigMap {
-    let primary = primary.filter(|_| redis.spec.mode == crate::api::v1alpha1::Mode::Replication);
+    let primary = primary.filter(|_| redis.spec.mode() == crate::api::v1alpha1::Mode::Replication);
     let mut data = BTreeMap::from([(CONFIG_KEY.to_string(), super::config::redis_conf(redis))]);
     if let Some(location) = bootstrapped {
         data.insert(BOOTSTRAPPED_KEY.to_string(), location.to_string());
@@ -387,7 +387,7 @@ pub fn services(redis: &Redis, names: &Names) -> Vec<Service> {
         }),
         ..Default::default()
     });
-    if redis.spec.mode == Mode::Replication {
+    if redis.spec.mode() == Mode::Replication {
         let mut replica_sel = sel;
         replica_sel.insert(ROLE_LABEL.into(), "replica".into());
         out.push(Service {
@@ -445,7 +445,7 @@ mod tests {
     #[test]
     fn hash_changes_with_content_and_is_stable() {
         let r = redis(RedisSpec {
-            mode: crate::api::v1alpha1::Mode::Replication,
+            mode: Some(crate::api::v1alpha1::Mode::Replication),
             ..Default::default()
         });
         let names = Names::new("cache");
@@ -472,7 +472,7 @@ mod tests {
     fn only_replication_publishes_a_primary() {
         let primary = |mode| {
             let r = test_redis(crate::api::v1alpha1::RedisSpec {
-                mode,
+                mode: Some(mode),
                 ..Default::default()
             });
             config_map(&r, &Names::new("c"), Some("10.0.0.7"), None)

@@ -92,12 +92,12 @@ fn base_config(redis: &Redis) -> Vec<String> {
     // The write fence, so a booting server has it from its first write; it
     // is also kept live (`CONFIG SET`, see `apply_live_config`) and set on a
     // replica before it is promoted.
-    if redis.spec.mode == crate::api::v1alpha1::Mode::Replication {
+    if redis.spec.mode() == crate::api::v1alpha1::Mode::Replication {
         for (k, v) in super::failover::fencing_config(redis) {
             lines.push(format!("{k} {v}"));
         }
     }
-    if redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+    if redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
         lines.extend(super::cluster::build::config_lines());
     }
     // The password (requirepass, masterauth) from the server-auth Secret.
@@ -246,7 +246,7 @@ impl Reconciler {
     ) {
         // The operator's own live parameters (fencing) first; the user's
         // cannot name them (refused at admission).
-        let fencing = if self.redis.spec.mode == crate::api::v1alpha1::Mode::Replication {
+        let fencing = if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Replication {
             super::failover::fencing_config(&self.redis)
         } else {
             Vec::new()
@@ -364,7 +364,7 @@ mod tests {
     fn a_replication_server_boots_fenced_and_the_fence_restarts_nothing() {
         let spec = |instances: i32, lag: i32| {
             let mut s = RedisSpec {
-                mode: crate::api::v1alpha1::Mode::Replication,
+                mode: Some(crate::api::v1alpha1::Mode::Replication),
                 instances: Some(instances),
                 ..Default::default()
             };

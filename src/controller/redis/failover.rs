@@ -80,7 +80,7 @@ pub fn silence_bound(spec: &FailoverSpec) -> Duration {
 /// single instance, with failover disabled, or with `fence: false`.
 pub fn fencing_config(redis: &Redis) -> Vec<(&'static str, String)> {
     let f = redis.spec.failover();
-    let on = redis.spec.mode == Mode::Replication
+    let on = redis.spec.mode() == Mode::Replication
         && redis.spec.desired_instances() >= 2
         && f.enabled
         && f.fence;
@@ -318,7 +318,7 @@ impl Reconciler {
         let spec = &self.redis.spec;
         let autopilot = spec.memory_autopilot().is_some();
         let watched =
-            (spec.mode == Mode::Replication && spec.desired_instances() >= 2) || autopilot;
+            (spec.mode() == Mode::Replication && spec.desired_instances() >= 2) || autopilot;
         let Some(p) = primary.filter(|_| watched && !password.is_empty()) else {
             monitor.unwatch(&self.oref);
             return;

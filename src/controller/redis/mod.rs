@@ -230,14 +230,14 @@ impl Reconciler {
     }
 
     fn engine_version(&self) -> (EngineKind, Version) {
-        let engine = match self.redis.spec.engine {
+        let engine = match self.redis.spec.engine() {
             Engine::Redis => EngineKind::Redis,
             Engine::Valkey => EngineKind::Valkey,
         };
         let version = self
             .redis
             .spec
-            .version
+            .version()
             .parse()
             .unwrap_or(Version::new(7, 0, 0));
         (engine, version)
@@ -272,7 +272,7 @@ impl Reconciler {
             return Ok(Action::await_change());
         }
         // Cluster mode has its own topology pass (see `cluster`).
-        if self.redis.spec.mode == Mode::Cluster {
+        if self.redis.spec.mode() == Mode::Cluster {
             return self.run_cluster().await;
         }
         let paused = self.redis.spec.paused;
@@ -315,7 +315,7 @@ impl Reconciler {
         // record). Recording an instance that never served would make its
         // first start look like a lost primary.
         .filter(|p| {
-            self.redis.spec.mode != Mode::Replication
+            self.redis.spec.mode() != Mode::Replication
                 || previous_primary.as_deref() == Some(p.as_str())
                 || facts
                     .iter()
@@ -353,7 +353,7 @@ impl Reconciler {
             previous_primary.as_deref().or(primary.as_deref()),
             &auth.current,
         );
-        if self.redis.spec.mode == Mode::Replication
+        if self.redis.spec.mode() == Mode::Replication
             && obs.servers_observed
             && let Some(recorded) = previous_primary.as_deref()
             && primary.as_deref().is_none_or(|p| p == recorded)

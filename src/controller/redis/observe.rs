@@ -111,7 +111,7 @@ impl Reconciler {
     /// [`build::SELECTOR_NAME_ANNOTATION`]). In Cluster mode every shard's
     /// StatefulSet was created with the same one: shard 0's is read.
     fn keep_selector(&mut self) {
-        let sts = if self.redis.spec.mode == crate::api::v1alpha1::Mode::Cluster {
+        let sts = if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
             super::cluster::build::shard_statefulset_name(&self.names, 0)
         } else {
             self.names.statefulset()
@@ -126,7 +126,7 @@ impl Reconciler {
             return;
         };
         // The usual case (the engine never changed) needs no copy.
-        if name == build::engine_name(self.redis.spec.engine) {
+        if name == build::engine_name(self.redis.spec.engine()) {
             return;
         }
         let mut redis = Redis::clone(&self.redis);

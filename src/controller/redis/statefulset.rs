@@ -139,8 +139,8 @@ exec {server} "$@"
 /// Valkey 9.1 → 80; the others from their release notes. `None` when not
 /// known.
 pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
-    let v: crate::redis::info::Version = spec.version.parse().ok()?;
-    match (spec.engine, v.major, v.minor) {
+    let v: crate::redis::info::Version = spec.version().parse().ok()?;
+    match (spec.engine(), v.major, v.minor) {
         (Engine::Redis, 6, 2) => Some(9),
         (Engine::Redis, 7, 0) => Some(10),
         (Engine::Redis, 7, 2) => Some(11),
@@ -206,7 +206,7 @@ pub fn statefulset(
     memory_limit: Option<u64>,
 ) -> StatefulSet {
     let spec = &redis.spec;
-    let (server, cli) = match spec.engine {
+    let (server, cli) = match spec.engine() {
         Engine::Redis => ("redis-server", "redis-cli"),
         Engine::Valkey => ("valkey-server", "valkey-cli"),
     };
@@ -294,7 +294,7 @@ pub fn statefulset(
             "-c".into(),
             start_script(
                 server,
-                spec.mode == Mode::Replication,
+                spec.mode() == Mode::Replication,
                 spec.image.is_none().then(|| max_rdb(spec)).flatten(),
             ),
         ]),
@@ -449,8 +449,8 @@ pub fn statefulset(
     // What the template runs, for the upgrade that changes it next.
     let mut metadata = meta(redis, names.statefulset());
     let served = metadata.annotations.get_or_insert_with(BTreeMap::new);
-    served.insert(ENGINE_ANNOTATION.into(), format!("{:?}", spec.engine));
-    served.insert(VERSION_ANNOTATION.into(), spec.version.clone());
+    served.insert(ENGINE_ANNOTATION.into(), format!("{:?}", spec.engine()));
+    served.insert(VERSION_ANNOTATION.into(), spec.version().to_string());
     stamp_hash(StatefulSet {
         metadata,
         spec: StatefulSetSpec {

@@ -359,7 +359,7 @@ impl Reconciler {
             ready_instances: ready_count,
             instances,
             write_service: Some(self.names.write_service()),
-            read_service: (self.redis.spec.mode == Mode::Replication)
+            read_service: (self.redis.spec.mode() == Mode::Replication)
                 .then(|| self.names.read_service()),
             auth_secret: Some(user_secret.unwrap_or_else(|| self.names.generated_secret())),
             live_config_keys: old.live_config_keys.clone(),

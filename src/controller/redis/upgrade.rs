@@ -112,7 +112,7 @@ impl Reconciler {
                         "upgrading {total} instances from {} to {}: {}",
                         label(&u.from),
                         label(&u.to),
-                        if self.redis.spec.mode == Mode::Cluster {
+                        if self.redis.spec.mode() == Mode::Cluster {
                             "every shard's replicas first, then shard by shard a CLUSTER \
                              FAILOVER to an upgraded replica and the old primary"
                         } else {
@@ -187,7 +187,7 @@ impl Reconciler {
         let on_new = |f: &&PodFacts| f.image.as_deref() == Some(u.to.image.as_str());
         let upgraded = |f: &&PodFacts| f.image.as_deref() != Some(u.from.image.as_str());
         // Until the primary moves, a failed instance rolls everything back.
-        if !primary_left(facts, primaries, &u.from) || self.redis.spec.mode == Mode::Standalone {
+        if !primary_left(facts, primaries, &u.from) || self.redis.spec.mode() == Mode::Standalone {
             let timeout = self.upgrade_timeout();
             if let Some((reason, msg)) = facts
                 .iter()
@@ -246,7 +246,7 @@ impl Reconciler {
         if done == total && facts.len() as i32 == total {
             u.phase = UpgradePhase::Succeeded;
             u.finished_at = Some(now());
-            if self.redis.spec.mode == Mode::Standalone
+            if self.redis.spec.mode() == Mode::Standalone
                 && let Some(at) = u.primary_restarted_at.as_deref()
                 && let Ok(at) = at.parse::<Timestamp>()
             {
@@ -337,7 +337,7 @@ impl Reconciler {
         if !settled {
             return;
         }
-        let standalone = self.redis.spec.mode == Mode::Standalone;
+        let standalone = self.redis.spec.mode() == Mode::Standalone;
         for f in facts.iter().filter(|f| {
             !on_old(f)
                 && !f.ready
@@ -386,15 +386,15 @@ impl Reconciler {
     /// version and image for the rest of this pass.
     fn serve(&mut self, served: &Served) {
         let spec = &self.redis.spec;
-        if spec.engine == served.engine
-            && spec.version == served.version
+        if spec.engine() == served.engine
+            && spec.version() == served.version
             && self.ctx.images.image_for(spec) == served.image
         {
             return;
         }
         let mut redis = Redis::clone(&self.redis);
-        redis.spec.engine = served.engine;
-        redis.spec.version = served.version.clone();
+        redis.spec.engine = Some(served.engine);
+        redis.spec.version = Some(served.version.clone());
         // The image only when engine and version do not give it: the
         // template must come out exactly as it was (an explicit image
         // changes it), or the untouched primary would count as outdated.

@@ -186,7 +186,7 @@ pub fn shard_statefulset(
             c.command = Some(vec![
                 "sh".into(),
                 "-c".into(),
-                start_script(redis.spec.engine),
+                start_script(redis.spec.engine()),
             ]);
             c.env
                 .get_or_insert_with(Vec::new)
@@ -256,7 +256,7 @@ mod tests {
 
     fn cluster() -> Redis {
         test_redis(RedisSpec {
-            mode: Mode::Cluster,
+            mode: Some(Mode::Cluster),
             shards: Some(3),
             ..Default::default()
         })

@@ -349,7 +349,7 @@ fn fencing_is_on_for_replication_with_replicas_only() {
             .join(" ")
     };
     let repl = RedisSpec {
-        mode: Mode::Replication,
+        mode: Some(Mode::Replication),
         ..Default::default()
     };
     assert_eq!(

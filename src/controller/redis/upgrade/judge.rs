@@ -104,8 +104,8 @@ fn crash_message(f: &PodFacts) -> String {
 /// The serving target a spec asks for.
 pub fn desired(redis: &Redis, image: String) -> Served {
     Served {
-        engine: redis.spec.engine,
-        version: redis.spec.version.clone(),
+        engine: redis.spec.engine(),
+        version: redis.spec.version().to_string(),
         image,
     }
 }
@@ -122,12 +122,12 @@ pub fn running(sts: &StatefulSet, redis: &Redis) -> Option<Served> {
     {
         Some("Valkey") => Engine::Valkey,
         Some("Redis") => Engine::Redis,
-        _ => redis.spec.engine,
+        _ => redis.spec.engine(),
     };
     let version = ann
         .and_then(|a| a.get(build::VERSION_ANNOTATION))
         .cloned()
-        .unwrap_or_else(|| redis.spec.version.clone());
+        .unwrap_or_else(|| redis.spec.version().to_string());
     Some(Served {
         engine,
         version,
