@@ -439,7 +439,6 @@ pub struct RedisSpec {
     pub autopilot: Option<AutopilotSpec>,
 }
 
-
 /// `spec.version` when it is not set.
 pub const DEFAULT_VERSION: &str = "7.0";
 

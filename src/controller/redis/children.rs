@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::build::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use super::observe::PodFacts;
+use super::facts::PodFacts;
 use super::{Error, Reconciler, drift, kept, plan, statefulset};
 use crate::controller::{FIELD_MANAGER, Stores};
 
@@ -217,7 +217,7 @@ impl Reconciler {
         // re-created under the recorded primary's name must not be it.
         let primary_ip = primary
             .and_then(|p| facts.iter().find(|f| f.name == p))
-            .filter(|f| f.reachable && f.role == Some(super::observe::Role::Primary))
+            .filter(|f| f.reachable && f.role == Some(super::facts::Role::Primary))
             .and_then(|f| f.ip.clone());
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         // Keep the last known primary address while the primary has none

@@ -4,51 +4,16 @@
 //! live application of the others with `CONFIG SET` on every reachable
 //! instance.
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build;
-use super::observe::PodFacts;
+use super::facts::PodFacts;
 use crate::api::v1alpha1::{AofPolicy, Redis};
 use crate::redis::info::{EngineKind, Version};
 use crate::redis::{ConnectOptions, Endpoint};
 
-/// Parses a Kubernetes quantity of bytes ("1Gi", "512M", "1e9", "100").
-pub fn quantity_bytes(q: &Quantity) -> Option<u64> {
-    quantity_value(&q.0).map(|v| v as u64)
-}
-
-/// The value of a Kubernetes quantity ("1Gi", "512M", "1e9", "100m"), when
-/// it is one and is finite and not negative.
-pub fn quantity_value(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        "Ei" => 1024.0f64.powi(6),
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "m" => 1e-3,
-        s if s.starts_with('e') || s.starts_with('E') => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    let v = value * mult;
-    (v.is_finite() && v >= 0.0).then_some(v)
-}
+pub use super::facts::{quantity_bytes, quantity_value};
 
 /// `maxmemory` for the server: 75% of the memory limit (or request), leaving
 /// room for replication buffers and copy-on-write during snapshots. `None`
@@ -314,17 +279,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::controller::redis::build::test_redis as redis;
-
-    #[test]
-    fn quantities_parse() {
-        assert_eq!(quantity_bytes(&Quantity("1Gi".into())), Some(1 << 30));
-        assert_eq!(quantity_bytes(&Quantity("512Mi".into())), Some(512 << 20));
-        assert_eq!(quantity_bytes(&Quantity("1G".into())), Some(1_000_000_000));
-        assert_eq!(quantity_bytes(&Quantity("1e3".into())), Some(1000));
-        assert_eq!(quantity_bytes(&Quantity("12345".into())), Some(12345));
-        assert_eq!(quantity_bytes(&Quantity("1Xi".into())), None);
-        assert_eq!(quantity_bytes(&Quantity("".into())), None);
-    }
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     #[test]
     fn maxmemory_is_three_quarters_of_the_limit() {

@@ -27,7 +27,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::build;
-use super::observe::PodFacts;
+use super::facts::PodFacts;
 use super::{Error, Reconciler};
 use crate::controller::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint, Node};

@@ -36,7 +36,7 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build::{self, Names};
-use super::observe::{PodFacts, Role, ordinal};
+use super::facts::{PodFacts, Role, ordinal};
 use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, Mode, Redis};
 use crate::controller::monitor::{Health, Target, Verdict};
 use crate::redis::{ConnectOptions, Endpoint};

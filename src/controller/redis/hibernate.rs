@@ -18,7 +18,7 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build;
-use super::observe::{PodFacts, Role};
+use super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::HibernationStatus;
 use crate::controller::Error;
 use crate::redis::{ConnectOptions, Endpoint, Node};

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 use super::build;
-use super::observe::sts_observed;
+use super::facts::sts_observed;
 
 /// The Redis generation the StatefulSet's template was built for.
 pub const GENERATION_ANNOTATION: &str = "redpilot.io/generation";

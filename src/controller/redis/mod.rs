@@ -1,9 +1,18 @@
-//! Reconciles one `Redis`. One pipeline, one module per capability:
+//! Reconciles one `Redis`. Layers, bottom up:
+//!
+//! - [`names`] and [`facts`]: the children's names and labels; what a pass
+//!   knows about each pod and server, the conditions it decides, and the
+//!   pure helpers on them. They import no other module here.
+//! - The shared steps every pass calls, whatever the mode.
+//! - Two topologies, entered from `run` (the one place that tells the modes
+//!   apart for a whole pass): [`replication`] (Standalone and Replication:
+//!   one StatefulSet, one primary) and [`cluster`] (one StatefulSet per
+//!   shard, slots, `CLUSTER FAILOVER`).
 //!
 //! | step | module | what |
 //! |---|---|---|
 //! | observe | [`observe`] | the only reads: children and pods from the watch caches, the password, the live servers |
-//! | decide | [`plan`] | pure: who is primary, what restarts next (table-tested) |
+//! | decide | [`plan`] (Replication), [`cluster::plan`] | pure: who is primary, what restarts next; meet, slots, replicas, forget (table-tested) |
 //! | children | [`children`] (+ pure builders [`build`], [`statefulset`], [`drift`]) | server-side apply in a fixed order, drift repair, ownership |
 //! | credentials | [`credentials`] | the password the servers run; live rotation in steps |
 //! | wiring | [`wiring`] | replication topology, role labels, publishing the primary |
@@ -11,11 +20,13 @@
 //! | recovery | [`recovery`] | a new Redis: promote its first primary |
 //! | config | [`config`] | parameters that change live, with `CONFIG SET` |
 //! | autopilot | [`autopilot`] | the memory limit: decide (pure policy), resize in place, `maxmemory` live |
-//! | rollout | [`rollout`] | ordered restarts, switchovers |
+//! | rollout | [`rollout`], [`cluster::roll`] | ordered restarts, switchovers |
 //! | upgrade | [`upgrade`] | version upgrades: progress, rollback (the restarts are the rollout's) |
+//! | bootstrap | [`bootstrap`] | a new Redis loaded from a backup, its unset spec fields taken from the backup |
+//! | hibernate | [`hibernate`] | save every instance, scale to zero, wake |
 //! | status | [`status`] | conditions, events, one status patch, the requeue and its backoff |
 //!
-//! This file holds the pipeline and what every step shares.
+//! This file holds the entry point and what every step shares.
 
 pub mod autopilot;
 pub mod bootstrap;
@@ -25,12 +36,15 @@ pub mod cluster;
 pub mod config;
 pub mod credentials;
 pub mod drift;
+pub mod facts;
 pub mod failover;
 pub mod hibernate;
 pub mod kept;
+pub mod names;
 pub mod observe;
 pub mod plan;
 pub mod recovery;
+pub mod replication;
 pub mod rollout;
 pub mod statefulset;
 pub mod status;
@@ -127,10 +141,10 @@ pub struct Reconciler {
     /// no replica and no published primary).
     hibernating: bool,
     /// The memory autopilot's condition for this pass.
-    autopilot_cond: Option<status::Cond>,
+    autopilot_cond: Option<facts::Cond>,
     /// `UpgradeFailed` when the spec cannot be served (in place of the
     /// upgrade's own condition this pass).
-    upgrade_cond: Option<status::Cond>,
+    upgrade_cond: Option<facts::Cond>,
     /// When the memory autopilot wants to look again (a cooldown ending).
     autopilot_due: Option<Duration>,
 }
@@ -271,197 +285,13 @@ impl Reconciler {
         if !self.refresh().await? {
             return Ok(Action::await_change());
         }
-        // Cluster mode has its own topology pass (see `cluster`).
-        if self.redis.spec.mode() == Mode::Cluster {
-            return self.run_cluster().await;
+        // One seam per topology: how instances are wired, how a primary is
+        // chosen and replaced and what healthy means differ by mode; the
+        // steps each pass shares (password, observation, children, live
+        // config, status) are methods both passes call.
+        match self.redis.spec.mode() {
+            Mode::Cluster => self.run_cluster().await,
+            Mode::Standalone | Mode::Replication => self.run_replication().await,
         }
-        let paused = self.redis.spec.paused;
-        let desired = self.redis.spec.desired_instances();
-
-        // 1. The password: the desired one (the user's Secret or the
-        // generated one) and the one the servers run (server-auth Secret).
-        let (wanted_password, auth) = match self.passwords(paused).await? {
-            Ok(p) => p,
-            Err(e) => return self.fail_status(e).await,
-        };
-        let opts = self.connect_options(&auth.current);
-
-        // 2. Observe pods and the live servers.
-        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
-        self.servers_observed = obs.servers_observed;
-        let facts = obs.facts;
-
-        // A Redis loaded from a backup: nothing is created before the
-        // backup is resolved (its location is then fixed in the status).
-        if !self.resolve_bootstrap().await? {
-            return self.finish(&facts, None, desired, false).await;
-        }
-
-        // 3. Decide the primary.
-        let previous_primary = self.redis.status.as_ref().and_then(|s| s.primary.clone());
-        let target = self
-            .redis
-            .status
-            .as_ref()
-            .and_then(|s| s.target_primary.clone());
-        let primary = plan::choose_primary(
-            &facts,
-            previous_primary.as_deref(),
-            target.as_deref(),
-            &self.names,
-        )
-        // In Replication mode every instance boots as a replica: a primary
-        // is adopted only once a server answers as one (or it is the one on
-        // record). Recording an instance that never served would make its
-        // first start look like a lost primary.
-        .filter(|p| {
-            self.redis.spec.mode() != Mode::Replication
-                || previous_primary.as_deref() == Some(p.as_str())
-                || facts
-                    .iter()
-                    .any(|f| f.name == *p && f.reachable && f.role == Some(observe::Role::Primary))
-        });
-
-        if paused {
-            self.progressing
-                .push("reconciliation is paused (spec.paused)".into());
-            return self.finish(&facts, primary.as_deref(), desired, true).await;
-        }
-
-        // Hibernation: save, then scale to zero; nothing else moves.
-        if self.redis.spec.hibernate {
-            self.watch_primary(&facts, None, "");
-            let group = (
-                previous_primary.as_deref().or(primary.as_deref()),
-                facts.clone(),
-            );
-            self.hibernate(&facts, &[group], &opts).await?;
-            if self.hibernating {
-                self.apply_children(&obs.live_sts, &facts, None, &self.names.server_auth())
-                    .await?;
-                return self.finish(&facts, None, desired, false).await;
-            }
-            return self
-                .finish(&facts, primary.as_deref(), desired, false)
-                .await;
-        }
-
-        // A lost primary is replaced before anything else: the monitor
-        // asked for this pass as soon as it stopped answering.
-        self.watch_primary(
-            &facts,
-            previous_primary.as_deref().or(primary.as_deref()),
-            &auth.current,
-        );
-        if self.redis.spec.mode() == Mode::Replication
-            && obs.servers_observed
-            && let Some(recorded) = previous_primary.as_deref()
-            && primary.as_deref().is_none_or(|p| p == recorded)
-            && self.fail_over(&facts, recorded, &opts).await
-        {
-            let moved = self.moved_primary.clone();
-            return self.finish(&facts, moved.as_deref(), desired, false).await;
-        }
-
-        // Record a new primary before anything else changes, so the status
-        // never lags behind a scale-down or a restart that depends on it.
-        if let Some(p) = &primary
-            && (previous_primary.as_deref() != Some(p.as_str())
-                || target.as_deref() == Some(p.as_str()))
-        {
-            self.record_primary(p).await?;
-        }
-
-        // A changed version starts an upgrade (recorded before the
-        // StatefulSet changes); a failed one is rolled back.
-        let settled = obs.live_sts.as_ref().is_some_and(observe::sts_observed);
-        self.track_upgrade(
-            obs.live_sts.as_ref(),
-            settled,
-            &facts,
-            primary.as_deref().as_slice(),
-        )
-        .await?;
-
-        // Which config keys are live; a removed one restarts the instances.
-        self.track_live_config().await?;
-
-        // The memory limit, decided before the template is built from it.
-        self.autopilot(&facts, primary.as_deref().as_slice())
-            .await?;
-
-        // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
-        let hold = self
-            .apply_children(
-                &obs.live_sts,
-                &facts,
-                primary.as_deref(),
-                &self.names.server_auth(),
-            )
-            .await?;
-        if !self.notes.is_empty() {
-            return self
-                .finish(&facts, primary.as_deref(), desired, false)
-                .await;
-        }
-
-        // A password change is rolled out live, step by step.
-        if obs.servers_observed {
-            self.rotate_password(&facts, &auth, &wanted_password)
-                .await?;
-        }
-
-        // 5. Replication wiring; with no primary to choose, recovery decides
-        // (it promotes only when no server is primary and no link is up).
-        match (&primary, obs.servers_observed) {
-            (Some(p), true) => {
-                self.wire(&facts, p, &opts).await;
-                if hold {
-                    self.move_primary_for_scale_down(&facts, p, desired, &opts)
-                        .await;
-                }
-            }
-            (None, true) if !facts.is_empty() => self.recover_primary(&facts, &opts).await,
-            _ => {}
-        }
-        // A switchover or recovery in step 5 made another instance primary:
-        // what was observed is stale, so labels, restarts and the status
-        // wait for the next pass, which observes the new topology. Only the
-        // new primary is reported now (it is already recorded).
-        if let Some(moved) = self.moved_primary.clone()
-            && primary.as_deref() != Some(moved.as_str())
-        {
-            return self.finish(&facts, Some(&moved), desired, false).await;
-        }
-
-        // 6. Role labels (the Services select on them).
-        self.label_roles(&facts, primary.as_deref()).await?;
-
-        // 7. Live configuration.
-        let (engine, _) = self.engine_version();
-        self.apply_live_config(&facts, &opts, engine).await;
-
-        // 8. The memory autopilot's limit reaches the instances (in place,
-        // or by marking them for the restarts below).
-        let mut facts = facts;
-        if let Some(p) = &primary {
-            self.autopilot_resize(&mut facts, &[p.as_str()], &opts)
-                .await?;
-        }
-
-        // 9. A switchover the user asked for, then restarts for settings
-        // that cannot change live.
-        if let Some(p) = &primary {
-            if self.requested_switchover(&facts, p, &opts).await {
-                let moved = self.moved_primary.clone();
-                return self.finish(&facts, moved.as_deref(), desired, false).await;
-            }
-            self.roll(&facts, p, desired, &opts).await?;
-        }
-
-        // A switchover in step 9 moved the primary: report the new one.
-        let primary = self.moved_primary.clone().or(primary);
-        self.finish(&facts, primary.as_deref(), desired, false)
-            .await
     }
 }

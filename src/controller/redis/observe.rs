@@ -16,9 +16,8 @@
 //!
 //! The live servers are observed through [`crate::redis::topology`].
 //!
-//! Length: ~490 lines of code, past the ~400 guide, because every read a
-//! pass makes is here on purpose (one place to count API reads); the pure
-//! parts (pod facts, topology merge) are candidates to split out next.
+//! The pure parts (pod facts, the servers' topology merged in) are in
+//! [`super::facts`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,13 +28,13 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
-use super::build::{self, Names, ROLE_LABEL};
+use super::build;
 use super::children::{Child, adoptable, controlled_by};
+use super::facts::{PodFacts, caught_up, merge_topology, pod_facts, sts_observed};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::Redis;
 use crate::controller::monitor::Verdict;
-use crate::redis::topology::Topology;
-use crate::redis::{ConnectOptions, Endpoint, info};
+use crate::redis::{ConnectOptions, Endpoint};
 
 /// The password, or why there is none.
 pub enum Auth {
@@ -59,20 +58,6 @@ pub struct Observed {
     pub live_sts: Option<StatefulSet>,
     /// Whether the servers were asked (there were addresses and a password).
     pub servers_observed: bool,
-}
-
-/// Whether resource version `seen` is at least `wrote`. Resource versions
-/// are opaque by contract; the API server backed by etcd hands out its
-/// revision, a growing integer, and that is what this relies on. When
-/// either does not parse, only equality counts.
-pub fn caught_up(seen: Option<&str>, wrote: &str) -> bool {
-    match (
-        seen.and_then(|s| s.parse::<u64>().ok()),
-        wrote.parse::<u64>(),
-    ) {
-        (Some(s), Ok(w)) => s >= w,
-        _ => seen == Some(wrote),
-    }
 }
 
 impl Reconciler {
@@ -308,278 +293,4 @@ fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
         });
     }
     Ok(pw)
-}
-
-/// Replication role as observed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Accepts writes.
-    Primary,
-    /// Follows a primary.
-    Replica,
-}
-
-/// What the reconciler knows about one pod.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PodFacts {
-    /// Pod name.
-    pub name: String,
-    /// Pod IP, once assigned.
-    pub ip: Option<String>,
-    /// Pod Ready condition.
-    pub ready: bool,
-    /// Running an older template revision than the StatefulSet's (and not
-    /// one it keeps, see [`super::kept`]).
-    pub outdated: bool,
-    /// The template revision the pod runs.
-    pub revision: Option<String>,
-    /// The pod is being deleted (it may still serve until it stops).
-    pub terminating: bool,
-    /// Current value of the role label.
-    pub role_label: Option<String>,
-    /// The server answered INFO.
-    pub reachable: bool,
-    /// Observed role.
-    pub role: Option<Role>,
-    /// For replicas: the primary address (IP) they follow.
-    pub following: Option<String>,
-    /// For replicas: link to the primary is up.
-    pub link_up: Option<bool>,
-    /// Replication offset.
-    pub offset: Option<i64>,
-    /// For replicas: bytes behind.
-    pub lag_bytes: Option<i64>,
-    /// Server version.
-    pub version: Option<String>,
-    /// Server engine.
-    pub engine: Option<info::EngineKind>,
-    /// For replicas: seconds since the primary was last heard from — 0 to
-    /// a few while the link is up, the time since it went down otherwise;
-    /// `None` when the link never came up (or the server did not say).
-    pub link_age: Option<i64>,
-    /// For replicas: a full synchronisation is in progress (the dataset is
-    /// being replaced).
-    pub syncing: bool,
-    /// The server container's image.
-    pub image: Option<String>,
-    /// Why the server container is waiting (`ErrImagePull`,
-    /// `CrashLoopBackOff`, ...) and the kubelet's message.
-    pub waiting: Option<(String, String)>,
-    /// How often the server container restarted, and how the last run ended.
-    pub restarts: i32,
-    /// Exit code of the server container's last run, when it ended.
-    pub last_exit: Option<i32>,
-    /// Bytes of memory the server uses, and its maxmemory (0: no limit).
-    pub used_memory: Option<u64>,
-    /// See `used_memory`.
-    pub maxmemory: Option<u64>,
-    /// The server container's memory limit in the pod's spec (an in-place
-    /// resize changes it first).
-    pub mem_limit: Option<u64>,
-    /// The memory limit the kubelet reports in effect (`status.
-    /// containerStatuses[].resources`); `None` when it reports none.
-    pub mem_limit_applied: Option<u64>,
-    /// A resize the kubelet has not finished: the condition
-    /// (`PodResizePending`, `PodResizeInProgress`), its reason and message.
-    pub resize: Option<(String, String, String)>,
-    /// The node the pod runs on.
-    pub node: Option<String>,
-    /// For a primary with a write fence: replicas that acknowledged within
-    /// `maxLagSeconds`; 0 means it refuses writes (`NOREPLICAS`).
-    pub good_replicas: Option<u32>,
-    /// Seconds the pod has been not Ready without a break (since its Ready
-    /// condition last turned false, or since it was created); `None` while
-    /// Ready.
-    pub unready_secs: Option<i64>,
-}
-
-/// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
-/// are kept (marked `terminating`): a primary that is shutting down is still
-/// the primary until it stops, and must not be mistaken for a missing one.
-pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -> Vec<PodFacts> {
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let mut out: Vec<PodFacts> = pods
-        .iter()
-        .map(|p| {
-            let status = p.status.as_ref();
-            let ready_cond = status
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
-            let ready = ready_cond.is_some_and(|c| c.status == "True");
-            let created = p
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second());
-            let unready_since = ready_cond
-                .and_then(|c| c.last_transition_time.as_ref())
-                .map(|t| t.0.as_second())
-                .or(created);
-            let revision = p.labels().get("controller-revision-hash").cloned();
-            let server_spec = p.spec.as_ref().and_then(|s| {
-                s.containers
-                    .iter()
-                    .find(|c| c.name == build::SERVER_CONTAINER)
-            });
-            let server = status
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|cs| cs.iter().find(|c| c.name == build::SERVER_CONTAINER));
-            PodFacts {
-                name: p.name_any(),
-                ip: status
-                    .and_then(|s| s.pod_ip.clone())
-                    .filter(|s| !s.is_empty()),
-                ready,
-                outdated: match (update_revision, revision.as_deref()) {
-                    (Some(want), Some(have)) => want != have && !kept.iter().any(|k| k == have),
-                    _ => false,
-                },
-                revision: revision.clone(),
-                role_label: p.labels().get(ROLE_LABEL).cloned(),
-                terminating: p.metadata.deletion_timestamp.is_some(),
-                image: server_spec.and_then(|c| c.image.clone()),
-                waiting: server.and_then(|c| {
-                    let w = c.state.as_ref()?.waiting.as_ref()?;
-                    Some((w.reason.clone()?, w.message.clone().unwrap_or_default()))
-                }),
-                restarts: server.map_or(0, |c| c.restart_count),
-                last_exit: server
-                    .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
-                    .map(|t| t.exit_code),
-                unready_secs: if ready {
-                    None
-                } else {
-                    unready_since.map(|t| now.saturating_sub(t))
-                },
-                mem_limit: server_spec.and_then(|c| memory_limit(c.resources.as_ref())),
-                mem_limit_applied: server.and_then(|c| memory_limit(c.resources.as_ref())),
-                resize: status
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|cs| {
-                        cs.iter().find(|c| {
-                            (c.type_ == "PodResizePending" || c.type_ == "PodResizeInProgress")
-                                && c.status == "True"
-                        })
-                    })
-                    .map(|c| {
-                        (
-                            c.type_.clone(),
-                            c.reason.clone().unwrap_or_default(),
-                            c.message.clone().unwrap_or_default(),
-                        )
-                    }),
-                node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                ..Default::default()
-            }
-        })
-        .collect();
-    out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
-    out
-}
-
-/// The memory limit (or, without one, the request) of a container.
-pub fn memory_limit(r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>) -> Option<u64> {
-    let r = r?;
-    let q = r
-        .limits
-        .as_ref()
-        .and_then(|l| l.get("memory"))
-        .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
-    super::config::quantity_bytes(q)
-}
-
-/// Whether the StatefulSet controller has seen the StatefulSet's latest
-/// spec (its status, e.g. the update revision, describes it).
-pub fn sts_observed(s: &StatefulSet) -> bool {
-    s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
-}
-
-pub(crate) fn ordinal_of(name: &str) -> Option<i32> {
-    name.rsplit_once('-')?.1.parse().ok()
-}
-
-/// The StatefulSet ordinal of a pod of this Redis.
-pub fn ordinal(pod: &str, names: &Names) -> Option<i32> {
-    pod.strip_prefix(&names.statefulset())?
-        .strip_prefix('-')?
-        .parse()
-        .ok()
-}
-
-/// Adds what the servers reported.
-pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
-    for f in facts.iter_mut() {
-        let Some(ip) = &f.ip else { continue };
-        let Some(node) = topo.nodes.iter().find(|n| n.endpoint.host() == ip) else {
-            continue;
-        };
-        f.reachable = node.reachable();
-        f.role = match node.role {
-            Some(info::Role::Primary) => Some(Role::Primary),
-            Some(info::Role::Replica) => Some(Role::Replica),
-            _ => None,
-        };
-        f.following = node.primary.as_ref().map(|e| e.host().to_string());
-        f.link_up = match f.role {
-            Some(Role::Replica) => {
-                Some(node.link == Some(info::LinkStatus::Up) && !node.sync_in_progress)
-            }
-            _ => None,
-        };
-        f.offset = node.offset;
-        f.lag_bytes = node.lag_bytes;
-        f.syncing = node.sync_in_progress;
-        f.link_age = match (f.role, node.link) {
-            (Some(Role::Replica), Some(info::LinkStatus::Up)) => {
-                node.last_io_seconds.filter(|s| *s >= 0)
-            }
-            (Some(Role::Replica), _) => node.link_down_seconds.filter(|s| *s >= 0),
-            _ => None,
-        };
-        f.version = node.version.map(|v| v.to_string());
-        f.engine = node.engine;
-        f.used_memory = node.used_memory;
-        f.maxmemory = node.maxmemory;
-        f.good_replicas = node.good_replicas;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn caught_up_compares_revisions_as_numbers() {
-        assert!(caught_up(Some("120"), "99"));
-        assert!(caught_up(Some("99"), "99"));
-        assert!(!caught_up(Some("98"), "99"));
-        assert!(!caught_up(None, "99"));
-        assert!(caught_up(Some("abc"), "abc"));
-        assert!(!caught_up(Some("abd"), "abc"));
-    }
-
-    #[test]
-    fn pod_facts_sort_by_ordinal_and_read_revisions() {
-        let pod = |name: &str, rev: &str, ip: &str| {
-            serde_json::from_value::<Pod>(serde_json::json!({
-                "metadata": {"name": name, "labels": {"controller-revision-hash": rev, ROLE_LABEL: "replica"}},
-                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
-            }))
-            .unwrap_or_default()
-        };
-        let pods = vec![
-            pod("cache-10", "a", "10.0.0.10"),
-            pod("cache-2", "b", ""),
-            pod("cache-0", "a", "10.0.0.1"),
-        ];
-        let facts = pod_facts(&pods, Some("a"), &[]);
-        let names: Vec<&str> = facts.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["cache-0", "cache-2", "cache-10"]);
-        assert!(!facts[0].outdated && facts[1].outdated);
-        assert_eq!(facts[1].ip, None);
-        assert!(facts[0].ready);
-        assert_eq!(facts[0].role_label.as_deref(), Some("replica"));
-        assert_eq!(ordinal("cache-10", &Names::new("cache")), Some(10));
-        assert_eq!(ordinal("cachex-1", &Names::new("cache")), None);
-    }
 }

@@ -1,8 +1,8 @@
 //! Pure decisions: who is primary, what to restart next. Table-tested.
 
-use super::build::Names;
-use super::observe::ordinal_of;
-pub use super::observe::{PodFacts, Role, ordinal};
+use super::facts::ordinal_of;
+pub use super::facts::{PodFacts, Role, ordinal};
+use super::names::Names;
 
 /// Chooses the primary:
 /// 1. what the servers say: the one reachable primary that linked replicas

@@ -7,7 +7,7 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build;
-use super::observe::{PodFacts, Role};
+use super::facts::{PodFacts, Role};
 use super::plan;
 use crate::redis::{ConnectOptions, Endpoint};
 

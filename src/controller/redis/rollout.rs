@@ -10,7 +10,7 @@ use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 
 use super::build;
-use super::observe::{PodFacts, Role, ordinal};
+use super::facts::{PodFacts, Role, ordinal};
 use super::{Error, Reconciler, plan};
 use crate::redis::{ConnectOptions, Endpoint};
 

@@ -15,7 +15,7 @@
 //! The pure rules (proven, failed, the condition) are in `judge.rs`.
 //!
 //! What the instances run is recorded on the StatefulSet (annotations
-//! [`build::ENGINE_ANNOTATION`], [`build::VERSION_ANNOTATION`] and the
+//! [`super::names::ENGINE_ANNOTATION`], [`super::names::VERSION_ANNOTATION`] and the
 //! container image), so an operator restarted mid-way finds the upgrade.
 //!
 //! Length: ~400 lines of code; its pure rules already live in `judge.rs`.
@@ -26,7 +26,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
-use super::observe::PodFacts;
+use super::facts::PodFacts;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{Mode, Redis, Served, UpgradePhase, UpgradeSpec, UpgradeStatus};
 
@@ -374,7 +374,7 @@ impl Reconciler {
         );
         self.event(EventType::Warning, "NoWayBack", "Upgrade", msg.clone())
             .await;
-        self.upgrade_cond = Some(super::status::Cond::new(
+        self.upgrade_cond = Some(super::facts::Cond::new(
             "UpgradeFailed",
             true,
             "NoWayBack",

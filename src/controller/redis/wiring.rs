@@ -8,7 +8,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::build::{self, ROLE_LABEL};
-use super::observe::{PodFacts, Role};
+use super::facts::{PodFacts, Role};
 use super::{Error, Reconciler, plan};
 use crate::controller::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint};

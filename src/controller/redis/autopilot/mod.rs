@@ -22,8 +22,8 @@ use kube::runtime::events::EventType;
 use self::policy::{Bound, Decision, Observed, Policy, human, maxmemory_of, quantity};
 use super::Reconciler;
 use super::config::quantity_bytes;
-use super::observe::{PodFacts, memory_limit};
-use super::status::Cond;
+use super::facts::Cond;
+use super::facts::{PodFacts, memory_limit};
 use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision, Redis};
 
 /// The condition the autopilot reports.

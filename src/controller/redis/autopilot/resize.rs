@@ -28,7 +28,7 @@ use super::policy::{human, maxmemory_of};
 use super::{Reconciler, record, resources};
 use crate::controller::FIELD_MANAGER;
 use crate::controller::redis::build;
-use crate::controller::redis::observe::PodFacts;
+use crate::controller::redis::facts::PodFacts;
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// Method recorded when the cluster resizes pods in place.
@@ -196,7 +196,7 @@ impl Reconciler {
                     };
                     let msg = format!("resizing {name} to {} was refused: {why}", human(target));
                     self.progressing.push(msg.clone());
-                    self.autopilot_cond = Some(super::super::status::Cond::new(
+                    self.autopilot_cond = Some(super::super::facts::Cond::new(
                         super::CONDITION,
                         true,
                         reason,

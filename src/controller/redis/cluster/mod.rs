@@ -29,8 +29,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::observe::{PodFacts, Role};
-use super::status::{self, Cond};
+use super::facts::{self, Cond};
+use super::facts::{PodFacts, Role};
+use super::status;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{ClusterStatus, InstanceStatus, Phase, RedisStatus, ShardStatus};
 use crate::redis::cluster as rc;
@@ -124,7 +125,7 @@ impl Reconciler {
             .collect();
         let settled = sts
             .iter()
-            .all(|s| s.as_ref().is_some_and(super::observe::sts_observed));
+            .all(|s| s.as_ref().is_some_and(super::facts::sts_observed));
         let primaries: Vec<&str> = plan
             .shards
             .iter()
@@ -183,7 +184,7 @@ impl Reconciler {
                 self.cached(&build::shard_statefulset_name(&self.names, shard));
             let want = sts
                 .as_ref()
-                .filter(|s| super::observe::sts_observed(s))
+                .filter(|s| super::facts::sts_observed(s))
                 .and_then(|s| s.status.as_ref()?.update_revision.clone());
             // Revisions kept by the operator's own template changes (a new
             // release, the memory autopilot's in-place resize) are current.
@@ -726,7 +727,7 @@ impl Reconciler {
             autopilot: old.autopilot.clone(),
             ..Default::default()
         };
-        st.conditions = status::merge(
+        st.conditions = facts::merge(
             &old.conditions,
             &conds,
             self.redis.metadata.generation,

@@ -6,8 +6,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 
 use super::super::build;
-use super::super::observe::{PodFacts, Role};
-use super::super::status::Cond;
+use super::super::facts::Cond;
+use super::super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::{Engine, Redis, Served, UpgradePhase, UpgradeStatus};
 use crate::redis::info::Version;
 

@@ -1,6 +1,6 @@
 use super::judge::*;
 use crate::api::v1alpha1::{Engine, Served, UpgradePhase, UpgradeStatus};
-use crate::controller::redis::observe::{PodFacts, Role};
+use crate::controller::redis::facts::{PodFacts, Role};
 
 fn replica(name: &str) -> PodFacts {
     PodFacts {

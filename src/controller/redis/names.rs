@@ -1,0 +1,110 @@
+//! The bottom of the Redis controller: the names of a Redis's children and
+//! the labels, annotations and keys they carry. Every other module may use
+//! it; it uses none of them.
+
+/// The port every instance listens on.
+pub const REDIS_PORT: u16 = 6379;
+/// Label naming the Redis a child belongs to.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Label naming the managing operator.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "redpilot";
+/// Pod label the operator keeps equal to the instance's replication role.
+pub const ROLE_LABEL: &str = "redpilot.io/role";
+/// Annotation holding the hash of what an object was built from.
+pub const HASH_ANNOTATION: &str = "redpilot.io/desired-hash";
+/// The server container of every instance.
+pub const SERVER_CONTAINER: &str = "redis";
+/// StatefulSet annotation: the engine its template runs.
+pub const ENGINE_ANNOTATION: &str = "redpilot.io/engine";
+/// StatefulSet annotation: the version its template runs.
+pub const VERSION_ANNOTATION: &str = "redpilot.io/version";
+/// Pod template annotation: hash of the settings that need a restart.
+pub const RESTART_HASH_ANNOTATION: &str = "redpilot.io/restart-hash";
+/// Key of the password in an auth Secret.
+pub const PASSWORD_KEY: &str = "password";
+/// Server-auth Secret key: the redis.conf lines with the password
+/// (`requirepass`, `masterauth`), included by redis.conf at start-up.
+pub const AUTH_CONF_KEY: &str = "auth.conf";
+/// Server-auth Secret key: the password being retired during a rotation.
+pub const PREVIOUS_KEY: &str = "previous";
+/// Server-auth Secret key: the password of [`PROBE_USER`], generated once
+/// per Redis and never rotated.
+pub const PROBE_PASSWORD_KEY: &str = "probe-password";
+/// The ACL user the readiness probe authenticates as: it may run `PING`
+/// and `INFO` and nothing else. A probe's environment is fixed when its
+/// container starts (the kubelet resolves it then), so it must not hold the
+/// application password, which rotates live: a probe still sending the
+/// retired password would fail and take every instance started before the
+/// rotation out of its Services.
+pub const PROBE_USER: &str = "redpilot-probe";
+/// Where the start script writes `auth.conf` (from the environment, which
+/// the kubelet resolves at every container start: a mounted file can lag
+/// behind a rotation) for redis.conf to include.
+pub const AUTH_CONF_PATH: &str = "/tmp/redpilot-auth.conf";
+/// ConfigMap key holding redis.conf.
+pub const CONFIG_KEY: &str = "redis.conf";
+/// ConfigMap key holding the current primary as `ip port` (read at start-up
+/// so a restarted instance comes back as a replica of the current primary).
+pub const PRIMARY_KEY: &str = "primary";
+/// ConfigMap key present once a bootstrap from a backup finished (its
+/// value is the backup's location): the restore init container then does
+/// nothing, so a re-created instance never loads the old backup again.
+pub const BOOTSTRAPPED_KEY: &str = "bootstrapped";
+/// ConfigMap key of a Cluster Redis waking from hibernation (when every
+/// instance saved): its nodes skip the boot rule's wait for a takeover.
+pub const WAKING_KEY: &str = "waking";
+
+/// Names of the children of one Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    /// StatefulSet, PDB and read-write Service name (the Redis name).
+    pub base: String,
+}
+
+impl Names {
+    /// Names for a Redis called `name`.
+    pub fn new(name: &str) -> Self {
+        Names {
+            base: name.to_string(),
+        }
+    }
+    /// The StatefulSet.
+    pub fn statefulset(&self) -> String {
+        self.base.clone()
+    }
+    /// The headless Service giving pods stable DNS names.
+    pub fn headless(&self) -> String {
+        format!("{}-headless", self.base)
+    }
+    /// The read-write Service (current primary).
+    pub fn write_service(&self) -> String {
+        self.base.clone()
+    }
+    /// The read-only Service (replicas).
+    pub fn read_service(&self) -> String {
+        format!("{}-ro", self.base)
+    }
+    /// The ConfigMap with redis.conf.
+    pub fn config(&self) -> String {
+        format!("{}-config", self.base)
+    }
+    /// The generated auth Secret.
+    pub fn generated_secret(&self) -> String {
+        format!("{}-auth", self.base)
+    }
+    /// The operator-owned Secret with the password the servers run (pods
+    /// start from it; see [`super::credentials`]).
+    pub fn server_auth(&self) -> String {
+        format!("{}-server-auth", self.base)
+    }
+    /// The PodDisruptionBudget.
+    pub fn pdb(&self) -> String {
+        self.base.clone()
+    }
+    /// Pod name of ordinal `i`.
+    pub fn pod(&self, i: i32) -> String {
+        format!("{}-{i}", self.base)
+    }
+}
