@@ -155,14 +155,19 @@ bench-timing: engines cluster-up
 # (tests/redis_cluster.rs), printing the time to writable again p50/p99 and
 # the writes lost; then the operator's suite (tests/operator_cluster.rs),
 # its shard-primary kill -9 repeated CLUSTER_RUNS times with the operator in
-# charge (p50/p99). `make test` runs each once.
+# charge (p50/p99), and CLUSTER_UPGRADE_RUNS upgrades of a 3 x 2 Cluster
+# Redis from Redis 7.0 to Valkey 8.1 under per-shard writers (per-shard
+# longest write gap p50/max, writes lost, time to Succeeded). `make test`
+# runs each once.
 CLUSTER_RUNS ?= 10
+CLUSTER_UPGRADE_RUNS ?= 5
 bench-cluster: engines cluster-up
 	REDPILOT_CLUSTER_RUNS=$(CLUSTER_RUNS) $(CARGO) test --test redis_cluster -- \
 		--nocapture a_killed_shard_primary
 	REDPILOT_CLUSTER_OP_RUNS=$(CLUSTER_RUNS) $(CARGO) test --test operator_cluster -- \
 		--nocapture a_cluster_redis_forms
-	$(CARGO) test --test operator_cluster -- --nocapture --skip a_cluster_redis_forms
+	REDPILOT_CLUSTER_UPGRADE_RUNS=$(CLUSTER_UPGRADE_RUNS) $(CARGO) test --test operator_cluster -- \
+		--nocapture --skip a_cluster_redis_forms
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against

@@ -934,10 +934,12 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
         "{images:?}"
     );
     let ms = members(&client, &ns.name).await;
+    let mut gaps = Vec::new();
     for (s, t) in tallies.iter().enumerate() {
         let t = t.lock().await;
         let lost = missing(&ms, &copts, want[s].start, &t).await;
         let gap = longest_gap(&t.set_ok, started, until);
+        gaps.push(gap);
         println!(
             "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost, longest gap {:.0} ms",
             t.acked.len(),
@@ -961,6 +963,108 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
     ] {
         assert!(events.contains(reason), "no {reason} event:\n{events}");
     }
+
+    // `REDPILOT_CLUSTER_UPGRADE_RUNS` (default 1; `make bench-cluster` sets
+    // it): that many upgrades in all, each further one of a new 3 x 2
+    // Redis 7.0 to Valkey 8.1 under per-shard writers, for the spread.
+    let runs: usize = std::env::var("REDPILOT_CLUSTER_UPGRADE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let mut times = vec![took];
+    for run in 1..runs {
+        let (t, shards) = measured_upgrade(&client, &ns.name, &format!("more-{run}")).await;
+        println!(
+            "upgrade run {}: Succeeded and Ready in {:.1} s",
+            run + 1,
+            t.as_secs_f64()
+        );
+        for (s, (acked, gap)) in shards.iter().enumerate() {
+            println!(
+                "  shard {s}: {acked} confirmed writes, 0 lost, longest gap {:.0} ms",
+                gap.as_secs_f64() * 1000.0
+            );
+            gaps.push(*gap);
+        }
+        times.push(t);
+    }
+    gaps.sort();
+    times.sort();
+    let ms_of = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{runs} upgrade(s) of a 3 x 2 Cluster Redis, Redis 7.0 to Valkey 8.1: per-shard longest write gap p50 {:.0} ms, max {:.0} ms over {} shard runs; 0 confirmed writes lost; time to Succeeded p50 {:.1} s, max {:.1} s",
+        ms_of(gaps[gaps.len() / 2]),
+        ms_of(gaps[gaps.len() - 1]),
+        gaps.len(),
+        times[times.len() / 2].as_secs_f64(),
+        times[times.len() - 1].as_secs_f64()
+    );
+}
+
+/// One more measured upgrade (`REDPILOT_CLUSTER_UPGRADE_RUNS`): a new 3 x 2
+/// Redis 7.0 Cluster Redis `name` under per-shard writers confirming with
+/// `WAIT 1`, moved to the Valkey 8.1 image; asserts no confirmed write is
+/// lost and returns the time to Succeeded and Ready and, per shard, the
+/// confirmed writes and the longest gap. The Redis is deleted afterwards.
+async fn measured_upgrade(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> (Duration, Vec<(usize, Duration)>) {
+    use redpilot::api::v1alpha1::UpgradePhase;
+    apply_redis(
+        client,
+        ns,
+        name,
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Redis", "version": "7.0",
+               "storage": {"size": "64Mi"}}),
+    )
+    .await;
+    wait_ready(client, ns, name, READY).await;
+    let copts = ConnectOptions::default()
+        .with_password(redis_password(client, ns, name).await)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let want = spread(3);
+    let writers = Writers::start(&members_of(client, ns, name).await, &copts, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    support::operator::patch_redis(
+        client,
+        ns,
+        name,
+        json!({"spec": {"engine": "Valkey", "version": "8.1", "image": "valkey/valkey:8.1"}}),
+    )
+    .await;
+    let api = redis_api(client, ns);
+    wait_for(
+        "the measured upgrade to succeed",
+        Duration::from_secs(300),
+        || async {
+            let r = api.get(name).await.ok()?;
+            let done = r.status.as_ref()?.upgrade.as_ref().is_some_and(|u| {
+                u.phase == UpgradePhase::Succeeded && u.to.image == "valkey/valkey:8.1"
+            });
+            (done && support::operator::is_ready(&r)).then_some(())
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    let until = Instant::now();
+    let tallies = writers.stop().await;
+    let ms = members_of(client, ns, name).await;
+    let mut out = Vec::new();
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &copts, want[s].start, &t).await;
+        assert!(t.acked.len() > 100, "{name} shard {s}: the writer wrote");
+        assert_eq!(lost, 0, "{name} shard {s} lost {lost} confirmed writes");
+        out.push((t.acked.len(), longest_gap(&t.set_ok, started, until)));
+    }
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("deleting the measured Redis");
+    (took, out)
 }
 
 /// Each pod's server memory limit, by pod name.
