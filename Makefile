@@ -142,8 +142,9 @@ bench-autopilot: engines cluster-up
 		--nocapture without_the_autopilot
 
 # Apply → Ready (tests/operator_timing.rs): TIMING_RUNS creations of each kind
-# (Standalone, Replication 3, Cluster 3 x 2 and 6 x 3) for medians, and the
-# apiserver requests per reconcile of an idle Replication and Cluster Redis.
+# (Standalone, Replication 3, Cluster 3 x 2 and 6 x 3) for medians, the
+# apiserver requests per reconcile of an idle Replication and Cluster Redis,
+# and the operator's idle CPU with one of each.
 # `make test` creates one Standalone and one Replication.
 TIMING_RUNS ?= 5
 bench-timing: engines cluster-up

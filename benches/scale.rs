@@ -27,7 +27,9 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 use support::audit::operator_requests_all;
-use support::operator::{OperatorOptions, apply_redis, is_ready, redis_api, start_operator};
+use support::operator::{
+    OperatorOptions, apply_redis, cpu_seconds, is_ready, redis_api, start_operator,
+};
 use support::{TestNamespace, client};
 
 fn knob(name: &str, default: u64) -> u64 {
@@ -44,16 +46,6 @@ fn percentile(xs: &mut [f64], p: f64) -> f64 {
     }
     let i = ((p / 100.0) * (xs.len() - 1) as f64).round() as usize;
     xs[i.min(xs.len() - 1)]
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields after the command: state is 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 async fn apply_all(client: &Client, ns: &str, specs: Vec<(String, serde_json::Value)>) {

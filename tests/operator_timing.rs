@@ -3,8 +3,9 @@
 //! like the samples), apiserver requests per reconcile in steady state, and
 //! the operator's RSS afterwards. `make test` creates one of each;
 //! `make bench-timing` sets `REDPILOT_TIMING_RUNS=5` for medians and
-//! `REDPILOT_TIMING_CLUSTER=1` to add Cluster Redis of 3 x 2 and 6 x 3 and
-//! the requests per reconcile of an idle Cluster Redis.
+//! `REDPILOT_TIMING_CLUSTER=1` to add Cluster Redis of 3 x 2 and 6 x 3, the
+//! requests per reconcile of an idle Cluster Redis, and the operator's idle
+//! CPU with one Replication Redis, then with one Cluster Redis of 3 x 2.
 
 mod support;
 
@@ -51,6 +52,17 @@ async fn measure(
         }
     }
     secs
+}
+
+/// The operator's CPU over a 60 s idle window, in millicores, after 20 s
+/// for what is left of the last change to settle.
+async fn idle_cpu(op: &support::operator::Operator) -> f64 {
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let before = op.cpu_seconds().unwrap_or_default();
+    let window = Duration::from_secs(60);
+    tokio::time::sleep(window).await;
+    let used = op.cpu_seconds().unwrap_or_default() - before;
+    used * 1000.0 / window.as_secs_f64()
 }
 
 fn summary(secs: &[f64]) -> String {
@@ -113,6 +125,17 @@ async fn apply_to_ready_latency_requests_and_footprint() {
         rss.unwrap_or_default()
     );
     if std::env::var_os("REDPILOT_TIMING_CLUSTER").is_some() {
+        // The operator's CPU with one idle Replication Redis, then with one
+        // idle Cluster Redis of 3 x 2 in its place (steady reconciles,
+        // failure-detection probes of every primary, lease renewals).
+        let api = redis_api(&client, &ns.name);
+        api.delete(&format!("solo-{}", runs() - 1), &DeleteParams::default())
+            .await
+            .expect("delete");
+        let repl_cpu = idle_cpu(&op).await;
+        api.delete(&last, &DeleteParams::default())
+            .await
+            .expect("delete");
         for (shards, instances) in [(3, 2), (6, 3)] {
             let secs = measure(
                 &client,
@@ -127,6 +150,12 @@ async fn apply_to_ready_latency_requests_and_footprint() {
                 "apply → Ready, Cluster {shards} shards x {instances}: {}",
                 summary(&secs)
             );
+            if shards == 3 {
+                let cluster_cpu = idle_cpu(&op).await;
+                println!(
+                    "operator CPU, idle: one Replication Redis of 3 {repl_cpu:.1} mCPU; one Cluster Redis of 3 x 2 {cluster_cpu:.1} mCPU"
+                );
+            }
         }
         let last = format!("sharded-6x3-{}", runs() - 1);
         let per = requests_per_reconcile(&client, &op, &ns.name, &last, 5).await;

@@ -681,6 +681,11 @@ impl Operator {
         child.wait().ok()
     }
 
+    /// CPU time used so far, user and system, in seconds.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        self.pid().map(cpu_seconds)
+    }
+
     /// Resident set size in KiB (`VmRSS` of /proc/<pid>/status).
     pub fn rss_kib(&self) -> Option<u64> {
         let pid = self.pid()?;
@@ -1397,4 +1402,15 @@ pub async fn start_operator_pod(client: &Client, ns: &str) -> OperatorPod {
     )
     .await;
     OperatorPod { name, ip }
+}
+
+/// utime + stime of a process, in seconds (clock ticks of 1/100 s, the
+/// Linux `USER_HZ`).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields after the command: state is 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) / 100.0
 }
