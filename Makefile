@@ -87,7 +87,7 @@ cluster-down:
 # files) run beside the cluster suites, whose first ones mostly wait on the
 # cluster and on Prometheus' alert timers; their output follows the cluster
 # suites'. A suite not listed here runs with the cluster suites.
-LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster \
+LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology setup_script
 CLUSTER_SUITES := $(filter-out $(LOCAL_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines

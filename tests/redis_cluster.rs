@@ -10,6 +10,8 @@
 //!
 //! `REDPILOT_CLUSTER_RUNS` (default 1) repeats the kill for a p50/p99.
 
+#[path = "support/cluster_servers.rs"]
+mod cluster_servers;
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
 #[path = "support/redis_server.rs"]
@@ -19,55 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cluster_servers::{Cluster, node_timeout_ms, start};
 use cluster_writer::{Tally, first_write_elsewhere, longest_gap, missing, tag_in, writer};
-use redis_server::{Engine, RedisServer, ServerConfig, free_port};
+use redis_server::Engine;
+use redpilot::redis::Node;
 use redpilot::redis::cluster::{self, Member};
-use redpilot::redis::{ConnectOptions, Node};
 use tokio::sync::Mutex;
-
-const PASSWORD: &str = "cluster-pw";
-/// `cluster-node-timeout` (ms): `REDPILOT_CLUSTER_NODE_TIMEOUT`, default
-/// 1000 (a shard primary silent for 1 s is failed).
-fn node_timeout_ms() -> String {
-    std::env::var("REDPILOT_CLUSTER_NODE_TIMEOUT").unwrap_or_else(|_| "1000".into())
-}
-
-struct Cluster {
-    servers: Vec<RedisServer>,
-    members: Vec<Member>,
-    opts: ConnectOptions,
-}
-
-fn start(engine: Engine, n: usize) -> Cluster {
-    let mut servers = Vec::new();
-    let mut members = Vec::new();
-    for _ in 0..n {
-        let bus = free_port();
-        let s = RedisServer::start(
-            engine,
-            ServerConfig::default()
-                .password(PASSWORD)
-                .with("cluster-enabled", "yes")
-                .with("cluster-port", &bus.to_string())
-                .with("cluster-node-timeout", &node_timeout_ms())
-                // Other shards keep serving while one has no primary.
-                .with("cluster-require-full-coverage", "no"),
-        );
-        members.push(Member {
-            endpoint: s.endpoint(),
-            bus_port: bus,
-        });
-        servers.push(s);
-    }
-    let opts = servers[0]
-        .connect_options()
-        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
-    Cluster {
-        servers,
-        members,
-        opts,
-    }
-}
 
 async fn form_3x2(engine: Engine) -> (Cluster, cluster::Formed) {
     let c = start(engine, 6);

@@ -14,6 +14,7 @@ mod conn;
 mod error;
 pub mod info;
 pub mod rdb;
+pub mod reshard;
 pub mod topology;
 
 pub use conn::{ConnectOptions, Endpoint, Node, Secret, TlsOptions, redis_client};
