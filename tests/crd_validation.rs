@@ -415,7 +415,27 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
     )
     .await
     .expect("creating a valid Redis");
+    // A Redis whose upgrade from 7.0 to 7.4 was rolled back.
+    api.create(
+        &PostParams::default(),
+        &redis_object(
+            "rolled-back-74",
+            json!({"mode": "Replication", "version": "7.4"}),
+        ),
+    )
+    .await
+    .expect("creating a valid Redis");
     let served = |v: &str| json!({"engine": "Redis", "version": v, "image": format!("redis:{v}")});
+    api.patch_status(
+        "rolled-back-74",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"upgrade": {
+            "from": served("7.0"), "to": served("7.4"), "phase": "RolledBack",
+            "done": 0, "total": 3, "startedAt": "2026-01-01T00:00:00Z",
+            "reason": "ImagePullFailed"}}})),
+    )
+    .await
+    .expect("writing status.upgrade");
     api.patch_status(
         "rolled-back",
         &PatchParams::default(),
@@ -537,6 +557,12 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             vec!["spec.instances", "Standalone mode runs exactly 1 instance"],
         ),
         (
+            "after a rolled-back 7.0 to 7.4, a patch release of 7.0 (what runs may be newer)",
+            "rolled-back-74",
+            json!({"spec": {"version": "7.0.5"}}),
+            vec!["spec.version", "7.4 to 7.0.5 is a downgrade"],
+        ),
+        (
             "an unset mode (Standalone) set to Replication",
             "unset",
             json!({"spec": {"mode": "Replication", "instances": 3}}),
@@ -607,6 +633,11 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             json!({"spec": {"storage": {"retainOnDelete": false}}}),
         ),
         ("pause", "ephemeral", json!({"spec": {"paused": true}})),
+        (
+            "after a rolled-back 7.0 to 7.4, 7.2 (an upgrade of what runs)",
+            "rolled-back-74",
+            json!({"spec": {"version": "7.2"}}),
+        ),
         (
             "an unset mode set to its default",
             "unset",

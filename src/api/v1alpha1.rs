@@ -186,7 +186,10 @@ macro_rules! cel_version_number {
 /// the instances ran before an upgrade that is running or was rolled back
 /// (`status.upgrade.from`); once it succeeded, that is a downgrade too.
 /// (Between the switchover and success the operator holds the newer
-/// version and says so in `UpgradeFailed`, reason `NoWayBack`.)
+/// version and says so in `UpgradeFailed`, reason `NoWayBack`.) After a
+/// rollback every instance runs `from` again, so any later minor version
+/// than `from` is an upgrade of what runs, even below the version that
+/// failed (7.0 to 7.4 rolled back, then 7.2).
 const NO_DOWNGRADE_RULE: &str = concat!(
     "(has(self.spec.engine) ? self.spec.engine : 'Redis') != ",
     "(has(oldSelf.spec.engine) ? oldSelf.spec.engine : 'Redis') || has(self.spec.image) || ",
@@ -197,7 +200,14 @@ const NO_DOWNGRADE_RULE: &str = concat!(
     " || (has(oldSelf.status) && has(oldSelf.status.upgrade) && ",
     "oldSelf.status.upgrade.phase != 'Succeeded' && ",
     "oldSelf.status.upgrade.from.engine == (has(self.spec.engine) ? self.spec.engine : 'Redis') && ",
-    "oldSelf.status.upgrade.from.version == (has(self.spec.version) ? self.spec.version : '7.0'))"
+    "oldSelf.status.upgrade.from.version == (has(self.spec.version) ? self.spec.version : '7.0')) ",
+    "|| (has(oldSelf.status) && has(oldSelf.status.upgrade) && ",
+    "oldSelf.status.upgrade.phase == 'RolledBack' && ",
+    "oldSelf.status.upgrade.from.engine == (has(self.spec.engine) ? self.spec.engine : 'Redis') && ",
+    cel_version_number!("(has(self.spec.version) ? self.spec.version : '7.0')"),
+    " / 1000 > ",
+    cel_version_number!("oldSelf.status.upgrade.from.version"),
+    " / 1000)"
 );
 const NO_DOWNGRADE_MESSAGE: &str = "'spec.version: ' \
     + (has(oldSelf.spec.version) ? oldSelf.spec.version : '7.0') + ' to ' \
