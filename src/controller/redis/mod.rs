@@ -107,6 +107,19 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
     Ok(action)
 }
 
+/// What the first steps of a pass ([`Reconciler::begin`]) give the
+/// topology passes.
+struct Begun {
+    /// The password the user wants (rolled out live by `rotate_password`).
+    wanted: String,
+    /// The password the servers run, and the one before it.
+    auth: credentials::ServerAuth,
+    /// Connection options with the running password.
+    opts: ConnectOptions,
+    /// Pods and servers as observed.
+    obs: observe::Observed,
+}
+
 /// The state of one reconcile pass, shared by the capability modules.
 pub struct Reconciler {
     redis: Arc<Redis>,
@@ -279,6 +292,26 @@ impl Reconciler {
             .server_auth(server_auth.as_ref(), &wanted, paused)
             .await?;
         Ok(Ok((wanted, auth)))
+    }
+
+    /// The first steps of every pass, whatever the mode: the passwords,
+    /// then the pods and servers observed with the one the servers run.
+    /// `Err` holds the pass's result when the password cannot be used
+    /// (the status says why).
+    async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Action>, Error> {
+        let (wanted, auth) = match self.passwords(paused).await? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(self.fail_status(e).await?)),
+        };
+        let opts = self.connect_options(&auth.current);
+        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
+        self.servers_observed = obs.servers_observed;
+        Ok(Ok(Begun {
+            wanted,
+            auth,
+            opts,
+            obs,
+        }))
     }
 
     async fn run(&mut self) -> Result<Action, Error> {

@@ -9,7 +9,7 @@
 
 use kube::runtime::controller::Action;
 
-use super::{Error, Reconciler, facts, plan};
+use super::{Begun, Error, Reconciler, facts, plan};
 use crate::api::v1alpha1::Mode;
 
 impl Reconciler {
@@ -20,15 +20,16 @@ impl Reconciler {
 
         // 1. The password: the desired one (the user's Secret or the
         // generated one) and the one the servers run (server-auth Secret).
-        let (wanted_password, auth) = match self.passwords(paused).await? {
-            Ok(p) => p,
-            Err(e) => return self.fail_status(e).await,
-        };
-        let opts = self.connect_options(&auth.current);
-
         // 2. Observe pods and the live servers.
-        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
-        self.servers_observed = obs.servers_observed;
+        let Begun {
+            wanted: wanted_password,
+            auth,
+            opts,
+            obs,
+        } = match self.begin(paused).await? {
+            Ok(b) => b,
+            Err(action) => return Ok(action),
+        };
         let facts = obs.facts;
 
         // A Redis loaded from a backup: nothing is created before the

@@ -57,14 +57,15 @@ impl Reconciler {
     /// One pass over a Cluster Redis.
     pub(super) async fn run_cluster(&mut self) -> Result<Action, Error> {
         let paused = self.redis.spec.paused;
-        let (wanted_password, auth) = match self.passwords(paused).await? {
-            Ok(p) => p,
-            Err(e) => return self.fail_status(e).await,
+        let super::Begun {
+            wanted: wanted_password,
+            auth,
+            opts,
+            obs,
+        } = match self.begin(paused).await? {
+            Ok(b) => b,
+            Err(action) => return Ok(action),
         };
-        let opts = self.connect_options(&auth.current);
-
-        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
-        self.servers_observed = obs.servers_observed;
         let mut facts = obs.facts;
         self.mark_outdated(&mut facts);
         let (views, mut conns) = if obs.servers_observed {
