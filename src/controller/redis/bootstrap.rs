@@ -358,8 +358,8 @@ pub struct Fill {
 
 /// The spec fields a Redis bootstrapped from RedisBackup `name` leaves
 /// unset and takes from its `origin`: mode, engine and version (with the
-/// image, when all three are unset), the shard and instance counts when
-/// the mode is the backed-up one, and the config when none is given.
+/// image, when engine and version are unset), the shard and instance
+/// counts with the mode, and the config when none is given.
 /// `None` when nothing is unset; an error naming the field when the
 /// version cannot be taken (another engine than the backed-up one).
 pub fn from_origin(
@@ -395,7 +395,9 @@ pub fn from_origin(
             parts.push(format!("image {image}"));
         }
     }
-    if mode == origin.mode {
+    // The counts come with the mode: a spec that names its mode chose its
+    // counts too (and in Cluster mode they cannot change once set).
+    if spec.mode.is_none() && mode == origin.mode {
         if mode == Mode::Cluster
             && spec.shards.is_none()
             && let Some(shards) = origin.shards
@@ -661,13 +663,10 @@ mod tests {
         let fill = from_origin(&given, &cluster, "b1")
             .expect("fills")
             .expect("some");
-        assert_eq!(
-            fill.patch,
-            serde_json::json!({"engine": "Valkey", "instances": 2})
-        );
+        assert_eq!(fill.patch, serde_json::json!({"engine": "Valkey"}));
 
-        // Another mode than the backed-up one keeps its own counts (the
-        // shape check then refuses what cannot be restored).
+        // A spec that names its mode keeps its own counts (the shape check
+        // then refuses what cannot be restored).
         let repl = origin(Mode::Replication, Engine::Redis, "7.2");
         let standalone = RedisSpec {
             mode: Some(Mode::Standalone),
