@@ -235,6 +235,16 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             ],
         ),
         (
+            "Valkey with the default version, from a bucket key (no origin to take one from)",
+            json!({"engine": "Valkey", "bootstrap": {"fromBackup": {
+                "key": "a/b.rdb", "s3": {"bucket": "b", "endpoint": "http://127.0.0.1:9000",
+                "credentials": {"secretName": "s3"}}}}}),
+            vec![
+                "spec.version",
+                "7.0 (the default) is not a Valkey version Redpilot knows",
+            ],
+        ),
+        (
             "empty image",
             json!({"image": ""}),
             vec!["spec.image", "at least 1"],

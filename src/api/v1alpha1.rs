@@ -136,10 +136,10 @@ pub const KNOWN_VERSIONS: &[(Engine, &[&str])] = &[
 
 // Unset `mode`, `engine` and `version` read as their defaults in the rules
 // (Standalone, Redis, 7.0), as the operator reads them. A Redis bootstrapped
-// from a RedisBackup may leave them unset: the operator then sets them from
-// the backup before it creates anything, and the rules let that first
-// setting through.
-const KNOWN_VERSION_RULE: &str = "has(self.image) || (!has(self.version) && has(self.bootstrap)) \
+// from a RedisBackup by name may leave them unset: the operator then sets
+// them from the backup before it creates anything, and the rules let that
+// first setting through (not for a bucket key: no origin to take them from).
+const KNOWN_VERSION_RULE: &str = "has(self.image) || (!has(self.version) && has(self.bootstrap) && has(self.bootstrap.fromBackup.backup)) \
     || ((has(self.engine) ? self.engine : 'Redis') == 'Redis' \
     ? (has(self.version) ? self.version : '7.0').matches('^(6[.]2|7[.][024])([.][0-9]+)?$') \
     : (has(self.version) ? self.version : '7.0').matches('^(7[.]2|8[.][01]|9[.][01])([.][0-9]+)?$'))";
@@ -153,7 +153,7 @@ const KNOWN_VERSION_MESSAGE: &str = "'spec.version: ' + (has(self.version) ? sel
 /// cannot feed a Redis replica, and the other pairs are not tested.
 const MIGRATION_RULE: &str = "(has(self.engine) ? self.engine : 'Redis') \
     == (has(oldSelf.engine) ? oldSelf.engine : 'Redis') \
-    || (!has(oldSelf.engine) && has(self.bootstrap)) \
+    || (!has(oldSelf.engine) && has(self.bootstrap) && has(self.bootstrap.fromBackup.backup)) \
     || ((has(oldSelf.engine) ? oldSelf.engine : 'Redis') == 'Redis' \
     && has(self.engine) && self.engine == 'Valkey' \
     && (has(oldSelf.version) ? oldSelf.version : '7.0').matches('^(6[.]2|7[.]0)([.]|$)') \
@@ -193,7 +193,7 @@ macro_rules! cel_version_number {
 const NO_DOWNGRADE_RULE: &str = concat!(
     "(has(self.spec.engine) ? self.spec.engine : 'Redis') != ",
     "(has(oldSelf.spec.engine) ? oldSelf.spec.engine : 'Redis') || has(self.spec.image) || ",
-    "(!has(oldSelf.spec.version) && has(self.spec.bootstrap)) || ",
+    "(!has(oldSelf.spec.version) && has(self.spec.bootstrap) && has(self.spec.bootstrap.fromBackup.backup)) || ",
     cel_version_number!("(has(self.spec.version) ? self.spec.version : '7.0')"),
     " >= ",
     cel_version_number!("(has(oldSelf.spec.version) ? oldSelf.spec.version : '7.0')"),
@@ -313,7 +313,7 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
         .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
         .field_path(".hibernate"),
-    validation = Rule::new("(has(self.mode) ? self.mode : 'Standalone') == (has(oldSelf.mode) ? oldSelf.mode : 'Standalone') || (!has(oldSelf.mode) && has(self.bootstrap))")
+    validation = Rule::new("(has(self.mode) ? self.mode : 'Standalone') == (has(oldSelf.mode) ? oldSelf.mode : 'Standalone') || (!has(oldSelf.mode) && has(self.bootstrap) && has(self.bootstrap.fromBackup.backup))")
         .message("spec.mode is immutable")
         .field_path(".mode"),
     validation = Rule::new(KNOWN_VERSION_RULE)

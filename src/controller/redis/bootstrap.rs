@@ -120,6 +120,22 @@ impl Reconciler {
         let status = b.status.clone().unwrap_or_default();
         // What the spec leaves unset comes from the backed-up Redis, set in
         // the spec before anything is checked or created.
+        // A backup taken before backups recorded their origin gives no
+        // version: a Valkey spec must name one.
+        if status.phase == Some(BackupPhase::Completed)
+            && status.origin.is_none()
+            && self.redis.spec.version.is_none()
+            && self.redis.spec.image.is_none()
+            && self.redis.spec.engine() != Engine::Redis
+        {
+            return Ok(Err(Unresolved::Failed(
+                "InvalidBootstrap",
+                format!(
+                    "spec.version: set it: RedisBackup {name} records no origin (an earlier operator took it), so there is no version to take for spec.engine {:?}",
+                    self.redis.spec.engine()
+                ),
+            )));
+        }
         if status.phase == Some(BackupPhase::Completed)
             && let Some(origin) = &status.origin
         {
