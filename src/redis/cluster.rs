@@ -114,6 +114,22 @@ pub fn spread(shards: u16) -> Vec<SlotRange> {
         .collect()
 }
 
+/// Slots (in any order, repeats allowed) as ranges of consecutive slots,
+/// in ascending order.
+pub fn ranges(slots: impl IntoIterator<Item = u16>) -> Vec<SlotRange> {
+    let mut out: Vec<SlotRange> = Vec::new();
+    for s in slots
+        .into_iter()
+        .collect::<std::collections::BTreeSet<u16>>()
+    {
+        match out.last_mut() {
+            Some(r) if u32::from(r.end) + 1 == u32::from(s) => r.end = s,
+            _ => out.push(SlotRange { start: s, end: s }),
+        }
+    }
+    out
+}
+
 /// One line of `CLUSTER NODES`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterNode {

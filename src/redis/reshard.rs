@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::cluster::{SLOTS, SlotRange};
+use super::cluster::{SLOTS, SlotRange, ranges};
 use super::{Endpoint, Error, Node, Result};
 
 /// One move of a rebalance: `slots` from shard `from`'s primary to shard
@@ -84,7 +84,7 @@ pub fn rebalance(owned: &[Vec<SlotRange>], shards: usize) -> Vec<SlotMove> {
             moves.push(SlotMove {
                 from,
                 to: *to,
-                slots: ranges_of(now),
+                slots: ranges(now.iter().copied()),
             });
             *wanted -= n as u32;
             rest = later;
@@ -94,18 +94,6 @@ pub fn rebalance(owned: &[Vec<SlotRange>], shards: usize) -> Vec<SlotMove> {
         }
     }
     moves
-}
-
-/// Sorted slots as ranges of consecutive slots.
-pub fn ranges_of(slots: &[u16]) -> Vec<SlotRange> {
-    let mut out: Vec<SlotRange> = Vec::new();
-    for &s in slots {
-        match out.last_mut() {
-            Some(r) if u32::from(r.end) + 1 == u32::from(s) => r.end = s,
-            _ => out.push(SlotRange { start: s, end: s }),
-        }
-    }
-    out
 }
 
 /// A slot a classic move left open on a node, from the bracketed entries
@@ -562,10 +550,10 @@ b2 10.0.0.2:6379@16379 master - 0 1 2 connected 5461-10922 [5461-<-a1]
     #[test]
     fn slots_become_ranges() {
         assert_eq!(
-            ranges_of(&[1, 2, 3, 7, 9, 10]),
+            ranges([1, 2, 3, 7, 9, 10]),
             vec![r(1, 3), r(7, 7), r(9, 10)]
         );
-        assert!(ranges_of(&[]).is_empty());
+        assert!(ranges([]).is_empty());
         assert_eq!(
             even_count(0, 3) + even_count(1, 3) + even_count(2, 3),
             16_384

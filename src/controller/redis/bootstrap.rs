@@ -118,37 +118,34 @@ impl Reconciler {
             )));
         };
         let status = b.status.clone().unwrap_or_default();
-        // What the spec leaves unset comes from the backed-up Redis, set in
-        // the spec before anything is checked or created.
-        // A backup taken before backups recorded their origin gives no
-        // version: a Valkey spec must name one.
-        if status.phase == Some(BackupPhase::Completed)
-            && status.origin.is_none()
-            && self.redis.spec.version.is_none()
-            && self.redis.spec.image.is_none()
-            && self.redis.spec.engine() != Engine::Redis
-        {
-            return Ok(Err(Unresolved::Failed(
-                "InvalidBootstrap",
-                format!(
-                    "spec.version: set it: RedisBackup {name} records no origin (an earlier operator took it), so there is no version to take for spec.engine {:?}",
-                    self.redis.spec.engine()
-                ),
-            )));
-        }
-        if status.phase == Some(BackupPhase::Completed)
-            && let Some(origin) = &status.origin
-        {
-            match from_origin(&self.redis.spec, origin, name) {
-                Err(why) => return Ok(Err(Unresolved::Failed("InvalidBootstrap", why))),
-                Ok(Some(fill)) => return self.fill_spec(fill, name).await,
-                Ok(None) => {}
+        if status.phase == Some(BackupPhase::Completed) {
+            // What the spec leaves unset comes from the backed-up Redis, set
+            // in the spec before anything is checked or created.
+            match &status.origin {
+                Some(origin) => match from_origin(&self.redis.spec, origin, name) {
+                    Err(why) => return Ok(Err(Unresolved::Failed("InvalidBootstrap", why))),
+                    Ok(Some(fill)) => return self.fill_spec(fill, name).await,
+                    Ok(None) => {}
+                },
+                // A backup taken before backups recorded their origin gives
+                // no version: a Valkey spec must name one.
+                None if self.redis.spec.version.is_none()
+                    && self.redis.spec.image.is_none()
+                    && self.redis.spec.engine() != Engine::Redis =>
+                {
+                    return Ok(Err(Unresolved::Failed(
+                        "InvalidBootstrap",
+                        format!(
+                            "spec.version: set it: RedisBackup {name} records no origin (an earlier operator took it), so there is no version to take for spec.engine {:?}",
+                            self.redis.spec.engine()
+                        ),
+                    )));
+                }
+                None => {}
             }
-        }
-        if status.phase == Some(BackupPhase::Completed)
-            && let Some((reason, why)) = shape_mismatch(&self.redis.spec, &status, name)
-        {
-            return Ok(Err(Unresolved::Failed(reason, why)));
+            if let Some((reason, why)) = shape_mismatch(&self.redis.spec, &status, name) {
+                return Ok(Err(Unresolved::Failed(reason, why)));
+            }
         }
         let shards: Vec<BootstrapShard> = status
             .shards
@@ -569,11 +566,10 @@ pub fn init_container(
         && let Some(max) = super::statefulset::max_rdb(spec)
     {
         args.extend(["--max-rdb-version".into(), max.to_string()]);
-        let engine = match spec.engine() {
-            Engine::Redis => "redis",
-            Engine::Valkey => "valkey",
-        };
-        args.extend(["--server-engine".into(), engine.into()]);
+        args.extend([
+            "--server-engine".into(),
+            build::engine_name(spec.engine()).into(),
+        ]);
     }
     let field = |name: &str, path: &str| EnvVar {
         name: name.into(),

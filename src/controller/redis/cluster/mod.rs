@@ -29,8 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::facts::{self, Cond};
-use super::facts::{PodFacts, Role};
+use super::facts::{self, Cond, PodFacts, Role};
 use super::status;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{ClusterStatus, InstanceStatus, Phase, RedisStatus, ShardStatus};

@@ -143,17 +143,7 @@ pub struct Plan {
     pub healthy: bool,
 }
 
-/// Ranges of the slots in `slots` (sorted, deduplicated).
-pub fn ranges(slots: impl IntoIterator<Item = u16>) -> Vec<SlotRange> {
-    let mut out: Vec<SlotRange> = Vec::new();
-    for s in slots.into_iter().collect::<BTreeSet<u16>>() {
-        match out.last_mut() {
-            Some(r) if r.end + 1 == s => r.end = s,
-            _ => out.push(SlotRange { start: s, end: s }),
-        }
-    }
-    out
-}
+pub use crate::redis::cluster::ranges;
 
 /// Ranges as text: `0-5460,5462`.
 pub fn show(ranges: &[SlotRange]) -> String {
