@@ -126,6 +126,7 @@ async fn the_service_account_may_do_what_the_operator_needs_and_no_more() {
         (ns, "create", "apps", "statefulsets"),
         (ns, "patch", "apps", "statefulsets"),
         (ns, "watch", "apps", "statefulsets"),
+        (ns, "delete", "apps", "statefulsets"),
         (ns, "patch", "", "services"),
         (ns, "patch", "", "configmaps"),
         (ns, "patch", "", "secrets"),

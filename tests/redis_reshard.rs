@@ -13,16 +13,19 @@
 //! running it again. Prints keys and slots moved per second and what the
 //! writer met (redirections followed; `TRYAGAIN` and other errors).
 
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
 #[path = "support/cluster_servers.rs"]
 mod cluster_servers;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cluster_client::{Client, Met};
 use cluster_servers::{Cluster, PASSWORD, start};
 use redis_server::Engine;
 use redpilot::redis::cluster::{self, Member, SlotRange};
@@ -34,119 +37,6 @@ const FILL_TAGS: usize = 1_000;
 const FILL_PER_TAG: usize = 20;
 /// Keys the writer overwrites during the move.
 const WRITER_KEYS: usize = 5_000;
-
-/// What a client following redirections met.
-#[derive(Debug, Default, Clone)]
-struct Met {
-    moved: u64,
-    ask: u64,
-    tryagain: u64,
-}
-
-/// A cluster client for the test: one connection per node, every command
-/// sent once per node it is sent to, `MOVED` and `ASK` followed (at most
-/// five hops), `TRYAGAIN` waited on. Slot owners are learnt from the
-/// redirections, as a cluster client does.
-struct Client {
-    opts: ConnectOptions,
-    conns: HashMap<String, Node>,
-    owners: BTreeMap<u16, Endpoint>,
-    seed: Endpoint,
-    met: Met,
-}
-
-/// `host:port` at the end of a `MOVED` or `ASK` reply.
-fn redirect_target(message: &str) -> Option<Endpoint> {
-    let addr = message
-        .split_whitespace()
-        .rev()
-        .find(|t| t.contains(':'))?
-        .trim_end_matches(|c: char| !c.is_ascii_digit());
-    let (host, port) = addr.rsplit_once(':')?;
-    Some(Endpoint::new(host, port.parse().ok()?))
-}
-
-impl Client {
-    fn new(seed: Endpoint, opts: ConnectOptions) -> Self {
-        Client {
-            opts,
-            conns: HashMap::new(),
-            owners: BTreeMap::new(),
-            seed,
-            met: Met::default(),
-        }
-    }
-
-    async fn node(&mut self, at: &Endpoint) -> Result<&mut Node, String> {
-        let key = at.to_string();
-        if !self.conns.contains_key(&key) {
-            let n = Node::connect(at, &self.opts)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.conns.insert(key.clone(), n);
-        }
-        self.conns
-            .get_mut(&key)
-            .ok_or_else(|| "no connection".to_string())
-    }
-
-    /// Runs `cmd` on the key's slot owner; the reply.
-    async fn run<T: redis::FromRedisValue>(
-        &mut self,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> Result<T, String> {
-        let slot = cluster::key_slot(key.as_bytes());
-        let mut at = self.owners.get(&slot).cloned().unwrap_or(self.seed.clone());
-        let mut asking = false;
-        for _ in 0..5 {
-            let result = {
-                let node = self.node(&at).await?;
-                if asking {
-                    let _: redis::Value = node
-                        .query("ASKING", &redis::cmd("ASKING"))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                node.query::<T>("COMMAND", cmd).await
-            };
-            match result {
-                Ok(v) => {
-                    if !asking {
-                        self.owners.insert(slot, at);
-                    }
-                    return Ok(v);
-                }
-                Err(e) => {
-                    let code = e.server_code().map(str::to_string);
-                    let text = e.to_string();
-                    match code.as_deref() {
-                        Some("MOVED") => {
-                            self.met.moved += 1;
-                            at = redirect_target(&text).ok_or(text)?;
-                            asking = false;
-                        }
-                        Some("ASK") => {
-                            self.met.ask += 1;
-                            at = redirect_target(&text).ok_or(text)?;
-                            asking = true;
-                        }
-                        Some("TRYAGAIN") => {
-                            self.met.tryagain += 1;
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        _ => {
-                            // The connection may be broken: open a new one next time.
-                            self.conns.remove(&at.to_string());
-                            return Err(text);
-                        }
-                    }
-                }
-            }
-        }
-        Err(format!("{key}: more than five redirections"))
-    }
-}
 
 /// `cluster.members[..3]` formed into three primaries with the even
 /// spread, the fourth met as an empty primary; the node IDs in member

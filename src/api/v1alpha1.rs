@@ -285,9 +285,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("has(self.mode) && self.mode == 'Cluster' ? has(self.shards) : !has(self.shards)")
         .message("spec.shards: set it (3 to 100) in mode Cluster, and only there")
         .field_path(".shards"),
-    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.shards) || !has(oldSelf.shards) || self.shards == oldSelf.shards")
-        .message("spec.shards cannot change yet: online resharding is not supported; create a new Cluster Redis with the shard count you need")
-        .field_path(".shards"),
     validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || has(self.image) || (has(self.engine) && self.engine != 'Redis') || (has(self.version) ? !self.version.matches('^6[.]') : true)")
         .message("spec.version: Redis 6.2 is not supported in Cluster mode: the operator assigns slots with CLUSTER ADDSLOTSRANGE, which needs Redis 7.0 or later")
         .field_path(".version"),
@@ -363,8 +360,10 @@ pub struct RedisSpec {
 
     /// Cluster mode: the number of shards (3 to 100), each a primary with
     /// `instances - 1` replicas (`instances` defaults to 2 in Cluster mode).
-    /// Required in Cluster mode and refused in the others. Fixed after
-    /// creation until online resharding exists.
+    /// Required in Cluster mode and refused in the others. Changing it
+    /// reshards online: new shards are created, joined and given slots, or
+    /// the shards past the new count are emptied and then removed; the
+    /// slots move while clients keep working (`status.resharding`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 3, max = 100))]
     pub shards: Option<i32>,
@@ -784,6 +783,10 @@ pub struct RedisStatus {
     /// Cluster mode: one entry per shard, in shard order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardStatus>,
+    /// Cluster mode: the last (or current) move of slots between shards
+    /// after `spec.shards` changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resharding: Option<ReshardingStatus>,
 }
 
 /// What a Cluster Redis's nodes say of the cluster (`status.cluster`).
@@ -817,6 +820,76 @@ pub struct ShardStatus {
     pub slots: Option<String>,
     /// Ready instances of the shard out of desired, e.g. `2/2`.
     pub ready: String,
+}
+
+/// Moving slots between shards (`status.resharding`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReshardingStatus {
+    /// Moving, Paused (a bound holds: see `message`) or Done.
+    pub phase: ReshardingPhase,
+    /// How slots move: `Atomic` (Valkey 9's `CLUSTER MIGRATESLOTS`) or
+    /// `Classic` (the importing/migrating protocol with `MIGRATE` in
+    /// batches).
+    pub path: String,
+    /// The shard count before.
+    pub from_shards: i32,
+    /// The shard count asked for.
+    pub to_shards: i32,
+    /// Slots moved so far.
+    pub slots_moved: i64,
+    /// Slots to move in all (moved plus what is left).
+    pub slots_total: i64,
+    /// Keys moved so far (the classic path counts them; the atomic path
+    /// reports none).
+    pub keys_moved: i64,
+    /// The move under way, recorded before its first command: a pass that
+    /// finds it finishes it before planning anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<SlotMoveIntent>,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When the last slot moved and the shards past the count were
+    /// removed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// The expected end at the rate so far (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_end: Option<String>,
+    /// Why it is paused, or what it does now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Phase of a resharding.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum ReshardingPhase {
+    /// Slots are moving.
+    #[default]
+    Moving,
+    /// Waiting for a bound to clear: the cluster not ok, a shard without
+    /// its primary, an upgrade or an ordered restart running.
+    Paused,
+    /// Every shard holds its even count; removed shards are gone.
+    Done,
+}
+
+/// One move of slots between two shards' primaries.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotMoveIntent {
+    /// The slot ranges, e.g. `5461-5500`.
+    pub slots: String,
+    /// The shard giving them.
+    pub from_shard: i32,
+    /// The shard taking them.
+    pub to_shard: i32,
+    /// The source primary's node ID.
+    pub source: String,
+    /// The target primary's node ID.
+    pub target: String,
 }
 
 /// Memory use of one instance (`status.memory`).

@@ -186,6 +186,8 @@ pub async fn move_slot(
 ) -> Result<u64> {
     setslot(target, slot, "IMPORTING", source_id).await?;
     setslot(source, slot, "MIGRATING", target_id).await?;
+    // Tests stop the operator at each step of a move (`REDPILOT_FAILPOINTS`).
+    crate::failpoint::hit("reshard-after-open");
     let mut moved = 0u64;
     let timeout_ms = u64::try_from(how.timeout.as_millis()).unwrap_or(u64::MAX);
     loop {
@@ -219,8 +221,10 @@ pub async fn move_slot(
         let within = how.timeout + Duration::from_secs(5);
         let _: redis::Value = source.query_within("MIGRATE", &cmd, within).await?;
         moved += keys.len() as u64;
+        crate::failpoint::hit("reshard-after-batch");
     }
     setslot(target, slot, "NODE", target_id).await?;
+    crate::failpoint::hit("reshard-after-owner");
     setslot(source, slot, "NODE", target_id).await?;
     Ok(moved)
 }

@@ -79,8 +79,10 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
     let upgrade = redis.status.as_ref().and_then(|s| s.upgrade.clone());
     let bootstrap = redis.status.as_ref().and_then(|s| s.bootstrap.clone());
     let hibernation = redis.status.as_ref().and_then(|s| s.hibernation.clone());
+    let resharding = redis.status.as_ref().and_then(|s| s.resharding.clone());
     let mut r = Reconciler {
         hibernation,
+        resharding,
         hibernating: false,
         upgrade,
         bootstrap,
@@ -150,6 +152,8 @@ pub struct Reconciler {
     bootstrap: Option<crate::api::v1alpha1::BootstrapStatus>,
     /// `status.hibernation` as this pass leaves it.
     hibernation: Option<crate::api::v1alpha1::HibernationStatus>,
+    /// `status.resharding` as this pass leaves it.
+    resharding: Option<crate::api::v1alpha1::ReshardingStatus>,
     /// The data is saved and the pods are to go (children are applied with
     /// no replica and no published primary).
     hibernating: bool,

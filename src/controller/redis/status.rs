@@ -311,6 +311,7 @@ impl Reconciler {
             autopilot: self.redis.status.as_ref().and_then(|s| s.autopilot.clone()),
             cluster: None,
             shards: Vec::new(),
+            resharding: None,
         };
         status.conditions = merge(
             &old.conditions,
@@ -605,16 +606,26 @@ pub(super) fn merge_patch_value(
 ) -> Result<serde_json::Value, Error> {
     let json = |s: &RedisStatus| serde_json::to_value(s).map_err(|e| Error::Serialize("status", e));
     let mut value = json(new)?;
-    if let (serde_json::Value::Object(map), serde_json::Value::Object(old_map)) =
-        (&mut value, json(old)?)
-    {
-        for key in old_map.keys() {
-            if !map.contains_key(key) {
+    null_removed(&mut value, &json(old)?);
+    Ok(value)
+}
+
+/// A JSON merge patch keeps what it does not name: every field the old
+/// value had and the new one lacks is set to null, at every depth of the
+/// objects both have (a nested field such as
+/// `status.resharding.current` is removed too).
+fn null_removed(new: &mut serde_json::Value, old: &serde_json::Value) {
+    let (serde_json::Value::Object(map), serde_json::Value::Object(old_map)) = (new, old) else {
+        return;
+    };
+    for (key, was) in old_map {
+        match map.get_mut(key) {
+            None => {
                 map.insert(key.clone(), serde_json::Value::Null);
             }
+            Some(now) => null_removed(now, was),
         }
     }
-    Ok(value)
 }
 
 #[cfg(test)]
@@ -634,6 +645,32 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_nested_field_removed_is_nulled_in_the_patch() {
+        use crate::api::v1alpha1::{ReshardingStatus, SlotMoveIntent};
+        let old = RedisStatus {
+            resharding: Some(ReshardingStatus {
+                current: Some(SlotMoveIntent::default()),
+                ..Default::default()
+            }),
+            primary: Some("cache-0".into()),
+            ..Default::default()
+        };
+        let new = RedisStatus {
+            resharding: Some(ReshardingStatus::default()),
+            ..Default::default()
+        };
+        let v = merge_patch_value(&old, &new).expect("patch");
+        assert_eq!(v["resharding"]["current"], serde_json::Value::Null);
+        assert!(
+            v["resharding"]
+                .as_object()
+                .is_some_and(|m| m.contains_key("current"))
+        );
+        assert_eq!(v["primary"], serde_json::Value::Null);
+        assert!(v.as_object().is_some_and(|m| m.contains_key("primary")));
     }
 
     #[test]

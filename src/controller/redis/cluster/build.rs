@@ -289,6 +289,28 @@ mod tests {
         assert_eq!(shard_of(&names, "cache-1"), None);
     }
 
+    /// A resharding changes `spec.shards` only: the shards that stay keep
+    /// their StatefulSet as it was (a change would restart every pod).
+    #[test]
+    fn the_shard_count_is_not_part_of_a_shards_statefulset() {
+        let names = Names::new("cache");
+        let mut four = cluster();
+        four.spec.shards = Some(4);
+        let a = serde_json::to_value(shard_statefulset(
+            &cluster(),
+            &names,
+            1,
+            "s",
+            "h",
+            "img",
+            None,
+        ));
+        let b = serde_json::to_value(shard_statefulset(&four, &names, 1, "s", "h", "img", None));
+        assert_eq!(a.ok(), b.ok());
+        let restart = |r: &Redis| crate::controller::redis::config::restart_hash(r, |_| false);
+        assert_eq!(restart(&cluster()), restart(&four));
+    }
+
     /// The boot rule, run with a real shell on `nodes.conf` samples: a
     /// node that served slots with replicas waits (and gives up after the
     /// bound); one without replicas or without slots starts at once.

@@ -18,6 +18,7 @@
 
 pub mod build;
 pub mod plan;
+pub mod reshard;
 pub mod roll;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -82,7 +83,31 @@ impl Reconciler {
             return self.cluster_finish(&facts, &members, &plan, paused).await;
         }
         let restoring = self.bootstrap.as_ref().is_some_and(|b| !b.done);
-        let mut plan = plan::decide_restoring(&members, shards, instances, restoring);
+        let recorded = self
+            .redis
+            .status
+            .as_ref()
+            .map(|s| {
+                s.shards
+                    .iter()
+                    .map(|x| {
+                        x.slots
+                            .as_deref()
+                            .and_then(rc::parse_ranges)
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut plan = plan::decide_shape(
+            &members,
+            &plan::Shape {
+                shards,
+                instances,
+                restoring,
+                recorded,
+            },
+        );
 
         if paused {
             self.progressing
@@ -153,13 +178,19 @@ impl Reconciler {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
             self.cluster_steps(&plan, &members, &mut conns).await;
+            // Slots moving after `spec.shards` changed: one step per pass,
+            // and nothing else touches the servers in that pass.
+            let resharded = plan.steps.is_empty()
+                && self
+                    .reshard(&plan, &members, &facts, &mut conns, &auth.current)
+                    .await?;
             // The memory autopilot's limit reaches the instances: in place,
             // every replica before the primaries, or by marking them for
             // the ordered restart below.
-            if plan.steps.is_empty() {
+            if plan.steps.is_empty() && !resharded {
                 self.autopilot_resize(&mut facts, &primaries, &opts).await?;
             }
-            if plan.steps.is_empty() {
+            if plan.steps.is_empty() && !resharded {
                 // The status tells who serves each shard after this pass.
                 if let Some((shard, new, old)) = self
                     .cluster_roll(&plan, &members, &facts, &mut conns)
@@ -208,9 +239,14 @@ impl Reconciler {
             .map(|(pod, ip)| async move {
                 let ep = Endpoint::new(&ip, super::build::REDIS_PORT);
                 let mut node = Node::connect(&ep, opts).await.ok()?;
-                let nodes = rc::nodes(&mut node).await.ok()?;
+                let text: String = node
+                    .query("CLUSTER NODES", redis::cmd("CLUSTER").arg("NODES"))
+                    .await
+                    .ok()?;
+                let nodes = rc::parse_nodes(&text).ok()?;
+                let open = crate::redis::reshard::open_slots(&text);
                 let info = rc::info(&mut node).await.ok()?;
-                Some((pod, View { nodes, info }, node))
+                Some((pod, View { nodes, info, open }, node))
             });
         let mut views = BTreeMap::new();
         let mut conns = BTreeMap::new();
@@ -567,8 +603,10 @@ impl Reconciler {
     ) -> Result<Action, Error> {
         let redis = self.redis.clone();
         let spec = &redis.spec;
-        let total = spec.total_instances();
         let instances = spec.desired_instances();
+        // Pods of shards being emptied count until they are gone.
+        let width = i32::try_from(plan.shards.len()).unwrap_or(0);
+        let total = width.max(spec.desired_shards()) * instances;
         self.track_cluster_bootstrap(&plan.shards, plan.healthy)
             .await;
         self.notes.extend(plan.problems.iter().cloned());
@@ -725,6 +763,7 @@ impl Reconciler {
             hibernation: self.hibernation.clone(),
             // Written by the autopilot's own patch this pass: kept as read.
             autopilot: old.autopilot.clone(),
+            resharding: self.resharding.clone(),
             ..Default::default()
         };
         st.conditions = facts::merge(
@@ -733,9 +772,9 @@ impl Reconciler {
             self.redis.metadata.generation,
             Timestamp::now(),
         );
-        let steady = all_ready && !degraded && !self.upgrade_in_flight();
+        let steady = all_ready && !degraded && !self.upgrade_in_flight() && !self.moving_slots();
         if !status::status_differs(&old, &st) {
-            return Ok(self.requeue(steady, &st));
+            return Ok(self.cluster_requeue(steady, &st));
         }
         self.patch_status(status::merge_patch_value(&old, &st)?)
             .await?;
@@ -765,6 +804,22 @@ impl Reconciler {
             )
             .await;
         }
-        Ok(self.requeue(steady, &st))
+        Ok(self.cluster_requeue(steady, &st))
+    }
+
+    /// Slots are moving (not paused, not done).
+    fn moving_slots(&self) -> bool {
+        use crate::api::v1alpha1::ReshardingPhase;
+        self.resharding
+            .as_ref()
+            .is_some_and(|r| r.phase == ReshardingPhase::Moving)
+    }
+
+    /// The next pass comes at once while slots move.
+    fn cluster_requeue(&self, steady: bool, st: &RedisStatus) -> Action {
+        if self.moving_slots() && self.notes.is_empty() {
+            return Action::requeue(Duration::from_millis(200));
+        }
+        self.requeue(steady, st)
     }
 }

@@ -44,6 +44,8 @@ pub struct View {
     pub nodes: Vec<ClusterNode>,
     /// `CLUSTER INFO`.
     pub info: ClusterInfo,
+    /// Slots a classic move left importing or migrating on this node.
+    pub open: Vec<crate::redis::reshard::OpenSlot>,
 }
 
 impl View {
@@ -186,6 +188,44 @@ pub fn decide(members: &[Member], shards: i32, instances: i32) -> Plan {
 /// long as they all lie in its own shard's range; and the slots of a shard
 /// go only to its first instance, never to an empty node of the shard.
 pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restoring: bool) -> Plan {
+    decide_shape(
+        members,
+        &Shape {
+            shards,
+            instances,
+            restoring,
+            recorded: Vec::new(),
+        },
+    )
+}
+
+/// What the plan is asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Shape {
+    /// `spec.shards`. Pods of shards past it (being emptied by a
+    /// resharding, then removed) are planned as shards too.
+    pub shards: i32,
+    /// `spec.instances`.
+    pub instances: i32,
+    /// Restoring from a backup (see [`decide_restoring`]).
+    pub restoring: bool,
+    /// The slots each shard served when the status was last written: a
+    /// lost primary's slots are its shard's by this record (after a
+    /// resharding a shard's slots are not its home range), and by the home
+    /// range only when nothing is recorded.
+    pub recorded: Vec<Vec<SlotRange>>,
+}
+
+/// [`decide`] with every input named.
+pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
+    let (shards, instances, restoring) = (shape.shards, shape.instances, shape.restoring);
+    // Shards being emptied after `spec.shards` went down still have pods.
+    let width = members
+        .iter()
+        .map(|m| m.shard + 1)
+        .max()
+        .unwrap_or(0)
+        .max(shards);
     let mut plan = Plan::default();
     let live: Vec<&Member> = members.iter().filter(|m| m.live()).collect();
     let by_id: BTreeMap<&str, &Member> = live.iter().filter_map(|m| Some((m.id()?, *m))).collect();
@@ -200,7 +240,7 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
     let Some(anchor) = anchor else {
         plan.waiting
             .push("waiting for the nodes to answer".to_string());
-        plan.shards = (0..shards)
+        plan.shards = (0..width)
             .map(|i| {
                 let s = Shard {
                     index: i,
@@ -308,8 +348,37 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
         });
     }
 
-    // 2. Each shard's primary: the node of its pods that owns slots.
-    for i in 0..shards {
+    // Nodes that own slots and that no pod runs, by shard: the shard of a
+    // pod following it, else the shard whose recorded slots hold its
+    // slots, else the home range's shard.
+    let mut lost_by_shard: BTreeMap<i32, BTreeSet<&str>> = BTreeMap::new();
+    for (&id, slots) in &owned {
+        if by_id.contains_key(id) {
+            continue;
+        }
+        let follower = live
+            .iter()
+            .find(|m| m.me().and_then(|n| n.replica_of.as_deref()) == Some(id))
+            .map(|m| m.shard);
+        let first = slots.first().copied().unwrap_or(0);
+        let recorded = shape
+            .recorded
+            .iter()
+            .position(|r| r.iter().any(|r| r.contains(first)))
+            .and_then(|i| i32::try_from(i).ok());
+        let home = want
+            .iter()
+            .position(|r| r.contains(first))
+            .and_then(|i| i32::try_from(i).ok());
+        if let Some(shard) = follower.or(recorded).or(home) {
+            lost_by_shard.entry(shard).or_default().insert(id);
+        }
+    }
+
+    // 2. Each shard's primary: the node of its pods that owns slots; for a
+    // shard that owns none and lost none (new, or emptied by a resharding),
+    // its lowest-ordinal pod while that is a primary following nobody.
+    for i in 0..width {
         let mut shard = Shard {
             index: i,
             ..Default::default()
@@ -333,6 +402,23 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
             shard.primary = Some(p.pod.clone());
             shard.primary_id = Some(id.to_string());
             shard.slots = ranges(owned_by(id).iter().copied());
+        }
+        if shard.primary.is_none() && !lost_by_shard.contains_key(&i) {
+            let first = live
+                .iter()
+                .copied()
+                .filter(|m| m.shard == i)
+                .min_by_key(|m| m.ordinal);
+            if let Some(m) = first
+                && (!restoring || m.ordinal == 0)
+                && m.me()
+                    .is_some_and(|n| n.primary && n.slots.is_empty() && n.replica_of.is_none())
+                && let Some(id) = m.id()
+                && (m.pod == anchor.pod || anchor_view.is_some_and(|v| v.knows(id)))
+            {
+                shard.primary = Some(m.pod.clone());
+                shard.primary_id = Some(id.to_string());
+            }
         }
         plan.shards.push(shard_counts(members, i, shard));
     }
@@ -425,23 +511,14 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
     }
 
     // 5. Shards that lost their primary.
-    for (i, range) in want.iter().enumerate() {
-        let shard = &plan.shards[i];
+    for shard in &plan.shards {
         if shard.primary.is_some() {
             continue;
         }
-        let lost: BTreeSet<&str> = (range.start..=range.end)
-            .filter_map(|s| owner[usize::from(s)].as_ref().map(|(_, o)| o.as_str()))
-            .filter(|o| !by_id.contains_key(o))
-            .collect();
-        if lost.is_empty() {
+        let Some(lost) = lost_by_shard.get(&shard.index) else {
             continue;
-        }
-        let slots = ranges((range.start..=range.end).filter(|s| {
-            owner[usize::from(*s)]
-                .as_ref()
-                .is_some_and(|(_, o)| lost.contains(o.as_str()))
-        }));
+        };
+        let slots = ranges(lost.iter().flat_map(|id| owned_by(id).iter().copied()));
         let electing = live.iter().any(|m| {
             m.shard == shard.index
                 && m.me()
@@ -464,7 +541,7 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
     }
 
     // 6. Stale node IDs, once every pod answers.
-    let total = usize::try_from(shards * instances).unwrap_or(0);
+    let total = usize::try_from(width * instances).unwrap_or(0);
     let all_answer = live.len() == total && members.len() == total;
     if all_answer {
         let known: BTreeSet<&str> = live
@@ -567,6 +644,7 @@ mod tests {
                     slots_ok: if ok { 16384 } else { 0 },
                     ..Default::default()
                 },
+                open: crate::redis::reshard::open_slots(&text.join("\n")),
             }),
         }
     }
@@ -776,7 +854,7 @@ mod tests {
     }
 
     #[test]
-    fn met_nodes_get_even_slots_on_ordinal_zero() {
+    fn met_nodes_get_even_slots_on_ordinal_zero_and_replicas_follow_at_once() {
         // Everyone knows everyone, nobody owns slots.
         let lines: Vec<String> = (0..6)
             .map(|k| line(IDS[k as usize], &ip(k / 2, k % 2), "master", "-", 0, ""))
@@ -786,14 +864,24 @@ mod tests {
             .collect();
         let plan = decide(&members, 3, 2);
         let r = spread(3);
+        // Ordinal 0 of each shard is its primary before it owns a slot, so
+        // ordinal 1 follows it in the same pass.
+        let slots = (0..3).map(|s| Step::AddSlots {
+            pod: format!("r-s{s}-0"),
+            ranges: vec![r[s as usize]],
+        });
+        let follow = (0..3).map(|s| Step::Replicate {
+            pod: format!("r-s{s}-1"),
+            primary: format!("r-s{s}-0"),
+            primary_id: IDS[2 * s].into(),
+        });
+        assert_eq!(plan.steps, slots.chain(follow).collect::<Vec<_>>());
         assert_eq!(
-            plan.steps,
-            (0..3)
-                .map(|s| Step::AddSlots {
-                    pod: format!("r-s{s}-0"),
-                    ranges: vec![r[s as usize]],
-                })
-                .collect::<Vec<_>>()
+            plan.shards
+                .iter()
+                .map(|s| s.primary.as_deref())
+                .collect::<Vec<_>>(),
+            [Some("r-s0-0"), Some("r-s1-0"), Some("r-s2-0")]
         );
     }
 
@@ -1030,8 +1118,112 @@ mod tests {
                     primary: "r-s1-0".into(),
                     primary_id: IDS[2].into(),
                 },
+                Step::Replicate {
+                    pod: "r-s2-1".into(),
+                    primary: "r-s2-0".into(),
+                    primary_id: IDS[4].into(),
+                },
             ]
         );
+    }
+
+    /// A 3 x 2 cluster after a resharding: shard 1's primary serves
+    /// 12000-13000 (not its home range) and its pod is gone, its replica
+    /// replaced by an empty node.
+    fn resharded_with_shard_1_lost() -> Vec<Member> {
+        let lines = vec![
+            line(IDS[0], &ip(0, 0), "master", "-", 1, "0-10922"),
+            line(IDS[1], &ip(0, 1), "slave", IDS[0], 1, ""),
+            line(IDS[2], &ip(1, 0), "master,fail", "-", 4, "12000-13000"),
+            line(IDS[3], &ip(1, 1), "master", "-", 0, ""),
+            line(
+                IDS[4],
+                &ip(2, 0),
+                "master",
+                "-",
+                3,
+                "10923-11999 13001-16383",
+            ),
+            line(IDS[5], &ip(2, 1), "slave", IDS[4], 3, ""),
+        ];
+        [0, 1, 3, 4, 5]
+            .into_iter()
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, false))
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_primary_after_a_resharding_is_its_recorded_shards() {
+        let members = resharded_with_shard_1_lost();
+        let recorded = vec![
+            vec![SlotRange {
+                start: 0,
+                end: 10922,
+            }],
+            vec![SlotRange {
+                start: 12000,
+                end: 13000,
+            }],
+            vec![],
+        ];
+        let shape = Shape {
+            shards: 3,
+            instances: 2,
+            restoring: false,
+            recorded,
+        };
+        let plan = decide_shape(&members, &shape);
+        // The empty node is not made shard 1's primary: shard 1 lost its
+        // slots, it is not a new shard.
+        assert_eq!(plan.shards[1].primary, None, "{plan:?}");
+        assert!(
+            plan.problems
+                .iter()
+                .any(|p| p.contains("shard 1: no primary") && p.contains("12000-13000")),
+            "{:?}",
+            plan.problems
+        );
+        assert!(
+            !plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::AddSlots { .. })),
+            "{:?}",
+            plan.steps
+        );
+    }
+
+    #[test]
+    fn a_new_shard_has_its_first_pod_as_primary_before_it_owns_a_slot() {
+        // A formed 3 x 2 cluster that met shard 3's two empty nodes.
+        let mut lines = formed_lines();
+        let (p, q) = ("1".repeat(40), "2".repeat(40));
+        lines.push(line(&p, &ip(3, 0), "master", "-", 0, ""));
+        lines.push(line(&q, &ip(3, 1), "master", "-", 0, ""));
+        let ids: Vec<String> = IDS
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p.clone(), q])
+            .collect();
+        let members: Vec<Member> = (0..8)
+            .map(|k| member(k / 2, k % 2, &ids[k as usize], &lines, true))
+            .collect();
+        let plan = decide(&members, 4, 2);
+        assert_eq!(plan.shards.len(), 4);
+        assert_eq!(plan.shards[3].primary.as_deref(), Some("r-s3-0"));
+        assert!(plan.shards[3].slots.is_empty());
+        assert_eq!(
+            plan.steps,
+            vec![Step::Replicate {
+                pod: "r-s3-1".into(),
+                primary: "r-s3-0".into(),
+                primary_id: p,
+            }]
+        );
+        // Shards past the count (being emptied) are still planned.
+        let plan = decide(&members, 3, 2);
+        assert_eq!(plan.shards.len(), 4);
+        assert!(plan.problems.is_empty(), "{:?}", plan.problems);
     }
 
     #[test]

@@ -1,0 +1,976 @@
+//! Online resharding: when `spec.shards` changes, slots move between the
+//! shards' primaries until every shard below the count holds its even
+//! share ([`rs::rebalance`]) and the shards past it hold none; those are
+//! then removed (their StatefulSets deleted, their node IDs forgotten by
+//! the plan's forget rule once no pod runs them).
+//!
+//! One step per pass, decided by [`next`] (pure, table-tested):
+//! 1. a slot a stopped classic move left open is finished (the move run
+//!    again toward the recorded target) or settled (a node that still
+//!    shows a state for a slot that already moved is told the owner);
+//! 2. else a bounded chunk of the first move, its intent recorded in
+//!    `status.resharding.current` before the first command;
+//! 3. else the emptied shards past the count are removed.
+//!
+//! Nothing moves while a bound holds ([`Reconciler::reshard_bound`]): the
+//! cluster not ok, a shard without its primary, a node not ready, an
+//! upgrade or an ordered restart running, a hibernation. The phase is then
+//! Paused and says why.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DeleteParams;
+use kube::runtime::events::EventType;
+
+use super::build;
+use super::plan::{self, Member, Plan};
+use crate::api::v1alpha1::{ReshardingPhase, ReshardingStatus, SlotMoveIntent};
+use crate::controller::redis::facts::PodFacts;
+use crate::controller::redis::{Error, Reconciler};
+use crate::redis::cluster::{SlotRange, ranges};
+use crate::redis::info::EngineKind;
+use crate::redis::reshard::{self as rs, OpenSlot};
+use crate::redis::{Endpoint, Node};
+
+/// Slots one classic step moves at most (one recorded intent).
+pub const CLASSIC_CHUNK: u32 = 64;
+/// Slots one atomic job moves at most.
+pub const ATOMIC_CHUNK: u32 = 1024;
+/// How long a pass keeps moving classic slots before it reports.
+const PASS_BUDGET: Duration = Duration::from_secs(3);
+/// How long a pass waits for an atomic job before it reports (the job
+/// goes on; the next pass waits for it).
+const ATOMIC_WAIT: Duration = Duration::from_secs(10);
+
+/// How slots move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Valkey 9's `CLUSTER MIGRATESLOTS`.
+    Atomic,
+    /// `SETSLOT IMPORTING/MIGRATING`, `MIGRATE` in batches, `SETSLOT NODE`.
+    Classic,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Atomic => "Atomic",
+            Path::Classic => "Classic",
+        }
+    }
+}
+
+/// What a resharding pass does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Every shard holds its share and no slot is open.
+    Idle,
+    /// A slot a stopped move left open: move it (again) from shard `from`
+    /// to shard `to`.
+    Finish {
+        /// The slot.
+        slot: u16,
+        /// Shard giving it.
+        from: usize,
+        /// Shard taking it.
+        to: usize,
+    },
+    /// Shard `shard`'s primary shows a state for a slot that already has
+    /// its owner: `CLUSTER SETSLOT <slot> NODE <owner>` clears it.
+    Settle {
+        /// The slot.
+        slot: u16,
+        /// The shard whose primary shows it.
+        shard: usize,
+        /// The owner's node ID.
+        owner: String,
+    },
+    /// A slot open in a way no step can settle safely (reported).
+    Stuck(String),
+    /// The next chunk of the rebalance.
+    Move {
+        /// Shard giving.
+        from: usize,
+        /// Shard taking.
+        to: usize,
+        /// The slots.
+        slots: Vec<SlotRange>,
+    },
+}
+
+/// The first `n` slots of `slots`.
+fn first_slots(slots: &[SlotRange], n: u32) -> Vec<SlotRange> {
+    ranges(
+        slots
+            .iter()
+            .flat_map(|r| r.start..=r.end)
+            .take(usize::try_from(n).unwrap_or(usize::MAX)),
+    )
+}
+
+/// Each shard's slots, as the plan found them.
+pub fn owned(plan: &Plan) -> Vec<Vec<SlotRange>> {
+    plan.shards.iter().map(|s| s.slots.clone()).collect()
+}
+
+/// The moves left to an even spread over `shards`.
+pub fn remaining(plan: &Plan, shards: usize) -> Vec<rs::SlotMove> {
+    rs::rebalance(&owned(plan), shards)
+}
+
+/// Decides the next step (pure). `intent` is the move recorded before the
+/// last one started; `chunk` bounds the slots of a new step.
+pub fn next(
+    plan: &Plan,
+    members: &[Member],
+    shards: usize,
+    intent: Option<&SlotMoveIntent>,
+    chunk: u32,
+) -> Next {
+    let owner_of = |slot: u16| {
+        plan.shards
+            .iter()
+            .position(|s| s.slots.iter().any(|r| r.contains(slot)))
+    };
+    let shard_of_id = |id: &str| {
+        plan.shards
+            .iter()
+            .position(|s| s.primary_id.as_deref() == Some(id))
+    };
+    for (i, s) in plan.shards.iter().enumerate() {
+        let Some(view) = s
+            .primary
+            .as_ref()
+            .and_then(|p| members.iter().find(|m| &m.pod == p))
+            .and_then(|m| m.view.as_ref())
+        else {
+            continue;
+        };
+        for open in &view.open {
+            match open {
+                OpenSlot::Migrating { slot, to } => match owner_of(*slot) {
+                    Some(j) if j == i => {
+                        // The recorded target when the node it names is
+                        // gone (its shard failed over meanwhile).
+                        let target = shard_of_id(to).or_else(|| {
+                            intent
+                                .filter(|t| t.from_shard == i as i32)
+                                .and_then(|t| usize::try_from(t.to_shard).ok())
+                        });
+                        return match target {
+                            Some(k) if k != i && k < plan.shards.len() => Next::Finish {
+                                slot: *slot,
+                                from: i,
+                                to: k,
+                            },
+                            _ => Next::Stuck(format!(
+                                "slot {slot} is migrating from shard {i} to node {to}, which no \
+                                 shard's primary runs and no recorded move names"
+                            )),
+                        };
+                    }
+                    Some(j) => {
+                        if let Some(owner) = plan.shards[j].primary_id.clone() {
+                            return Next::Settle {
+                                slot: *slot,
+                                shard: i,
+                                owner,
+                            };
+                        }
+                    }
+                    None => {
+                        return Next::Stuck(format!(
+                            "slot {slot} is migrating on shard {i} but no primary serves it"
+                        ));
+                    }
+                },
+                OpenSlot::Importing { slot, .. } => match owner_of(*slot) {
+                    Some(j) if j != i => {
+                        return Next::Finish {
+                            slot: *slot,
+                            from: j,
+                            to: i,
+                        };
+                    }
+                    Some(_) => {
+                        if let Some(owner) = s.primary_id.clone() {
+                            return Next::Settle {
+                                slot: *slot,
+                                shard: i,
+                                owner,
+                            };
+                        }
+                    }
+                    None => {
+                        return Next::Stuck(format!(
+                            "slot {slot} is importing on shard {i} but no primary serves it"
+                        ));
+                    }
+                },
+            }
+        }
+    }
+    match remaining(plan, shards).into_iter().next() {
+        Some(m) => Next::Move {
+            from: m.from,
+            to: m.to,
+            slots: first_slots(&m.slots, chunk),
+        },
+        None => Next::Idle,
+    }
+}
+
+fn count(slots: &[SlotRange]) -> i64 {
+    slots.iter().map(|r| i64::from(r.count())).sum()
+}
+
+impl Reconciler {
+    /// How slots move on the engine the Redis runs.
+    fn reshard_path(&self) -> Path {
+        match self.engine_version() {
+            (EngineKind::Valkey, v) if v.major >= 9 => Path::Atomic,
+            _ => Path::Classic,
+        }
+    }
+
+    /// Why no slot may move now, if a bound holds.
+    fn reshard_bound(&self, plan: &Plan, members: &[Member], facts: &[PodFacts]) -> Option<String> {
+        if self.redis.spec.hibernate {
+            return Some("the Redis hibernates".into());
+        }
+        if self.upgrade_in_flight() {
+            return Some("an upgrade runs".into());
+        }
+        if self.bootstrap.as_ref().is_some_and(|b| !b.done) {
+            return Some("the restore from a backup is not finished".into());
+        }
+        let without: Vec<String> = plan
+            .shards
+            .iter()
+            .filter(|s| s.primary.is_none())
+            .map(|s| s.index.to_string())
+            .collect();
+        if !without.is_empty() {
+            return Some(format!("shard(s) {} have no primary", without.join(", ")));
+        }
+        if let Some(m) = members
+            .iter()
+            .find(|m| m.view.as_ref().is_some_and(|v| !v.info.ok))
+        {
+            return Some(format!("the cluster is not ok on {}", m.pod));
+        }
+        if let Some(f) = facts.iter().find(|f| f.outdated) {
+            return Some(format!(
+                "an ordered restart runs ({} runs an older template)",
+                f.name
+            ));
+        }
+        if let Some(m) = members.iter().find(|m| !m.ready || m.view.is_none()) {
+            return Some(format!("{} is not ready", m.pod));
+        }
+        if !plan.healthy {
+            let why = plan
+                .problems
+                .first()
+                .or_else(|| plan.waiting.first())
+                .cloned()
+                .unwrap_or_else(|| "the cluster is still being formed".into());
+            return Some(format!("waiting for the cluster to settle: {why}"));
+        }
+        None
+    }
+
+    /// One resharding step (see the module). True when slots moved, a
+    /// state was settled or a shard removed: the pass then does nothing
+    /// else to the servers.
+    pub(super) async fn reshard(
+        &mut self,
+        plan: &Plan,
+        members: &[Member],
+        facts: &[PodFacts],
+        conns: &mut BTreeMap<String, Node>,
+        password: &str,
+    ) -> Result<bool, Error> {
+        let shards = usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0);
+        let path = self.reshard_path();
+        let chunk = match path {
+            Path::Atomic => ATOMIC_CHUNK,
+            Path::Classic => CLASSIC_CHUNK,
+        };
+        let intent = self.resharding.as_ref().and_then(|r| r.current.clone());
+        let step = next(plan, members, shards, intent.as_ref(), chunk);
+        let draining: Vec<usize> = (shards..plan.shards.len()).collect();
+        let open_job = intent.is_some() && path == Path::Atomic;
+        if step == Next::Idle && draining.is_empty() && !open_job {
+            self.reshard_done().await;
+            return Ok(false);
+        }
+        self.reshard_begin(plan, shards, path).await;
+        if let Some(why) = self.reshard_bound(plan, members, facts) {
+            self.reshard_pause(why).await;
+            return Ok(false);
+        }
+        // An atomic job the last pass (or a stopped operator) left running
+        // is waited for before anything else.
+        if open_job
+            && let Some(t) = intent.as_ref()
+            && let Some(src) = shard_pod(plan, t.from_shard)
+            && let Some(node) = conns.get_mut(&src)
+        {
+            match rs::migrations(node).await {
+                Ok(jobs) if jobs.iter().any(|j| j.operation == "EXPORT" && !j.ended()) => {
+                    self.reshard_note(format!(
+                        "slots {} move from shard {} to shard {} (an atomic job runs)",
+                        t.slots, t.from_shard, t.to_shard
+                    ));
+                    return Ok(true);
+                }
+                Ok(_) => {
+                    if let Some(r) = self.resharding.as_mut() {
+                        r.current = None;
+                    }
+                }
+                Err(e) => {
+                    self.data_plane_failed(format!("reading the slot migrations of {src}"), &e)
+                        .await;
+                    return Ok(true);
+                }
+            }
+        }
+        match step {
+            Next::Idle => self.remove_emptied(plan, shards, conns).await,
+            Next::Stuck(why) => {
+                self.report_failure("ReshardingStuck", "Reshard", "redis", why)
+                    .await;
+                Ok(true)
+            }
+            Next::Settle { slot, shard, owner } => {
+                let pod = plan.shards[shard].primary.clone().unwrap_or_default();
+                if let Some(node) = conns.get_mut(&pod) {
+                    self.wrote = true;
+                    if let Err(e) = rs::announce(node, slot, &owner).await {
+                        self.data_plane_failed(format!("settling slot {slot} on {pod}"), &e)
+                            .await;
+                    } else {
+                        self.reshard_note(format!("slot {slot}: {pod} told its new owner"));
+                    }
+                }
+                Ok(true)
+            }
+            Next::Finish { slot, from, to } => {
+                let slots = vec![SlotRange {
+                    start: slot,
+                    end: slot,
+                }];
+                self.move_classic(plan, members, conns, password, from, to, &slots)
+                    .await?;
+                Ok(true)
+            }
+            Next::Move { from, to, slots } => {
+                match path {
+                    Path::Classic => {
+                        self.move_classic(plan, members, conns, password, from, to, &slots)
+                            .await?;
+                    }
+                    Path::Atomic => self.move_atomic(plan, conns, from, to, &slots).await?,
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Starts (or restarts, for a new shard count) the record.
+    async fn reshard_begin(&mut self, plan: &Plan, shards: usize, path: Path) {
+        let to = i32::try_from(shards).unwrap_or(i32::MAX);
+        let fresh = self
+            .resharding
+            .as_ref()
+            .is_none_or(|r| r.phase == ReshardingPhase::Done || r.to_shards != to);
+        if !fresh {
+            return;
+        }
+        let total: i64 = remaining(plan, shards)
+            .iter()
+            .map(|m| i64::from(m.count()))
+            .sum();
+        let from = plan.shards.iter().filter(|s| !s.slots.is_empty()).count();
+        let grows = shards > from;
+        let from = i32::try_from(from).unwrap_or(0);
+        // A new count while a move was recorded: the open slot (if any) is
+        // finished first by `next`, whatever the record says.
+        let current = self.resharding.as_ref().and_then(|r| r.current.clone());
+        self.resharding = Some(ReshardingStatus {
+            phase: ReshardingPhase::Moving,
+            path: path.name().into(),
+            from_shards: from,
+            to_shards: to,
+            slots_moved: 0,
+            slots_total: total,
+            keys_moved: 0,
+            current,
+            started_at: Timestamp::now().to_string(),
+            finished_at: None,
+            estimated_end: None,
+            message: None,
+        });
+        let note = format!(
+            "spec.shards is {to}: moving {total} slots {} from {from} shards with slots ({} path)",
+            if grows {
+                "onto the new shards"
+            } else {
+                "between the shards"
+            },
+            path.name()
+        );
+        tracing::info!(redis = %self.oref, "{note}");
+        self.wrote = true;
+        self.event(EventType::Normal, "ReshardingStarted", "Reshard", note)
+            .await;
+    }
+
+    /// A bound holds: Paused, with why (an event when the pause starts).
+    async fn reshard_pause(&mut self, why: String) {
+        let Some(r) = self.resharding.as_mut() else {
+            return;
+        };
+        let was = r.phase;
+        r.phase = ReshardingPhase::Paused;
+        r.message = Some(why.clone());
+        self.progress_reason.get_or_insert("ReshardingPaused");
+        self.progressing.push(format!("resharding paused: {why}"));
+        if was != ReshardingPhase::Paused {
+            self.event(
+                EventType::Normal,
+                "ReshardingPaused",
+                "Reshard",
+                format!("resharding paused: {why}"),
+            )
+            .await;
+        }
+    }
+
+    fn reshard_note(&mut self, note: String) {
+        if let Some(r) = self.resharding.as_mut() {
+            r.phase = ReshardingPhase::Moving;
+            r.message = Some(note.clone());
+        }
+        self.progress_reason.get_or_insert("Resharding");
+        self.progressing.push(note);
+    }
+
+    /// Nothing left to move and no shard to remove.
+    async fn reshard_done(&mut self) {
+        let Some(r) = self.resharding.as_mut() else {
+            return;
+        };
+        if r.phase == ReshardingPhase::Done {
+            return;
+        }
+        r.phase = ReshardingPhase::Done;
+        r.current = None;
+        r.estimated_end = None;
+        r.slots_moved = r.slots_total;
+        let now = Timestamp::now();
+        r.finished_at = Some(now.to_string());
+        let secs = r
+            .started_at
+            .parse::<Timestamp>()
+            .ok()
+            .map(|t| now.duration_since(t).as_secs_f64())
+            .unwrap_or(0.0);
+        let note = format!(
+            "resharding to {} shards done: {} slots and {} keys moved in {secs:.1} s ({} path)",
+            r.to_shards, r.slots_moved, r.keys_moved, r.path
+        );
+        r.message = Some(note.clone());
+        tracing::info!(redis = %self.oref, "{note}");
+        self.wrote = true;
+        self.event(EventType::Normal, "ReshardingDone", "Reshard", note)
+            .await;
+    }
+
+    /// Writes the intent (the move about to start) to the status.
+    async fn record_move(&mut self, intent: Option<SlotMoveIntent>) -> Result<(), Error> {
+        let Some(r) = self.resharding.as_mut() else {
+            return Ok(());
+        };
+        r.current = intent;
+        r.phase = ReshardingPhase::Moving;
+        r.message = None;
+        let value =
+            serde_json::to_value(&*r).map_err(|e| Error::Serialize("status.resharding", e))?;
+        self.patch_status(serde_json::json!({ "resharding": value }))
+            .await
+    }
+
+    /// Counts what a step moved and estimates the end. The slots moved
+    /// are the total less what is `left` (so a pass a stopped operator
+    /// never reported still counts); the keys are the reported passes'.
+    fn reshard_progress(&mut self, keys: u64, left: i64) {
+        let Some(r) = self.resharding.as_mut() else {
+            return;
+        };
+        r.slots_total = r.slots_total.max(left);
+        r.slots_moved = r.slots_total - left;
+        r.keys_moved += i64::try_from(keys).unwrap_or(i64::MAX);
+        let now = Timestamp::now();
+        if let Ok(started) = r.started_at.parse::<Timestamp>()
+            && r.slots_moved > 0
+        {
+            let spent = now.duration_since(started).as_secs_f64();
+            let rest = spent * (left as f64) / (r.slots_moved as f64);
+            let end = i64::try_from(std::time::Duration::from_secs_f64(rest.max(0.0)).as_millis())
+                .ok()
+                .and_then(|ms| now.checked_add(jiff_ms(ms)).ok());
+            r.estimated_end = end.map(|t| t.to_string());
+        }
+    }
+
+    /// Moves `slots` from shard `from`'s primary to shard `to`'s the
+    /// classic way, one slot after another, for at most [`PASS_BUDGET`].
+    #[allow(clippy::too_many_arguments)]
+    async fn move_classic(
+        &mut self,
+        plan: &Plan,
+        members: &[Member],
+        conns: &mut BTreeMap<String, Node>,
+        password: &str,
+        from: usize,
+        to: usize,
+        slots: &[SlotRange],
+    ) -> Result<(), Error> {
+        let (Some(src), Some(dst)) = (&plan.shards[from].primary, &plan.shards[to].primary) else {
+            return Ok(());
+        };
+        let (Some(src_id), Some(dst_id)) = (
+            plan.shards[from].primary_id.clone(),
+            plan.shards[to].primary_id.clone(),
+        ) else {
+            return Ok(());
+        };
+        let Some(ip) = members
+            .iter()
+            .find(|m| &m.pod == dst)
+            .and_then(|m| m.ip.clone())
+        else {
+            return Ok(());
+        };
+        let target_at = Endpoint::new(&ip, crate::controller::redis::build::REDIS_PORT);
+        let (Some(mut source), Some(mut target)) = (conns.remove(src), conns.remove(dst)) else {
+            return Ok(());
+        };
+        self.record_move(Some(SlotMoveIntent {
+            slots: plan::show(slots),
+            from_shard: i32::try_from(from).unwrap_or(0),
+            to_shard: i32::try_from(to).unwrap_or(0),
+            source: src_id.clone(),
+            target: dst_id.clone(),
+        }))
+        .await?;
+        crate::failpoint::hit("reshard-after-intent");
+        let how = rs::Classic {
+            password: (!password.is_empty()).then(|| password.to_string()),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let (mut moved, mut keys) = (0i64, 0u64);
+        let mut failed = None;
+        for slot in slots.iter().flat_map(|r| r.start..=r.end) {
+            match rs::move_slot(
+                &mut source,
+                &mut target,
+                (&src_id, &dst_id),
+                &target_at,
+                slot,
+                &how,
+            )
+            .await
+            {
+                Ok(k) => {
+                    moved += 1;
+                    keys += k;
+                }
+                Err(e) => {
+                    failed = Some((slot, e));
+                    break;
+                }
+            }
+            if started.elapsed() >= PASS_BUDGET {
+                break;
+            }
+        }
+        conns.insert(src.clone(), source);
+        conns.insert(dst.clone(), target);
+        self.wrote = true;
+        let left = remaining(
+            plan,
+            usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
+        )
+        .iter()
+        .map(|m| i64::from(m.count()))
+        .sum::<i64>()
+            - moved;
+        self.reshard_progress(keys, left.max(0));
+        if let Some((slot, e)) = failed {
+            // The slot stays open: the next pass finishes it.
+            self.data_plane_failed(
+                format!("moving slot {slot} from shard {from} to shard {to}"),
+                &e,
+            )
+            .await;
+        } else if let Some(r) = self.resharding.as_mut() {
+            r.current = None;
+        }
+        self.reshard_note(format!(
+            "resharding: {moved} slots ({keys} keys) moved from shard {from} to shard {to} in {} ms; {} of {} slots moved",
+            started.elapsed().as_millis(),
+            self.resharding.as_ref().map_or(0, |r| r.slots_moved),
+            self.resharding.as_ref().map_or(0, |r| r.slots_total),
+        ));
+        Ok(())
+    }
+
+    /// Moves `slots` with one atomic job, waiting at most [`ATOMIC_WAIT`].
+    async fn move_atomic(
+        &mut self,
+        plan: &Plan,
+        conns: &mut BTreeMap<String, Node>,
+        from: usize,
+        to: usize,
+        slots: &[SlotRange],
+    ) -> Result<(), Error> {
+        let (Some(src), Some(src_id), Some(dst_id)) = (
+            plan.shards[from].primary.clone(),
+            plan.shards[from].primary_id.clone(),
+            plan.shards[to].primary_id.clone(),
+        ) else {
+            return Ok(());
+        };
+        if !conns.contains_key(&src) {
+            return Ok(());
+        }
+        self.record_move(Some(SlotMoveIntent {
+            slots: plan::show(slots),
+            from_shard: i32::try_from(from).unwrap_or(0),
+            to_shard: i32::try_from(to).unwrap_or(0),
+            source: src_id,
+            target: dst_id.clone(),
+        }))
+        .await?;
+        crate::failpoint::hit("reshard-after-intent");
+        let Some(node) = conns.get_mut(&src) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        self.wrote = true;
+        let result = rs::move_atomic(node, slots, &dst_id, ATOMIC_WAIT).await;
+        let n = count(slots);
+        match result {
+            Ok(_) => {
+                let left = remaining(
+                    plan,
+                    usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
+                )
+                .iter()
+                .map(|m| i64::from(m.count()))
+                .sum::<i64>()
+                    - n;
+                self.reshard_progress(0, left.max(0));
+                if let Some(r) = self.resharding.as_mut() {
+                    r.current = None;
+                }
+                self.reshard_note(format!(
+                    "resharding: slots {} moved atomically from shard {from} to shard {to} in {} ms",
+                    plan::show(slots),
+                    started.elapsed().as_millis()
+                ));
+            }
+            Err(e) => {
+                // Not done within the wait: the job goes on and the next
+                // pass waits for it; failed: the engine rolled it back and
+                // the next pass plans again.
+                self.data_plane_failed(
+                    format!("moving slots {} atomically", plan::show(slots)),
+                    &e,
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The shards past `spec.shards` once empty: their StatefulSets go.
+    async fn remove_emptied(
+        &mut self,
+        plan: &Plan,
+        shards: usize,
+        conns: &mut BTreeMap<String, Node>,
+    ) -> Result<bool, Error> {
+        let mut acted = false;
+        for s in plan.shards.iter().skip(shards) {
+            if !s.slots.is_empty() {
+                continue;
+            }
+            let name = build::shard_statefulset_name(&self.names, s.index);
+            let live: Option<StatefulSet> = self.cached(&name);
+            if live.is_none() {
+                self.reshard_note(format!(
+                    "shard {} removed; waiting for its pods to stop",
+                    s.index
+                ));
+                continue;
+            }
+            // Keys left in a primary that serves no slot would be lost
+            // with it: checked, not assumed.
+            let pod = s.primary.clone().unwrap_or_default();
+            let keys = match conns.get_mut(&pod) {
+                Some(node) => node
+                    .query::<u64>("DBSIZE", &redis::cmd("DBSIZE"))
+                    .await
+                    .ok(),
+                None => None,
+            };
+            match keys {
+                Some(0) => {}
+                Some(n) => {
+                    self.report_failure(
+                        "ReshardingStuck",
+                        "Reshard",
+                        "redis",
+                        format!(
+                            "shard {} serves no slot but {pod} still holds {n} keys: it is not removed",
+                            s.index
+                        ),
+                    )
+                    .await;
+                    continue;
+                }
+                None => {
+                    self.reshard_note(format!(
+                        "shard {}: waiting for {pod} to answer before it is removed",
+                        s.index
+                    ));
+                    continue;
+                }
+            }
+            self.ctx.metrics.kube("delete");
+            self.wrote = true;
+            match self
+                .api::<StatefulSet>()
+                .delete(&name, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+            acted = true;
+            let note = format!(
+                "shard {} holds no slot and no key: StatefulSet {name} deleted",
+                s.index
+            );
+            tracing::info!(redis = %self.oref, "{note}");
+            self.reshard_note(note.clone());
+            self.event(EventType::Normal, "ShardRemoved", "Reshard", note)
+                .await;
+        }
+        Ok(acted)
+    }
+}
+
+/// The primary pod of shard `index`.
+fn shard_pod(plan: &Plan, index: i32) -> Option<String> {
+    plan.shards
+        .iter()
+        .find(|s| s.index == index)
+        .and_then(|s| s.primary.clone())
+}
+
+fn jiff_ms(ms: i64) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::redis::cluster::plan::{Shard, View};
+    use crate::redis::cluster::spread;
+
+    fn id(i: usize) -> String {
+        format!("{i:0>40}")
+    }
+
+    /// A plan whose shard `i` is served by pod `r-s<i>-0` (node `id(i)`)
+    /// with `slots[i]`, and members whose primaries show `open`.
+    fn case(slots: &[Vec<SlotRange>], open: &[(usize, OpenSlot)]) -> (Plan, Vec<Member>) {
+        let plan = Plan {
+            shards: slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Shard {
+                    index: i as i32,
+                    primary: Some(format!("r-s{i}-0")),
+                    primary_id: Some(id(i)),
+                    slots: s.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            healthy: true,
+            ..Default::default()
+        };
+        let members = (0..slots.len())
+            .map(|i| Member {
+                pod: format!("r-s{i}-0"),
+                shard: i as i32,
+                view: Some(View {
+                    open: open
+                        .iter()
+                        .filter(|(s, _)| *s == i)
+                        .map(|(_, o)| o.clone())
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        (plan, members)
+    }
+
+    fn r(start: u16, end: u16) -> SlotRange {
+        SlotRange { start, end }
+    }
+
+    fn three_and_a_new_one() -> Vec<Vec<SlotRange>> {
+        let mut v: Vec<Vec<SlotRange>> = spread(3).into_iter().map(|r| vec![r]).collect();
+        v.push(Vec::new());
+        v
+    }
+
+    #[test]
+    fn a_new_shard_gets_the_highest_slots_of_the_first_in_chunks() {
+        let (plan, members) = case(&three_and_a_new_one(), &[]);
+        // Even over 4: 4096 each; shard 0 (0-5461) gives 4096-5461.
+        assert_eq!(
+            next(&plan, &members, 4, None, 64),
+            Next::Move {
+                from: 0,
+                to: 3,
+                slots: vec![r(4096, 4159)]
+            }
+        );
+        let total: u32 = remaining(&plan, 4).iter().map(rs::SlotMove::count).sum();
+        assert_eq!(total, 4096, "what shard 3 takes in all");
+        // At the count asked for, nothing moves.
+        assert_eq!(next(&plan, &members, 3, None, 64), Next::Idle);
+    }
+
+    #[test]
+    fn a_shard_past_the_count_is_emptied_onto_the_others() {
+        let four: Vec<Vec<SlotRange>> = spread(4).into_iter().map(|r| vec![r]).collect();
+        let (plan, members) = case(&four, &[]);
+        let moves = remaining(&plan, 3);
+        assert!(moves.iter().all(|m| m.from == 3), "{moves:?}");
+        let n: u32 = moves.iter().map(rs::SlotMove::count).sum();
+        assert_eq!(n, 4096);
+        assert!(matches!(
+            next(&plan, &members, 3, None, 64),
+            Next::Move { from: 3, to: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn a_slot_left_open_is_finished_before_anything_else() {
+        // Shard 0 still owns 4096 and migrates it to shard 3.
+        let open = [(
+            0,
+            OpenSlot::Migrating {
+                slot: 4096,
+                to: id(3),
+            },
+        )];
+        let (plan, members) = case(&three_and_a_new_one(), &open);
+        assert_eq!(
+            next(&plan, &members, 4, None, 64),
+            Next::Finish {
+                slot: 4096,
+                from: 0,
+                to: 3
+            }
+        );
+        // Only the target's half was set (stopped between the two
+        // SETSLOTs): the same.
+        let open = [(
+            3,
+            OpenSlot::Importing {
+                slot: 4096,
+                from: id(0),
+            },
+        )];
+        let (plan, members) = case(&three_and_a_new_one(), &open);
+        assert_eq!(
+            next(&plan, &members, 4, None, 64),
+            Next::Finish {
+                slot: 4096,
+                from: 0,
+                to: 3
+            }
+        );
+    }
+
+    #[test]
+    fn a_slot_whose_owner_changed_is_settled_on_the_source() {
+        // The target took 4096 (stopped before the source's SETSLOT NODE).
+        let mut slots = three_and_a_new_one();
+        slots[0] = vec![r(0, 4095), r(4097, 5461)];
+        slots[3] = vec![r(4096, 4096)];
+        let open = [(
+            0,
+            OpenSlot::Migrating {
+                slot: 4096,
+                to: id(3),
+            },
+        )];
+        let (plan, members) = case(&slots, &open);
+        assert_eq!(
+            next(&plan, &members, 4, None, 64),
+            Next::Settle {
+                slot: 4096,
+                shard: 0,
+                owner: id(3)
+            }
+        );
+    }
+
+    #[test]
+    fn a_target_that_failed_over_is_found_through_the_recorded_move() {
+        // Shard 3's primary changed: the node the slot migrates to is gone.
+        let open = [(
+            0,
+            OpenSlot::Migrating {
+                slot: 4096,
+                to: "gone".into(),
+            },
+        )];
+        let (plan, members) = case(&three_and_a_new_one(), &open);
+        let intent = SlotMoveIntent {
+            slots: "4096-4159".into(),
+            from_shard: 0,
+            to_shard: 3,
+            source: id(0),
+            target: "gone".into(),
+        };
+        assert_eq!(
+            next(&plan, &members, 4, Some(&intent), 64),
+            Next::Finish {
+                slot: 4096,
+                from: 0,
+                to: 3
+            }
+        );
+        // Without a record nothing guesses where the moved keys went.
+        assert!(matches!(next(&plan, &members, 4, None, 64), Next::Stuck(_)));
+    }
+}

@@ -1,0 +1,454 @@
+//! Online resharding on the dev cluster (issue #28), with real Valkey 8.1
+//! servers (the classic importing/migrating path) and cluster clients that
+//! follow `MOVED` and `ASK` themselves (no library retries):
+//! - a 3 x 2 Cluster Redis is filled with keys of four types (strings,
+//!   hashes, lists, sets), then four writers overwrite their own keys and
+//!   four readers read the filled strings, counting every error by kind;
+//! - `spec.shards` goes to 4: the operator creates shard 3, joins it and
+//!   moves a quarter of the slots to it; the operator process is stopped
+//!   right after a move's first `MIGRATE` batch (the slot left migrating
+//!   and importing, keys on both sides: proven before going on) and the
+//!   next process finishes that slot first, then the rest;
+//! - `spec.shards` goes back to 3: shard 3 is emptied onto the others, its
+//!   StatefulSet removed and its node IDs forgotten everywhere;
+//! - then every filled key is there with its content, every writer key
+//!   holds its last acknowledged value (or a later attempt), no reader saw
+//!   a filled key missing, and no node has a slot open.
+//!
+//! Sizes come from `REDPILOT_RESHARD_TAGS` (hash tags, 4 keys each;
+//! default 2,500 = 10,000 keys) and `REDPILOT_RESHARD_VALUE` (bytes per
+//! value; default 64); `make bench-reshard` runs it at 200 MiB.
+
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster_client::{Client, Met};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::Api;
+use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
+use redpilot::redis::cluster;
+use redpilot::redis::reshard::open_slots;
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::json;
+use support::operator::{
+    OperatorOptions, apply_redis, pod_ip, recent_events, redis_api, redis_password, spawn_operator,
+    start_operator, wait_failpoint, wait_ready,
+};
+use support::{TestNamespace, client, wait_for};
+
+const READY: Duration = Duration::from_secs(240);
+const WRITERS: usize = 4;
+const READERS: usize = 4;
+/// Keys each writer overwrites in turn.
+const WRITER_KEYS: u64 = 1_000;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn value(t: usize, size: usize) -> String {
+    let head = format!("v{t}-");
+    format!("{head}{}", "x".repeat(size.saturating_sub(head.len())))
+}
+
+/// Fills `tags` hash tags with a string, a hash, a list and a set each.
+async fn fill(client: &mut Client, tags: usize, size: usize) {
+    let per = 4;
+    let field = "f".repeat(size / per);
+    for t in 0..tags {
+        let v = value(t, size);
+        let k = |suffix: &str| format!("{{t{t}}}:{suffix}");
+        let cmds = [
+            (k("s"), redis::cmd("SET").arg(k("s")).arg(&v).clone()),
+            (
+                k("h"),
+                redis::cmd("HSET")
+                    .arg(k("h"))
+                    .arg("a")
+                    .arg(&field)
+                    .arg("b")
+                    .arg(&field)
+                    .arg("c")
+                    .arg(&field)
+                    .arg("d")
+                    .arg(&field)
+                    .clone(),
+            ),
+            (
+                k("l"),
+                redis::cmd("RPUSH")
+                    .arg(k("l"))
+                    .arg(&field)
+                    .arg(&field)
+                    .arg(&field)
+                    .arg(&field)
+                    .clone(),
+            ),
+            (
+                k("z"),
+                redis::cmd("SADD")
+                    .arg(k("z"))
+                    .arg(format!("1{field}"))
+                    .arg(format!("2{field}"))
+                    .arg(format!("3{field}"))
+                    .arg(format!("4{field}"))
+                    .clone(),
+            ),
+        ];
+        for (key, cmd) in cmds {
+            let _: redis::Value = client
+                .run(&key, &cmd)
+                .await
+                .unwrap_or_else(|e| panic!("filling {key}: {e}"));
+        }
+    }
+}
+
+/// A client's errors, by kind.
+#[derive(Debug, Default)]
+struct Errors {
+    by_kind: BTreeMap<String, u64>,
+}
+
+impl Errors {
+    fn add(&mut self, e: &str) {
+        let kind = e
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .find(|w| !w.is_empty())
+            .unwrap_or("other")
+            .to_string();
+        *self.by_kind.entry(kind).or_default() += 1;
+    }
+
+    fn total(&self) -> u64 {
+        self.by_kind.values().sum()
+    }
+}
+
+#[derive(Default)]
+struct Writes {
+    acked: HashMap<String, u64>,
+    tried: HashMap<String, u64>,
+    ok: u64,
+    errors: Errors,
+}
+
+fn writer(
+    w: usize,
+    seed: Endpoint,
+    opts: ConnectOptions,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Writes, Met)> {
+    tokio::spawn(async move {
+        let mut client = Client::new(seed, opts);
+        let mut out = Writes::default();
+        let mut i: u64 = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let key = format!("w{w}:{}", i % WRITER_KEYS);
+            out.tried.insert(key.clone(), i);
+            match client
+                .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(i))
+                .await
+            {
+                Ok(_) => {
+                    out.ok += 1;
+                    out.acked.insert(key, i);
+                }
+                Err(e) => {
+                    out.errors.add(&e);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            i += 1;
+        }
+        (out, client.met)
+    })
+}
+
+#[derive(Default)]
+struct Reads {
+    ok: u64,
+    /// A filled key read as absent or with another value.
+    wrong: u64,
+    errors: Errors,
+}
+
+fn reader(
+    r: usize,
+    seed: Endpoint,
+    opts: ConnectOptions,
+    tags: usize,
+    size: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Reads, Met)> {
+    tokio::spawn(async move {
+        let mut client = Client::new(seed, opts);
+        let mut out = Reads::default();
+        let mut t = r * 7919;
+        while !stop.load(Ordering::Relaxed) {
+            t = (t + 104_729) % tags.max(1);
+            let key = format!("{{t{t}}}:s");
+            match client
+                .run::<Option<String>>(&key, redis::cmd("GET").arg(&key))
+                .await
+            {
+                Ok(Some(v)) if v == value(t, size) => out.ok += 1,
+                Ok(_) => out.wrong += 1,
+                Err(e) => {
+                    out.errors.add(&e);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        (out, client.met)
+    })
+}
+
+fn resharding_done(r: &Redis, shards: i32) -> bool {
+    let Some(st) = r.status.as_ref() else {
+        return false;
+    };
+    st.resharding
+        .as_ref()
+        .is_some_and(|x| x.phase == ReshardingPhase::Done && x.to_shards == shards)
+        && st.shards.len() == usize::try_from(shards).unwrap_or(0)
+        && support::operator::is_ready(r)
+}
+
+/// Every pod's endpoint.
+async fn endpoints(client: &kube::Client, ns: &str, shards: i32) -> Vec<(String, Endpoint)> {
+    let mut out = Vec::new();
+    for s in 0..shards {
+        for j in 0..2 {
+            let pod = format!("cache-s{s}-{j}");
+            let ip = pod_ip(client, ns, &pod).await;
+            out.push((pod, Endpoint::new(ip, 6379)));
+        }
+    }
+    out
+}
+
+/// Slots open on any node, as `CLUSTER NODES` shows them.
+async fn open_anywhere(eps: &[(String, Endpoint)], opts: &ConnectOptions) -> Vec<String> {
+    let mut out = Vec::new();
+    for (pod, ep) in eps {
+        let Ok(mut n) = Node::connect(ep, opts).await else {
+            continue;
+        };
+        let text: String = n
+            .query("CLUSTER NODES", redis::cmd("CLUSTER").arg("NODES"))
+            .await
+            .unwrap_or_default();
+        for o in open_slots(&text) {
+            out.push(format!("{pod}: {o:?}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_operator_crash() {
+    let tags = env_or("REDPILOT_RESHARD_TAGS", 2_500);
+    let size = env_or("REDPILOT_RESHARD_VALUE", 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-reshard", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-reshard");
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    // The first process stops right after a move's first MIGRATE batch.
+    let mut crashing = opts.clone().no_restart();
+    crashing
+        .env
+        .push(("REDPILOT_FAILPOINTS".into(), "reshard-after-batch".into()));
+    let mut first = start_operator(&client, crashing).await;
+    let spec = |shards: i32| {
+        json!({"mode": "Cluster", "shards": shards, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "resources": {"limits": {"memory": "1Gi"}}})
+    };
+    apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
+    let t = Instant::now();
+    let mut filler = Client::new(seed.clone(), copts.clone());
+    fill(&mut filler, tags, size).await;
+    let mib = (tags * size * 4) as f64 / (1024.0 * 1024.0);
+    println!(
+        "filled {} keys ({mib:.1} MiB of values) in {:.1} s",
+        tags * 4,
+        t.elapsed().as_secs_f64()
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| writer(w, seed.clone(), copts.clone(), stop.clone()))
+        .collect();
+    let readers: Vec<_> = (0..READERS)
+        .map(|r| reader(r, seed.clone(), copts.clone(), tags, size, stop.clone()))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // 3 → 4, the operator stopped after a first batch.
+    let asked = Instant::now();
+    apply_redis(&client, &ns.name, "cache", spec(4)).await;
+    wait_failpoint(&mut first, READY).await;
+    let eps = endpoints(&client, &ns.name, 4).await;
+    let open = open_anywhere(&eps, &copts).await;
+    assert!(
+        open.iter().any(|o| o.contains("Migrating"))
+            && open.iter().any(|o| o.contains("Importing")),
+        "the operator stopped mid-move, yet no slot is open: {open:?}"
+    );
+    println!("operator stopped mid-move with {open:?}");
+    let _next = spawn_operator(&client, opts.named("op-reshard-next")).await;
+    let api = redis_api(&client, &ns.name);
+    let r = wait_for("resharding to 4 shards done", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        resharding_done(&r, 4).then_some(r)
+    })
+    .await;
+    let out = r.status.clone().expect("status");
+    let rs = out.resharding.clone().expect("status.resharding");
+    println!(
+        "3 → 4 shards: {} slots, {} keys moved ({} path) in {:.1} s from the spec change",
+        rs.slots_moved,
+        rs.keys_moved,
+        rs.path,
+        asked.elapsed().as_secs_f64()
+    );
+    assert_eq!(rs.path, "Classic");
+    assert_eq!((rs.slots_moved, rs.slots_total), (4096, 4096), "{rs:?}");
+    assert!(rs.current.is_none(), "{rs:?}");
+    assert!(rs.keys_moved > 0, "{rs:?}");
+    for (i, s) in out.shards.iter().enumerate() {
+        let n: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.count())
+            .sum();
+        assert_eq!(n, 4096, "shard {i}: {s:?}");
+        assert_eq!(s.replicas.len(), 1, "shard {i}: {s:?}");
+    }
+    let eps = endpoints(&client, &ns.name, 4).await;
+    assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+
+    // 4 → 3: shard 3 emptied, then removed.
+    let asked = Instant::now();
+    apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    let r = wait_for("resharding back to 3 shards done", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        let known = r.status.as_ref()?.cluster.as_ref()?.known_nodes;
+        (resharding_done(&r, 3) && known == 6).then_some(r)
+    })
+    .await;
+    let rs = r
+        .status
+        .as_ref()
+        .and_then(|s| s.resharding.clone())
+        .expect("status.resharding");
+    println!(
+        "4 → 3 shards: {} slots, {} keys moved in {:.1} s, shard 3 removed and forgotten",
+        rs.slots_moved,
+        rs.keys_moved,
+        asked.elapsed().as_secs_f64()
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    assert!(
+        sts.get_opt("cache-s3").await.expect("get").is_none(),
+        "shard 3's StatefulSet is gone"
+    );
+    let events = recent_events(&client, &ns.name, 80).await;
+    for reason in ["ReshardingStarted", "ReshardingDone", "ShardRemoved"] {
+        assert!(events.contains(reason), "no {reason} event: {events}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    // Every write acknowledged is there; every filled key is whole.
+    let mut check = Client::new(seed.clone(), copts.clone());
+    let mut lost = 0;
+    let (mut moved, mut ask, mut tryagain) = (0, 0, 0);
+    for (w, h) in writers.into_iter().enumerate() {
+        let (out, met) = h.await.expect("writer");
+        (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
+        for (key, acked) in &out.acked {
+            let got: Option<u64> = check
+                .run(key, redis::cmd("GET").arg(key))
+                .await
+                .unwrap_or_else(|e| panic!("GET {key}: {e}"));
+            let tried = out.tried.get(key).copied().unwrap_or(*acked);
+            if !got.is_some_and(|g| g >= *acked && g <= tried) {
+                lost += 1;
+            }
+        }
+        println!(
+            "writer {w}: {} acknowledged, errors {:?}",
+            out.ok, out.errors.by_kind
+        );
+    }
+    let mut wrong = 0;
+    let mut read_errors = 0;
+    for (i, h) in readers.into_iter().enumerate() {
+        let (out, met) = h.await.expect("reader");
+        (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
+        wrong += out.wrong;
+        read_errors += out.errors.total();
+        println!(
+            "reader {i}: {} reads right, {} wrong or missing, errors {:?}",
+            out.ok, out.wrong, out.errors.by_kind
+        );
+    }
+    println!(
+        "clients followed {moved} MOVED and {ask} ASK, waited on {tryagain} TRYAGAIN; {read_errors} read errors"
+    );
+    assert_eq!(lost, 0, "{lost} acknowledged writes lost");
+    assert_eq!(wrong, 0, "readers saw {wrong} filled keys missing or wrong");
+    let mut broken = Vec::new();
+    for t in 0..tags {
+        let k = |s: &str| format!("{{t{t}}}:{s}");
+        let s: Option<String> = check
+            .run(&k("s"), redis::cmd("GET").arg(k("s")))
+            .await
+            .ok()
+            .flatten();
+        let h: u64 = check
+            .run(&k("h"), redis::cmd("HLEN").arg(k("h")))
+            .await
+            .unwrap_or(0);
+        let l: u64 = check
+            .run(&k("l"), redis::cmd("LLEN").arg(k("l")))
+            .await
+            .unwrap_or(0);
+        let z: u64 = check
+            .run(&k("z"), redis::cmd("SCARD").arg(k("z")))
+            .await
+            .unwrap_or(0);
+        if s.as_deref() != Some(value(t, size).as_str()) || (h, l, z) != (4, 4, 4) {
+            broken.push(t);
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "{} tags not whole: {:?}",
+        broken.len(),
+        &broken[..broken.len().min(10)]
+    );
+    let eps = endpoints(&client, &ns.name, 3).await;
+    assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+    for (pod, ep) in &eps {
+        let mut n = Node::connect(ep, &copts).await.expect("connect");
+        let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
+        assert_eq!(nodes.len(), 6, "{pod} knows {nodes:?}");
+    }
+}

@@ -1,0 +1,125 @@
+//! A Redis Cluster client for the tests that move slots: one connection
+//! per node, every command sent once per node it goes to, `MOVED` and
+//! `ASK` followed (at most five hops), `TRYAGAIN` counted and waited on.
+//! The `redis` crate's own cluster client and retries play no part, so
+//! what the client met is counted here.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use redpilot::redis::cluster;
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+
+/// What a client following redirections met.
+#[derive(Debug, Default, Clone)]
+pub struct Met {
+    pub moved: u64,
+    pub ask: u64,
+    pub tryagain: u64,
+}
+
+/// A cluster client for the test: one connection per node, every command
+/// sent once per node it is sent to, `MOVED` and `ASK` followed (at most
+/// five hops), `TRYAGAIN` waited on. Slot owners are learnt from the
+/// redirections, as a cluster client does.
+pub struct Client {
+    opts: ConnectOptions,
+    conns: HashMap<String, Node>,
+    owners: BTreeMap<u16, Endpoint>,
+    seed: Endpoint,
+    pub met: Met,
+}
+
+/// `host:port` at the end of a `MOVED` or `ASK` reply.
+pub fn redirect_target(message: &str) -> Option<Endpoint> {
+    let addr = message
+        .split_whitespace()
+        .rev()
+        .find(|t| t.contains(':'))?
+        .trim_end_matches(|c: char| !c.is_ascii_digit());
+    let (host, port) = addr.rsplit_once(':')?;
+    Some(Endpoint::new(host, port.parse().ok()?))
+}
+
+impl Client {
+    pub fn new(seed: Endpoint, opts: ConnectOptions) -> Self {
+        Client {
+            opts,
+            conns: HashMap::new(),
+            owners: BTreeMap::new(),
+            seed,
+            met: Met::default(),
+        }
+    }
+
+    pub async fn node(&mut self, at: &Endpoint) -> Result<&mut Node, String> {
+        let key = at.to_string();
+        if !self.conns.contains_key(&key) {
+            let n = Node::connect(at, &self.opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.conns.insert(key.clone(), n);
+        }
+        self.conns
+            .get_mut(&key)
+            .ok_or_else(|| "no connection".to_string())
+    }
+
+    /// Runs `cmd` on the key's slot owner; the reply.
+    pub async fn run<T: redis::FromRedisValue>(
+        &mut self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, String> {
+        let slot = cluster::key_slot(key.as_bytes());
+        let mut at = self.owners.get(&slot).cloned().unwrap_or(self.seed.clone());
+        let mut asking = false;
+        for _ in 0..5 {
+            let result = {
+                let node = self.node(&at).await?;
+                if asking {
+                    let _: redis::Value = node
+                        .query("ASKING", &redis::cmd("ASKING"))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                node.query::<T>("COMMAND", cmd).await
+            };
+            match result {
+                Ok(v) => {
+                    if !asking {
+                        self.owners.insert(slot, at);
+                    }
+                    return Ok(v);
+                }
+                Err(e) => {
+                    let code = e.server_code().map(str::to_string);
+                    let text = e.to_string();
+                    match code.as_deref() {
+                        Some("MOVED") => {
+                            self.met.moved += 1;
+                            at = redirect_target(&text).ok_or(text)?;
+                            asking = false;
+                        }
+                        Some("ASK") => {
+                            self.met.ask += 1;
+                            at = redirect_target(&text).ok_or(text)?;
+                            asking = true;
+                        }
+                        Some("TRYAGAIN") => {
+                            self.met.tryagain += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        _ => {
+                            // The connection may be broken: open a new one next time.
+                            self.conns.remove(&at.to_string());
+                            return Err(text);
+                        }
+                    }
+                }
+            }
+        }
+        Err(format!("{key}: more than five redirections"))
+    }
+}
