@@ -14,7 +14,9 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Utc};
 
-use crate::api::v1alpha1::{BackupPhase, BackupTarget, Redis, RedisBackup, RedisBackupSchedule};
+use crate::api::v1alpha1::{
+    BackupPhase, BackupTarget, Redis, RedisBackup, RedisBackupSchedule, ReshardingPhase,
+};
 
 /// One event, as the screen shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,6 +170,43 @@ pub fn status(
             "Cluster: state {}, {}/16384 slots ok, {} nodes known",
             c.state, c.slots_ok, c.known_nodes
         );
+    }
+    if let Some(x) = &st.resharding {
+        let when = |t: &Option<String>| {
+            t.as_deref().and_then(parse_time).map(|t| {
+                if t > now {
+                    format!("in {}", age(now, t))
+                } else {
+                    format!("{} ago", age(t, now))
+                }
+            })
+        };
+        let mut line = format!(
+            "Resharding: {} → {} shards, {:?} ({} path): {}/{} slots, {} keys moved",
+            x.from_shards, x.to_shards, x.phase, x.path, x.slots_moved, x.slots_total, x.keys_moved
+        );
+        if let Some(c) = &x.current {
+            let _ = write!(
+                line,
+                "; moving {} from shard {} to {}",
+                c.slots, c.from_shard, c.to_shard
+            );
+        }
+        match (x.phase, when(&x.finished_at), when(&x.estimated_end)) {
+            (ReshardingPhase::Done, Some(t), _) => {
+                let _ = write!(line, "; finished {t}");
+            }
+            (ReshardingPhase::Moving, _, Some(t)) => {
+                let _ = write!(line, "; ends {t} at this rate");
+            }
+            _ => {}
+        }
+        if x.phase == ReshardingPhase::Paused
+            && let Some(m) = &x.message
+        {
+            let _ = write!(line, "; paused: {m}");
+        }
+        let _ = writeln!(out, "{line}");
     }
     if !st.shards.is_empty() {
         let _ = writeln!(out);
@@ -408,9 +447,29 @@ mod tests {
                 .collect();
         }
         let now = Utc::now();
+        if let Some(st) = r.status.as_mut() {
+            st.resharding = Some(crate::api::v1alpha1::ReshardingStatus {
+                phase: ReshardingPhase::Paused,
+                path: "Classic".into(),
+                from_shards: 3,
+                to_shards: 4,
+                slots_moved: 1024,
+                slots_total: 4096,
+                keys_moved: 812,
+                message: Some("shard(s) 3 have no primary".into()),
+                ..Default::default()
+            });
+        }
         let screen = status(&r, &[], &[], now);
         assert!(
             screen.contains("Cluster: state ok, 16384/16384 slots ok, 6 nodes known"),
+            "{screen}"
+        );
+        assert!(
+            screen.contains(
+                "Resharding: 3 → 4 shards, Paused (Classic path): 1024/4096 slots, 812 keys moved; \
+                 paused: shard(s) 3 have no primary"
+            ),
             "{screen}"
         );
         let line = screen

@@ -7,8 +7,10 @@
 //! - `spec.shards` goes to 4: the operator creates shard 3, joins it and
 //!   moves a quarter of the slots to it; the operator process is stopped
 //!   right after a move's first `MIGRATE` batch (the slot left migrating
-//!   and importing, keys on both sides: proven before going on) and the
-//!   next process finishes that slot first, then the rest;
+//!   and importing, keys on both sides: proven before going on), then the
+//!   source shard's primary is `kill -9`ed and its replica takes over
+//!   (proven at the end); the next operator process finishes that slot
+//!   first, from the new primary, then the rest;
 //! - `spec.shards` goes back to 3: shard 3 is emptied onto the others, its
 //!   StatefulSet removed and its node IDs forgotten everywhere;
 //! - then every filled key is there with its content, every writer key
@@ -37,8 +39,8 @@ use redpilot::redis::reshard::open_slots;
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::json;
 use support::operator::{
-    OperatorOptions, apply_redis, pod_ip, recent_events, redis_api, redis_password, spawn_operator,
-    start_operator, wait_failpoint, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, info_u64, kill_9, pod_ip, recent_events, redis_api,
+    redis_password, spawn_operator, start_operator, wait_failpoint, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -150,6 +152,8 @@ fn writer(
 ) -> tokio::task::JoinHandle<(Writes, Met)> {
     tokio::spawn(async move {
         let mut client = Client::new(seed, opts);
+        // Acknowledged = on a replica too: a failover keeps it.
+        client.confirm = Some((1, 500));
         let mut out = Writes::default();
         let mut i: u64 = 0;
         while !stop.load(Ordering::Relaxed) {
@@ -311,6 +315,29 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         "the operator stopped mid-move, yet no slot is open: {open:?}"
     );
     println!("operator stopped mid-move with {open:?}");
+    // The source shard's primary killed while its slot is open.
+    let r = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("redis");
+    let from = r
+        .status
+        .as_ref()
+        .and_then(|s| s.resharding.as_ref()?.current.as_ref())
+        .map(|c| c.from_shard)
+        .expect("the move under way is recorded before its first command");
+    let source = r
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.get(usize::try_from(from).ok()?)?.primary.clone())
+        .expect("the source shard's primary");
+    let mut n = connect_pod(&client, &ns.name, &source, &password)
+        .await
+        .expect("connect to the source primary");
+    let pid = info_u64(&mut n, "server", "process_id").await;
+    drop(n);
+    kill_9(u32::try_from(pid).expect("pid"));
+    println!("kill -9 of {source}, the primary of source shard {from}, mid-move");
     let _next = spawn_operator(&client, opts.named("op-reshard-next")).await;
     let api = redis_api(&client, &ns.name);
     let r = wait_for("resharding to 4 shards done", READY, || async {
@@ -342,6 +369,10 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     }
     let eps = endpoints(&client, &ns.name, 4).await;
     assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+    // The fault happened: the killed primary now follows its replica.
+    let now = &out.shards[usize::try_from(from).expect("shard")];
+    assert_ne!(now.primary.as_deref(), Some(source.as_str()), "{now:?}");
+    assert_eq!(now.replicas, vec![source.clone()], "{now:?}");
 
     // 4 → 3: shard 3 emptied, then removed.
     let asked = Instant::now();

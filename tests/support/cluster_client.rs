@@ -29,6 +29,10 @@ pub struct Client {
     owners: BTreeMap<u16, Endpoint>,
     seed: Endpoint,
     pub met: Met,
+    /// `WAIT <replicas> <ms>` after each command, on the node that ran it:
+    /// a command whose write fewer replicas confirmed is an error
+    /// (`UNCONFIRMED`), so a confirmed write is one a failover keeps.
+    pub confirm: Option<(u32, u64)>,
 }
 
 /// `host:port` at the end of a `MOVED` or `ASK` reply.
@@ -50,6 +54,7 @@ impl Client {
             owners: BTreeMap::new(),
             seed,
             met: Met::default(),
+            confirm: None,
         }
     }
 
@@ -75,6 +80,7 @@ impl Client {
         let slot = cluster::key_slot(key.as_bytes());
         let mut at = self.owners.get(&slot).cloned().unwrap_or(self.seed.clone());
         let mut asking = false;
+        let confirm = self.confirm;
         for _ in 0..5 {
             let result = {
                 let node = self.node(&at).await?;
@@ -84,7 +90,23 @@ impl Client {
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                node.query::<T>("COMMAND", cmd).await
+                let r = node.query::<T>("COMMAND", cmd).await;
+                match (r, confirm) {
+                    (Ok(v), Some((n, ms))) => {
+                        let got: Result<u32, _> =
+                            node.query("WAIT", redis::cmd("WAIT").arg(n).arg(ms)).await;
+                        match got {
+                            Ok(k) if k >= n => Ok(v),
+                            Ok(k) => {
+                                return Err(format!(
+                                    "UNCONFIRMED: {k} of {n} replicas within {ms} ms"
+                                ));
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    (r, _) => r,
+                }
             };
             match result {
                 Ok(v) => {
