@@ -217,6 +217,117 @@ fn reader(
     })
 }
 
+/// Four writers and four readers on a filled cluster.
+struct Load {
+    stop: Arc<AtomicBool>,
+    writers: Vec<tokio::task::JoinHandle<(Writes, Met)>>,
+    readers: Vec<tokio::task::JoinHandle<(Reads, Met)>>,
+    tags: usize,
+    size: usize,
+}
+
+impl Load {
+    fn start(seed: &Endpoint, copts: &ConnectOptions, tags: usize, size: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = (0..WRITERS)
+            .map(|w| writer(w, seed.clone(), copts.clone(), stop.clone()))
+            .collect();
+        let readers = (0..READERS)
+            .map(|r| reader(r, seed.clone(), copts.clone(), tags, size, stop.clone()))
+            .collect();
+        Load {
+            stop,
+            writers,
+            readers,
+            tags,
+            size,
+        }
+    }
+
+    /// Stops the clients, prints what they met, and asserts that every
+    /// acknowledged write is there and every filled key is whole.
+    async fn finish(self, seed: &Endpoint, copts: &ConnectOptions) {
+        let Load {
+            stop,
+            writers,
+            readers,
+            tags,
+            size,
+        } = self;
+        stop.store(true, Ordering::Relaxed);
+
+        // Every write acknowledged is there; every filled key is whole.
+        let mut check = Client::new(seed.clone(), copts.clone());
+        let mut lost = 0;
+        let (mut moved, mut ask, mut tryagain) = (0, 0, 0);
+        for (w, h) in writers.into_iter().enumerate() {
+            let (out, met) = h.await.expect("writer");
+            (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
+            for (key, acked) in &out.acked {
+                let got: Option<u64> = check
+                    .run(key, redis::cmd("GET").arg(key))
+                    .await
+                    .unwrap_or_else(|e| panic!("GET {key}: {e}"));
+                let tried = out.tried.get(key).copied().unwrap_or(*acked);
+                if !got.is_some_and(|g| g >= *acked && g <= tried) {
+                    lost += 1;
+                }
+            }
+            println!(
+                "writer {w}: {} acknowledged, errors {:?}",
+                out.ok, out.errors.by_kind
+            );
+        }
+        let mut wrong = 0;
+        let mut read_errors = 0;
+        for (i, h) in readers.into_iter().enumerate() {
+            let (out, met) = h.await.expect("reader");
+            (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
+            wrong += out.wrong;
+            read_errors += out.errors.total();
+            println!(
+                "reader {i}: {} reads right, {} wrong or missing, errors {:?}",
+                out.ok, out.wrong, out.errors.by_kind
+            );
+        }
+        println!(
+            "clients followed {moved} MOVED and {ask} ASK, waited on {tryagain} TRYAGAIN; {read_errors} read errors"
+        );
+        assert_eq!(lost, 0, "{lost} acknowledged writes lost");
+        assert_eq!(wrong, 0, "readers saw {wrong} filled keys missing or wrong");
+        let mut broken = Vec::new();
+        for t in 0..tags {
+            let k = |s: &str| format!("{{t{t}}}:{s}");
+            let s: Option<String> = check
+                .run(&k("s"), redis::cmd("GET").arg(k("s")))
+                .await
+                .ok()
+                .flatten();
+            let h: u64 = check
+                .run(&k("h"), redis::cmd("HLEN").arg(k("h")))
+                .await
+                .unwrap_or(0);
+            let l: u64 = check
+                .run(&k("l"), redis::cmd("LLEN").arg(k("l")))
+                .await
+                .unwrap_or(0);
+            let z: u64 = check
+                .run(&k("z"), redis::cmd("SCARD").arg(k("z")))
+                .await
+                .unwrap_or(0);
+            if s.as_deref() != Some(value(t, size).as_str()) || (h, l, z) != (4, 4, 4) {
+                broken.push(t);
+            }
+        }
+        assert!(
+            broken.is_empty(),
+            "{} tags not whole: {:?}",
+            broken.len(),
+            &broken[..broken.len().min(10)]
+        );
+    }
+}
+
 fn resharding_done(r: &Redis, shards: i32) -> bool {
     let Some(st) = r.status.as_ref() else {
         return false;
@@ -294,13 +405,7 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         t.elapsed().as_secs_f64()
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| writer(w, seed.clone(), copts.clone(), stop.clone()))
-        .collect();
-    let readers: Vec<_> = (0..READERS)
-        .map(|r| reader(r, seed.clone(), copts.clone(), tags, size, stop.clone()))
-        .collect();
+    let load = Load::start(&seed, &copts, tags, size);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // 3 → 4, the operator stopped after a first batch.
@@ -404,77 +509,7 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         assert!(events.contains(reason), "no {reason} event: {events}");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-
-    // Every write acknowledged is there; every filled key is whole.
-    let mut check = Client::new(seed.clone(), copts.clone());
-    let mut lost = 0;
-    let (mut moved, mut ask, mut tryagain) = (0, 0, 0);
-    for (w, h) in writers.into_iter().enumerate() {
-        let (out, met) = h.await.expect("writer");
-        (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
-        for (key, acked) in &out.acked {
-            let got: Option<u64> = check
-                .run(key, redis::cmd("GET").arg(key))
-                .await
-                .unwrap_or_else(|e| panic!("GET {key}: {e}"));
-            let tried = out.tried.get(key).copied().unwrap_or(*acked);
-            if !got.is_some_and(|g| g >= *acked && g <= tried) {
-                lost += 1;
-            }
-        }
-        println!(
-            "writer {w}: {} acknowledged, errors {:?}",
-            out.ok, out.errors.by_kind
-        );
-    }
-    let mut wrong = 0;
-    let mut read_errors = 0;
-    for (i, h) in readers.into_iter().enumerate() {
-        let (out, met) = h.await.expect("reader");
-        (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
-        wrong += out.wrong;
-        read_errors += out.errors.total();
-        println!(
-            "reader {i}: {} reads right, {} wrong or missing, errors {:?}",
-            out.ok, out.wrong, out.errors.by_kind
-        );
-    }
-    println!(
-        "clients followed {moved} MOVED and {ask} ASK, waited on {tryagain} TRYAGAIN; {read_errors} read errors"
-    );
-    assert_eq!(lost, 0, "{lost} acknowledged writes lost");
-    assert_eq!(wrong, 0, "readers saw {wrong} filled keys missing or wrong");
-    let mut broken = Vec::new();
-    for t in 0..tags {
-        let k = |s: &str| format!("{{t{t}}}:{s}");
-        let s: Option<String> = check
-            .run(&k("s"), redis::cmd("GET").arg(k("s")))
-            .await
-            .ok()
-            .flatten();
-        let h: u64 = check
-            .run(&k("h"), redis::cmd("HLEN").arg(k("h")))
-            .await
-            .unwrap_or(0);
-        let l: u64 = check
-            .run(&k("l"), redis::cmd("LLEN").arg(k("l")))
-            .await
-            .unwrap_or(0);
-        let z: u64 = check
-            .run(&k("z"), redis::cmd("SCARD").arg(k("z")))
-            .await
-            .unwrap_or(0);
-        if s.as_deref() != Some(value(t, size).as_str()) || (h, l, z) != (4, 4, 4) {
-            broken.push(t);
-        }
-    }
-    assert!(
-        broken.is_empty(),
-        "{} tags not whole: {:?}",
-        broken.len(),
-        &broken[..broken.len().min(10)]
-    );
+    load.finish(&seed, &copts).await;
     let eps = endpoints(&client, &ns.name, 3).await;
     assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
     for (pod, ep) in &eps {
@@ -482,4 +517,71 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
         assert_eq!(nodes.len(), 6, "{pod} knows {nodes:?}");
     }
+}
+
+/// Valkey 9.1: the same growth by the engine's atomic slot migration, the
+/// operator stopped right after it recorded a move and before the first
+/// command, the next one moving on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_91_grows_to_four_shards_atomically_across_an_operator_crash() {
+    let (tags, size) = (2_500, 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-reshard-atomic", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-atomic");
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut crashing = opts.clone().no_restart();
+    crashing
+        .env
+        .push(("REDPILOT_FAILPOINTS".into(), "reshard-after-intent".into()));
+    let mut first = start_operator(&client, crashing).await;
+    let spec = |shards: i32| json!({"mode": "Cluster", "shards": shards, "instances": 2, "engine": "Valkey", "version": "9.1"});
+    apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
+    fill(&mut Client::new(seed.clone(), copts.clone()), tags, size).await;
+    let load = Load::start(&seed, &copts, tags, size);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let asked = Instant::now();
+    apply_redis(&client, &ns.name, "cache", spec(4)).await;
+    wait_failpoint(&mut first, READY).await;
+    let api = redis_api(&client, &ns.name);
+    let r = api.get("cache").await.expect("redis");
+    let rs = r
+        .status
+        .as_ref()
+        .and_then(|s| s.resharding.clone())
+        .expect("status.resharding");
+    let intent = rs.current.clone().expect("the intent is recorded first");
+    println!("operator stopped after recording {intent:?}");
+    let _next = spawn_operator(&client, opts.named("op-atomic-next")).await;
+    let r = wait_for("resharding to 4 shards done", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        resharding_done(&r, 4).then_some(r)
+    })
+    .await;
+    let st = r.status.clone().expect("status");
+    let rs = st.resharding.clone().expect("status.resharding");
+    println!(
+        "3 → 4 shards: {} slots moved ({} path) in {:.1} s from the spec change",
+        rs.slots_moved,
+        rs.path,
+        asked.elapsed().as_secs_f64()
+    );
+    assert_eq!(rs.path, "Atomic");
+    assert_eq!((rs.slots_moved, rs.slots_total), (4096, 4096), "{rs:?}");
+    for (i, s) in st.shards.iter().enumerate() {
+        let n: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.count())
+            .sum();
+        assert_eq!(n, 4096, "shard {i}: {s:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.finish(&seed, &copts).await;
 }
