@@ -9,8 +9,12 @@
 //!   right after a move's first `MIGRATE` batch (the slot left migrating
 //!   and importing, keys on both sides: proven before going on), then the
 //!   source shard's primary is `kill -9`ed and its replica takes over
-//!   (proven at the end); the next operator process finishes that slot
-//!   first, from the new primary, then the rest;
+//!   (proven at the end), and `spec.shards` is set back to 3 while no
+//!   operator runs; the next operator process finishes the open slot
+//!   first (from the new primary, toward shard 3, where part of its keys
+//!   already are), then empties shard 3 again and removes it;
+//! - `spec.shards` goes to 4 again and the quarter of the slots moves with
+//!   nothing stopped;
 //! - `spec.shards` goes back to 3: shard 3 is emptied onto the others, its
 //!   StatefulSet removed and its node IDs forgotten everywhere;
 //! - then every filled key is there with its content, every writer key
@@ -34,7 +38,7 @@ use cluster_client::{Client, Met};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
 use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
-use redpilot::redis::cluster;
+use redpilot::redis::cluster::{self, spread};
 use redpilot::redis::reshard::open_slots;
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::json;
@@ -443,8 +447,42 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     drop(n);
     kill_9(u32::try_from(pid).expect("pid"));
     println!("kill -9 of {source}, the primary of source shard {from}, mid-move");
+    // While no operator runs, the user changes their mind: back to 3. The
+    // next operator finishes the open slot toward shard 3 first (its keys
+    // are split between the two), then empties shard 3 and removes it.
+    apply_redis(&client, &ns.name, "cache", spec(3)).await;
     let _next = spawn_operator(&client, opts.named("op-reshard-next")).await;
     let api = redis_api(&client, &ns.name);
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    let r = wait_for("back to 3 shards, shard 3 removed", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        let known = r.status.as_ref()?.cluster.as_ref()?.known_nodes;
+        let gone = sts.get_opt("cache-s3").await.ok()?.is_none();
+        (resharding_done(&r, 3) && known == 6 && gone).then_some(r)
+    })
+    .await;
+    let out = r.status.clone().expect("status");
+    println!(
+        "the open slot finished, shard 3 emptied, removed and forgotten {:.1} s after the first spec change",
+        asked.elapsed().as_secs_f64()
+    );
+    let eps = endpoints(&client, &ns.name, 3).await;
+    assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+    // The fault happened: the killed primary now follows its replica.
+    let now = &out.shards[usize::try_from(from).expect("shard")];
+    assert_ne!(now.primary.as_deref(), Some(source.as_str()), "{now:?}");
+    assert_eq!(now.replicas, vec![source.clone()], "{now:?}");
+    for (i, s) in out.shards.iter().enumerate() {
+        assert_eq!(
+            s.slots.as_deref(),
+            Some(spread(3)[i].to_string().as_str()),
+            "shard {i}"
+        );
+    }
+
+    // 3 → 4 under the load, nothing stopped.
+    let asked = Instant::now();
+    apply_redis(&client, &ns.name, "cache", spec(4)).await;
     let r = wait_for("resharding to 4 shards done", READY, || async {
         let r = api.get("cache").await.ok()?;
         resharding_done(&r, 4).then_some(r)
@@ -474,10 +512,6 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     }
     let eps = endpoints(&client, &ns.name, 4).await;
     assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
-    // The fault happened: the killed primary now follows its replica.
-    let now = &out.shards[usize::try_from(from).expect("shard")];
-    assert_ne!(now.primary.as_deref(), Some(source.as_str()), "{now:?}");
-    assert_eq!(now.replicas, vec![source.clone()], "{now:?}");
 
     // 4 → 3: shard 3 emptied, then removed.
     let asked = Instant::now();
@@ -499,7 +533,6 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         rs.keys_moved,
         asked.elapsed().as_secs_f64()
     );
-    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
     assert!(
         sts.get_opt("cache-s3").await.expect("get").is_none(),
         "shard 3's StatefulSet is gone"

@@ -36,7 +36,7 @@ use crate::redis::reshard::{self as rs, OpenSlot};
 use crate::redis::{Endpoint, Node};
 
 /// Slots one classic step moves at most (one recorded intent).
-pub const CLASSIC_CHUNK: u32 = 64;
+pub const CLASSIC_CHUNK: u32 = 256;
 /// Slots one atomic job moves at most.
 pub const ATOMIC_CHUNK: u32 = 1024;
 /// How long a pass keeps moving classic slots before it reports.
