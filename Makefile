@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-timing bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -169,6 +169,21 @@ bench-cluster: engines cluster-up
 		--nocapture a_cluster_redis_forms
 	REDPILOT_CLUSTER_UPGRADE_RUNS=$(CLUSTER_UPGRADE_RUNS) $(CARGO) test --test operator_cluster -- \
 		--nocapture --skip a_cluster_redis_forms
+
+# Online resharding at size (tests/operator_reshard.rs): a 3 x 2 Valkey 8.1
+# Cluster Redis filled with RESHARD_TAGS x 4 keys of four types whose values
+# total about RESHARD_TAGS x 4 x RESHARD_VALUE bytes (default 100,000 keys,
+# ~200 MiB), under four WAIT-confirmed writers and four readers: the operator
+# stopped mid-move, the source primary killed and the count set back, then
+# 3 -> RESHARD_TO (default 5) -> 3 shards; slots and MiB per second, client
+# errors by kind, writes lost. Beside it, Valkey 9.1's atomic path 3 -> 4.
+# `make test` runs both at 10,000 keys and 3 -> 4 -> 3.
+RESHARD_TAGS ?= 25000
+RESHARD_VALUE ?= 2048
+RESHARD_TO ?= 5
+bench-reshard: engines cluster-up
+	REDPILOT_RESHARD_TAGS=$(RESHARD_TAGS) REDPILOT_RESHARD_VALUE=$(RESHARD_VALUE) \
+		REDPILOT_RESHARD_TO=$(RESHARD_TO) $(CARGO) test --test operator_reshard -- --nocapture
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against

@@ -381,6 +381,7 @@ mod tests {
                     }),
                     ..Default::default()
                 }),
+                shards: None,
             }),
             ..Default::default()
         });

@@ -306,7 +306,7 @@ impl Metrics {
         )?;
         let autopilot = counter(
             "redpilot_autopilot_decisions_total",
-            "Memory autopilot decisions, by direction and result",
+            "Memory and shard autopilot decisions, by direction and result",
             &["direction", "result"],
         )?;
         let in_flight = IntGauge::new("redpilot_reconciles_in_flight", "Reconciles running now")?;
@@ -347,6 +347,14 @@ impl Metrics {
             for r in ["applied", "refused"] {
                 autopilot.with_label_values(&[d, r]);
             }
+        }
+        // The shard autopilot's (Cluster mode).
+        for (d, r) in [
+            ("add_shards", "applied"),
+            ("remove_shard", "applied"),
+            ("shards_at_maximum", "refused"),
+        ] {
+            autopilot.with_label_values(&[d, r]);
         }
         Ok(Metrics {
             switchovers,

@@ -1199,6 +1199,20 @@ async fn cluster_specs_are_checked_at_admission() {
             "a Cluster Redis bootstrapped from a RedisBackup: refused, expected to be allowed: {e}"
         ));
     }
+    let r = api
+        .create(
+            &dry_run_post(),
+            &redis_object(
+                "r",
+                json!({"mode": "Replication", "autopilot": {"shards": {"maxShards": 5}}}),
+            ),
+        )
+        .await;
+    failures.extend(check_rejection(
+        "a shard autopilot outside Cluster mode",
+        r,
+        &["spec.autopilot.shards", "mode Cluster"],
+    ));
     let long = "c".repeat(49);
     let r = api
         .create(&dry_run_post(), &redis_object(&long, cluster(json!({}))))
@@ -1221,9 +1235,19 @@ async fn cluster_specs_are_checked_at_admission() {
     };
     let updates: Vec<(&str, Value, Vec<&str>)> = vec![
         (
-            "more shards",
-            json!({"spec": {"shards": 4}}),
-            vec!["spec.shards", "resharding"],
+            "more shards than 100",
+            json!({"spec": {"shards": 101}}),
+            vec!["spec.shards", "100"],
+        ),
+        (
+            "a shard autopilot with minShards over maxShards",
+            json!({"spec": {"autopilot": {"shards": {"minShards": 6, "maxShards": 5}}}}),
+            vec!["minShards", "maxShards"],
+        ),
+        (
+            "a shard autopilot that removes at the level it adds",
+            json!({"spec": {"autopilot": {"shards": {"maxShards": 5, "scaleUpPercent": 50, "scaleDownPercent": 50}}}}),
+            vec!["scaleDownPercent", "scaleUpPercent"],
         ),
         (
             "more instances",
@@ -1263,6 +1287,23 @@ async fn cluster_specs_are_checked_at_admission() {
         failures.push(format!(
             "an upgrade of a Cluster Redis: refused, expected to be allowed: {e}"
         ));
+    }
+    // Resharding: the shard count changes either way, by hand or by the
+    // shard autopilot.
+    for (case, patch) in [
+        (
+            "more shards (online resharding)",
+            json!({"spec": {"shards": 5}}),
+        ),
+        ("fewer shards", json!({"spec": {"shards": 3}})),
+        (
+            "a shard autopilot",
+            json!({"spec": {"autopilot": {"shards": {"minShards": 3, "maxShards": 8}}}}),
+        ),
+    ] {
+        if let Err(e) = api.patch("sharded", &dry_run, &Patch::Merge(&patch)).await {
+            failures.push(format!("{case}: refused, expected to be allowed: {e}"));
+        }
     }
     if let Err(e) = api
         .patch(

@@ -8,13 +8,15 @@
 //!   moves a quarter of the slots to it; the operator process is stopped
 //!   right after a move's first `MIGRATE` batch (the slot left migrating
 //!   and importing, keys on both sides: proven before going on), then the
-//!   source shard's primary is `kill -9`ed and its replica takes over
-//!   (proven at the end), and `spec.shards` is set back to 3 while no
+//!   source's primary is `kill -9`ed and its replica takes over (proven
+//!   before going on), and `spec.shards` is set back to 3 while no
 //!   operator runs; the next operator process finishes the open slot
 //!   first (from the new primary, toward shard 3, where part of its keys
 //!   already are), then empties shard 3 again and removes it;
 //! - `spec.shards` goes to 4 again and the quarter of the slots moves with
 //!   nothing stopped;
+//! - back to 3, and while slots move the primary taking them is `kill
+//!   -9`ed (its replica takes over: proven);
 //! - `spec.shards` goes back to 3: shard 3 is emptied onto the others, its
 //!   StatefulSet removed and its node IDs forgotten everywhere;
 //! - then every filled key is there with its content, every writer key
@@ -39,7 +41,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
 use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
 use redpilot::redis::cluster::{self, spread};
-use redpilot::redis::reshard::open_slots;
+use redpilot::redis::reshard::{self, open_slots};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::json;
 use support::operator::{
@@ -332,6 +334,28 @@ impl Load {
     }
 }
 
+/// Waits until the other pod of `pod`'s shard serves slots as primary.
+async fn took_over(client: &kube::Client, ns: &str, pod: &str, password: &str) {
+    let (shard, ord) = pod
+        .strip_prefix("cache-s")
+        .and_then(|r| r.split_once('-'))
+        .expect("pod name");
+    let other = format!("cache-s{shard}-{}", if ord == "0" { 1 } else { 0 });
+    wait_for(
+        &format!("{other} to take over from {pod}"),
+        READY,
+        || async {
+            let mut n = connect_pod(client, ns, &other, password).await.ok()?;
+            let nodes = cluster::nodes(&mut n).await.ok()?;
+            nodes
+                .iter()
+                .any(|k| k.myself && k.primary && !k.slots.is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 fn resharding_done(r: &Redis, shards: i32) -> bool {
     let Some(st) = r.status.as_ref() else {
         return false;
@@ -424,29 +448,35 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         "the operator stopped mid-move, yet no slot is open: {open:?}"
     );
     println!("operator stopped mid-move with {open:?}");
-    // The source shard's primary killed while its slot is open.
+    // The source's primary killed while the slot is open: its replica
+    // takes over (proven before the next operator starts).
     let r = redis_api(&client, &ns.name)
         .get("cache")
         .await
         .expect("redis");
-    let from = r
-        .status
+    let st = r.status.clone().expect("status");
+    let intent = st
+        .resharding
         .as_ref()
-        .and_then(|s| s.resharding.as_ref()?.current.as_ref())
-        .map(|c| c.from_shard)
+        .and_then(|x| x.current.clone())
         .expect("the move under way is recorded before its first command");
-    let source = r
-        .status
-        .as_ref()
-        .and_then(|s| s.shards.get(usize::try_from(from).ok()?)?.primary.clone())
-        .expect("the source shard's primary");
-    let mut n = connect_pod(&client, &ns.name, &source, &password)
-        .await
-        .expect("connect to the source primary");
-    let pid = info_u64(&mut n, "server", "process_id").await;
-    drop(n);
-    kill_9(u32::try_from(pid).expect("pid"));
-    println!("kill -9 of {source}, the primary of source shard {from}, mid-move");
+    let from = intent.from_shard;
+    let primary_of = |i: i32| st.shards.get(usize::try_from(i).ok()?)?.primary.clone();
+    let source = primary_of(from).expect("the source shard's primary");
+    for pod in [&source] {
+        let mut n = connect_pod(&client, &ns.name, pod, &password)
+            .await
+            .expect("connect to a primary of the move");
+        let pid = info_u64(&mut n, "server", "process_id").await;
+        drop(n);
+        kill_9(u32::try_from(pid).expect("pid"));
+    }
+    let killed = Instant::now();
+    took_over(&client, &ns.name, &source, &password).await;
+    println!(
+        "kill -9 of {source} (source shard {from}) mid-move; its replica took over in {:.1} s",
+        killed.elapsed().as_secs_f64()
+    );
     // While no operator runs, the user changes their mind: back to 3. The
     // next operator finishes the open slot toward shard 3 first (its keys
     // are split between the two), then empties shard 3 and removes it.
@@ -480,62 +510,118 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         );
     }
 
-    // 3 → 4 under the load, nothing stopped.
+    // 3 → N (4; `REDPILOT_RESHARD_TO` in `make bench-reshard`) under the
+    // load, nothing stopped.
+    let grow = i32::try_from(env_or("REDPILOT_RESHARD_TO", 4)).expect("shards");
+    let n = usize::try_from(grow).expect("shards");
     let asked = Instant::now();
-    apply_redis(&client, &ns.name, "cache", spec(4)).await;
-    let r = wait_for("resharding to 4 shards done", READY, || async {
+    apply_redis(&client, &ns.name, "cache", spec(grow)).await;
+    let r = wait_for("growing resharding done", READY, || async {
         let r = api.get("cache").await.ok()?;
-        resharding_done(&r, 4).then_some(r)
+        resharding_done(&r, grow).then_some(r)
     })
     .await;
+    let grew = asked.elapsed();
     let out = r.status.clone().expect("status");
     let rs = out.resharding.clone().expect("status.resharding");
     println!(
-        "3 → 4 shards: {} slots, {} keys moved ({} path) in {:.1} s from the spec change",
+        "3 → {grow} shards: {} slots, {} keys moved ({} path) in {:.1} s from the spec change",
         rs.slots_moved,
         rs.keys_moved,
         rs.path,
-        asked.elapsed().as_secs_f64()
+        grew.as_secs_f64()
     );
+    let expected: i64 = (3..n).map(|i| i64::from(reshard::even_count(i, n))).sum();
     assert_eq!(rs.path, "Classic");
-    assert_eq!((rs.slots_moved, rs.slots_total), (4096, 4096), "{rs:?}");
+    assert_eq!(
+        (rs.slots_moved, rs.slots_total),
+        (expected, expected),
+        "{rs:?}"
+    );
     assert!(rs.current.is_none(), "{rs:?}");
     assert!(rs.keys_moved > 0, "{rs:?}");
     for (i, s) in out.shards.iter().enumerate() {
-        let n: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
+        let have: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
             .unwrap_or_default()
             .iter()
             .map(|r| r.count())
             .sum();
-        assert_eq!(n, 4096, "shard {i}: {s:?}");
+        assert_eq!(have, reshard::even_count(i, n), "shard {i}: {s:?}");
         assert_eq!(s.replicas.len(), 1, "shard {i}: {s:?}");
     }
-    let eps = endpoints(&client, &ns.name, 4).await;
+    let eps = endpoints(&client, &ns.name, grow).await;
     assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
 
-    // 4 → 3: shard 3 emptied, then removed.
+    // N → 3: the shards past 3 emptied, then removed; while slots move,
+    // the primary taking them is `kill -9`ed (a real fault, at whatever
+    // step the operator is in).
     let asked = Instant::now();
     apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    let intent = wait_for("slots moving to 3 shards", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        let x = r.status?.resharding?;
+        (x.to_shards == 3 && x.phase == ReshardingPhase::Moving && x.slots_moved > 0)
+            .then_some(x.current)
+            .flatten()
+    })
+    .await;
+    let st = api
+        .get("cache")
+        .await
+        .expect("redis")
+        .status
+        .expect("status");
+    let target = st.shards[usize::try_from(intent.to_shard).expect("shard")]
+        .primary
+        .clone()
+        .expect("the target shard's primary");
+    let mut n = connect_pod(&client, &ns.name, &target, &password)
+        .await
+        .expect("connect to the target primary");
+    let pid = info_u64(&mut n, "server", "process_id").await;
+    drop(n);
+    kill_9(u32::try_from(pid).expect("pid"));
+    let killed = Instant::now();
+    took_over(&client, &ns.name, &target, &password).await;
+    println!(
+        "kill -9 of {target} (target shard {}) while moving slots {}; its replica took over in {:.1} s",
+        intent.to_shard,
+        intent.slots,
+        killed.elapsed().as_secs_f64()
+    );
     let r = wait_for("resharding back to 3 shards done", READY, || async {
         let r = api.get("cache").await.ok()?;
         let known = r.status.as_ref()?.cluster.as_ref()?.known_nodes;
         (resharding_done(&r, 3) && known == 6).then_some(r)
     })
     .await;
+    let shrank = asked.elapsed();
     let rs = r
         .status
         .as_ref()
         .and_then(|s| s.resharding.clone())
         .expect("status.resharding");
     println!(
-        "4 → 3 shards: {} slots, {} keys moved in {:.1} s, shard 3 removed and forgotten",
+        "{grow} → 3 shards: {} slots, {} keys moved in {:.1} s, the shards past 3 removed and forgotten",
         rs.slots_moved,
         rs.keys_moved,
-        asked.elapsed().as_secs_f64()
+        shrank.as_secs_f64()
     );
-    assert!(
-        sts.get_opt("cache-s3").await.expect("get").is_none(),
-        "shard 3's StatefulSet is gone"
+    for i in 3..grow {
+        assert!(
+            sts.get_opt(&format!("cache-s{i}"))
+                .await
+                .expect("get")
+                .is_none(),
+            "shard {i}'s StatefulSet is gone"
+        );
+    }
+    let mib = (tags * size * 4) as f64 / (1024.0 * 1024.0);
+    println!(
+        "classic path: {:.1} MiB/s and {:.0} slots/s growing, {:.1} MiB/s shrinking (values only, spec change to done)",
+        mib * (expected as f64 / 16384.0) / grew.as_secs_f64(),
+        expected as f64 / grew.as_secs_f64(),
+        mib * (expected as f64 / 16384.0) / shrank.as_secs_f64(),
     );
     let events = recent_events(&client, &ns.name, 80).await;
     for reason in ["ReshardingStarted", "ReshardingDone", "ShardRemoved"] {
@@ -552,23 +638,69 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     }
 }
 
-/// Valkey 9.1: the same growth by the engine's atomic slot migration, the
-/// operator stopped right after it recorded a move and before the first
-/// command, the next one moving on from there.
+/// Writes `{f<i>}` keys of `size` bytes from `from` on, until the
+/// Redis's shard autopilot raised `spec.shards` (or `cap` keys); returns
+/// the keys written and the OOM replies met (each write is sent once).
+async fn fill_until_added(
+    client: &mut Client,
+    api: &Api<Redis>,
+    size: usize,
+    cap: usize,
+) -> (usize, u64) {
+    let value = "m".repeat(size);
+    let mut oom = 0;
+    for i in 0..cap {
+        let key = format!("{{f{i}}}");
+        if let Err(e) = client
+            .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(&value))
+            .await
+            && e.starts_with("OOM")
+        {
+            oom += 1;
+        }
+        if i % 500 == 499 {
+            let r = api.get("cache").await.expect("redis");
+            if r.spec.shards.unwrap_or(3) > 3 {
+                return (i + 1, oom);
+            }
+            // Paced: the autopilot sees the level crossed before the
+            // shards fill up.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    (cap, oom)
+}
+
+/// The shard autopilot on Valkey 9.1 (the atomic path): a fill past
+/// `scaleUpPercent` of `maxmemory` adds shards (3 → 4 or 5), with no OOM
+/// reply to the writer; the operator is stopped right after it records
+/// the first move (before the first command) and the next one moves on.
+/// Then the fill is deleted and, after the cooldown, the autopilot takes
+/// the shard count back to `minShards` one shard at a time. Four writers
+/// and four readers run throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn valkey_91_grows_to_four_shards_atomically_across_an_operator_crash() {
+async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_after_a_drain() {
     let (tags, size) = (2_500, 64);
     let client = client().await;
-    let ns = TestNamespace::new(&client, "op-reshard-atomic", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-atomic");
+    let ns = TestNamespace::new(&client, "op-shard-autopilot", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-shards");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
     let mut crashing = opts.clone().no_restart();
     crashing
         .env
         .push(("REDPILOT_FAILPOINTS".into(), "reshard-after-intent".into()));
     let mut first = start_operator(&client, crashing).await;
-    let spec = |shards: i32| json!({"mode": "Cluster", "shards": shards, "instances": 2, "engine": "Valkey", "version": "9.1"});
-    apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    // maxmemory 48 MiB per node; shards added at 50 % of it.
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "9.1",
+               "resources": {"limits": {"memory": "64Mi"}},
+               "autopilot": {"shards": {"minShards": 3, "maxShards": 5, "scaleUpPercent": 50,
+                                        "scaleDownPercent": 15, "cooldownSeconds": 30}}}),
+    )
+    .await;
     wait_ready(&client, &ns.name, "cache", READY).await;
     let password = redis_password(&client, &ns.name, "cache").await;
     let copts = ConnectOptions::default()
@@ -577,43 +709,103 @@ async fn valkey_91_grows_to_four_shards_atomically_across_an_operator_crash() {
     let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
     fill(&mut Client::new(seed.clone(), copts.clone()), tags, size).await;
     let load = Load::start(&seed, &copts, tags, size);
-    tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let asked = Instant::now();
-    apply_redis(&client, &ns.name, "cache", spec(4)).await;
-    wait_failpoint(&mut first, READY).await;
+    // The fill: 4 KiB values until the autopilot adds shards.
     let api = redis_api(&client, &ns.name);
+    let t = Instant::now();
+    let mut filler = Client::new(seed.clone(), copts.clone());
+    let (written, oom) = fill_until_added(&mut filler, &api, 4096, 40_000).await;
     let r = api.get("cache").await.expect("redis");
+    let added_to = r.spec.shards.unwrap_or(3);
+    let decision = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.shards.as_ref()?.last_decision.clone());
+    println!(
+        "fill of {written} keys of 4 KiB: spec.shards 3 → {added_to} after {:.1} s ({decision:?})",
+        t.elapsed().as_secs_f64()
+    );
+    assert!((4..=5).contains(&added_to), "{decision:?}");
+    assert_eq!(
+        decision.as_ref().map(|d| d.action.as_str()),
+        Some("AddShards")
+    );
+    wait_failpoint(&mut first, READY).await;
+    let intent = api
+        .get("cache")
+        .await
+        .expect("redis")
+        .status
+        .and_then(|s| s.resharding?.current)
+        .expect("the intent is recorded first");
+    println!("operator stopped after recording {intent:?}");
+    let _next = spawn_operator(&client, opts.named("op-shards-next")).await;
+    let r = wait_for("the autopilot's resharding done", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        resharding_done(&r, added_to).then_some(r)
+    })
+    .await;
     let rs = r
         .status
         .as_ref()
         .and_then(|s| s.resharding.clone())
         .expect("status.resharding");
-    let intent = rs.current.clone().expect("the intent is recorded first");
-    println!("operator stopped after recording {intent:?}");
-    let _next = spawn_operator(&client, opts.named("op-atomic-next")).await;
-    let r = wait_for("resharding to 4 shards done", READY, || async {
-        let r = api.get("cache").await.ok()?;
-        resharding_done(&r, 4).then_some(r)
-    })
-    .await;
-    let st = r.status.clone().expect("status");
-    let rs = st.resharding.clone().expect("status.resharding");
     println!(
-        "3 → 4 shards: {} slots moved ({} path) in {:.1} s from the spec change",
+        "3 → {added_to} shards: {} slots moved ({} path) {:.1} s after the fill started",
         rs.slots_moved,
         rs.path,
-        asked.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64()
     );
     assert_eq!(rs.path, "Atomic");
-    assert_eq!((rs.slots_moved, rs.slots_total), (4096, 4096), "{rs:?}");
-    for (i, s) in st.shards.iter().enumerate() {
-        let n: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
+    let n = usize::try_from(added_to).expect("shards");
+    for (i, s) in r.status.as_ref().expect("status").shards.iter().enumerate() {
+        let have: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
             .unwrap_or_default()
             .iter()
             .map(|r| r.count())
             .sum();
-        assert_eq!(n, 4096, "shard {i}: {s:?}");
+        assert_eq!(have, reshard::even_count(i, n), "shard {i}: {s:?}");
+    }
+    assert_eq!(oom, 0, "the writer met {oom} OOM replies");
+
+    // The drain: the fill deleted; back to minShards after the cooldown.
+    let t = Instant::now();
+    for i in 0..written {
+        let key = format!("{{f{i}}}");
+        let _: redis::Value = filler
+            .run(&key, redis::cmd("DEL").arg(&key))
+            .await
+            .unwrap_or_else(|e| panic!("DEL {key}: {e}"));
+    }
+    let r = wait_for(
+        "the autopilot back at 3 shards",
+        Duration::from_secs(300),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let known = r.status.as_ref()?.cluster.as_ref()?.known_nodes;
+            (r.spec.shards == Some(3) && resharding_done(&r, 3) && known == 6).then_some(r)
+        },
+    )
+    .await;
+    let decision = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.shards.as_ref()?.last_decision.clone())
+        .expect("a decision");
+    println!(
+        "drained: {added_to} → 3 shards {:.1} s after the delete ({})",
+        t.elapsed().as_secs_f64(),
+        decision.reason
+    );
+    assert_eq!(decision.action, "RemoveShard");
+    let events = recent_events(&client, &ns.name, 120).await;
+    for reason in [
+        "ShardsAdded",
+        "ShardsRemoved",
+        "ReshardingDone",
+        "ShardRemoved",
+    ] {
+        assert!(events.contains(reason), "no {reason} event: {events}");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     load.finish(&seed, &copts).await;

@@ -285,6 +285,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("has(self.mode) && self.mode == 'Cluster' ? has(self.shards) : !has(self.shards)")
         .message("spec.shards: set it (3 to 100) in mode Cluster, and only there")
         .field_path(".shards"),
+    validation = Rule::new("!has(self.autopilot) || !has(self.autopilot.shards) || (has(self.mode) && self.mode == 'Cluster')")
+        .message("spec.autopilot.shards: the shard autopilot needs mode Cluster")
+        .field_path(".autopilot.shards"),
     validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || has(self.image) || (has(self.engine) && self.engine != 'Redis') || (has(self.version) ? !self.version.matches('^6[.]') : true)")
         .message("spec.version: Redis 6.2 is not supported in Cluster mode: the operator assigns slots with CLUSTER ADDSLOTSRANGE, which needs Redis 7.0 or later")
         .field_path(".version"),

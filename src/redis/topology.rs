@@ -55,6 +55,8 @@ pub struct NodeStatus {
     pub used_memory: Option<u64>,
     /// Its `maxmemory` (0: no limit).
     pub maxmemory: Option<u64>,
+    /// The part of `used_memory` the keys take (`used_memory_dataset`).
+    pub dataset: Option<u64>,
     /// For primaries with a write fence: replicas that acknowledged within
     /// the lag bound (see [`super::info::ReplicationInfo::good_replicas`]).
     pub good_replicas: Option<u32>,
@@ -101,6 +103,7 @@ impl NodeStatus {
             link_down_seconds: r.link_down_since_seconds,
             used_memory: info.memory.used_memory,
             maxmemory: info.memory.maxmemory,
+            dataset: info.memory.used_memory_dataset,
             good_replicas: r.good_replicas,
         }
     }
@@ -130,6 +133,7 @@ impl NodeStatus {
             link_down_seconds: None,
             used_memory: None,
             maxmemory: None,
+            dataset: None,
             good_replicas: None,
         }
     }

@@ -83,7 +83,13 @@ impl Client {
         let confirm = self.confirm;
         for _ in 0..5 {
             let result = {
-                let node = self.node(&at).await?;
+                let node = match self.node(&at).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.owners.remove(&slot);
+                        return Err(e);
+                    }
+                };
                 if asking {
                     let _: redis::Value = node
                         .query("ASKING", &redis::cmd("ASKING"))
@@ -134,8 +140,11 @@ impl Client {
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                         _ => {
-                            // The connection may be broken: open a new one next time.
+                            // The connection may be broken, or the node gone
+                            // (a removed shard): open a new one next time, and
+                            // ask the seed who owns the slot.
                             self.conns.remove(&at.to_string());
+                            self.owners.remove(&slot);
                             return Err(text);
                         }
                     }

@@ -14,6 +14,60 @@ pub struct AutopilotSpec {
     /// `spec.resources.limits.memory` (the size it starts from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryAutopilotSpec>,
+    /// Cluster mode: add shards when the shards' memory runs short and
+    /// the memory autopilot (when set) can grow them no further, and
+    /// remove them once the data is gone. The operator then sets
+    /// `spec.shards` itself (as a HorizontalPodAutoscaler sets replicas),
+    /// within `minShards`..`maxShards`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardAutopilotSpec>,
+}
+
+/// The shard autopilot's policy (Cluster mode). Percentages are of each
+/// shard primary's `maxmemory`; the fullest shard decides.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.scaleDownPercent < self.scaleUpPercent")
+        .message("spec.autopilot.shards.scaleDownPercent must be below scaleUpPercent, or every added shard would be removed again")
+        .field_path(".scaleDownPercent"),
+    validation = Rule::new("self.minShards <= self.maxShards")
+        .message("spec.autopilot.shards.minShards must not exceed maxShards")
+        .field_path(".minShards"),
+)]
+pub struct ShardAutopilotSpec {
+    /// Whether it acts (default true). Switched off, `spec.shards` stays
+    /// where it was.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The fewest shards (default 3).
+    #[serde(default = "default_min_shards")]
+    #[schemars(range(min = 3, max = 100))]
+    pub min_shards: i32,
+    /// The most shards. Reaching it while still short sets the condition
+    /// `ShardsAtMaximum` (and its alert).
+    #[schemars(range(min = 3, max = 100))]
+    pub max_shards: i32,
+    /// Add shards when the fullest shard primary uses this percent of its
+    /// `maxmemory` (default 80).
+    #[serde(default = "default_up")]
+    #[schemars(range(min = 20, max = 95))]
+    pub scale_up_percent: i32,
+    /// Remove a shard once every shard stayed below this percent for
+    /// `cooldownSeconds` and the others have room for its data (default
+    /// 30).
+    #[serde(default = "default_down")]
+    #[schemars(range(min = 5, max = 90))]
+    pub scale_down_percent: i32,
+    /// How long use must stay low, and how long after the last change,
+    /// before a shard is removed (default 600, 30 to 86400 seconds).
+    #[serde(default = "default_cooldown")]
+    #[schemars(range(min = 30, max = 86400))]
+    pub cooldown_seconds: i32,
+}
+
+fn default_min_shards() -> i32 {
+    3
 }
 
 /// The memory autopilot's policy. Sizes are container memory limits;
@@ -120,6 +174,45 @@ pub struct AutopilotStatus {
     /// The memory autopilot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryAutopilotStatus>,
+    /// The shard autopilot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardAutopilotStatus>,
+}
+
+/// The shard autopilot's state and last decision.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardAutopilotStatus {
+    /// True while the fullest shard is over `scaleUpPercent`, the memory
+    /// autopilot cannot grow it, and `maxShards` is reached (the metric
+    /// `redpilot_redis_shards_at_maximum` and its alert follow it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_maximum: bool,
+    /// Since when every shard is below `scaleDownPercent` (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub below_since: Option<String>,
+    /// The last change of `spec.shards` it made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change: Option<String>,
+    /// The last decision that changed something or was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<ShardDecision>,
+}
+
+/// One decision of the shard autopilot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardDecision {
+    /// When (RFC 3339).
+    pub time: String,
+    /// `AddShards`, `RemoveShard` or `AtMaximum`.
+    pub action: String,
+    /// Shards before.
+    pub from: i32,
+    /// Shards after (for `AtMaximum`: the count wanted).
+    pub to: i32,
+    /// The numbers behind it.
+    pub reason: String,
 }
 
 /// The memory autopilot's target and last decision.

@@ -137,6 +137,14 @@ pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
                 "{{ $labels.redis }} needs more memory and the autopilot cannot give it ({{ $labels.reason }}: spec.autopilot.memory.maxMemory, a ResourceQuota or the node); writes will be refused or keys evicted once maxmemory is reached. See the MemoryAtMaximum condition.",
             ),
             alert(
+                "RedisShardsAtMaximum",
+                format!("redpilot_redis_shards_at_maximum{{{s}}} == 1"),
+                "5m",
+                "warning",
+                "The shard autopilot of Redis {{ $labels.namespace }}/{{ $labels.redis }} is at maxShards and still short",
+                "The fullest shard of {{ $labels.redis }} is over spec.autopilot.shards.scaleUpPercent of its maxmemory, the memory autopilot (if any) can grow it no further, and spec.autopilot.shards.maxShards is reached: writes will be refused or keys evicted once maxmemory is reached. Raise maxShards or the memory bounds; status.autopilot.shards.lastDecision has the numbers.",
+            ),
+            alert(
                 "RedisClusterStateFail",
                 format!("redis_cluster_state{{{s}}} == 0"),
                 "1m",

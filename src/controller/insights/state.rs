@@ -119,6 +119,15 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
                 if c.status == "True" { 1.0 } else { 0.0 },
             );
         }
+        if let Some(a) = status.autopilot.as_ref().and_then(|a| a.shards.as_ref()) {
+            out.add(
+                "redpilot_redis_shards_at_maximum",
+                "gauge",
+                "1 while the shard autopilot of a Cluster Redis is at maxShards and the fullest shard is still over scaleUpPercent",
+                &at,
+                if a.at_maximum { 1.0 } else { 0.0 },
+            );
+        }
         shard_series(out, r, &status, &at);
     }
     for (phase, n) in &by_phase {
@@ -236,6 +245,26 @@ fn shard_series(
             if shard.primary.is_some() { 1.0 } else { 0.0 },
         );
     }
+    if let Some(x) = &status.resharding {
+        out.add(
+            "redpilot_redis_resharding_slots_remaining",
+            "gauge",
+            "Slots a Cluster Redis's resharding has still to move (0 once done)",
+            at,
+            (x.slots_total - x.slots_moved).max(0) as f64,
+        );
+        out.add(
+            "redpilot_redis_resharding_paused",
+            "gauge",
+            "1 while a Cluster Redis's resharding waits for a bound to clear",
+            at,
+            if x.phase == crate::api::v1alpha1::ReshardingPhase::Paused {
+                1.0
+            } else {
+                0.0
+            },
+        );
+    }
 }
 
 #[cfg(test)]
@@ -330,6 +359,19 @@ mod tests {
                 shard(1, Some("shop-s1-1"), &[], "1/2"),
                 shard(2, None, &[], "0/2"),
             ],
+            autopilot: Some(crate::api::v1alpha1::AutopilotStatus {
+                shards: Some(crate::api::v1alpha1::ShardAutopilotStatus {
+                    at_maximum: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            resharding: Some(crate::api::v1alpha1::ReshardingStatus {
+                phase: crate::api::v1alpha1::ReshardingPhase::Paused,
+                slots_moved: 1000,
+                slots_total: 4096,
+                ..Default::default()
+            }),
             ..Default::default()
         });
         let mut out = Exposition::default();
@@ -338,6 +380,9 @@ mod tests {
         for line in [
             "redpilot_redis_shard_ready_instances{namespace=\"ns\",redis=\"shop\",shard=\"0\"} 2",
             "redpilot_redis_shard_ready_instances{namespace=\"ns\",redis=\"shop\",shard=\"1\"} 1",
+            "redpilot_redis_resharding_slots_remaining{namespace=\"ns\",redis=\"shop\"} 3096",
+            "redpilot_redis_resharding_paused{namespace=\"ns\",redis=\"shop\"} 1",
+            "redpilot_redis_shards_at_maximum{namespace=\"ns\",redis=\"shop\"} 1",
             "redpilot_redis_shard_desired_instances{namespace=\"ns\",redis=\"shop\",shard=\"2\"} 2",
             "redpilot_redis_shard_replicas{namespace=\"ns\",redis=\"shop\",shard=\"0\"} 1",
             "redpilot_redis_shard_replicas{namespace=\"ns\",redis=\"shop\",shard=\"1\"} 0",

@@ -189,6 +189,8 @@ pub struct PodFacts {
     pub used_memory: Option<u64>,
     /// See `used_memory`.
     pub maxmemory: Option<u64>,
+    /// The part of `used_memory` the keys take (`used_memory_dataset`).
+    pub dataset: Option<u64>,
     /// The server container's memory limit in the pod's spec (an in-place
     /// resize changes it first).
     pub mem_limit: Option<u64>,
@@ -355,6 +357,7 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
         f.engine = node.engine;
         f.used_memory = node.used_memory;
         f.maxmemory = node.maxmemory;
+        f.dataset = node.dataset;
         f.good_replicas = node.good_replicas;
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod policy;
 pub mod resize;
+pub mod shards;
 
 use std::time::Duration;
 
@@ -223,9 +224,18 @@ impl Reconciler {
         primaries: &[&str],
     ) -> Result<(), super::Error> {
         let Some(spec) = self.redis.spec.memory_autopilot().cloned() else {
-            self.ctx
-                .monitor
-                .watch_memory(&self.oref, None, Duration::ZERO);
+            // The shard autopilot points the monitor itself.
+            let shards = self
+                .redis
+                .spec
+                .autopilot
+                .as_ref()
+                .is_some_and(|a| a.shards.is_some());
+            if !shards {
+                self.ctx
+                    .monitor
+                    .watch_memory(&self.oref, None, Duration::ZERO);
+            }
             return Ok(());
         };
         let (Some(base), Some(current)) = (spec_limit(&self.redis), limit(&self.redis)) else {
@@ -411,6 +421,7 @@ mod tests {
                     base: base.into(),
                     ..Default::default()
                 }),
+                shards: None,
             }),
             ..Default::default()
         });

@@ -170,6 +170,9 @@ impl Reconciler {
             .collect();
         self.watch_shard_primaries(&facts, &by_shard, &auth.current);
         self.autopilot(&facts, &primaries).await?;
+        // More or fewer shards (a change of spec.shards; the next pass
+        // reshards).
+        self.shard_autopilot(&plan, &facts).await?;
         self.apply_cluster_children(&facts).await?;
         if !self.notes.is_empty() {
             return self.cluster_finish(&facts, &members, &plan, false).await;
