@@ -356,6 +356,24 @@ async fn took_over(client: &kube::Client, ns: &str, pod: &str, password: &str) {
     .await;
 }
 
+/// An operator that exits at `failpoint` (left down), and the options of
+/// the next one (restarted when it loses its short lease on a loaded
+/// machine, as its Deployment would).
+async fn stopping_at(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    failpoint: &str,
+) -> (support::operator::Operator, OperatorOptions) {
+    let mut opts = OperatorOptions::watching(&[ns]).named(name);
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut crashing = opts.clone().no_restart();
+    crashing
+        .env
+        .push(("REDPILOT_FAILPOINTS".into(), failpoint.into()));
+    (start_operator(client, crashing).await, opts)
+}
+
 fn resharding_done(r: &Redis, shards: i32) -> bool {
     let Some(st) = r.status.as_ref() else {
         return false;
@@ -404,14 +422,9 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     let size = env_or("REDPILOT_RESHARD_VALUE", 64);
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-reshard", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-reshard");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
     // The first process stops right after a move's first MIGRATE batch.
-    let mut crashing = opts.clone().no_restart();
-    crashing
-        .env
-        .push(("REDPILOT_FAILPOINTS".into(), "reshard-after-batch".into()));
-    let mut first = start_operator(&client, crashing).await;
+    let (mut first, opts) =
+        stopping_at(&client, &ns.name, "op-reshard", "reshard-after-batch").await;
     let spec = |shards: i32| {
         json!({"mode": "Cluster", "shards": shards, "instances": 2, "engine": "Valkey", "version": "8.1",
                "resources": {"limits": {"memory": "1Gi"}}})
@@ -683,13 +696,8 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
     let (tags, size) = (2_500, 64);
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-shard-autopilot", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-shards");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone().no_restart();
-    crashing
-        .env
-        .push(("REDPILOT_FAILPOINTS".into(), "reshard-after-intent".into()));
-    let mut first = start_operator(&client, crashing).await;
+    let (mut first, opts) =
+        stopping_at(&client, &ns.name, "op-shards", "reshard-after-intent").await;
     // maxmemory 48 MiB per node; shards added at 50 % of it.
     apply_redis(
         &client,

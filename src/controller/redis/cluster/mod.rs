@@ -658,12 +658,7 @@ impl Reconciler {
             },
         ];
         conds.extend(self.capability_conditions());
-        let without: Vec<String> = plan
-            .shards
-            .iter()
-            .filter(|s| s.primary.is_none())
-            .map(|s| s.index.to_string())
-            .collect();
+        let without = plan.without_primary();
         conds.push(if without.is_empty() {
             Cond::new(
                 "PrimaryAvailable",

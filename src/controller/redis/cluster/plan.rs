@@ -145,6 +145,17 @@ pub struct Plan {
     pub healthy: bool,
 }
 
+impl Plan {
+    /// The indexes of the shards no node serves as primary.
+    pub fn without_primary(&self) -> Vec<String> {
+        self.shards
+            .iter()
+            .filter(|s| s.primary.is_none())
+            .map(|s| s.index.to_string())
+            .collect()
+    }
+}
+
 pub use crate::redis::cluster::ranges;
 
 /// Ranges as text: `0-5460,5462`.

@@ -247,12 +247,7 @@ impl Reconciler {
         if self.bootstrap.as_ref().is_some_and(|b| !b.done) {
             return Some("the restore from a backup is not finished".into());
         }
-        let without: Vec<String> = plan
-            .shards
-            .iter()
-            .filter(|s| s.primary.is_none())
-            .map(|s| s.index.to_string())
-            .collect();
+        let without = plan.without_primary();
         if !without.is_empty() {
             return Some(format!("shard(s) {} have no primary", without.join(", ")));
         }
