@@ -356,9 +356,9 @@ async fn took_over(client: &kube::Client, ns: &str, pod: &str, password: &str) {
     .await;
 }
 
-/// An operator that exits at `failpoint` (left down), and the options of
-/// the next one (restarted when it loses its short lease on a loaded
-/// machine, as its Deployment would).
+/// An operator that exits at `failpoint` (left down there), and the
+/// options of the next one. Both are started again when they lose their
+/// short lease on a loaded machine, as their Deployment would.
 async fn stopping_at(
     client: &kube::Client,
     ns: &str,
@@ -367,7 +367,7 @@ async fn stopping_at(
 ) -> (support::operator::Operator, OperatorOptions) {
     let mut opts = OperatorOptions::watching(&[ns]).named(name);
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone().no_restart();
+    let mut crashing = opts.clone();
     crashing
         .env
         .push(("REDPILOT_FAILPOINTS".into(), failpoint.into()));
