@@ -121,6 +121,14 @@ pub fn remaining(plan: &Plan, shards: usize) -> Vec<rs::SlotMove> {
     rs::rebalance(&owned(plan), shards)
 }
 
+/// How many slots the moves left to an even spread over `shards` move.
+pub fn slots_left(plan: &Plan, shards: usize) -> i64 {
+    remaining(plan, shards)
+        .iter()
+        .map(|m| i64::from(m.count()))
+        .sum()
+}
+
 /// Decides the next step (pure). `intent` is the move recorded before the
 /// last one started; `chunk` bounds the slots of a new step.
 pub fn next(
@@ -387,10 +395,7 @@ impl Reconciler {
         if !fresh {
             return;
         }
-        let total: i64 = remaining(plan, shards)
-            .iter()
-            .map(|m| i64::from(m.count()))
-            .sum();
+        let total = slots_left(plan, shards);
         let from = plan.shards.iter().filter(|s| !s.slots.is_empty()).count();
         let grows = shards > from;
         let from = i32::try_from(from).unwrap_or(0);
@@ -600,14 +605,10 @@ impl Reconciler {
         conns.insert(src.clone(), source);
         conns.insert(dst.clone(), target);
         self.wrote = true;
-        let left = remaining(
+        let left = slots_left(
             plan,
             usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
-        )
-        .iter()
-        .map(|m| i64::from(m.count()))
-        .sum::<i64>()
-            - moved;
+        ) - moved;
         self.reshard_progress(keys, left.max(0));
         if let Some((slot, e)) = failed {
             // The slot stays open: the next pass finishes it.
@@ -665,14 +666,10 @@ impl Reconciler {
         let n = count(slots);
         match result {
             Ok(_) => {
-                let left = remaining(
+                let left = slots_left(
                     plan,
                     usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
-                )
-                .iter()
-                .map(|m| i64::from(m.count()))
-                .sum::<i64>()
-                    - n;
+                ) - n;
                 self.reshard_progress(0, left.max(0));
                 if let Some(r) = self.resharding.as_mut() {
                     r.current = None;
