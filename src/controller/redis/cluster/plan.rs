@@ -388,7 +388,8 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
 
     // 2. Each shard's primary: the node of its pods that owns slots; for a
     // shard that owns none and lost none (new, or emptied by a resharding),
-    // its lowest-ordinal pod while that is a primary following nobody.
+    // the pod its other pods follow, else its lowest-ordinal pod, while that
+    // is a primary following nobody.
     for i in 0..width {
         let mut shard = Shard {
             index: i,
@@ -415,11 +416,20 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
             shard.slots = ranges(owned_by(id).iter().copied());
         }
         if shard.primary.is_none() && !lost_by_shard.contains_key(&i) {
+            // The pod the shard's others follow (a shard emptied after a
+            // failover), else the lowest-ordinal pod.
+            let followed = |m: &Member| {
+                m.id().is_some_and(|id| {
+                    live.iter().any(|o| {
+                        o.shard == i && o.me().and_then(|n| n.replica_of.as_deref()) == Some(id)
+                    })
+                })
+            };
             let first = live
                 .iter()
                 .copied()
                 .filter(|m| m.shard == i)
-                .min_by_key(|m| m.ordinal);
+                .min_by_key(|m| (!followed(m), m.ordinal));
             if let Some(m) = first
                 && (!restoring || m.ordinal == 0)
                 && m.me()
@@ -1235,6 +1245,30 @@ mod tests {
         let plan = decide(&members, 3, 2);
         assert_eq!(plan.shards.len(), 4);
         assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    }
+
+    #[test]
+    fn an_emptied_shard_keeps_the_primary_its_other_pod_follows() {
+        // Shard 3 failed over (its pod 1 is primary, pod 0 follows it),
+        // then gave all its slots away: pod 1 stays its primary.
+        let mut lines = formed_lines();
+        let (p, q) = ("1".repeat(40), "2".repeat(40));
+        lines.push(line(&p, &ip(3, 0), "slave", &q, 0, ""));
+        lines.push(line(&q, &ip(3, 1), "master", "-", 0, ""));
+        let ids: Vec<String> = IDS
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p, q.clone()])
+            .collect();
+        let members: Vec<Member> = (0..8)
+            .map(|k| member(k / 2, k % 2, &ids[k as usize], &lines, true))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert_eq!(plan.shards.len(), 4);
+        assert_eq!(plan.shards[3].primary.as_deref(), Some("r-s3-1"));
+        assert_eq!(plan.shards[3].primary_id.as_deref(), Some(q.as_str()));
+        assert!(plan.without_primary().is_empty(), "{plan:?}");
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     }
 
     #[test]
