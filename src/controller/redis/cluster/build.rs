@@ -71,8 +71,10 @@ pub fn config_lines() -> Vec<String> {
 /// directory holds (nothing without persistence, an older snapshot with
 /// it), and its replicas would resynchronise from it and drop the writes
 /// they hold. It first waits, port closed, until a peer reports that its
-/// slots went to another node (the cluster elected a replica; the node
-/// then rejoins as that replica's replica), for at most
+/// slots went to another node (the cluster elected a replica), then starts
+/// with its own `nodes.conf` line rewritten to what the peer reports (no
+/// slots; a replica of the new primary), so it never answers for the slots
+/// it lost while gossip catches up; for at most
 /// [`TAKEOVER_WAIT_SECS`] (when no replica can take over, e.g. all nodes
 /// restart at once, the node starts with what it has). A Redis waking from
 /// hibernation ([`WAKING_ENV`] set) skips the wait: every instance saved
@@ -102,13 +104,26 @@ if [ -s "$conf" ]; then
     taken=
     while [ -z "$taken" ] && [ "$(date +%s)" -lt "$end" ]; do
       for p in $peers; do
-        n=$(REDISCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" VALKEYCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" timeout 2 {cli} $u -h "${{p%:*}}" -p "${{p##*:}}" cluster nodes 2>/dev/null | tr -d '\r' | awk -v me="$me" '$1 == me {{print NF}}') || n=
-        if [ -n "$n" ] && [ "$n" -le 8 ]; then taken=yes; break; fi
+        seen=$(REDISCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" VALKEYCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" timeout 2 {cli} $u -h "${{p%:*}}" -p "${{p##*:}}" cluster nodes 2>/dev/null | tr -d '\r' | awk -v me="$me" '$1 == me {{print NF, $3, $4}}') || seen=
+        n=${{seen%% *}}
+        if [ -n "$n" ] && [ "$n" -le 8 ]; then
+          taken=yes
+          # The peer shows this node as a replica of the new primary, or
+          # as a failed primary without slots.
+          case "$seen" in *slave*|*replica*) primary=${{seen##* }} ;; *) primary=- ;; esac
+          break
+        fi
       done
       [ -n "$taken" ] || sleep 1
     done
     if [ -n "$taken" ]; then
-      echo "redpilot: the cluster moved this node's slots to a replica; starting, to rejoin as a replica" >&2
+      # Start as what the cluster made of this node: no slots, and a
+      # replica of the new primary when the peer named one. Started with
+      # its old line, the node would answer as the primary of the slots it
+      # lost, with its empty data, until gossip corrected it.
+      if [ "$primary" = - ]; then flags=myself,master; else flags=myself,slave; fi
+      awk -v me="$me" -v f="$flags" -v p="$primary" '$1 == me {{print $1, $2, f, p, $5, $6, $7, $8; next}} $1 == p {{print $1, $2, "master", "-", $5, $6, $7, $8; next}} {{print}}' "$conf" > "$conf.new" && mv "$conf.new" "$conf"
+      echo "redpilot: the cluster moved this node's slots to a replica; starting without them, to rejoin as a replica (of ${{primary}})" >&2
     else
       echo "redpilot: no peer reported a takeover within {TAKEOVER_WAIT_SECS} s; starting with the data on disk" >&2
     fi
@@ -369,6 +384,61 @@ mod tests {
         assert!(out.contains("no peer reported a takeover"), "{out}");
         assert!(out.contains("started"), "{out}");
         assert!(took >= std::time::Duration::from_secs(2), "{took:?}");
+        // A peer reports the takeover: the node starts at once, its line
+        // rewritten to a slotless replica of the new primary.
+        let peer_view = format!(
+            "{me} 127.0.0.1:1@11 master,fail - 0 0 1 disconnected\n\
+             {other} 127.0.0.1:2@12 myself,master - 0 0 2 connected 0-5460"
+        );
+        let replaced = peer_view.replace("master,fail -", &format!("slave {other}"));
+        for (view, flags, primary) in [
+            (replaced.as_str(), "myself,slave", other),
+            (peer_view.as_str(), "myself,master", "-"),
+        ] {
+            std::fs::write(dir.join("nodes.conf"), &primary_with_replica).expect("write");
+            let script = start_script(Engine::Redis)
+                .replace(
+                    "/data/nodes.conf",
+                    &dir.join("nodes.conf").to_string_lossy(),
+                )
+                .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
+                .replace("timeout 2 redis-cli", "peer")
+                .replace("exec redis-server", "echo started");
+            let script = format!("peer() {{ printf '%s\\n' '{view}'; }}\n{script}");
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&script)
+                .env("POD_IP", "127.0.0.1")
+                .env("REDPILOT_CGROUP_FILE", "/dev/null")
+                .output()
+                .expect("sh");
+            let out = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.contains("starting without them") && out.contains("started"),
+                "{out}"
+            );
+            let conf = std::fs::read_to_string(dir.join("nodes.conf")).expect("read");
+            let mine = conf.lines().find(|l| l.starts_with(me)).unwrap_or_default();
+            assert_eq!(
+                mine,
+                format!("{me} 127.0.0.1:1@11 {flags} {primary} 0 0 1 connected"),
+                "{conf}"
+            );
+            // The new primary's line no longer names this node as its
+            // primary (gossip brings its slots).
+            let theirs = conf
+                .lines()
+                .find(|l| l.starts_with(other))
+                .unwrap_or_default();
+            let want = if primary == "-" {
+                format!("{other} 127.0.0.1:2@12 slave {me} 0 0 1 connected")
+            } else {
+                format!("{other} 127.0.0.1:2@12 master - 0 0 1 connected")
+            };
+            assert_eq!(theirs, want, "{conf}");
+            assert!(conf.contains("vars currentEpoch 1"), "{conf}");
+        }
         for conf in [lone_primary, replica] {
             let (out, took) = run(&conf);
             assert!(!out.contains("waiting"), "{out}");
