@@ -7,9 +7,11 @@
 //! - `spec.shards` goes to 4: the operator creates shard 3, joins it and
 //!   moves a quarter of the slots to it; the operator process is stopped
 //!   right after a move's first `MIGRATE` batch (the slot left migrating
-//!   and importing, keys on both sides: proven before going on), then the
-//!   source's primary is `kill -9`ed and its replica takes over (proven
-//!   before going on), and `spec.shards` is set back to 3 while no
+//!   and importing, keys on both sides, the new shard already owning the
+//!   one slot it takes alone first: proven before going on), then the
+//!   source's and the target's primaries are `kill -9`ed and their
+//!   replicas take over (proven before going on; a slotless target would
+//!   get no election and come back empty), and `spec.shards` is set back to 3 while no
 //!   operator runs; the next operator process finishes the open slot
 //!   first (from the new primary, toward shard 3, where part of its keys
 //!   already are), then empties shard 3 again and removes it;
@@ -36,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_client::{Client, Met};
+use cluster_client::{Client, Met, fill, value, whole};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
 use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
@@ -61,64 +63,6 @@ fn env_or(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn value(t: usize, size: usize) -> String {
-    let head = format!("v{t}-");
-    format!("{head}{}", "x".repeat(size.saturating_sub(head.len())))
-}
-
-/// Fills `tags` hash tags with a string, a hash, a list and a set each.
-async fn fill(client: &mut Client, tags: usize, size: usize) {
-    let per = 4;
-    let field = "f".repeat(size / per);
-    for t in 0..tags {
-        let v = value(t, size);
-        let k = |suffix: &str| format!("{{t{t}}}:{suffix}");
-        let cmds = [
-            (k("s"), redis::cmd("SET").arg(k("s")).arg(&v).clone()),
-            (
-                k("h"),
-                redis::cmd("HSET")
-                    .arg(k("h"))
-                    .arg("a")
-                    .arg(&field)
-                    .arg("b")
-                    .arg(&field)
-                    .arg("c")
-                    .arg(&field)
-                    .arg("d")
-                    .arg(&field)
-                    .clone(),
-            ),
-            (
-                k("l"),
-                redis::cmd("RPUSH")
-                    .arg(k("l"))
-                    .arg(&field)
-                    .arg(&field)
-                    .arg(&field)
-                    .arg(&field)
-                    .clone(),
-            ),
-            (
-                k("z"),
-                redis::cmd("SADD")
-                    .arg(k("z"))
-                    .arg(format!("1{field}"))
-                    .arg(format!("2{field}"))
-                    .arg(format!("3{field}"))
-                    .arg(format!("4{field}"))
-                    .clone(),
-            ),
-        ];
-        for (key, cmd) in cmds {
-            let _: redis::Value = client
-                .run(&key, &cmd)
-                .await
-                .unwrap_or_else(|e| panic!("filling {key}: {e}"));
-        }
-    }
 }
 
 /// A client's errors, by kind.
@@ -189,6 +133,9 @@ struct Reads {
     ok: u64,
     /// A filled key read as absent or with another value.
     wrong: u64,
+    /// The first wrong reads: seconds since the readers started, key,
+    /// slot, what was read.
+    first_wrong: Vec<(f64, String, u16, Option<usize>)>,
     errors: Errors,
 }
 
@@ -204,6 +151,7 @@ fn reader(
         let mut client = Client::new(seed, opts);
         let mut out = Reads::default();
         let mut t = r * 7919;
+        let started = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             t = (t + 104_729) % tags.max(1);
             let key = format!("{{t{t}}}:s");
@@ -212,7 +160,17 @@ fn reader(
                 .await
             {
                 Ok(Some(v)) if v == value(t, size) => out.ok += 1,
-                Ok(_) => out.wrong += 1,
+                Ok(v) => {
+                    out.wrong += 1;
+                    if out.first_wrong.len() < 5 {
+                        out.first_wrong.push((
+                            started.elapsed().as_secs_f64(),
+                            key.clone(),
+                            cluster::key_slot(key.as_bytes()),
+                            v.map(|v| v.len()),
+                        ));
+                    }
+                }
                 Err(e) => {
                     out.errors.add(&e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -295,6 +253,12 @@ impl Load {
                 "reader {i}: {} reads right, {} wrong or missing, errors {:?}",
                 out.ok, out.wrong, out.errors.by_kind
             );
+            for (at, key, slot, got) in &out.first_wrong {
+                println!(
+                    "  wrong read {at:.1} s into the load: {key} (slot {slot}) read as {}",
+                    got.map_or("absent".to_string(), |n| format!("{n} bytes"))
+                );
+            }
         }
         println!(
             "clients followed {moved} MOVED and {ask} ASK, waited on {tryagain} TRYAGAIN; {read_errors} read errors"
@@ -303,25 +267,7 @@ impl Load {
         assert_eq!(wrong, 0, "readers saw {wrong} filled keys missing or wrong");
         let mut broken = Vec::new();
         for t in 0..tags {
-            let k = |s: &str| format!("{{t{t}}}:{s}");
-            let s: Option<String> = check
-                .run(&k("s"), redis::cmd("GET").arg(k("s")))
-                .await
-                .ok()
-                .flatten();
-            let h: u64 = check
-                .run(&k("h"), redis::cmd("HLEN").arg(k("h")))
-                .await
-                .unwrap_or(0);
-            let l: u64 = check
-                .run(&k("l"), redis::cmd("LLEN").arg(k("l")))
-                .await
-                .unwrap_or(0);
-            let z: u64 = check
-                .run(&k("z"), redis::cmd("SCARD").arg(k("z")))
-                .await
-                .unwrap_or(0);
-            if s.as_deref() != Some(value(t, size).as_str()) || (h, l, z) != (4, 4, 4) {
+            if whole(&mut check, t, size).await != Some(true) {
                 broken.push(t);
             }
         }
@@ -336,11 +282,7 @@ impl Load {
 
 /// Waits until the other pod of `pod`'s shard serves slots as primary.
 async fn took_over(client: &kube::Client, ns: &str, pod: &str, password: &str) {
-    let (shard, ord) = pod
-        .strip_prefix("cache-s")
-        .and_then(|r| r.split_once('-'))
-        .expect("pod name");
-    let other = format!("cache-s{shard}-{}", if ord == "0" { 1 } else { 0 });
+    let other = partner(pod);
     wait_for(
         &format!("{other} to take over from {pod}"),
         READY,
@@ -367,11 +309,37 @@ async fn stopping_at(
 ) -> (support::operator::Operator, OperatorOptions) {
     let mut opts = OperatorOptions::watching(&[ns]).named(name);
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone();
-    crashing
-        .env
-        .push(("REDPILOT_FAILPOINTS".into(), failpoint.into()));
+    let crashing = armed(&opts, name, failpoint);
     (start_operator(client, crashing).await, opts)
+}
+
+/// The first slot a move from 3 shards to 4 gives shard 3 (shard 0's
+/// slots above its even share of 4).
+const FIRST_MOVED_SLOT: u16 = 4096;
+
+/// `n` keys of slot `slot`.
+fn pinned_keys(slot: u16, n: usize) -> Vec<String> {
+    let tag = (0u64..)
+        .map(|i| format!("p{i}"))
+        .find(|t| cluster::key_slot(t.as_bytes()) == slot)
+        .expect("a tag of the slot");
+    (0..n).map(|i| format!("{{{tag}}}:pin:{i}")).collect()
+}
+
+/// Options `opts` under another name, exiting at `failpoint`.
+fn armed(opts: &OperatorOptions, name: &str, failpoint: &str) -> OperatorOptions {
+    let mut o = opts.clone().named(name);
+    o.env.push(("REDPILOT_FAILPOINTS".into(), failpoint.into()));
+    o
+}
+
+/// The other pod of `pod`'s shard (two instances per shard).
+fn partner(pod: &str) -> String {
+    let (shard, ord) = pod
+        .strip_prefix("cache-s")
+        .and_then(|r| r.split_once('-'))
+        .expect("pod name");
+    format!("cache-s{shard}-{}", if ord == "0" { 1 } else { 0 })
 }
 
 fn resharding_done(r: &Redis, shards: i32) -> bool {
@@ -446,7 +414,20 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         t.elapsed().as_secs_f64()
     );
 
+    // Keys in slot 4096, the first slot the move to a new shard 3 takes
+    // from shard 0: without the rule that a slotless shard first takes a
+    // keyless slot alone, the first batch of keys would go to a primary
+    // that owns no slot.
+    let pinned = pinned_keys(FIRST_MOVED_SLOT, 16);
+    for k in &pinned {
+        let _: () = filler
+            .run(k, redis::cmd("SET").arg(k).arg(k))
+            .await
+            .unwrap_or_else(|e| panic!("writing {k}: {e}"));
+    }
+
     let load = Load::start(&seed, &copts, tags, size);
+    let at = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // 3 → 4, the operator stopped after a first batch.
@@ -460,7 +441,10 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
             && open.iter().any(|o| o.contains("Importing")),
         "the operator stopped mid-move, yet no slot is open: {open:?}"
     );
-    println!("operator stopped mid-move with {open:?}");
+    println!(
+        "{:.1} s: operator stopped mid-move with {open:?}",
+        at.elapsed().as_secs_f64()
+    );
     // The source's primary killed while the slot is open: its replica
     // takes over (proven before the next operator starts).
     let r = redis_api(&client, &ns.name)
@@ -476,26 +460,130 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     let from = intent.from_shard;
     let primary_of = |i: i32| st.shards.get(usize::try_from(i).ok()?)?.primary.clone();
     let source = primary_of(from).expect("the source shard's primary");
-    for pod in [&source] {
+    let target = primary_of(intent.to_shard).expect("the target shard's primary");
+    // The target, new, already owns a slot (it took one alone before any
+    // batch of keys), and holds keys of the slot it imports: the keys a
+    // slotless primary would lose when killed, since the cluster elects a
+    // replica only for a primary that owns slots.
+    let mut t = connect_pod(&client, &ns.name, &target, &password)
+        .await
+        .expect("connect to the target primary");
+    let owned: u32 = cluster::nodes(&mut t)
+        .await
+        .expect("CLUSTER NODES")
+        .iter()
+        .filter(|k| k.myself)
+        .map(|k| k.slot_count())
+        .sum();
+    let importing: Vec<u16> = reshard::open_slots_of(&mut t)
+        .await
+        .expect("open slots")
+        .iter()
+        .filter_map(|o| match o {
+            reshard::OpenSlot::Importing { slot, .. } => Some(*slot),
+            reshard::OpenSlot::Migrating { .. } => None,
+        })
+        .collect();
+    let mut held = 0;
+    for slot in &importing {
+        held += reshard::keys_in_slot(&mut t, *slot).await.expect("keys");
+    }
+    drop(t);
+    assert!(
+        owned >= 1 && held >= 1,
+        "the target {target} owns {owned} slots and holds {held} keys of its importing slots {importing:?}"
+    );
+    println!(
+        "{target} (new shard {}) owns {owned} slot(s) and holds {held} keys of slot(s) {importing:?} it imports",
+        intent.to_shard
+    );
+    // Both primaries of the move killed while the slot is open, one after
+    // the other (two of four primaries down at once leave no majority to
+    // elect a replica): each one's replica takes over (proven before the
+    // next kill and before the next operator starts).
+    for pod in [&source, &target] {
         let mut n = connect_pod(&client, &ns.name, pod, &password)
             .await
             .expect("connect to a primary of the move");
         let pid = info_u64(&mut n, "server", "process_id").await;
         drop(n);
         kill_9(u32::try_from(pid).expect("pid"));
+        let killed = Instant::now();
+        took_over(&client, &ns.name, pod, &password).await;
+        println!(
+            "{:.1} s: kill -9 of {pod} mid-move (source shard {from}, target shard {}); its replica took over in {:.1} s",
+            at.elapsed().as_secs_f64(),
+            intent.to_shard,
+            killed.elapsed().as_secs_f64()
+        );
     }
-    let killed = Instant::now();
-    took_over(&client, &ns.name, &source, &password).await;
-    println!(
-        "kill -9 of {source} (source shard {from}) mid-move; its replica took over in {:.1} s",
-        killed.elapsed().as_secs_f64()
-    );
     // While no operator runs, the user changes their mind: back to 3. The
     // next operator finishes the open slot toward shard 3 first (its keys
     // are split between the two), then empties shard 3 and removes it.
     apply_redis(&client, &ns.name, "cache", spec(3)).await;
-    let _next = spawn_operator(&client, opts.named("op-reshard-next")).await;
     let api = redis_api(&client, &ns.name);
+    // The next process stops right after the target took the owner (the
+    // open slot finished toward shard 3's new primary, the source not yet
+    // told): proven by the target's own view of the recorded slot.
+    let mut owner = spawn_operator(
+        &client,
+        armed(&opts, "op-reshard-owner", "reshard-after-owner"),
+    )
+    .await;
+    wait_failpoint(&mut owner, READY).await;
+    let r = api.get("cache").await.expect("redis");
+    let finishing = r
+        .status
+        .as_ref()
+        .and_then(|s| s.resharding.as_ref())
+        .and_then(|x| x.current.clone())
+        .expect("the finishing move is recorded");
+    let slots = cluster::parse_ranges(&finishing.slots).expect("the recorded slots");
+    // Shard 3's primary now: the target's replica, which took over.
+    let new_target = partner(&target);
+    let mut t = connect_pod(&client, &ns.name, &new_target, &password)
+        .await
+        .expect("connect to shard 3's primary");
+    let mine: Vec<cluster::SlotRange> = cluster::nodes(&mut t)
+        .await
+        .expect("CLUSTER NODES")
+        .into_iter()
+        .filter(|k| k.myself)
+        .flat_map(|k| k.slots)
+        .collect();
+    drop(t);
+    assert!(
+        finishing.to_shard == intent.to_shard
+            && slots
+                .iter()
+                .flat_map(|r| r.start..=r.end)
+                .any(|x| mine.iter().any(|m| m.contains(x))),
+        "stopped after the owner step, yet {new_target} owns {mine:?}, not the recorded {finishing:?}"
+    );
+    println!(
+        "{:.1} s: operator stopped after {new_target} took slot {} (source not told yet)",
+        at.elapsed().as_secs_f64(),
+        finishing.slots
+    );
+    // The next one stops right after opening the next slot (importing and
+    // migrating set, no key sent).
+    let mut open_op = spawn_operator(
+        &client,
+        armed(&opts, "op-reshard-open", "reshard-after-open"),
+    )
+    .await;
+    wait_failpoint(&mut open_op, READY).await;
+    let open = open_anywhere(&endpoints(&client, &ns.name, 4).await, &copts).await;
+    assert!(
+        open.iter().any(|o| o.contains("Migrating"))
+            && open.iter().any(|o| o.contains("Importing")),
+        "stopped after opening a slot, yet none is open: {open:?}"
+    );
+    println!(
+        "{:.1} s: operator stopped after opening a slot: {open:?}",
+        at.elapsed().as_secs_f64()
+    );
+    let _next = spawn_operator(&client, opts.named("op-reshard-next")).await;
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
     let r = wait_for("back to 3 shards, shard 3 removed", READY, || async {
         let r = api.get("cache").await.ok()?;
@@ -506,7 +594,8 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     .await;
     let out = r.status.clone().expect("status");
     println!(
-        "the open slot finished, shard 3 emptied, removed and forgotten {:.1} s after the first spec change",
+        "{:.1} s: the open slot finished, shard 3 emptied, removed and forgotten {:.1} s after the first spec change",
+        at.elapsed().as_secs_f64(),
         asked.elapsed().as_secs_f64()
     );
     let eps = endpoints(&client, &ns.name, 3).await;
@@ -597,7 +686,8 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     let killed = Instant::now();
     took_over(&client, &ns.name, &target, &password).await;
     println!(
-        "kill -9 of {target} (target shard {}) while moving slots {}; its replica took over in {:.1} s",
+        "{:.1} s: kill -9 of {target} (target shard {}) while moving slots {}; its replica took over in {:.1} s",
+        at.elapsed().as_secs_f64(),
         intent.to_shard,
         intent.slots,
         killed.elapsed().as_secs_f64()
@@ -644,6 +734,18 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     load.finish(&seed, &copts).await;
     let eps = endpoints(&client, &ns.name, 3).await;
     assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+    let mut check = Client::new(seed.clone(), copts.clone());
+    for k in &pinned {
+        let v: Option<String> = check
+            .run(k, redis::cmd("GET").arg(k))
+            .await
+            .unwrap_or_else(|e| panic!("reading {k}: {e}"));
+        assert_eq!(
+            v.as_deref(),
+            Some(k.as_str()),
+            "key {k} of slot {FIRST_MOVED_SLOT}"
+        );
+    }
     for (pod, ep) in &eps {
         let mut n = Node::connect(ep, &copts).await.expect("connect");
         let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");

@@ -154,3 +154,85 @@ impl Client {
         Err(format!("{key}: more than five redirections"))
     }
 }
+
+/// The string value of filled tag `t` (`size` bytes).
+pub fn value(t: usize, size: usize) -> String {
+    let head = format!("v{t}-");
+    format!("{head}{}", "x".repeat(size.saturating_sub(head.len())))
+}
+
+/// Fills `tags` hash tags with a string, a hash, a list and a set each.
+pub async fn fill(client: &mut Client, tags: usize, size: usize) {
+    let per = 4;
+    let field = "f".repeat(size / per);
+    for t in 0..tags {
+        let v = value(t, size);
+        let k = |suffix: &str| format!("{{t{t}}}:{suffix}");
+        let cmds = [
+            (k("s"), redis::cmd("SET").arg(k("s")).arg(&v).clone()),
+            (
+                k("h"),
+                redis::cmd("HSET")
+                    .arg(k("h"))
+                    .arg("a")
+                    .arg(&field)
+                    .arg("b")
+                    .arg(&field)
+                    .arg("c")
+                    .arg(&field)
+                    .arg("d")
+                    .arg(&field)
+                    .clone(),
+            ),
+            (
+                k("l"),
+                redis::cmd("RPUSH")
+                    .arg(k("l"))
+                    .arg(&field)
+                    .arg(&field)
+                    .arg(&field)
+                    .arg(&field)
+                    .clone(),
+            ),
+            (
+                k("z"),
+                redis::cmd("SADD")
+                    .arg(k("z"))
+                    .arg(format!("1{field}"))
+                    .arg(format!("2{field}"))
+                    .arg(format!("3{field}"))
+                    .arg(format!("4{field}"))
+                    .clone(),
+            ),
+        ];
+        for (key, cmd) in cmds {
+            let _: redis::Value = client
+                .run(&key, &cmd)
+                .await
+                .unwrap_or_else(|e| panic!("filling {key}: {e}"));
+        }
+    }
+}
+
+/// Whether filled tag `t` is whole (its string holds its value, its hash,
+/// list and set four elements each); `None` when a read failed.
+pub async fn whole(client: &mut Client, t: usize, size: usize) -> Option<bool> {
+    let k = |s: &str| format!("{{t{t}}}:{s}");
+    let s: Option<String> = client
+        .run(&k("s"), redis::cmd("GET").arg(k("s")))
+        .await
+        .ok()?;
+    let h: u64 = client
+        .run(&k("h"), redis::cmd("HLEN").arg(k("h")))
+        .await
+        .ok()?;
+    let l: u64 = client
+        .run(&k("l"), redis::cmd("LLEN").arg(k("l")))
+        .await
+        .ok()?;
+    let z: u64 = client
+        .run(&k("z"), redis::cmd("SCARD").arg(k("z")))
+        .await
+        .ok()?;
+    Some(s.as_deref() == Some(value(t, size).as_str()) && (h, l, z) == (4, 4, 4))
+}

@@ -375,6 +375,26 @@ impl Reconciler {
             Next::Move { from, to, slots } => {
                 match path {
                     Path::Classic => {
+                        // A shard that owns no slot yet takes one slot
+                        // alone first, keyless when the chunk has one: the
+                        // cluster elects a replica only for a primary that
+                        // owns slots, so a slotless primary killed while
+                        // keys were arriving would come back empty with
+                        // them. Once it owns a slot its replica takes over.
+                        let slots = if plan.shards[to].slots.is_empty() {
+                            // The chunk first, then the rest of this move.
+                            let mut candidates = slots.clone();
+                            candidates.extend(
+                                remaining(plan, shards)
+                                    .into_iter()
+                                    .find(|m| m.from == from && m.to == to)
+                                    .map(|m| m.slots)
+                                    .unwrap_or_default(),
+                            );
+                            self.claim_slot(plan, conns, from, &candidates).await
+                        } else {
+                            slots
+                        };
                         self.move_classic(plan, members, conns, password, from, to, &slots)
                             .await?;
                     }
@@ -627,6 +647,45 @@ impl Reconciler {
             self.resharding.as_ref().map_or(0, |r| r.slots_total),
         ));
         Ok(())
+    }
+
+    /// The one slot of `slots` a shard that owns none takes first: the
+    /// first the source (shard `from`'s primary) holds no key of, else the
+    /// one it holds the fewest keys of (read with `CLUSTER COUNTKEYSINSLOT`,
+    /// one round trip per slot until a keyless one; the first slot when the
+    /// source cannot be asked).
+    async fn claim_slot(
+        &mut self,
+        plan: &Plan,
+        conns: &mut BTreeMap<String, Node>,
+        from: usize,
+        slots: &[SlotRange],
+    ) -> Vec<SlotRange> {
+        let mut candidates: Vec<u16> = slots.iter().flat_map(|r| r.start..=r.end).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        candidates.retain(|s| seen.insert(*s));
+        let mut best: Option<(u16, u64)> = None;
+        if let Some(node) = plan.shards[from]
+            .primary
+            .as_ref()
+            .and_then(|p| conns.get_mut(p))
+        {
+            for &slot in &candidates {
+                match rs::keys_in_slot(node, slot).await {
+                    Ok(n) if best.is_none_or(|(_, b)| n < b) => {
+                        best = Some((slot, n));
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        let slot = best.map(|(s, _)| s).or_else(|| candidates.first().copied());
+        slot.map(|s| vec![SlotRange { start: s, end: s }])
+            .unwrap_or_default()
     }
 
     /// Moves `slots` with one atomic job, waiting at most [`ATOMIC_WAIT`].
