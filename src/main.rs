@@ -93,8 +93,9 @@ struct RunArgs {
 /// Options of `redpilot scorecard-test`.
 #[derive(clap::Args, Debug)]
 struct ScorecardArgs {
-    /// The test: redpilot-basic-install, redpilot-seamless-upgrades,
-    /// redpilot-full-lifecycle, redpilot-deep-insights, redpilot-auto-pilot.
+    /// The test: redpilot-basic-install, redpilot-cluster-install, redpilot-seamless-upgrades,
+    /// redpilot-full-lifecycle, redpilot-deep-insights, redpilot-auto-pilot,
+    /// redpilot-memory-autopilot, redpilot-shard-autopilot.
     test: String,
     /// Namespace to create its objects in (default: the scorecard's,
     /// `SCORECARD_NAMESPACE`, else the client's default).

@@ -18,7 +18,7 @@ const KEYS_PER_SHARD: usize = 50;
 const REPLICATION_BOUND: Duration = Duration::from_secs(30);
 
 /// `count` keys tagged `tag` whose slots are in `ranges`.
-fn keys_in(ranges: &[SlotRange], tag: &str, count: usize) -> Vec<String> {
+pub(super) fn keys_in(ranges: &[SlotRange], tag: &str, count: usize) -> Vec<String> {
     (0..)
         .map(|i| format!("sc:{tag}:{i}"))
         .filter(|k| {

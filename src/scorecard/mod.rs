@@ -14,6 +14,7 @@
 mod cluster;
 mod levels;
 mod memory;
+mod shards;
 mod writer;
 
 use std::future::Future;
@@ -43,7 +44,7 @@ pub struct TestDef {
 
 /// The suite, in capability order: a CSV may claim a level only when its
 /// tests and those of every lower level pass.
-pub const TESTS: [TestDef; 7] = [
+pub const TESTS: [TestDef; 8] = [
     TestDef {
         name: "redpilot-basic-install",
         level: "Basic Install",
@@ -78,6 +79,11 @@ pub const TESTS: [TestDef; 7] = [
         name: "redpilot-memory-autopilot",
         level: "Auto Pilot",
         summary: "a Redis filled past its scale-up level is grown in place with every key kept",
+    },
+    TestDef {
+        name: "redpilot-shard-autopilot",
+        level: "Auto Pilot",
+        summary: "a Cluster Redis filled past its shard autopilot's level gets a fourth shard, the slots rebalanced online, with every key kept",
     },
 ];
 
@@ -194,7 +200,8 @@ async fn run_one(def: &TestDef, namespace: Option<String>, timeout: Duration) ->
         "redpilot-full-lifecycle" => levels::full_lifecycle(&mut ctx).await,
         "redpilot-deep-insights" => levels::deep_insights(&mut ctx).await,
         "redpilot-auto-pilot" => levels::auto_pilot(&mut ctx).await,
-        _ => memory::memory_autopilot(&mut ctx).await,
+        "redpilot-memory-autopilot" => memory::memory_autopilot(&mut ctx).await,
+        _ => shards::shard_autopilot(&mut ctx).await,
     };
     ctx.cleanup().await;
     ctx.note(format!("took {:.1}s", started.elapsed().as_secs_f64()));
@@ -551,6 +558,7 @@ mod tests {
                 "Full Lifecycle",
                 "Deep Insights",
                 "Auto Pilot",
+                "Auto Pilot",
                 "Auto Pilot"
             ]
         );
@@ -594,6 +602,13 @@ mod tests {
             .filter(|n| *n != "redpilot-auto-pilot")
             .collect();
         assert_eq!(highest_level(&no_failover), Some("Deep Insights"));
+        // Nor without Cluster mode's shard autopilot.
+        let no_shards: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| *n != "redpilot-shard-autopilot")
+            .collect();
+        assert_eq!(highest_level(&no_shards), Some("Deep Insights"));
     }
 
     #[test]
