@@ -83,23 +83,25 @@ cluster-down:
 	bash dev/cluster.sh down
 
 # Integration suites (tests/*.rs): real Redis servers and the dev cluster.
-# The suites that need no Kubernetes (real servers, the S3 server, promtool,
-# files) run beside the cluster suites, whose first ones mostly wait on the
-# cluster and on Prometheus' alert timers; their output follows the cluster
-# suites'. A suite not listed here runs with the cluster suites.
+# A side lane runs beside the cluster suites: the suites that need no
+# Kubernetes (real servers, the S3 server, promtool, files), and
+# insights_prometheus, which mostly waits on Prometheus' alert timers
+# (`for:` periods of minutes); its output follows the cluster suites'. A
+# suite not listed here runs in the cluster lane, one binary at a time.
 LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology setup_script
-CLUSTER_SUITES := $(filter-out $(LOCAL_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
+SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus
+CLUSTER_SUITES := $(filter-out $(SIDE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
 	@log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
-	( $(CARGO) test --workspace $(addprefix --test ,$(LOCAL_SUITES)) --no-fail-fast \
+	( $(CARGO) test --workspace $(addprefix --test ,$(SIDE_SUITES)) --no-fail-fast \
 		>"$$log" 2>&1; echo $$? >"$$log.rc" ) & \
 	cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast \
 		|| cluster=$$?; \
-	wait; echo; echo "=== the suites without Kubernetes ($(words $(LOCAL_SUITES)), run beside the cluster suites)"; \
+	wait; echo; echo "=== the side lane ($(words $(SIDE_SUITES)) suites, run beside the cluster suites)"; \
 	cat "$$log"; nokube=$$(cat "$$log.rc" 2>/dev/null || echo 1); \
-	echo "cluster suites: exit $$cluster; suites without Kubernetes: exit $$nokube"; \
+	echo "cluster suites: exit $$cluster; side lane: exit $$nokube"; \
 	[ "$$cluster" -eq 0 ] && [ "$$nokube" -eq 0 ]
 
 # The whole test run. The cluster comes down even when a step fails.
@@ -177,13 +179,17 @@ bench-cluster: engines cluster-up
 # stopped mid-move, the source primary killed and the count set back, then
 # 3 -> RESHARD_TO (default 5) -> 3 shards; slots and MiB per second, client
 # errors by kind, writes lost. Beside it, Valkey 9.1's atomic path 3 -> 4.
-# `make test` runs both at 10,000 keys and 3 -> 4 -> 3.
+# `make test` runs both at 10,000 keys and 3 -> 4 -> 3. Then benches/reshard.rs
+# moves the same data on each path (Valkey 8.1 classic, 9.1 atomic), 3 ->
+# RESHARD_TO -> 3 with nothing stopped, and prints slots, keys and MiB per second.
 RESHARD_TAGS ?= 25000
 RESHARD_VALUE ?= 2048
 RESHARD_TO ?= 5
 bench-reshard: engines cluster-up
 	REDPILOT_RESHARD_TAGS=$(RESHARD_TAGS) REDPILOT_RESHARD_VALUE=$(RESHARD_VALUE) \
 		REDPILOT_RESHARD_TO=$(RESHARD_TO) $(CARGO) test --test operator_reshard -- --nocapture
+	RESHARD_TAGS=$(RESHARD_TAGS) RESHARD_VALUE=$(RESHARD_VALUE) RESHARD_TO=$(RESHARD_TO) \
+		$(CARGO) bench --profile $(BENCH_PROFILE) --bench reshard
 
 # Backup measurements (tests/backup_agent.rs): a BACKUP_MB MiB snapshot
 # streamed by the optimised agent into the S3 server, against
