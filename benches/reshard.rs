@@ -4,9 +4,10 @@
 //! Cluster Redis is filled with the same keys (`RESHARD_TAGS` hash tags of
 //! four keys of four types, `RESHARD_VALUE` bytes each), grown to
 //! `RESHARD_TO` shards and brought back to 3 by the operator; it prints
-//! per path and direction the time from the spec change to done, the
-//! slots and keys moved and their rate, and checks every key whole at the
-//! end. Run on the dev cluster (`make cluster-up`).
+//! per path and direction the time from the spec change to done (new
+//! pods included), the slots moved, the keys moved (what the shards'
+//! `DBSIZE` gained; nothing else writes) and their rates, and checks every
+//! key whole at the end. Run on the dev cluster (`make cluster-up`).
 
 #[path = "../tests/support/cluster_client.rs"]
 mod cluster_client;
@@ -41,6 +42,29 @@ fn done(r: &Redis, shards: i32) -> bool {
             && st.shards.len() == usize::try_from(shards).unwrap_or(0)
             && support::operator::is_ready(r)
     })
+}
+
+/// Keys each shard primary holds (`DBSIZE`), by pod, from status.
+async fn keys_per_primary(
+    client: &kube::Client,
+    ns: &str,
+    copts: &ConnectOptions,
+) -> Vec<(String, u64)> {
+    let r = redis_api(client, ns).get("cache").await.expect("redis");
+    let mut out = Vec::new();
+    for s in r.status.map(|s| s.shards).unwrap_or_default() {
+        let Some(pod) = s.primary else { continue };
+        let ep = Endpoint::new(pod_ip(client, ns, &pod).await, 6379);
+        let mut n = redpilot::redis::Node::connect(&ep, copts)
+            .await
+            .expect("connect to a shard primary");
+        let keys: u64 = n
+            .query("DBSIZE", &redis::cmd("DBSIZE"))
+            .await
+            .expect("DBSIZE");
+        out.push((pod, keys));
+    }
+    out
 }
 
 struct Row {
@@ -83,6 +107,7 @@ async fn main() {
         );
         let api = redis_api(&client, &ns.name);
         for shards in [to, 3] {
+            let before = keys_per_primary(&client, &ns.name, &copts).await;
             let asked = Instant::now();
             apply_redis(&client, &ns.name, "cache", spec(shards)).await;
             let r = wait_for(&format!("resharding to {shards} done"), READY, || async {
@@ -91,6 +116,21 @@ async fn main() {
             })
             .await;
             let secs = asked.elapsed().as_secs_f64();
+            // Keys moved: what the shards gained (nothing else writes).
+            let after = keys_per_primary(&client, &ns.name, &copts).await;
+            let keys: u64 = after
+                .iter()
+                .map(|(pod, n)| {
+                    let shard = pod.rsplit_once('-').map_or(pod.as_str(), |(s, _)| s);
+                    let was = before
+                        .iter()
+                        .filter(|(p, _)| p.starts_with(&format!("{shard}-")))
+                        .map(|(_, n)| *n)
+                        .sum::<u64>();
+                    n.saturating_sub(was)
+                })
+                .sum();
+            let keys = i64::try_from(keys).unwrap_or(i64::MAX);
             let x = r
                 .status
                 .and_then(|s| s.resharding)
@@ -100,8 +140,8 @@ async fn main() {
                 step: format!("3 → {shards}").replace("3 → 3", &format!("{to} → 3")),
                 secs,
                 slots: x.slots_moved,
-                keys: x.keys_moved,
-                mib: x.keys_moved as f64 * size as f64 / 1048576.0,
+                keys,
+                mib: keys as f64 * size as f64 / 1048576.0,
             });
         }
         let mut check = Client::new(seed.clone(), copts.clone());
