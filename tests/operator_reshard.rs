@@ -840,6 +840,18 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         decision.as_ref().map(|d| d.action.as_str()),
         Some("AddShards")
     );
+    // Decided soon after the level was crossed (the monitor samples every
+    // shard primary), not by a periodic pass with the shards nearly full.
+    let level: u32 = decision
+        .as_ref()
+        .and_then(|d| d.reason.strip_prefix("the fullest shard uses "))
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the decision names the fullest shard's use");
+    assert!(
+        level < 70,
+        "the autopilot decided at {level}% of maxmemory (scale up at 50%): {decision:?}"
+    );
     wait_failpoint(&mut first, READY).await;
     let intent = api
         .get("cache")

@@ -1141,6 +1141,15 @@ impl RedisSpec {
             .filter(|m| m.enabled)
     }
 
+    /// The shard autopilot's policy, when it is enabled.
+    pub fn shard_autopilot(&self) -> Option<&ShardAutopilotSpec> {
+        self.autopilot
+            .as_ref()?
+            .shards
+            .as_ref()
+            .filter(|s| s.enabled)
+    }
+
     /// Failover settings with defaults applied.
     pub fn failover(&self) -> FailoverSpec {
         self.failover.clone().unwrap_or_default()

@@ -350,10 +350,10 @@ impl Reconciler {
         );
     }
 
-    /// Cluster mode: with the memory autopilot on, the monitor samples
-    /// every shard's primary (a fill on any shard is caught within a probe)
-    /// and asks for a pass when one stops answering; off, nothing is
-    /// watched.
+    /// Cluster mode: with the memory or the shard autopilot on, the
+    /// monitor samples every shard's primary (a fill on any shard is caught
+    /// within a probe) and asks for a pass when one stops answering; with
+    /// neither, nothing is watched.
     pub(super) fn watch_shard_primaries(
         &self,
         facts: &[PodFacts],
@@ -362,7 +362,7 @@ impl Reconciler {
     ) {
         let monitor = &self.ctx.monitor;
         let spec = &self.redis.spec;
-        let autopilot = spec.memory_autopilot().is_some();
+        let autopilot = spec.memory_autopilot().is_some() || spec.shard_autopilot().is_some();
         if !autopilot || password.is_empty() {
             monitor.unwatch(&self.oref);
             return;

@@ -185,14 +185,7 @@ impl Reconciler {
         plan: &Plan,
         facts: &[PodFacts],
     ) -> Result<(), Error> {
-        let Some(spec) = self
-            .redis
-            .spec
-            .autopilot
-            .as_ref()
-            .and_then(|a| a.shards.clone())
-            .filter(|s| s.enabled)
-        else {
+        let Some(spec) = self.redis.spec.shard_autopilot().cloned() else {
             return Ok(());
         };
         let busy = self
@@ -206,7 +199,10 @@ impl Reconciler {
         let policy = Policy::from_spec(&spec);
         // Without the memory autopilot, the monitor asks for a pass when a
         // shard primary crosses either threshold (else the next pass could
-        // be a minute away while the data grows).
+        // be a minute away while the data grows). No lookahead: this policy
+        // decides on the level reached, so a pass asked for by a projection
+        // would find it not yet reached, and the monitor asks only once per
+        // crossing.
         if self.redis.spec.memory_autopilot().is_none()
             && let Some(max) = plan
                 .shards
@@ -220,7 +216,7 @@ impl Reconciler {
             self.ctx.monitor.watch_memory(
                 &self.oref,
                 Some((level(policy.down), level(policy.up))),
-                std::time::Duration::from_secs(30),
+                std::time::Duration::ZERO,
             );
         }
         let Some((fullest, dataset)) = fullest(plan, facts) else {
