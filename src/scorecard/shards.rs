@@ -14,11 +14,12 @@ use super::{Ctx, Failure};
 use crate::api::v1alpha1::ReshardingPhase;
 use crate::redis::cluster::{SLOTS, SlotRange, key_slot, parse_ranges};
 
-/// Bytes per value, and the values written on each shard: 23 MiB of
-/// values (about 30 MiB of memory with the keys and allocator classes),
-/// past half of the 48 MiB `maxmemory` a 64Mi pod gets, below all of it.
+/// Bytes per value, and the values written on each shard: 19 MiB of
+/// values (about 60 % of maxmemory with the keys and allocator classes),
+/// past half of the 48 MiB `maxmemory` a 64Mi pod gets; 4 shards bring
+/// it back under half.
 const VALUE: usize = 8 << 10;
-const PER_SHARD: usize = 3_000;
+const PER_SHARD: usize = 2_400;
 
 /// A shard's slot ranges from status.
 fn ranges_of(slots: Option<&str>) -> Vec<SlotRange> {
@@ -90,8 +91,20 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
                     .and_then(|s| s.last_decision.clone());
                 let resharding = st.resharding.clone();
                 let cluster = st.cluster.clone().unwrap_or_default();
+                // The autopilot's change: AddShards to 4, or (when 4 still
+                // leave the fullest shard above the level) AtMaximum at 4
+                // with the change recorded.
+                let changed = st
+                    .autopilot
+                    .as_ref()
+                    .and_then(|a| a.shards.as_ref())
+                    .is_some_and(|s| s.last_change.is_some());
                 let done = r.spec.shards == Some(4)
-                    && decision.as_ref().is_some_and(|d| d.action == "AddShards")
+                    && changed
+                    && decision.as_ref().is_some_and(|d| {
+                        (d.action == "AddShards" && d.to == 4)
+                            || (d.action == "AtMaximum" && d.from == 4)
+                    })
                     && resharding
                         .as_ref()
                         .is_some_and(|x| x.phase == ReshardingPhase::Done && x.to_shards == 4)
