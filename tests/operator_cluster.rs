@@ -522,10 +522,10 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
     let ns = TestNamespace::new(&client, "op-cluster-crash", &[]).await;
     let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-crash");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    // Only the process stopped at the failpoint is left down; the next one
-    // is started again if it loses its short lease on a loaded machine, as
-    // its Deployment would.
-    let mut crashing = opts.clone().no_restart();
+    // Either process is started again if it loses its short lease on a
+    // loaded machine, as its Deployment would; the one stopped at the
+    // failpoint (exit 86) is left down.
+    let mut crashing = opts.clone();
     crashing
         .env
         .push(("REDPILOT_FAILPOINTS".into(), "cluster-after-slots".into()));
@@ -1260,7 +1260,9 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         .expect("creating the credentials Secret");
     let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-cluster-backup");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
-    let mut crashing = opts.clone().no_restart();
+    // Started again if it loses its short lease on a loaded machine (as
+    // its Deployment would); left down once stopped at the failpoint.
+    let mut crashing = opts.clone();
     crashing.env.push((
         "REDPILOT_FAILPOINTS".into(),
         "backup-after-first-shard-job".into(),
