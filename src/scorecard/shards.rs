@@ -3,7 +3,6 @@
 //! shard added by the operator, the slots rebalanced onto it online, and
 //! every key written is there, read from the shard that owns it at the end.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde_json::json;
@@ -84,21 +83,14 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
             "see status.autopilot.shards, status.resharding, the ShardsAdded and Resharding* events and `kubectl redpilot status`",
             |r| {
                 let st = r.status.clone().unwrap_or_default();
-                let decision = st
-                    .autopilot
-                    .as_ref()
-                    .and_then(|a| a.shards.as_ref())
-                    .and_then(|s| s.last_decision.clone());
+                let autopilot = st.autopilot.as_ref().and_then(|a| a.shards.as_ref());
+                let decision = autopilot.and_then(|s| s.last_decision.clone());
                 let resharding = st.resharding.clone();
                 let cluster = st.cluster.clone().unwrap_or_default();
                 // The autopilot's change: AddShards to 4, or (when 4 still
                 // leave the fullest shard above the level) AtMaximum at 4
                 // with the change recorded.
-                let changed = st
-                    .autopilot
-                    .as_ref()
-                    .and_then(|a| a.shards.as_ref())
-                    .is_some_and(|s| s.last_change.is_some());
+                let changed = autopilot.is_some_and(|s| s.last_change.is_some());
                 let done = r.spec.shards == Some(4)
                     && changed
                     && decision.as_ref().is_some_and(|d| {
@@ -150,9 +142,9 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
     }
 
     // Every key, read from the primary that owns its slot now.
-    let mut owner: BTreeMap<String, (Vec<SlotRange>, Vec<&String>)> = BTreeMap::new();
+    let mut primaries = Vec::new();
     for shard in &st.shards {
-        let Some(primary) = shard.primary.clone() else {
+        let Some(primary) = shard.primary.as_deref() else {
             return Err(Failure::new(
                 format!(
                     "shard {} reports no primary after the resharding",
@@ -161,16 +153,22 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
                 "see `kubectl redpilot status`",
             ));
         };
-        owner.insert(primary, (ranges_of(shard.slots.as_deref()), Vec::new()));
+        primaries.push(primary);
     }
+    let ranges: Vec<Vec<SlotRange>> = st
+        .shards
+        .iter()
+        .map(|s| ranges_of(s.slots.as_deref()))
+        .collect();
+    let mut keys_of: Vec<Vec<&String>> = vec![Vec::new(); st.shards.len()];
     let mut unowned = 0;
     for k in &written {
         let slot = key_slot(k.as_bytes());
-        match owner
-            .values_mut()
-            .find(|(ranges, _)| ranges.iter().any(|r| r.contains(slot)))
+        match ranges
+            .iter()
+            .position(|r| r.iter().any(|r| r.contains(slot)))
         {
-            Some((_, keys)) => keys.push(k),
+            Some(i) => keys_of[i].push(k),
             None => unowned += 1,
         }
     }
@@ -182,7 +180,7 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
     }
     let mut missing = 0usize;
     let mut on_new = 0usize;
-    for (primary, (_, keys)) in &owner {
+    for ((shard, primary), keys) in st.shards.iter().zip(&primaries).zip(&keys_of) {
         let mut p = ctx.connect(primary, &password).await?;
         for k in keys {
             let v: Option<String> = p
@@ -193,7 +191,7 @@ pub(super) async fn shard_autopilot(ctx: &mut Ctx) -> Result<(), Failure> {
                 missing += 1;
             }
         }
-        if primary.contains("-s3-") {
+        if shard.index == 3 {
             on_new += keys.len();
         }
     }

@@ -345,33 +345,44 @@ mod tests {
             "{me} 127.0.0.1:1@11 myself,slave {other} 0 0 1 connected\n\
              {other} 127.0.0.1:2@12 master - 0 0 1 connected 0-5460\n"
         );
-        let run_with = |conf: &str, waking: &str| -> (String, std::time::Duration) {
-            std::fs::write(dir.join("nodes.conf"), conf).expect("write");
-            let script = start_script(Engine::Redis)
-                .replace(
-                    "/data/nodes.conf",
-                    &dir.join("nodes.conf").to_string_lossy(),
+        // `peers`: the `CLUSTER NODES` every peer answers (none answers
+        // without it).
+        let run_peers =
+            |conf: &str, waking: &str, peers: Option<&str>| -> (String, std::time::Duration) {
+                std::fs::write(dir.join("nodes.conf"), conf).expect("write");
+                let script = start_script(Engine::Redis)
+                    .replace(
+                        "/data/nodes.conf",
+                        &dir.join("nodes.conf").to_string_lossy(),
+                    )
+                    .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
+                    // A 3 s bound: `date +%s` counts whole seconds, so the
+                    // wait lasts between 2 and 3 s.
+                    .replace("30 ))", "3 ))")
+                    .replace("exec redis-server", "echo started");
+                let script = match peers {
+                    Some(view) => format!(
+                        "peer() {{ printf '%s\\n' '{view}'; }}\n{}",
+                        script.replace("timeout 2 redis-cli", "peer")
+                    ),
+                    None => script,
+                };
+                let t = std::time::Instant::now();
+                let out = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(&script)
+                    .env("POD_IP", "127.0.0.1")
+                    .env(WAKING_ENV, waking)
+                    .env("REDPILOT_CGROUP_FILE", "/dev/null")
+                    .output()
+                    .expect("sh");
+                (
+                    String::from_utf8_lossy(&out.stdout).to_string()
+                        + &String::from_utf8_lossy(&out.stderr),
+                    t.elapsed(),
                 )
-                .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
-                // A 3 s bound: `date +%s` counts whole seconds, so the
-                // wait lasts between 2 and 3 s.
-                .replace("30 ))", "3 ))")
-                .replace("exec redis-server", "echo started");
-            let t = std::time::Instant::now();
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(&script)
-                .env("POD_IP", "127.0.0.1")
-                .env(WAKING_ENV, waking)
-                .env("REDPILOT_CGROUP_FILE", "/dev/null")
-                .output()
-                .expect("sh");
-            (
-                String::from_utf8_lossy(&out.stdout).to_string()
-                    + &String::from_utf8_lossy(&out.stderr),
-                t.elapsed(),
-            )
-        };
+            };
+        let run_with = |conf: &str, waking: &str| run_peers(conf, waking, None);
         let run = |conf: &str| run_with(conf, "");
         // Waking from hibernation (every instance saved): no wait.
         let (out, took) = run_with(&primary_with_replica, "2026-11-28T16:00:00Z");
@@ -395,25 +406,8 @@ mod tests {
             (replaced.as_str(), "myself,slave", other),
             (peer_view.as_str(), "myself,master", "-"),
         ] {
-            std::fs::write(dir.join("nodes.conf"), &primary_with_replica).expect("write");
-            let script = start_script(Engine::Redis)
-                .replace(
-                    "/data/nodes.conf",
-                    &dir.join("nodes.conf").to_string_lossy(),
-                )
-                .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
-                .replace("timeout 2 redis-cli", "peer")
-                .replace("exec redis-server", "echo started");
-            let script = format!("peer() {{ printf '%s\\n' '{view}'; }}\n{script}");
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(&script)
-                .env("POD_IP", "127.0.0.1")
-                .env("REDPILOT_CGROUP_FILE", "/dev/null")
-                .output()
-                .expect("sh");
-            let out = String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr);
+            let (out, took) = run_peers(&primary_with_replica, "", Some(view));
+            assert!(took < std::time::Duration::from_secs(2), "{took:?}");
             assert!(
                 out.contains("starting without them") && out.contains("started"),
                 "{out}"

@@ -382,15 +382,12 @@ impl Reconciler {
                         // keys were arriving would come back empty with
                         // them. Once it owns a slot its replica takes over.
                         let slots = if plan.shards[to].slots.is_empty() {
-                            // The chunk first, then the rest of this move.
-                            let mut candidates = slots.clone();
-                            candidates.extend(
-                                remaining(plan, shards)
-                                    .into_iter()
-                                    .find(|m| m.from == from && m.to == to)
-                                    .map(|m| m.slots)
-                                    .unwrap_or_default(),
-                            );
+                            // Any slot of this move will do; the chunk is
+                            // its first slots.
+                            let candidates = remaining(plan, shards)
+                                .into_iter()
+                                .find(|m| m.from == from && m.to == to)
+                                .map_or(slots, |m| m.slots);
                             self.claim_slot(plan, conns, from, &candidates).await
                         } else {
                             slots
@@ -661,9 +658,7 @@ impl Reconciler {
         from: usize,
         slots: &[SlotRange],
     ) -> Vec<SlotRange> {
-        let mut candidates: Vec<u16> = slots.iter().flat_map(|r| r.start..=r.end).collect();
-        let mut seen = std::collections::BTreeSet::new();
-        candidates.retain(|s| seen.insert(*s));
+        let candidates: Vec<u16> = slots.iter().flat_map(|r| r.start..=r.end).collect();
         let mut best: Option<(u16, u64)> = None;
         if let Some(node) = plan.shards[from]
             .primary
