@@ -36,7 +36,7 @@ enum Command {
     /// Prints the manifest as JSON. Secrets from the environment only.
     Restore(RestoreArgs),
     /// Delete a stored backup and its manifest (what deleting a RedisBackup
-    /// with `deletionPolicy: Delete` runs for a backup on a volume).
+    /// with `deletionPolicy: Delete` runs).
     Delete(DeleteArgs),
     /// Serve Prometheus metrics of the server in the same pod (what the
     /// metrics sidecar runs): `INFO ALL` at each scrape, in the names the
@@ -88,6 +88,11 @@ struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// S3 endpoints backup and restore agents may send credentials to,
+    /// comma-separated `[scheme://]host[:port]` (host may start with `*.`;
+    /// no scheme: https only; no port: any). Empty: any http(s) endpoint.
+    #[arg(long, env = "REDPILOT_S3_ENDPOINTS", default_value = "")]
+    s3_endpoints: String,
 }
 
 /// Options of `redpilot scorecard-test`.
@@ -579,6 +584,10 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     // A bad RELATED_IMAGE_* fails the start, before any lease is taken.
     let images = controller::images::Images::from_env()?;
+    let settings = Arc::new(controller::Settings {
+        endpoints: controller::trust::EndpointPolicy::parse(&args.s3_endpoints)?,
+        namespace: args.leader_election_namespace.clone(),
+    });
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(telemetry::Metrics::new()?);
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await?;
@@ -611,10 +620,11 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         version = redpilot::VERSION,
         namespaces = ?namespaces,
         related_images = images.len(),
+        s3_endpoints_restricted = !settings.endpoints.is_open(),
         "starting controllers (all namespaces when empty)"
     );
     let result = tokio::select! {
-        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images, health.clone(), args.max_concurrent_reconciles) => Ok(()),
+        _ = controller::run_controllers(client.clone(), namespaces, metrics.clone(), images, settings, health.clone(), args.max_concurrent_reconciles) => Ok(()),
         _ = leader::keep(&lease_client, &lease, &health) => Err("lost leadership".into()),
     };
     metrics.leader.set(0);

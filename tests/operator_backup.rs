@@ -43,7 +43,7 @@ const READY: Duration = Duration::from_secs(180);
 async fn secret(client: &Client, ns: &str, name: &str, id: &str, key: &str) {
     let s: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"redpilot.io/allow-use": "true"}},
         "stringData": {"AWS_ACCESS_KEY_ID": id, "AWS_SECRET_ACCESS_KEY": key}
     }))
     .expect("secret");
@@ -544,6 +544,259 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
         !files.iter().any(|f| f.starts_with(&key2)),
         "Delete removed b2 and its manifest: {files:?}"
     );
+    // The delete ran in the agent's Job (a pod), not in the operator (which
+    // reaches the node's address from the host). The access log is written
+    // behind the requests: wait for the lines.
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        while s3
+            .requests()
+            .iter()
+            .filter(|r| r.operation.contains("Delete"))
+            .count()
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    let requests = s3.requests();
+    let deletes: Vec<_> = requests
+        .iter()
+        .filter(|r| r.operation.contains("Delete"))
+        .collect();
+    assert!(
+        deletes.len() >= 2 && deletes.iter().all(|r| r.remote != NODE_IP),
+        "the stored backup was deleted from a pod: {deletes:?}; all requests: {requests:?}"
+    );
+}
+
+/// What a tenant who may create RedisBackups (but not read Secrets) could
+/// abuse is refused before anything leaves the cluster: a Secret without
+/// the `redpilot.io/allow-use` mark, and an endpoint outside the
+/// operator's allow-list (`--s3-endpoints`), for a backup, a restore from a
+/// bucket, and a delete. The S3 servers' access logs prove no request
+/// arrived; a lent Secret and a listed endpoint still work, and the same
+/// log shows their requests (so it would have seen the others).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn secrets_and_endpoints_a_tenant_names_are_checked_before_any_request() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backup-tenant", &[]).await;
+    let ns = tns.name.as_str();
+    let allowed = S3Server::start_on(NODE_IP, &[BUCKET]);
+    let outside = S3Server::start_on(NODE_IP, &[BUCKET]);
+    secret(&client, ns, "lent", ACCESS_KEY, SECRET_KEY).await;
+    // The same keys, but not lent to the operator by its owner.
+    let plain: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "plain"},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    }))
+    .expect("secret");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    secrets
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect("creating Secret plain");
+    let mut opts = OperatorOptions::watching(&[ns]);
+    opts.env.push((
+        "REDPILOT_S3_ENDPOINTS".into(),
+        format!("http://{NODE_IP}:{}", allowed.port()),
+    ));
+    let _op = start_operator(&client, opts).await;
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 1}),
+    )
+    .await;
+    let src = wait_ready(&client, ns, "src", READY).await;
+    let primary = src.status.and_then(|s| s.primary).expect("primary");
+    seed(&client, ns, "src", &primary).await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), ns);
+    let jobs_of = |b: &'static str| {
+        let jobs = jobs.clone();
+        async move {
+            jobs.list(&kube::api::ListParams::default().labels(&format!("redpilot.io/backup={b}")))
+                .await
+                .expect("list jobs")
+                .items
+                .len()
+        }
+    };
+
+    // An unmarked Secret: Failed, no Job, nothing reached the store.
+    create_backup(
+        &client,
+        ns,
+        "unmarked",
+        json!({"redis": "src", "target": backup_target(&allowed, "plain")}),
+    )
+    .await;
+    let b = ended(&client, ns, "unmarked", Duration::from_secs(60)).await;
+    let st = b.status.expect("status");
+    println!("unmarked: {:?}: {:?}", st.reason, st.message);
+    assert_eq!(st.phase, Some(redpilot::api::v1alpha1::BackupPhase::Failed));
+    assert_eq!(st.reason.as_deref(), Some("CredentialsNotAllowed"));
+    let msg = st.message.unwrap_or_default();
+    assert!(
+        msg.contains("spec.target.s3.credentials.secretName: Secret plain")
+            && msg.contains("redpilot.io/allow-use=\"true\""),
+        "{msg}"
+    );
+    assert!(!msg.contains(SECRET_KEY));
+    assert_eq!(st.job, None);
+    assert_eq!(jobs_of("unmarked").await, 0, "no agent Job was created");
+
+    // An endpoint outside the allow-list, with a lent Secret: the same.
+    create_backup(
+        &client,
+        ns,
+        "elsewhere",
+        json!({"redis": "src", "target": backup_target(&outside, "lent")}),
+    )
+    .await;
+    let b = ended(&client, ns, "elsewhere", Duration::from_secs(60)).await;
+    let st = b.status.expect("status");
+    println!("elsewhere: {:?}: {:?}", st.reason, st.message);
+    assert_eq!(st.reason.as_deref(), Some("EndpointNotAllowed"));
+    let msg = st.message.unwrap_or_default();
+    assert!(
+        msg.contains(&format!("spec.target.s3: endpoint {}", outside.endpoint()))
+            && msg.contains("--s3-endpoints"),
+        "{msg}"
+    );
+    assert_eq!(jobs_of("elsewhere").await, 0, "no agent Job was created");
+
+    // A restore from a bucket with the unmarked Secret: Degraded, no
+    // StatefulSet, no request.
+    apply_redis(
+        &client,
+        ns,
+        "restore-plain",
+        json!({"mode": "Replication", "instances": 1,
+        "bootstrap": {"fromBackup": {"s3": s3_target(&allowed, "plain"), "key": "e2e/any.rdb"}}}),
+    )
+    .await;
+    let degraded = wait_for(
+        "restore-plain to be Degraded",
+        Duration::from_secs(60),
+        || async {
+            let r = redis_api(&client, ns).get("restore-plain").await.ok()?;
+            r.status?.conditions.into_iter().find(|c| {
+                c.type_ == "Degraded" && c.status == "True" && c.reason == "CredentialsNotAllowed"
+            })
+        },
+    )
+    .await;
+    println!("restore-plain: {}", degraded.message);
+    assert!(
+        degraded
+            .message
+            .contains("spec.bootstrap.fromBackup.s3.credentials.secretName: Secret plain"),
+        "{}",
+        degraded.message
+    );
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
+    assert!(
+        sts.get_opt("restore-plain")
+            .await
+            .expect("get sts")
+            .is_none(),
+        "nothing was created"
+    );
+
+    assert_eq!(
+        allowed.requests().len(),
+        0,
+        "nothing reached the listed store: {:?}",
+        allowed.requests()
+    );
+    assert_eq!(
+        outside.requests().len(),
+        0,
+        "nothing reached the other store: {:?}",
+        outside.requests()
+    );
+
+    // The control: a lent Secret and a listed endpoint work, and the log
+    // sees the agent's requests.
+    create_backup(&client, ns, "good",
+        json!({"redis": "src", "target": backup_target(&allowed, "lent"), "deletionPolicy": "Delete"})).await;
+    let b = ended(&client, ns, "good", Duration::from_secs(120)).await;
+    let st = b.status.expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}"
+    );
+    let key = st.key.expect("key");
+    // The access log is written behind the requests: wait for them. Every
+    // request it holds then is the good backup's (the refused ones, made
+    // before, would be there too).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let logged = loop {
+        let r = allowed.requests();
+        if r.iter().any(|r| r.key.ends_with(".manifest.json")) {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the manifest's upload is not in the access log after 20 s: {r:?}\n{}",
+            allowed.access_log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let ops: Vec<String> = logged
+        .iter()
+        .map(|r| format!("{} {}", r.operation, r.key))
+        .collect();
+    println!("good: stored {key}; the store logged {ops:?}");
+    assert!(
+        logged.iter().all(|r| r.key.contains("/good-")),
+        "only the lent, listed backup reached the store: {ops:?}"
+    );
+    assert_eq!(
+        outside.requests().len(),
+        0,
+        "nothing reached the other store"
+    );
+
+    // The owner takes the mark back: deleting the backup leaves the
+    // stored object, says why, and sends nothing.
+    secrets
+        .patch(
+            "lent",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"redpilot.io/allow-use": null}}})),
+        )
+        .await
+        .expect("unlabel");
+    let before = allowed.requests().len();
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    backups
+        .delete("good", &DeleteParams::default())
+        .await
+        .expect("delete good");
+    wait_for("good to be gone", Duration::from_secs(60), || async {
+        backups.get_opt("good").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let events = recent_events(&client, ns, 40).await;
+    assert!(
+        events.contains("RedisBackup/good StoredBackupNotDeleted")
+            && events.contains("CredentialsNotAllowed"),
+        "{events}"
+    );
+    assert!(
+        allowed.files(BUCKET).contains(&key),
+        "the stored backup remains"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        allowed.requests().len(),
+        before,
+        "no request after the mark was taken back"
+    );
 }
 
 /// Two schedules every minute, one with `keepLast: 1`, one with `maxAge:
@@ -644,7 +897,7 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
             "{name}: the pruned run is not listed: {st:?}"
         );
     }
-    let events = recent_events(&client, ns, 30).await;
+    let events = recent_events(&client, ns, 120).await;
     assert!(
         events.contains("BackupsPruned") && events.contains("BackupScheduled"),
         "{events}"

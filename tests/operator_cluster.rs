@@ -1250,7 +1250,7 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
     let ns = TestNamespace::new(&client, "op-cluster-backup", &[]).await;
     let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
     let creds: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3", "labels": {"redpilot.io/allow-use": "true"}},
         "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
     }))
     .expect("secret");

@@ -27,10 +27,12 @@ use serde::{Deserialize, Serialize};
 mod autopilot;
 mod backup;
 mod monitoring;
+mod network;
 mod schedule;
 pub use autopilot::*;
 pub use backup::*;
 pub use monitoring::*;
+pub use network::*;
 pub use schedule::*;
 
 /// Configuration keys the operator owns: setting them in `spec.config` would
@@ -449,6 +451,11 @@ pub struct RedisSpec {
     /// is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autopilot: Option<AutopilotSpec>,
+
+    /// An opt-in NetworkPolicy in front of the pods: who may reach the
+    /// client port and scrape the metrics (see `NetworkPolicySpec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySpec>,
 }
 
 /// `spec.version` when it is not set.

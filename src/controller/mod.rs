@@ -14,6 +14,7 @@ pub mod leader;
 pub mod monitor;
 pub mod redis;
 pub mod schedule;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,15 @@ use self::cache::{cached_watch, slim_pod};
 
 use crate::api::v1alpha1::Redis;
 use crate::telemetry::Metrics;
+
+/// Operator-wide settings from its command line.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// The S3 endpoints agents may reach (`--s3-endpoints`).
+    pub endpoints: trust::EndpointPolicy,
+    /// The operator's own namespace: network policies let it in.
+    pub namespace: String,
+}
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "redpilot";
@@ -121,6 +131,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Engine images from `RELATED_IMAGE_*`.
     pub images: images::Images,
+    /// Operator-wide settings.
+    pub settings: Arc<Settings>,
     /// The watch caches.
     pub stores: Stores,
     /// Health of the primaries (failure detection for failover).
@@ -146,6 +158,7 @@ impl Context {
         metrics: Arc<Metrics>,
         images: images::Images,
         stores: Stores,
+        settings: Arc<Settings>,
     ) -> Self {
         let (monitor, triggers) = monitor::Monitor::new();
         Context {
@@ -153,6 +166,7 @@ impl Context {
             client,
             metrics,
             images,
+            settings,
             stores,
             monitor,
             insights: Default::default(),
@@ -434,6 +448,7 @@ pub async fn run_controllers(
     namespaces: Vec<String>,
     metrics: Arc<Metrics>,
     images: images::Images,
+    settings: Arc<Settings>,
     health: Arc<crate::telemetry::Health>,
     concurrency: u16,
 ) {
@@ -447,6 +462,7 @@ pub async fn run_controllers(
         let client = client.clone();
         let metrics = metrics.clone();
         let images = images.clone();
+        let settings = settings.clone();
         let health = health.clone();
         async move {
             use self::scoped_api as api;
@@ -478,6 +494,7 @@ pub async fn run_controllers(
                 metrics.clone(),
                 images,
                 stores,
+                settings.clone(),
             ));
             let (redis_store, redis_writer) = reflector::store();
             let backups = backup::run(
@@ -488,6 +505,7 @@ pub async fn run_controllers(
                     recorder: recorder(&client),
                     metrics: metrics.clone(),
                     redis: redis_store.clone(),
+                    settings,
                 }),
             );
             let schedules = schedule::run(
@@ -596,7 +614,13 @@ mod tests {
             pods: reflector::store().0,
         };
         let metrics = Arc::new(Metrics::new().expect("metrics"));
-        let ctx = Context::new(client, metrics, images::Images::default(), stores);
+        let ctx = Context::new(
+            client,
+            metrics,
+            images::Images::default(),
+            stores,
+            Arc::default(),
+        );
         let a = ObjectRef::<Redis>::new("a").within("ns");
         let b = ObjectRef::<Redis>::new("b").within("ns");
         let c = ObjectRef::<Redis>::new("c").within("ns");

@@ -14,6 +14,17 @@ pub const ACCESS_KEY: &str = "redpilot-test-access";
 /// The root user's secret key.
 pub const SECRET_KEY: &str = "redpilot-test-secret-0123456789";
 
+/// One request in the server's access log.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The client's address.
+    pub remote: String,
+    /// `s3_PutObject`, `s3_DeleteObject`, ...
+    pub operation: String,
+    /// The object key (`-` when none).
+    pub key: String,
+}
+
 /// A running versitygw.
 pub struct S3Server {
     child: Option<Child>,
@@ -81,9 +92,10 @@ impl S3Server {
                 SECRET_KEY,
                 "--port",
                 &format!("{}:{}", self.host, self.port),
-                "posix",
-                "--sidecar",
+                "--access-log",
             ])
+            .arg(self.root.path().join("access.log"))
+            .args(["posix", "--sidecar"])
             .arg(self.root.path().join("meta"))
             .arg(self.root.path().join("data"))
             .stdin(Stdio::null())
@@ -152,6 +164,35 @@ impl S3Server {
     /// The server's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Every request the server received, from its access log: one
+    /// [`Request`] per line, oldest first.
+    pub fn requests(&self) -> Vec<Request> {
+        let text = std::fs::read_to_string(self.root.path().join("access.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                // `<owner> <bucket> [<time>] <remote> <requester> <id> <operation> <key> ...`;
+                // the time holds one space.
+                let (_, after) = line.split_once("] ")?;
+                let mut w = after.split_whitespace();
+                let remote = w.next()?.to_string();
+                let _requester = w.next()?;
+                let _id = w.next()?;
+                let operation = w.next()?.to_string();
+                let key = w.next()?.to_string();
+                Some(Request {
+                    remote,
+                    operation,
+                    key,
+                })
+            })
+            .collect()
+    }
+
+    /// The access log's text.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.root.path().join("access.log")).unwrap_or_default()
     }
 
     /// Kills the server (SIGKILL).

@@ -170,7 +170,10 @@ pub struct S3Location {
     /// need them.
     #[serde(default)]
     pub path_style: bool,
-    /// The Secret (in this namespace) holding the access key.
+    /// The Secret (in this namespace) holding the access key. It must carry
+    /// the label `redpilot.io/allow-use: "true"` (only its owner can lend
+    /// it to the agents), else the backup fails with
+    /// `CredentialsNotAllowed`.
     pub credentials: S3Credentials,
 }
 

@@ -281,15 +281,15 @@ pub fn job(
     j
 }
 
-/// The name of the Job that deletes a backup stored on a volume.
+/// The name of the Job that deletes a stored backup.
 pub fn delete_job_name(b: &RedisBackup) -> String {
     let name = b.metadata.name.clone().unwrap_or_default();
     let uid = b.metadata.uid.clone().unwrap_or_default();
     job_name(&name, &uid, "delete")
 }
 
-/// The Job that removes a backup stored on a volume (`redpilot delete`),
-/// for `deletionPolicy: Delete`: the files under `keys` (one, or one per
+/// The Job that removes a stored backup (`redpilot delete`, from a bucket
+/// or a volume), for `deletionPolicy: Delete`: the files under `keys` (one, or one per
 /// shard) and their manifests.
 pub fn delete_job(b: &RedisBackup, target: Target<'_>, keys: &[String]) -> Job {
     let mut args = vec!["delete".to_string()];

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
@@ -72,6 +72,8 @@ pub struct BackupContext {
     pub metrics: Arc<Metrics>,
     /// The Redis the operator watches (read without an API call).
     pub redis: Store<Redis>,
+    /// Operator-wide settings.
+    pub settings: Arc<crate::controller::Settings>,
 }
 
 /// Runs the RedisBackup controller in `ns` (all namespaces when `None`).
@@ -169,14 +171,7 @@ impl Pass {
         let has_finalizer = self.b.finalizers().iter().any(|f| f == FINALIZER);
         if self.b.meta().deletion_timestamp.is_some() {
             if has_finalizer {
-                let done = match self.target()? {
-                    Target::S3(_) => {
-                        self.delete_stored().await?;
-                        true
-                    }
-                    Target::Volume(_) => self.delete_on_volume().await?,
-                };
-                if !done {
+                if !self.delete_stored().await? {
                     return Ok(Action::await_change());
                 }
                 self.set_finalizer(false).await?;
@@ -209,9 +204,9 @@ impl Pass {
             return self.fail("RedisNotFound", msg).await;
         };
         if let Some(s3) = &spec.target.s3
-            && let Some(why) = self.credentials_problem(s3).await?
+            && let Some(r) = self.refusal(s3).await?
         {
-            return self.fail("CredentialsNotFound", why).await;
+            return self.fail(r.reason, r.message).await;
         }
         if let Some(v) = &spec.target.volume
             && !self.claim_exists(&v.claim_name).await?
@@ -572,30 +567,23 @@ impl Pass {
         Ok(())
     }
 
-    /// Why the credentials Secret cannot be used (missing, or without a
-    /// key), naming the field; never its content.
-    async fn credentials_problem(&self, s3: &S3Location) -> Result<Option<String>, Error> {
-        let c = &s3.credentials;
-        self.ctx.metrics.kube("get_secret");
-        let secret: Option<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns)
-            .get_opt(&c.secret_name)
-            .await?;
-        let Some(secret) = secret else {
-            return Ok(Some(format!(
-                "spec.target.s3.credentials.secretName: Secret {} does not exist in namespace {}",
-                c.secret_name, self.ns
-            )));
-        };
-        let data = secret.data.unwrap_or_default();
-        for key in [&c.access_key_id_key, &c.secret_access_key_key] {
-            if data.get(key).is_none_or(|v| v.0.is_empty()) {
-                return Ok(Some(format!(
-                    "spec.target.s3.credentials: Secret {} has no key {key}",
-                    c.secret_name
-                )));
-            }
-        }
-        Ok(None)
+    /// Why the agent may not get the credentials Secret or reach the
+    /// endpoint of `s3` (see [`crate::controller::trust`]), naming the
+    /// field; never a Secret's content. Checked before any Job exists, so
+    /// nothing leaves the cluster when refused.
+    pub(super) async fn refusal(
+        &self,
+        s3: &S3Location,
+    ) -> Result<Option<crate::controller::trust::Refusal>, Error> {
+        Ok(crate::controller::trust::check_s3(
+            &self.ctx.client,
+            &self.ctx.metrics,
+            &self.ctx.settings.endpoints,
+            &self.ns,
+            s3,
+            "spec.target.s3",
+        )
+        .await?)
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {

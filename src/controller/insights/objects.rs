@@ -38,15 +38,16 @@ const KINDS: [(&str, &str); 2] = [
 ];
 
 /// What the operator knows of the cluster's monitoring CRDs, and what it
-/// last did with each object: per Redis and kind, the hash it wrote, or
-/// `None` once it deleted it.
+/// last did with each object read by name (the PodMonitor, the
+/// PrometheusRule, the NetworkPolicy): per Redis and kind, the hash it
+/// wrote, or `None` once it deleted it.
 #[derive(Default)]
 pub struct Insights {
     served: Mutex<Option<(Instant, bool)>>,
     written: Mutex<HashMap<Written, Option<String>>>,
 }
 
-/// A Redis and one of [`KINDS`].
+/// A Redis and a kind.
 type Written = (ObjectRef<Redis>, &'static str);
 
 impl Insights {
@@ -70,7 +71,11 @@ impl Insights {
         yes
     }
 
-    fn written(&self, redis: &ObjectRef<Redis>, kind: &'static str) -> Option<Option<String>> {
+    pub(crate) fn written(
+        &self,
+        redis: &ObjectRef<Redis>,
+        kind: &'static str,
+    ) -> Option<Option<String>> {
         self.written
             .lock()
             .ok()?
@@ -78,7 +83,12 @@ impl Insights {
             .cloned()
     }
 
-    fn remember(&self, redis: &ObjectRef<Redis>, kind: &'static str, hash: Option<String>) {
+    pub(crate) fn remember(
+        &self,
+        redis: &ObjectRef<Redis>,
+        kind: &'static str,
+        hash: Option<String>,
+    ) {
         if let Ok(mut w) = self.written.lock() {
             w.insert((redis.clone(), kind), hash);
         }

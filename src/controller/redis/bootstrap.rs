@@ -73,6 +73,31 @@ impl Reconciler {
                 "spec.bootstrap.fromBackup names neither a backup nor a bucket and key".into(),
             )),
         };
+        let field = match &from.backup {
+            Some(name) => {
+                format!("spec.bootstrap.fromBackup.backup (RedisBackup {name}'s spec.target.s3)")
+            }
+            None => "spec.bootstrap.fromBackup.s3".to_string(),
+        };
+        let resolved = match resolved {
+            Ok(bs) => match &bs.s3 {
+                Some(s3) => match crate::controller::trust::check_s3(
+                    &self.ctx.client,
+                    &self.ctx.metrics,
+                    &self.ctx.settings.endpoints,
+                    &self.ns,
+                    s3,
+                    &field,
+                )
+                .await?
+                {
+                    Some(r) => Err(Unresolved::Failed(r.reason, r.message)),
+                    None => Ok(bs),
+                },
+                None => Ok(bs),
+            },
+            other => other,
+        };
         match resolved {
             Ok(bs) => {
                 let note = if bs.shards.is_empty() {

@@ -183,8 +183,8 @@ impl Reconciler {
         (restart, self.ctx.images.image_for(&self.redis.spec))
     }
 
-    /// Applies `services` and the PodDisruptionBudget (one voluntary
-    /// disruption at a time, every mode).
+    /// Applies `services`, the PodDisruptionBudget (one voluntary
+    /// disruption at a time, every mode) and the NetworkPolicy when asked.
     pub(super) async fn apply_services_and_pdb(
         &mut self,
         services: Vec<Service>,
@@ -199,6 +199,7 @@ impl Reconciler {
         let live_pdb: Option<PodDisruptionBudget> = self.lookup(&self.names.pdb()).await?;
         self.apply_or_degrade("PodDisruptionBudget", &pdb, live_pdb.as_ref())
             .await?;
+        self.apply_network_policy().await?;
         Ok(())
     }
 

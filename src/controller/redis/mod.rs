@@ -41,6 +41,7 @@ pub mod failover;
 pub mod hibernate;
 pub mod kept;
 pub mod names;
+pub mod network;
 pub mod observe;
 pub mod plan;
 pub mod recovery;

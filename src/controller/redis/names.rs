@@ -103,6 +103,10 @@ impl Names {
     pub fn pdb(&self) -> String {
         self.base.clone()
     }
+    /// The NetworkPolicy (`spec.networkPolicy`).
+    pub fn network_policy(&self) -> String {
+        self.base.clone()
+    }
     /// Pod name of ordinal `i`.
     pub fn pod(&self, i: i32) -> String {
         format!("{}-{i}", self.base)
