@@ -1,5 +1,5 @@
-//! Security on the dev cluster: the opt-in NetworkPolicy
-//! (`spec.networkPolicy`).
+//! Security on the dev cluster: ACL users (`spec.users`, real servers) and
+//! the opt-in NetworkPolicy (`spec.networkPolicy`).
 //!
 //! The local node does not enforce NetworkPolicies, so the test checks the
 //! object the operator keeps (its selector, peers and ports), that the API
@@ -10,15 +10,18 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, kubectl, poke, redis_api, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, kill_9, kubectl, poke, redis_api, redis_password,
+    redis_pods, server_pid, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -189,4 +192,353 @@ async fn a_network_policy_is_kept_as_asked_and_removed_with_the_field() {
     )
     .await;
     wait_ready(&client, ns, "np", READY).await;
+}
+
+/// A user's connection to `ip`, or the refusal.
+async fn as_user(ip: &str, user: &str, pw: &str) -> redpilot::redis::Result<Node> {
+    Node::connect(
+        &Endpoint::new(ip, 6379),
+        &ConnectOptions::default()
+            .with_user(user, pw.to_string())
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5)),
+    )
+    .await
+}
+
+/// Whether `cmd` is allowed for the connection (`NOPERM` is a refusal;
+/// anything else is an error of the test).
+async fn allowed(node: &mut Node, cmd: &redis::Cmd) -> bool {
+    match node.query::<redis::Value>("test", cmd).await {
+        Ok(_) => true,
+        Err(e) if e.to_string().to_uppercase().contains("NOPERM") => false,
+        // A replica refuses writes: READONLY means the ACL let it through.
+        Err(e) if e.to_string().to_uppercase().contains("READONLY") => true,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+async fn create_secret(client: &kube::Client, ns: &str, name: &str, password: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+        "stringData": {"password": password}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("create secret");
+}
+
+/// The IPs of the Redis's pods, by name.
+async fn ips(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    redis_pods(client, ns, name)
+        .await
+        .into_iter()
+        .filter_map(|(n, p)| Some((n, p.status?.pod_ip?)))
+        .collect()
+}
+
+/// `ACL USERS` on every instance (as the operator's password).
+async fn users_everywhere(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Vec<(String, Vec<String>)> {
+    let pw = redis_password(client, ns, name).await;
+    let mut out = Vec::new();
+    for (pod, _) in ips(client, ns, name).await {
+        let mut n = connect_pod(client, ns, &pod, &pw).await.expect("connect");
+        let users: Vec<String> = n
+            .query("ACL USERS", redis::cmd("ACL").arg("USERS"))
+            .await
+            .expect("ACL USERS");
+        out.push((pod, users));
+    }
+    out
+}
+
+/// `spec.users` on a 3-instance Redis: users limited to a key prefix are
+/// refused outside it on every instance; a rule change reaches every
+/// instance within seconds; a rule the server refuses is reported and
+/// touches no other user; passwords rotate through a second Secret; a
+/// server killed in place, a deleted pod and a failover keep every user;
+/// removing a user removes it everywhere; an idle pass writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acl_users_are_applied_live_everywhere_and_kept_across_restarts() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "acl", &[]).await;
+    let ns = tns.name.as_str();
+    create_secret(&client, ns, "app-pw", "app-one").await;
+    create_secret(&client, ns, "app-pw2", "app-two").await;
+    create_secret(&client, ns, "reader-pw", "reader-one").await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let app = json!({"name": "app", "passwords": [{"secretName": "app-pw"}],
+                     "rules": ["~app:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
+    let reader = json!({"name": "reader", "passwords": [{"secretName": "reader-pw"}],
+                        "rules": ["~*", "+@read", "+@connection"]});
+    let spec = |users: Value| json!({"mode": "Replication", "instances": 3, "users": users});
+    apply_redis(&client, ns, "acl", spec(json!([app, reader]))).await;
+    let r = wait_ready(&client, ns, "acl", READY).await;
+    let primary = r.status.and_then(|s| s.primary).expect("primary");
+    let pods = ips(&client, ns, "acl").await;
+    assert_eq!(pods.len(), 3);
+    let primary_ip = pods
+        .iter()
+        .find(|(n, _)| *n == primary)
+        .map(|(_, ip)| ip.clone())
+        .expect("ip");
+
+    // Every instance knows both users, limited as declared.
+    wait_for(
+        "both users on every instance",
+        Duration::from_secs(30),
+        || async {
+            users_everywhere(&client, ns, "acl")
+                .await
+                .iter()
+                .all(|(_, u)| u.contains(&"app".to_string()) && u.contains(&"reader".to_string()))
+                .then_some(())
+        },
+    )
+    .await;
+    let mut p = as_user(&primary_ip, "app", "app-one")
+        .await
+        .expect("app logs in");
+    assert!(allowed(&mut p, redis::cmd("SET").arg("app:1").arg("v")).await);
+    assert!(
+        !allowed(&mut p, redis::cmd("SET").arg("other:1").arg("v")).await,
+        "outside its prefix"
+    );
+    assert!(
+        !allowed(&mut p, &redis::cmd("FLUSHALL")).await,
+        "not its category"
+    );
+    for (pod, ip) in &pods {
+        let mut n = as_user(ip, "app", "app-one")
+            .await
+            .unwrap_or_else(|e| panic!("app on {pod}: {e}"));
+        assert!(
+            allowed(&mut n, redis::cmd("GET").arg("app:1")).await,
+            "{pod}"
+        );
+        assert!(
+            !allowed(&mut n, redis::cmd("GET").arg("other:1")).await,
+            "{pod}"
+        );
+        let mut rd = as_user(ip, "reader", "reader-one").await.expect("reader");
+        assert!(
+            allowed(&mut rd, redis::cmd("GET").arg("other:1")).await,
+            "{pod}"
+        );
+        assert!(
+            !allowed(&mut rd, redis::cmd("SET").arg("other:1").arg("v")).await,
+            "{pod}: reader writes"
+        );
+        assert!(
+            as_user(ip, "app", "wrong").await.is_err(),
+            "{pod}: a wrong password"
+        );
+    }
+
+    // A rule change reaches every instance within seconds.
+    let app2 = json!({"name": "app", "passwords": [{"secretName": "app-pw"}],
+                      "rules": ["~app:*", "~cache:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
+    let t = Instant::now();
+    apply_redis(&client, ns, "acl", spec(json!([app2, reader]))).await;
+    let mut conns = Vec::new();
+    for (_, ip) in &pods {
+        conns.push(as_user(ip, "app", "app-one").await.expect("app"));
+    }
+    loop {
+        let mut all = true;
+        for c in conns.iter_mut() {
+            all &= allowed(c, redis::cmd("GET").arg("cache:1")).await;
+        }
+        if all {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the new rule did not reach every instance in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "a rule change took effect on all 3 instances {:.2} s after the apply",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(t.elapsed() < Duration::from_secs(15));
+
+    // A rule the server refuses: Degraded naming the user and the rule;
+    // the other change in the same apply goes through; nothing of the
+    // refused user reaches a server.
+    create_secret(&client, ns, "bad-pw", "bad-one").await;
+    let bad =
+        json!({"name": "bad", "passwords": [{"secretName": "bad-pw"}], "rules": ["+nonsense"]});
+    let reader2 = json!({"name": "reader", "passwords": [{"secretName": "reader-pw"}],
+                         "rules": ["~*", "+@read", "+@write", "+@connection"]});
+    apply_redis(&client, ns, "acl", spec(json!([app2, reader2, bad]))).await;
+    let cond = wait_for(
+        "Degraded naming the refused rule",
+        Duration::from_secs(60),
+        || async {
+            let r = redis_api(&client, ns).get("acl").await.ok()?;
+            r.status?.conditions.into_iter().find(|c| {
+                c.type_ == "Degraded" && c.status == "True" && c.message.contains("spec.users[bad]")
+            })
+        },
+    )
+    .await;
+    println!("refused: {}: {}", cond.reason, cond.message);
+    assert_eq!(cond.reason, "UserNotApplied");
+    assert!(cond.message.contains("+nonsense"), "{}", cond.message);
+    assert!(!cond.message.contains("bad-one"));
+    wait_for(
+        "the reader's change on every instance",
+        Duration::from_secs(30),
+        || async {
+            for (_, ip) in &pods {
+                let mut rd = as_user(ip, "reader", "reader-one").await.ok()?;
+                if !allowed(&mut rd, redis::cmd("SET").arg("x").arg("v")).await {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    for (pod, users) in users_everywhere(&client, ns, "acl").await {
+        assert!(
+            !users.contains(&"bad".to_string()) && !users.iter().any(|u| u == "redpilot-check"),
+            "{pod}: {users:?}"
+        );
+    }
+    apply_redis(&client, ns, "acl", spec(json!([app2, reader2]))).await;
+    wait_ready(&client, ns, "acl", READY).await;
+
+    // Rotation: a second Secret, then the first one dropped.
+    let rotating = json!({"name": "app", "passwords": [{"secretName": "app-pw"}, {"secretName": "app-pw2"}],
+                          "rules": ["~app:*", "~cache:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
+    apply_redis(&client, ns, "acl", spec(json!([rotating, reader2]))).await;
+    wait_for(
+        "both passwords on every instance",
+        Duration::from_secs(30),
+        || async {
+            for (_, ip) in &pods {
+                as_user(ip, "app", "app-two").await.ok()?;
+                as_user(ip, "app", "app-one").await.ok()?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    let app3 = json!({"name": "app", "passwords": [{"secretName": "app-pw2"}],
+                      "rules": ["~app:*", "~cache:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
+    apply_redis(&client, ns, "acl", spec(json!([app3, reader2]))).await;
+    wait_for(
+        "the old password refused everywhere",
+        Duration::from_secs(30),
+        || async {
+            for (_, ip) in &pods {
+                if as_user(ip, "app", "app-one").await.is_ok() {
+                    return None;
+                }
+                as_user(ip, "app", "app-two").await.ok()?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    wait_ready(&client, ns, "acl", READY).await;
+
+    // A replica's server killed in place, then the primary's pod deleted:
+    // every instance that comes back, and the new primary, has the users.
+    let replica = pods
+        .iter()
+        .find(|(n, _)| *n != primary)
+        .cloned()
+        .expect("a replica");
+    let pw = redis_password(&client, ns, "acl").await;
+    let mut n = connect_pod(&client, ns, &replica.0, &pw)
+        .await
+        .expect("connect");
+    let pid = server_pid(&mut n).await;
+    drop(n);
+    kill_9(pid);
+    wait_for(
+        "the killed replica back, with the users",
+        Duration::from_secs(90),
+        || async {
+            let mut n = connect_pod(&client, ns, &replica.0, &pw).await.ok()?;
+            (server_pid(&mut n).await != pid).then_some(())?;
+            let mut a = as_user(&replica.1, "app", "app-two").await.ok()?;
+            (!allowed(&mut a, redis::cmd("GET").arg("other:1")).await).then_some(())
+        },
+    )
+    .await;
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pod_api
+        .delete(&primary, &Default::default())
+        .await
+        .expect("delete the primary's pod");
+    let after = wait_for("a new primary", Duration::from_secs(120), || async {
+        let r = redis_api(&client, ns).get("acl").await.ok()?;
+        let p = r.status?.primary?;
+        (p != primary).then_some(p)
+    })
+    .await;
+    wait_ready(&client, ns, "acl", READY).await;
+    let pods = ips(&client, ns, "acl").await;
+    for (pod, ip) in &pods {
+        let mut a = as_user(ip, "app", "app-two")
+            .await
+            .unwrap_or_else(|e| panic!("app on {pod}: {e}"));
+        assert!(
+            !allowed(&mut a, redis::cmd("GET").arg("other:1")).await,
+            "{pod}"
+        );
+        if *pod == after {
+            assert!(
+                allowed(&mut a, redis::cmd("SET").arg("app:2").arg("v")).await,
+                "the new primary"
+            );
+        }
+    }
+    println!("after a kill -9 and a failover ({primary} -> {after}) every instance has the users");
+
+    // Removing a user removes it everywhere.
+    apply_redis(&client, ns, "acl", spec(json!([app3]))).await;
+    wait_for(
+        "reader removed everywhere",
+        Duration::from_secs(30),
+        || async {
+            users_everywhere(&client, ns, "acl")
+                .await
+                .iter()
+                .all(|(_, u)| !u.contains(&"reader".to_string()) && u.contains(&"app".to_string()))
+                .then_some(())
+        },
+    )
+    .await;
+    for (pod, ip) in &pods {
+        assert!(as_user(ip, "reader", "reader-one").await.is_err(), "{pod}");
+    }
+    wait_ready(&client, ns, "acl", READY).await;
+
+    // An idle pass writes nothing.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let rv = secrets
+        .get("acl-server-auth")
+        .await
+        .ok()
+        .and_then(|s| s.metadata.resource_version);
+    poke(&client, ns, "acl", 9).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rv2 = secrets
+        .get("acl-server-auth")
+        .await
+        .ok()
+        .and_then(|s| s.metadata.resource_version);
+    assert!(rv.is_some());
+    assert_eq!(rv, rv2, "an idle pass leaves the server-auth Secret alone");
 }

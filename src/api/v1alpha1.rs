@@ -29,11 +29,13 @@ mod backup;
 mod monitoring;
 mod network;
 mod schedule;
+mod users;
 pub use autopilot::*;
 pub use backup::*;
 pub use monitoring::*;
 pub use network::*;
 pub use schedule::*;
+pub use users::*;
 
 /// Configuration keys the operator owns: setting them in `spec.config` would
 /// break networking, persistence paths, replication or authentication.
@@ -456,6 +458,13 @@ pub struct RedisSpec {
     /// client port and scrape the metrics (see `NetworkPolicySpec`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySpec>,
+
+    /// ACL users on every instance, with passwords from Secrets and the
+    /// server's ACL rules (at most 32, names unique).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub users: Vec<UserSpec>,
 }
 
 /// `spec.version` when it is not set.

@@ -175,11 +175,14 @@ pub fn conf_quoted(v: &str) -> String {
 pub fn server_auth_secret(
     redis: &Redis,
     names: &Names,
-    password: &str,
-    previous: Option<&str>,
-    probe: &str,
+    auth: &super::credentials::ServerAuth,
 ) -> Secret {
-    let conf = if password.is_empty() {
+    let (password, previous, probe) = (
+        auth.current.as_str(),
+        auth.previous.as_deref(),
+        auth.probe.as_str(),
+    );
+    let mut conf = if password.is_empty() {
         String::new()
     } else {
         let q = conf_quoted(password);
@@ -199,6 +202,8 @@ pub fn server_auth_secret(
         }
         conf
     };
+    // The users of `spec.users` (see `users`): the servers start with them.
+    conf.push_str(&auth.users);
     let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
     let mut data = BTreeMap::from([
         (PASSWORD_KEY.to_string(), bytes(password)),
@@ -210,6 +215,12 @@ pub fn server_auth_secret(
     ]);
     if let Some(p) = previous {
         data.insert(PREVIOUS_KEY.to_string(), bytes(p));
+    }
+    if !auth.users.is_empty() {
+        data.insert(USERS_CONF_KEY.to_string(), bytes(&auth.users));
+    }
+    if let Some(h) = &auth.users_applied {
+        data.insert(USERS_APPLIED_KEY.to_string(), bytes(h));
     }
     Secret {
         metadata: meta(redis, names.server_auth()),

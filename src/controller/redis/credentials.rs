@@ -42,6 +42,11 @@ pub struct ServerAuth {
     /// The readiness probe's password ([`build::PROBE_USER`]): generated
     /// once, never rotated; empty until generated.
     pub probe: String,
+    /// The `user` lines of `spec.users` the servers start with (see
+    /// [`super::users`]).
+    pub users: String,
+    /// The hash of `users` once every instance runs them.
+    pub users_applied: Option<String>,
 }
 
 fn key(secret: &Secret, key: &str) -> Option<String> {
@@ -58,6 +63,8 @@ pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
         current: key(secret, build::PASSWORD_KEY)?,
         previous: key(secret, build::PREVIOUS_KEY),
         probe: key(secret, build::PROBE_PASSWORD_KEY).unwrap_or_default(),
+        users: key(secret, build::USERS_CONF_KEY).unwrap_or_default(),
+        users_applied: key(secret, build::USERS_APPLIED_KEY),
     })
 }
 
@@ -115,13 +122,7 @@ impl Reconciler {
     /// Writes the server-auth Secret with server-side apply, always (a key
     /// left out, such as `previous`, is removed from it).
     async fn write_server_auth(&mut self, auth: &ServerAuth) -> Result<(), Error> {
-        let secret = build::server_auth_secret(
-            &self.redis,
-            &self.names,
-            &auth.current,
-            auth.previous.as_deref(),
-            &auth.probe,
-        );
+        let secret = build::server_auth_secret(&self.redis, &self.names, auth);
         self.ctx.metrics.kube("apply");
         self.wrote = true;
         self.api::<Secret>()
@@ -147,6 +148,7 @@ impl Reconciler {
                 current: desired.to_string(),
                 previous: None,
                 probe: new_probe_password()?,
+                ..Default::default()
             };
             if !paused {
                 self.write_server_auth(&auth).await?;
@@ -157,6 +159,7 @@ impl Reconciler {
             current: desired.to_string(),
             previous: None,
             probe: String::new(),
+            ..Default::default()
         });
         // A Secret written before the probe had a user of its own (or
         // edited): the probe's password is made once here. Servers started
@@ -164,13 +167,7 @@ impl Reconciler {
         if auth.probe.is_empty() {
             auth.probe = new_probe_password()?;
         }
-        let want = build::server_auth_secret(
-            &self.redis,
-            &self.names,
-            &auth.current,
-            auth.previous.as_deref(),
-            &auth.probe,
-        );
+        let want = build::server_auth_secret(&self.redis, &self.names, &auth);
         if !paused && !super::children::in_sync(live, &want)? {
             self.write_server_auth(&auth).await?;
         }
@@ -218,7 +215,7 @@ impl Reconciler {
                 self.write_server_auth(&ServerAuth {
                     current: desired.to_string(),
                     previous: Some(auth.current.clone()),
-                    probe: auth.probe.clone(),
+                    ..auth.clone()
                 })
                 .await?;
                 self.event(
@@ -235,9 +232,8 @@ impl Reconciler {
             }
             _ => {
                 self.write_server_auth(&ServerAuth {
-                    current: auth.current.clone(),
                     previous: None,
-                    probe: auth.probe.clone(),
+                    ..auth.clone()
                 })
                 .await?;
                 self.event(
@@ -330,7 +326,7 @@ mod tests {
         ServerAuth {
             current: current.into(),
             previous: previous.map(String::from),
-            probe: String::new(),
+            ..Default::default()
         }
     }
 

@@ -50,6 +50,7 @@ pub mod rollout;
 pub mod statefulset;
 pub mod status;
 pub mod upgrade;
+pub mod users;
 pub mod wiring;
 
 use std::sync::Arc;

@@ -32,6 +32,12 @@ pub const PREVIOUS_KEY: &str = "previous";
 /// Server-auth Secret key: the password of [`PROBE_USER`], generated once
 /// per Redis and never rotated.
 pub const PROBE_PASSWORD_KEY: &str = "probe-password";
+/// Server-auth Secret key: the `user` lines of `spec.users` as the
+/// servers load them (also at the end of `auth.conf`).
+pub const USERS_CONF_KEY: &str = "users.conf";
+/// Server-auth Secret key: the hash of the `users.conf` every instance was
+/// last seen to run (absent until the first one was applied everywhere).
+pub const USERS_APPLIED_KEY: &str = "users-applied";
 /// The ACL user the readiness probe authenticates as: it may run `PING`
 /// and `INFO` and nothing else. A probe's environment is fixed when its
 /// container starts (the kubelet resolves it then), so it must not hold the

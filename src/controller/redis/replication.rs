@@ -150,6 +150,11 @@ impl Reconciler {
         if obs.servers_observed {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
+            if super::credentials::next_step(&auth, &wanted_password)
+                == super::credentials::Step::Steady
+            {
+                self.apply_users(&facts, &auth).await?;
+            }
         }
 
         // 5. Replication wiring; with no primary to choose, recovery decides

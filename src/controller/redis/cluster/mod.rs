@@ -180,6 +180,11 @@ impl Reconciler {
         if obs.servers_observed {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
+            if super::credentials::next_step(&auth, &wanted_password)
+                == super::credentials::Step::Steady
+            {
+                self.apply_users(&facts, &auth).await?;
+            }
             self.cluster_steps(&plan, &members, &mut conns).await;
             // Slots moving after `spec.shards` changed: one step per pass,
             // and nothing else touches the servers in that pass.

@@ -1,0 +1,475 @@
+//! ACL users declared in `spec.users`.
+//!
+//! What the servers run is recorded in the server-auth Secret: `users.conf`
+//! holds one `user` line per user (also appended to `auth.conf`, which a
+//! server loads when it starts, so a restarted or new instance, and a
+//! promoted replica, has every user), and `users-applied` the hash of the
+//! `users.conf` every instance was last brought to. A pass with nothing
+//! changed reads the users' Secrets, finds the same hash, and touches no
+//! server. When the desired lines differ:
+//!
+//! 1. **Check**: each changed user's rules are parsed by a server first
+//!    (`ACL SETUSER redpilot-check reset off <rules>` on a scratch user that
+//!    cannot log in, deleted after). A rule it refuses makes the Redis
+//!    Degraded naming the user and the rule; that user keeps the line it had
+//!    (or stays absent) and the other users go on.
+//! 2. **Record**: `users.conf` is written, so instances starting from now
+//!    on load the new set.
+//! 3. **Apply**: on every instance, in the same order (removed users first,
+//!    then every user by name): `ACL DELUSER`, then one `ACL SETUSER <name>
+//!    reset on|off #<sha256>… <rules>` per user (one command per user: the
+//!    server applies it whole or not at all). Once every instance took it,
+//!    `users-applied` records the hash.
+//!
+//! Passwords travel and are stored only as SHA-256 hashes (`#<hex>`), and
+//! no message carries a server reply to a command holding one.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::events::EventType;
+use sha2::{Digest, Sha256};
+
+use super::build;
+use super::credentials::ServerAuth;
+use super::facts::PodFacts;
+use super::{Error, Reconciler};
+use crate::api::v1alpha1::UserSpec;
+use crate::redis::{Endpoint, Node};
+
+/// The scratch user a server parses rules with (it never logs in).
+pub const CHECK_USER: &str = "redpilot-check";
+
+/// One user as the servers should run it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The user's name.
+    pub name: String,
+    /// `ACL SETUSER <name>`'s arguments: `reset`, `on`/`off`, the password
+    /// hashes, the rules.
+    pub args: Vec<String>,
+}
+
+impl Desired {
+    /// The user's line in `users.conf`.
+    pub fn conf_line(&self) -> String {
+        let mut line = format!("user {}", build::conf_quoted(&self.name));
+        for a in &self.args {
+            line.push(' ');
+            line.push_str(&build::conf_quoted(a));
+        }
+        line.push('\n');
+        line
+    }
+}
+
+/// The arguments of `u` with the passwords `passwords` (plain text, hashed
+/// here).
+pub fn args(u: &UserSpec, passwords: &[String]) -> Vec<String> {
+    let mut args = vec![
+        "reset".to_string(),
+        if u.enabled.unwrap_or(true) {
+            "on"
+        } else {
+            "off"
+        }
+        .to_string(),
+    ];
+    for p in passwords {
+        let digest = Sha256::digest(p.as_bytes());
+        args.push(format!("#{}", hex(&digest)));
+    }
+    args.extend(u.rules.iter().cloned());
+    args
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The name of each line of a `users.conf`, with the line.
+pub fn parse_conf(conf: &str) -> BTreeMap<String, String> {
+    conf.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("user ")?;
+            // The name is quoted by `conf_quoted`: `"name"`; names hold no
+            // quote or backslash (admission).
+            let name = rest.strip_prefix('"')?.split('"').next()?;
+            Some((name.to_string(), format!("{l}\n")))
+        })
+        .collect()
+}
+
+/// `users.conf` from lines by name (sorted, so the same set is the same
+/// text).
+pub fn render(lines: &BTreeMap<String, String>) -> String {
+    lines.values().map(String::as_str).collect()
+}
+
+/// The hash `users-applied` records for a `users.conf`.
+pub fn conf_hash(conf: &str) -> String {
+    build::stable_hash(&[conf])
+}
+
+impl Reconciler {
+    /// The users of the spec whose passwords can be read, and, for the
+    /// others, why not (naming the user and the field).
+    async fn desired_users(&mut self) -> Result<(Vec<Desired>, Vec<String>), Error> {
+        let mut secrets: BTreeMap<String, Option<Secret>> = BTreeMap::new();
+        let mut out = Vec::new();
+        let mut problems = Vec::new();
+        for u in self.redis.spec.users.clone() {
+            let mut passwords = Vec::new();
+            let mut problem = None;
+            for p in &u.passwords {
+                if !secrets.contains_key(&p.secret_name) {
+                    self.ctx.metrics.kube("get_secret");
+                    let s: Option<Secret> = self.api().get_opt(&p.secret_name).await?;
+                    secrets.insert(p.secret_name.clone(), s);
+                }
+                let value = secrets
+                    .get(&p.secret_name)
+                    .and_then(|s| s.as_ref())
+                    .and_then(|s| s.data.as_ref())
+                    .and_then(|d| d.get(p.key()))
+                    .filter(|v| !v.0.is_empty())
+                    .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+                match value {
+                    Some(v) => passwords.push(v),
+                    None => {
+                        problem = Some(format!(
+                            "spec.users[{}].passwords: Secret {} does not exist or has no key {}",
+                            u.name,
+                            p.secret_name,
+                            p.key()
+                        ));
+                        break;
+                    }
+                }
+            }
+            match problem {
+                Some(p) => problems.push(p),
+                None => out.push(Desired {
+                    name: u.name.clone(),
+                    args: args(&u, &passwords),
+                }),
+            }
+        }
+        Ok((out, problems))
+    }
+
+    /// Brings every instance to the users of `spec.users` (see the module
+    /// header); called once the servers were observed.
+    pub(super) async fn apply_users(
+        &mut self,
+        facts: &[PodFacts],
+        auth: &ServerAuth,
+    ) -> Result<(), Error> {
+        if self.redis.spec.users.is_empty() && auth.users.is_empty() {
+            return Ok(());
+        }
+        let (desired, mut problems) = self.desired_users().await?;
+        let before = parse_conf(&auth.users);
+        let opts = self.connect_options(&auth.current);
+        let endpoints: Vec<(String, Endpoint)> = facts
+            .iter()
+            .filter_map(|f| {
+                Some((
+                    f.name.clone(),
+                    Endpoint::new(f.ip.as_ref()?, build::REDIS_PORT),
+                ))
+            })
+            .collect();
+        // Users whose Secret cannot be read keep what they had.
+        let mut lines: BTreeMap<String, String> = before
+            .iter()
+            .filter(|(name, _)| {
+                self.redis.spec.users.iter().any(|u| &u.name == *name)
+                    && !desired.iter().any(|d| &d.name == *name)
+            })
+            .map(|(n, l)| (n.clone(), l.clone()))
+            .collect();
+        // 1. Check the changed users' rules on a server.
+        let changed: Vec<&Desired> = desired
+            .iter()
+            .filter(|d| before.get(&d.name) != Some(&d.conf_line()))
+            .collect();
+        let mut checker = None;
+        if !changed.is_empty() {
+            for (_, ep) in &endpoints {
+                if let Ok(n) = Node::connect(ep, &opts).await {
+                    checker = Some(n);
+                    break;
+                }
+            }
+            let Some(node) = checker.as_mut() else {
+                self.progressing
+                    .push("applying spec.users: waiting for a reachable instance".into());
+                return Ok(());
+            };
+            for d in &changed {
+                let rules = &d.args[2..]
+                    .iter()
+                    .filter(|a| !a.starts_with('#'))
+                    .collect::<Vec<_>>();
+                let mut cmd = redis::cmd("ACL");
+                cmd.arg("SETUSER").arg(CHECK_USER).arg("reset").arg("off");
+                for r in rules.iter() {
+                    cmd.arg(r.as_str());
+                }
+                match node.query::<redis::Value>("ACL SETUSER", &cmd).await {
+                    Ok(_) => {}
+                    Err(crate::redis::Error::Server { message, .. }) => {
+                        problems.push(format!(
+                            "spec.users[{}].rules: refused by the server: {message}",
+                            d.name
+                        ));
+                        if let Some(l) = before.get(&d.name) {
+                            lines.insert(d.name.clone(), l.clone());
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let _: Result<redis::Value, _> = node
+                .query(
+                    "ACL DELUSER",
+                    redis::cmd("ACL").arg("DELUSER").arg(CHECK_USER),
+                )
+                .await;
+        }
+        let refused: Vec<String> = problems
+            .iter()
+            .filter_map(|p| {
+                Some(
+                    p.strip_prefix("spec.users[")?
+                        .split(']')
+                        .next()?
+                        .to_string(),
+                )
+            })
+            .collect();
+        for d in &desired {
+            if !refused.contains(&d.name) {
+                lines.insert(d.name.clone(), d.conf_line());
+            }
+        }
+        for p in problems {
+            self.report_failure("UserNotApplied", "ApplyUsers", "users", p)
+                .await;
+        }
+        let conf = render(&lines);
+        let hash = conf_hash(&conf);
+        if conf == auth.users && auth.users_applied.as_deref() == Some(hash.as_str()) {
+            return Ok(());
+        }
+        // 2. Record what instances start with from now on.
+        let mut recorded = ServerAuth {
+            users: conf.clone(),
+            ..auth.clone()
+        };
+        if conf != auth.users {
+            self.write_users(&recorded).await?;
+        }
+        // 3. Apply everywhere, removed users first, then every user by name.
+        let removed: Vec<&String> = before.keys().filter(|n| !lines.contains_key(*n)).collect();
+        let users: Vec<Desired> = lines
+            .keys()
+            .filter_map(|n| {
+                desired
+                    .iter()
+                    .find(|d| &d.name == n && !refused.contains(n))
+                    .cloned()
+                    .or_else(|| line_args(n, &lines[n]))
+            })
+            .collect();
+        let expected = self.redis.spec.total_instances() as usize;
+        let mut done = endpoints.len() == expected && facts.len() == expected;
+        for (pod, ep) in &endpoints {
+            let result = async {
+                let mut node = Node::connect(ep, &opts).await?;
+                for name in &removed {
+                    let _: redis::Value = node
+                        .query(
+                            "ACL DELUSER",
+                            redis::cmd("ACL").arg("DELUSER").arg(name.as_str()),
+                        )
+                        .await?;
+                }
+                for u in &users {
+                    let mut cmd = redis::cmd("ACL");
+                    cmd.arg("SETUSER").arg(&u.name);
+                    for a in &u.args {
+                        cmd.arg(a);
+                    }
+                    let _: redis::Value = node.query("ACL SETUSER", &cmd).await?;
+                }
+                Ok::<(), crate::redis::Error>(())
+            }
+            .await;
+            if let Err(e) = result {
+                done = false;
+                // The reply to a command with a password hash is not passed on.
+                let category = crate::controller::redis_category(&e);
+                self.data_plane_category(
+                    format!("applying spec.users on {pod} failed ({category})"),
+                    category,
+                )
+                .await;
+            }
+        }
+        if !done {
+            self.progressing
+                .push("applying spec.users on every instance".into());
+            return Ok(());
+        }
+        recorded.users_applied = Some(hash);
+        self.write_users(&recorded).await?;
+        let names: Vec<&str> = lines.keys().map(String::as_str).collect();
+        let mut note = format!(
+            "{} user(s) on {} instance(s): {}",
+            names.len(),
+            endpoints.len(),
+            names.join(", ")
+        );
+        if !removed.is_empty() {
+            let gone: Vec<&str> = removed.iter().map(|s| s.as_str()).collect();
+            note.push_str(&format!("; removed {}", gone.join(", ")));
+        }
+        self.event(EventType::Normal, "UsersApplied", "ApplyUsers", note)
+            .await;
+        Ok(())
+    }
+
+    async fn write_users(&mut self, auth: &ServerAuth) -> Result<(), Error> {
+        let secret = build::server_auth_secret(&self.redis, &self.names, auth);
+        self.ctx.metrics.kube("apply");
+        self.wrote = true;
+        self.api::<Secret>()
+            .patch(
+                &self.names.server_auth(),
+                &kube::api::PatchParams::apply(crate::controller::FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(&secret),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// A recorded line back into `ACL SETUSER` arguments (a user kept as it
+/// was): the tokens after the name, unquoted.
+fn line_args(name: &str, line: &str) -> Option<Desired> {
+    let mut tokens = Vec::new();
+    let mut chars = line.trim_end().chars().peekable();
+    while chars.peek().is_some() {
+        while chars.peek() == Some(&' ') {
+            chars.next();
+        }
+        let mut t = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => match chars.next()? {
+                        'n' => t.push('\n'),
+                        'r' => t.push('\r'),
+                        't' => t.push('\t'),
+                        'x' => {
+                            let h: String = [chars.next()?, chars.next()?].iter().collect();
+                            t.push(u8::from_str_radix(&h, 16).ok()? as char);
+                        }
+                        c => t.push(c),
+                    },
+                    c => t.push(c),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == ' ' {
+                    break;
+                }
+                t.push(c);
+                chars.next();
+            }
+        }
+        if !t.is_empty() {
+            tokens.push(t);
+        }
+    }
+    // `user <name> <args>…`
+    (tokens.first().map(String::as_str) == Some("user")
+        && tokens.get(1).map(String::as_str) == Some(name))
+    .then(|| Desired {
+        name: name.to_string(),
+        args: tokens[2..].to_vec(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(json: serde_json::Value) -> UserSpec {
+        serde_json::from_value(json).expect("user")
+    }
+
+    #[test]
+    fn a_user_is_reset_then_given_hashed_passwords_and_its_rules() {
+        let u = user(
+            serde_json::json!({"name": "app", "passwords": [{"secretName": "a"}],
+            "rules": ["~app:*", "+@read"]}),
+        );
+        let a = args(&u, &["secret".into()]);
+        assert_eq!(a[0], "reset");
+        assert_eq!(a[1], "on");
+        assert_eq!(
+            a[2],
+            "#2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
+        );
+        assert_eq!(&a[3..], ["~app:*", "+@read"]);
+        assert!(!a.iter().any(|x| x.contains("secret")), "no plain password");
+        let off = user(
+            serde_json::json!({"name": "app", "passwords": [{"secretName": "a"}], "enabled": false}),
+        );
+        assert_eq!(args(&off, &[])[1], "off");
+    }
+
+    #[test]
+    fn lines_round_trip_through_the_recorded_conf() {
+        let d = Desired {
+            name: "app.v2".into(),
+            args: vec![
+                "reset".into(),
+                "on".into(),
+                "#ab".into(),
+                "~a\"b*".into(),
+                "+@all".into(),
+            ],
+        };
+        let line = d.conf_line();
+        assert_eq!(
+            line,
+            "user \"app.v2\" \"reset\" \"on\" \"#ab\" \"~a\\\"b*\" \"+@all\"\n"
+        );
+        let other = Desired {
+            name: "b".into(),
+            args: vec!["reset".into(), "off".into()],
+        };
+        let mut lines = BTreeMap::new();
+        lines.insert(other.name.clone(), other.conf_line());
+        lines.insert(d.name.clone(), line.clone());
+        let conf = render(&lines);
+        assert!(
+            conf.starts_with("user \"app.v2\""),
+            "sorted by name: {conf}"
+        );
+        let parsed = parse_conf(&conf);
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed["app.v2"], line);
+        assert_eq!(line_args("app.v2", &parsed["app.v2"]), Some(d));
+        assert_eq!(line_args("b", &parsed["b"]), Some(other));
+        assert_eq!(conf_hash(&conf), conf_hash(&render(&parse_conf(&conf))));
+    }
+}
