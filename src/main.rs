@@ -28,8 +28,8 @@ enum Command {
     Run(RunArgs),
     /// Back up one server into an S3-compatible bucket (what a backup Job
     /// runs). Prints the backup's manifest as JSON. Secrets come from the
-    /// environment only: REDIS_PASSWORD, AWS_ACCESS_KEY_ID,
-    /// AWS_SECRET_ACCESS_KEY.
+    /// environment only: REDIS_PASSWORD (of REDIS_USER when set, else of
+    /// the default user), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
     Backup(BackupArgs),
     /// Fetch a backup into a file a server then loads (what a restore runs
     /// before the server starts), after checking it against its manifest.
@@ -123,9 +123,10 @@ struct ExporterArgs {
     /// Its port.
     #[arg(long, default_value_t = 6379)]
     port: u16,
-    /// Directory of the mounted server-auth Secret (files `password` and,
-    /// during a rotation, `previous`), read at each connection. Without it
-    /// the password comes from REDIS_PASSWORD.
+    /// Directory of the mounted server-auth Secret, read at each
+    /// connection: `exporter-password` (the sidecar's own ACL user), else
+    /// `password` and, during a rotation, `previous`. Without it the
+    /// password comes from REDIS_PASSWORD.
     #[arg(long)]
     password_dir: Option<std::path::PathBuf>,
     /// Bound, in milliseconds, of the connection and of each command.
@@ -471,7 +472,10 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
     let endpoint = Endpoint::new(&args.host, args.port);
     let mut options = ConnectOptions::default();
     if let Some(pw) = env_value("REDIS_PASSWORD") {
-        options = options.with_password(pw);
+        options = match env_value("REDIS_USER") {
+            Some(user) => options.with_user(user, pw),
+            None => options.with_password(pw),
+        };
     }
     let source = Source {
         name: args.source_name.unwrap_or_else(|| endpoint.to_string()),

@@ -20,8 +20,8 @@ use kube::{Api, ResourceExt};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, kill_9, kubectl, poke, redis_api, redis_password,
-    redis_pods, server_pid, start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, http_get, kill_9, kubectl, poke, redis_api,
+    redis_password, redis_pods, server_pid, start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -340,6 +340,55 @@ async fn acl_users_are_applied_live_everywhere_and_kept_across_restarts() {
         );
     }
 
+    // The operator's own users: the sidecar's and the backup agent's, each
+    // with only what it runs; the sidecar scrapes as its own user.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let sa = secrets.get("acl-server-auth").await.expect("server-auth");
+    let key = |k: &str| {
+        sa.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    let mut e = as_user(&primary_ip, "redpilot-exporter", &key("exporter-password"))
+        .await
+        .expect("exporter user");
+    assert!(allowed(&mut e, &redis::cmd("INFO")).await);
+    assert!(
+        !allowed(&mut e, redis::cmd("GET").arg("app:1")).await,
+        "the sidecar reads no data"
+    );
+    assert!(!allowed(&mut e, redis::cmd("CONFIG").arg("GET").arg("maxmemory")).await);
+    let mut b = as_user(&primary_ip, "redpilot-backup", &key("backup-password"))
+        .await
+        .expect("backup user");
+    assert!(
+        !allowed(&mut b, redis::cmd("GET").arg("app:1")).await,
+        "the agent reads no key"
+    );
+    assert!(!allowed(&mut b, &redis::cmd("INFO")).await);
+    let page = http_get(
+        format!("{primary_ip}:9121").parse().expect("addr"),
+        "/metrics",
+    )
+    .await
+    .expect("scrape");
+    assert!(page.contains("redis_up 1"), "the sidecar is connected");
+    let pw = redis_password(&client, ns, "acl").await;
+    let mut admin = connect_pod(&client, ns, &primary, &pw)
+        .await
+        .expect("connect");
+    let clients: String = admin
+        .query("CLIENT LIST", redis::cmd("CLIENT").arg("LIST"))
+        .await
+        .expect("CLIENT LIST");
+    assert!(
+        clients.contains("user=redpilot-exporter"),
+        "the sidecar's connection: {clients}"
+    );
+    drop(admin);
+
     // A rule change reaches every instance within seconds.
     let app2 = json!({"name": "app", "passwords": [{"secretName": "app-pw"}],
                       "rules": ["~app:*", "~cache:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
@@ -526,7 +575,6 @@ async fn acl_users_are_applied_live_everywhere_and_kept_across_restarts() {
     wait_ready(&client, ns, "acl", READY).await;
 
     // An idle pass writes nothing.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let rv = secrets
         .get("acl-server-auth")
         .await

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use crate::controller::redis::build::EXPORTER_USER;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 use render::Exposition;
 
@@ -97,24 +98,39 @@ impl Exporter {
         }
     }
 
-    /// The passwords to try, current first.
-    fn passwords(&self) -> Vec<String> {
+    /// The credentials to try, in order: the sidecar's own user
+    /// (`redpilot-exporter`, whose password the operator keeps in the
+    /// mounted Secret's `exporter-password`), then the default user's
+    /// current and previous passwords (a server started before the
+    /// sidecar's user was added to it).
+    fn passwords(&self) -> Vec<(Option<&'static str>, String)> {
         let Some(dir) = &self.settings.password_dir else {
-            return self.settings.password.clone().into_iter().collect();
+            return self
+                .settings
+                .password
+                .clone()
+                .into_iter()
+                .map(|p| (None, p))
+                .collect();
         };
         let mut out = Vec::new();
-        for f in ["password", "previous"] {
+        for (f, user) in [
+            ("exporter-password", Some(EXPORTER_USER)),
+            ("password", None),
+            ("previous", None),
+        ] {
             let path = dir.join(f);
             match std::fs::read_to_string(&path) {
-                Ok(p) => out.push(p.trim_end_matches(['\r', '\n']).to_string()),
-                // `previous` exists only during a rotation.
-                Err(e) if f == "previous" && e.kind() == std::io::ErrorKind::NotFound => {}
+                Ok(p) => out.push((user, p.trim_end_matches(['\r', '\n']).to_string())),
+                // `previous` exists only during a rotation, and
+                // `exporter-password` not in a Secret of an older release.
+                Err(e) if f != "password" && e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "reading the password")
                 }
             }
         }
-        out.retain(|p| !p.is_empty());
+        out.retain(|(_, p)| !p.is_empty());
         out
     }
 
@@ -123,12 +139,14 @@ impl Exporter {
         let mut last = None;
         let mut candidates = self.passwords();
         if candidates.is_empty() {
-            candidates.push(String::new());
+            candidates.push((None, String::new()));
         }
-        for password in candidates {
+        for (user, password) in candidates {
             let mut opts = ConnectOptions::default().with_timeouts(t, t);
-            if !password.is_empty() {
-                opts = opts.with_password(password);
+            match user {
+                Some(u) => opts = opts.with_user(u, password),
+                None if !password.is_empty() => opts = opts.with_password(password),
+                None => {}
             }
             match Node::connect(&self.settings.endpoint, &opts).await {
                 Ok(node) => return Ok(node),

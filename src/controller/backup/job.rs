@@ -230,18 +230,30 @@ pub fn cannot_start(
     })
 }
 
-/// The Job `name` that runs `redpilot backup` against `host` (the pod IP
-/// of `source`) and stores the snapshot under `key` in `target`, stopped
-/// after the backup's `spec.timeoutSeconds`.
+/// The instance a backup Job reads from.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSource<'a> {
+    /// The pod's name.
+    pub pod: &'a str,
+    /// Its IP.
+    pub host: &'a str,
+    /// In Cluster mode: the shard's index and its slots (`0-5460,…`).
+    pub shard: Option<(i32, &'a str)>,
+}
+
+/// The Job `name` that runs `redpilot backup` against `from` and stores
+/// the snapshot under `key` in `target`, stopped after the backup's
+/// `spec.timeoutSeconds`; as the agent's own ACL user (`as_backup_user`)
+/// unless the Redis has no password.
 pub fn job(
     b: &RedisBackup,
     name: &str,
     target: Target<'_>,
-    source: &str,
-    host: &str,
+    from: &JobSource<'_>,
     key: &str,
-    shard: Option<(i32, &str)>,
+    as_backup_user: bool,
 ) -> Job {
+    let (source, host, shard) = (from.pod, from.host, from.shard);
     let redis = Names::new(&b.spec.redis);
     let mut args = vec![
         "backup".to_string(),
@@ -261,18 +273,33 @@ pub fn job(
         ]);
     }
     args.extend(target.args(key));
+    // The agent's own user, which may only run the replication handshake
+    // (see `users::system_users`); the default user only for a Redis
+    // without a password.
+    let (user, key_of_password) = if as_backup_user {
+        (Some(build::BACKUP_USER), build::BACKUP_PASSWORD_KEY)
+    } else {
+        (None, build::PASSWORD_KEY)
+    };
     let mut env = vec![EnvVar {
         name: "REDIS_PASSWORD".into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: redis.server_auth(),
-                key: build::PASSWORD_KEY.into(),
+                key: key_of_password.into(),
                 optional: Some(false),
             }),
             ..Default::default()
         }),
         ..Default::default()
     }];
+    if let Some(u) = user {
+        env.push(EnvVar {
+            name: "REDIS_USER".into(),
+            value: Some(u.into()),
+            ..Default::default()
+        });
+    }
     env.extend(target.env(false));
     let mut j = agent_job(b, name, args, env, target);
     if let Some(spec) = j.spec.as_mut() {
@@ -676,10 +703,13 @@ mod tests {
             &b,
             "b1-0a1b2c3d-backup",
             target,
-            "cache-1",
-            "10.244.0.5",
+            &JobSource {
+                pod: "cache-1",
+                host: "10.244.0.5",
+                shard: None,
+            },
             "ns/cache/b1-t.rdb",
-            None,
+            true,
         );
         assert_eq!(j.metadata.name.as_deref(), Some("b1-0a1b2c3d-backup"));
         let owner = &j.metadata.owner_references.as_ref().expect("owner")[0];
@@ -710,8 +740,28 @@ mod tests {
                 .map(|r| r.values.clone()),
             Some(vec![EXIT_PERMANENT])
         );
-        // Secrets by reference only.
-        assert!(c.env.iter().flatten().all(|e| e.value.is_none()));
+        // Secrets by reference only; the agent's own user, not the
+        // default user's password.
+        let env = c.env.clone().unwrap_or_default();
+        assert!(
+            env.iter()
+                .all(|e| e.value.is_none() || e.name == "REDIS_USER")
+        );
+        let user = env.iter().find(|e| e.name == "REDIS_USER");
+        assert_eq!(
+            user.and_then(|e| e.value.as_deref()),
+            Some("redpilot-backup")
+        );
+        let pw = env
+            .iter()
+            .find(|e| e.name == "REDIS_PASSWORD")
+            .expect("password");
+        let key = pw
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .map(|s| (s.name.as_str(), s.key.as_str()));
+        assert_eq!(key, Some(("cache-server-auth", "backup-password")));
         // The Redis controller must not take the Job's pod for an instance.
         let pod_labels = spec
             .template

@@ -217,6 +217,14 @@ impl Pass {
             );
             return self.fail("ClaimNotFound", msg).await;
         }
+        if self.agent_user().await?.is_none() {
+            return self
+                .pending(format!(
+                    "waiting for the backup agent's user on every instance of Redis {}",
+                    spec.redis
+                ))
+                .await;
+        }
         if redis.spec.mode() == Mode::Cluster {
             return self.start_shards(&redis).await;
         }
@@ -283,7 +291,13 @@ impl Pass {
         key: &str,
         shard: Option<(i32, &str)>,
     ) -> Result<Option<String>, Error> {
-        let j = job::job(&self.b, name, self.target()?, source, host, key, shard);
+        let as_user = self.agent_user().await?.unwrap_or(true);
+        let from = job::JobSource {
+            pod: source,
+            host,
+            shard,
+        };
+        let j = job::job(&self.b, name, self.target()?, &from, key, as_user);
         match self.apply(j).await {
             Ok(()) => Ok(None),
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 422 => Ok(Some(format!(
@@ -584,6 +598,32 @@ impl Pass {
             "spec.target.s3",
         )
         .await?)
+    }
+
+    /// Whether the agent authenticates as its own user
+    /// (`redpilot-backup`): `Some(true)` once every instance of the Redis
+    /// has it, `Some(false)` for a Redis without a password, `None` while
+    /// the user is not on every instance yet (read from the Redis's
+    /// server-auth Secret, which records both).
+    async fn agent_user(&self) -> Result<Option<bool>, Error> {
+        use crate::controller::redis::build;
+        let name = build::Names::new(&self.b.spec.redis).server_auth();
+        self.ctx.metrics.kube("get_secret");
+        let secret: Option<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.ctx.client.clone(), &self.ns)
+                .get_opt(&name)
+                .await?;
+        let Some(data) = secret.and_then(|s| s.data) else {
+            return Ok(None);
+        };
+        let has = |k: &str| data.get(k).is_some_and(|v| !v.0.is_empty());
+        Ok(if !has(build::PASSWORD_KEY) {
+            Some(false)
+        } else if has(build::BACKUP_PASSWORD_KEY) && has(build::USERS_APPLIED_KEY) {
+            Some(true)
+        } else {
+            None
+        })
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {

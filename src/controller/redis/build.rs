@@ -219,6 +219,16 @@ pub fn server_auth_secret(
     if !auth.users.is_empty() {
         data.insert(USERS_CONF_KEY.to_string(), bytes(&auth.users));
     }
+    if !password.is_empty() {
+        for (k, v) in [
+            (EXPORTER_PASSWORD_KEY, &auth.exporter),
+            (BACKUP_PASSWORD_KEY, &auth.backup),
+        ] {
+            if !v.is_empty() {
+                data.insert(k.to_string(), bytes(v));
+            }
+        }
+    }
     if let Some(h) = &auth.users_applied {
         data.insert(USERS_APPLIED_KEY.to_string(), bytes(h));
     }

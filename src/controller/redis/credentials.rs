@@ -42,8 +42,12 @@ pub struct ServerAuth {
     /// The readiness probe's password ([`build::PROBE_USER`]): generated
     /// once, never rotated; empty until generated.
     pub probe: String,
-    /// The `user` lines of `spec.users` the servers start with (see
-    /// [`super::users`]).
+    /// The metrics sidecar's password ([`build::EXPORTER_USER`]).
+    pub exporter: String,
+    /// The backup agent's password ([`build::BACKUP_USER`]).
+    pub backup: String,
+    /// The `user` lines (the sidecar's, the agent's and `spec.users`) the
+    /// servers start with (see [`super::users`]).
     pub users: String,
     /// The hash of `users` once every instance runs them.
     pub users_applied: Option<String>,
@@ -63,6 +67,8 @@ pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
         current: key(secret, build::PASSWORD_KEY)?,
         previous: key(secret, build::PREVIOUS_KEY),
         probe: key(secret, build::PROBE_PASSWORD_KEY).unwrap_or_default(),
+        exporter: key(secret, build::EXPORTER_PASSWORD_KEY).unwrap_or_default(),
+        backup: key(secret, build::BACKUP_PASSWORD_KEY).unwrap_or_default(),
         users: key(secret, build::USERS_CONF_KEY).unwrap_or_default(),
         users_applied: key(secret, build::USERS_APPLIED_KEY),
     })
@@ -148,6 +154,8 @@ impl Reconciler {
                 current: desired.to_string(),
                 previous: None,
                 probe: new_probe_password()?,
+                exporter: new_probe_password()?,
+                backup: new_probe_password()?,
                 ..Default::default()
             };
             if !paused {
@@ -166,6 +174,14 @@ impl Reconciler {
         // before it have the old probe, which needs none.
         if auth.probe.is_empty() {
             auth.probe = new_probe_password()?;
+        }
+        // The same for the sidecar's and the agent's users (added live by
+        // `apply_users`).
+        if auth.exporter.is_empty() {
+            auth.exporter = new_probe_password()?;
+        }
+        if auth.backup.is_empty() {
+            auth.backup = new_probe_password()?;
         }
         let want = build::server_auth_secret(&self.redis, &self.names, &auth);
         if !paused && !super::children::in_sync(live, &want)? {
@@ -258,7 +274,8 @@ impl Reconciler {
     }
 }
 
-/// A new password for the readiness probe's user.
+/// A new password for one of the operator's users (the readiness probe's,
+/// the sidecar's, the backup agent's).
 fn new_probe_password() -> Result<String, Error> {
     build::generate_password().map_err(|e| Error::Random(e.to_string()))
 }

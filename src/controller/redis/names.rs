@@ -32,6 +32,15 @@ pub const PREVIOUS_KEY: &str = "previous";
 /// Server-auth Secret key: the password of [`PROBE_USER`], generated once
 /// per Redis and never rotated.
 pub const PROBE_PASSWORD_KEY: &str = "probe-password";
+/// The ACL user of the metrics sidecar: `PING`, `INFO`, `CLUSTER INFO`.
+pub const EXPORTER_USER: &str = "redpilot-exporter";
+/// Server-auth Secret key: [`EXPORTER_USER`]'s password (generated once).
+pub const EXPORTER_PASSWORD_KEY: &str = "exporter-password";
+/// The ACL user of the backup agent: the replication handshake only
+/// (`PING`, `REPLCONF`, `PSYNC`, `SYNC`).
+pub const BACKUP_USER: &str = "redpilot-backup";
+/// Server-auth Secret key: [`BACKUP_USER`]'s password (generated once).
+pub const BACKUP_PASSWORD_KEY: &str = "backup-password";
 /// Server-auth Secret key: the `user` lines of `spec.users` as the
 /// servers load them (also at the end of `auth.conf`).
 pub const USERS_CONF_KEY: &str = "users.conf";

@@ -87,6 +87,44 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The operator's own users, when the servers have a password: the
+/// metrics sidecar's and the backup agent's, each with only the commands it
+/// runs.
+pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
+    if auth.current.is_empty() {
+        return Vec::new();
+    }
+    let user = |name: &str, password: &str, rules: &[&str]| {
+        let mut args = vec![
+            "reset".to_string(),
+            "on".to_string(),
+            format!("#{}", hex(&Sha256::digest(password.as_bytes()))),
+            "-@all".to_string(),
+        ];
+        args.extend(rules.iter().map(|r| r.to_string()));
+        Desired {
+            name: name.to_string(),
+            args,
+        }
+    };
+    let mut out = Vec::new();
+    if !auth.exporter.is_empty() {
+        out.push(user(
+            build::EXPORTER_USER,
+            &auth.exporter,
+            &["+ping", "+info", "+cluster|info"],
+        ));
+    }
+    if !auth.backup.is_empty() {
+        out.push(user(
+            build::BACKUP_USER,
+            &auth.backup,
+            &["+ping", "+replconf", "+psync", "+sync"],
+        ));
+    }
+    out
+}
+
 /// The name of each line of a `users.conf`, with the line.
 pub fn parse_conf(conf: &str) -> BTreeMap<String, String> {
     conf.lines()
@@ -114,9 +152,12 @@ pub fn conf_hash(conf: &str) -> String {
 impl Reconciler {
     /// The users of the spec whose passwords can be read, and, for the
     /// others, why not (naming the user and the field).
-    async fn desired_users(&mut self) -> Result<(Vec<Desired>, Vec<String>), Error> {
+    async fn desired_users(
+        &mut self,
+        auth: &ServerAuth,
+    ) -> Result<(Vec<Desired>, Vec<String>), Error> {
         let mut secrets: BTreeMap<String, Option<Secret>> = BTreeMap::new();
-        let mut out = Vec::new();
+        let mut out = system_users(auth);
         let mut problems = Vec::new();
         for u in self.redis.spec.users.clone() {
             let mut passwords = Vec::new();
@@ -165,10 +206,13 @@ impl Reconciler {
         facts: &[PodFacts],
         auth: &ServerAuth,
     ) -> Result<(), Error> {
-        if self.redis.spec.users.is_empty() && auth.users.is_empty() {
+        if self.redis.spec.users.is_empty()
+            && auth.users.is_empty()
+            && system_users(auth).is_empty()
+        {
             return Ok(());
         }
-        let (desired, mut problems) = self.desired_users().await?;
+        let (desired, mut problems) = self.desired_users(auth).await?;
         let before = parse_conf(&auth.users);
         let opts = self.connect_options(&auth.current);
         let endpoints: Vec<(String, Endpoint)> = facts
