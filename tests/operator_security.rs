@@ -246,8 +246,11 @@ async fn users_everywhere(
 ) -> Vec<(String, Vec<String>)> {
     let pw = redis_password(client, ns, name).await;
     let mut out = Vec::new();
-    for (pod, _) in ips(client, ns, name).await {
-        let mut n = connect_pod(client, ns, &pod, &pw).await.expect("connect");
+    for (pod, ip) in ips(client, ns, name).await {
+        // As the operator's own user: the default user may be disabled.
+        let mut n = as_user(&ip, "redpilot-operator", &pw)
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: {e}"));
         let users: Vec<String> = n
             .query("ACL USERS", redis::cmd("ACL").arg("USERS"))
             .await
@@ -554,6 +557,123 @@ async fn acl_users_are_applied_live_everywhere_and_kept_across_restarts() {
         }
     }
     println!("after a kill -9 and a failover ({primary} -> {after}) every instance has the users");
+
+    // The default user disabled: its clients are refused everywhere; the
+    // operator (a rule change) and replication (a failover, then writes
+    // read back on every instance) go on as the operator's own user.
+    let off = |users: Value| {
+        let mut s = spec(users);
+        s["auth"] = json!({"defaultUser": {"enabled": false}});
+        s
+    };
+    apply_redis(&client, ns, "acl", off(json!([app3, reader2]))).await;
+    wait_for(
+        "the default user refused everywhere",
+        Duration::from_secs(30),
+        || async {
+            for (_, ip) in &pods {
+                let opts = ConnectOptions::default().with_password(pw.clone());
+                if Node::connect(&Endpoint::new(ip.as_str(), 6379), &opts)
+                    .await
+                    .is_ok()
+                {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    wait_ready(&client, ns, "acl", READY).await;
+    let app4 = json!({"name": "app", "passwords": [{"secretName": "app-pw2"}],
+                      "rules": ["~app:*", "~cache:*", "~more:*", "+@read", "+@write", "-@dangerous", "+@connection"]});
+    apply_redis(&client, ns, "acl", off(json!([app4, reader2]))).await;
+    wait_for(
+        "a rule change with the default user disabled",
+        Duration::from_secs(30),
+        || async {
+            for (_, ip) in &pods {
+                let mut a = as_user(ip, "app", "app-two").await.ok()?;
+                if !allowed(&mut a, redis::cmd("GET").arg("more:1")).await {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let before = after.clone();
+    let before_ip = pods
+        .iter()
+        .find(|(n, _)| *n == before)
+        .map(|(_, ip)| ip.clone())
+        .expect("ip");
+    let mut a = as_user(&before_ip, "redpilot-operator", &pw)
+        .await
+        .expect("operator user");
+    let pid = server_pid(&mut a).await;
+    drop(a);
+    kill_9(pid);
+    let promoted = wait_for(
+        "a failover with the default user disabled",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, ns).get("acl").await.ok()?;
+            let p = r.status?.primary?;
+            (p != before).then_some(p)
+        },
+    )
+    .await;
+    wait_ready(&client, ns, "acl", READY).await;
+    let pods = ips(&client, ns, "acl").await;
+    let promoted_ip = pods
+        .iter()
+        .find(|(n, _)| *n == promoted)
+        .map(|(_, ip)| ip.clone())
+        .expect("ip");
+    let mut w = as_user(&promoted_ip, "app", "app-two")
+        .await
+        .expect("app on the new primary");
+    for i in 0..100 {
+        let _: () = w
+            .query(
+                "SET",
+                redis::cmd("SET").arg(format!("app:after:{i}")).arg(i),
+            )
+            .await
+            .expect("SET");
+    }
+    wait_for(
+        "the writes on every instance (replication as the operator's user)",
+        Duration::from_secs(60),
+        || async {
+            for (_, ip) in &pods {
+                let mut a = as_user(ip, "app", "app-two").await.ok()?;
+                let v: Option<String> = a
+                    .query("GET", redis::cmd("GET").arg("app:after:99"))
+                    .await
+                    .ok()?;
+                v.filter(|v| v == "99")?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "default user disabled: a rule change applied, {before} -> {promoted} failed over, replicas follow"
+    );
+    apply_redis(&client, ns, "acl", spec(json!([app3, reader2]))).await;
+    wait_for("the default user back", Duration::from_secs(30), || async {
+        for (_, ip) in &pods {
+            let opts = ConnectOptions::default().with_password(pw.clone());
+            Node::connect(&Endpoint::new(ip.as_str(), 6379), &opts)
+                .await
+                .ok()?;
+        }
+        Some(())
+    })
+    .await;
+    wait_ready(&client, ns, "acl", READY).await;
 
     // Removing a user removes it everywhere.
     apply_redis(&client, ns, "acl", spec(json!([app3]))).await;

@@ -508,6 +508,28 @@ pub struct AuthSpec {
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message("spec.auth.secretName must be a valid Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub secret_name: Option<String>,
+    /// The `default` user's rights (its password is the one above). The
+    /// operator and replication use a user of their own, so the default
+    /// user can be limited or disabled once applications have users of
+    /// their own (`spec.users`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_user: Option<DefaultUserSpec>,
+}
+
+/// The `default` user's rights.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultUserSpec {
+    /// Whether clients may authenticate as `default` (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// ACL rules replacing its rights (every key, channel and command when
+    /// empty), e.g. `["~*", "+@read", "+@connection"]` for read-only; the
+    /// same rules as `spec.users[].rules`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
+    #[x_kube(validation = Rule::new("self.all(r, !r.contains(' ') && !(r.startsWith('>') || r.startsWith('<') || r.startsWith('#') || r.startsWith('!')) && !(r in ['on', 'off', 'nopass', 'resetpass', 'reset']))").message("spec.auth.defaultUser.rules: each rule is one ACL rule without spaces; no password rules, on/off or reset"))]
+    pub rules: Vec<String>,
 }
 
 /// Persistent volume settings.
@@ -1084,6 +1106,14 @@ pub struct InstanceStatus {
 }
 
 impl RedisSpec {
+    /// The `default` user's settings (enabled, every right, when absent).
+    pub fn default_user(&self) -> DefaultUserSpec {
+        self.auth
+            .as_ref()
+            .and_then(|a| a.default_user.clone())
+            .unwrap_or_default()
+    }
+
     /// The Secret named by `spec.auth.secretName`, if any.
     pub fn auth_secret_name(&self) -> Option<&str> {
         self.auth.as_ref()?.secret_name.as_deref()

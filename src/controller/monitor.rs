@@ -402,7 +402,10 @@ async fn probe_loop(
     let mut last_sample: Option<Instant> = None;
     let endpoint = Endpoint::new(&target.ip, target.port);
     let opts = ConnectOptions::default()
-        .with_password(target.password.clone())
+        .with_user_or_default(
+            crate::controller::redis::build::OPERATOR_USER,
+            target.password.clone(),
+        )
         .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

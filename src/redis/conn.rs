@@ -160,6 +160,9 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Bound on each command's reply.
     pub command_timeout: Duration,
+    /// When `username`'s credentials are refused, try the same password
+    /// as the default user (a server that has not got that user yet).
+    pub default_fallback: bool,
 }
 
 impl Default for ConnectOptions {
@@ -167,6 +170,7 @@ impl Default for ConnectOptions {
         Self {
             username: None,
             password: None,
+            default_fallback: false,
             tls: None,
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(3),
@@ -185,6 +189,24 @@ impl ConnectOptions {
     pub fn with_user(mut self, username: impl Into<String>, password: impl Into<Secret>) -> Self {
         self.username = Some(username.into());
         self.password = Some(password.into());
+        self
+    }
+
+    /// Authenticates as ACL user `username` with `password`, or, where the
+    /// server refuses that, as the default user with the same password. An
+    /// empty password means no authentication.
+    pub fn with_user_or_default(
+        mut self,
+        username: impl Into<String>,
+        password: impl Into<Secret>,
+    ) -> Self {
+        let password: Secret = password.into();
+        if password.expose().is_empty() {
+            return self;
+        }
+        self.username = Some(username.into());
+        self.password = Some(password);
+        self.default_fallback = true;
         self
     }
 
@@ -274,8 +296,24 @@ impl fmt::Debug for Node {
 }
 
 impl Node {
-    /// Connects and authenticates within `opts.connect_timeout`.
+    /// Connects and authenticates within `opts.connect_timeout` (twice
+    /// that with [`ConnectOptions::default_fallback`] when the user is
+    /// refused).
     pub async fn connect(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Self> {
+        match Self::connect_once(endpoint, opts).await {
+            Err(Error::Auth { .. }) if opts.default_fallback && opts.username.is_some() => {
+                let as_default = ConnectOptions {
+                    username: None,
+                    default_fallback: false,
+                    ..opts.clone()
+                };
+                Self::connect_once(endpoint, &as_default).await
+            }
+            other => other,
+        }
+    }
+
+    async fn connect_once(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Self> {
         let label = endpoint.to_string();
         let client = redis_client(endpoint, opts)?;
         let config = AsyncConnectionConfig::new()

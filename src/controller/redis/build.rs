@@ -202,8 +202,18 @@ pub fn server_auth_secret(
         }
         conf
     };
-    // The users of `spec.users` (see `users`): the servers start with them.
+    // The operator's users and those of `spec.users` (see `users`): the
+    // servers start with them. Replication as the operator's user and the
+    // default user's rights only once every instance has that user (a
+    // replica starting before would be refused by a primary without it).
+    for u in super::users::system_users(auth) {
+        conf.push_str(&u.conf_line());
+    }
     conf.push_str(&auth.users);
+    if !password.is_empty() && auth.users_applied.is_some() {
+        conf.push_str(&format!("masteruser {}\n", conf_quoted(OPERATOR_USER)));
+        conf.push_str(&super::users::default_line(&redis.spec.default_user(), auth).conf_line());
+    }
     let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
     let mut data = BTreeMap::from([
         (PASSWORD_KEY.to_string(), bytes(password)),

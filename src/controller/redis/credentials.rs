@@ -98,16 +98,19 @@ pub fn next_step(auth: &ServerAuth, desired: &str) -> Step {
     }
 }
 
+/// `ACL SETUSER <user> <modifier>` for the default user and the
+/// operator's own, which share the password (a server without the
+/// operator's user yet gets it disabled, holding the password only, until
+/// `apply_users` completes it).
 async fn acl(node: &mut Node, modifier: String) -> crate::redis::Result<()> {
-    let _: redis::Value = node
-        .query(
-            "ACL SETUSER",
-            redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("default")
-                .arg(modifier),
-        )
-        .await?;
+    for user in ["default", build::OPERATOR_USER] {
+        let _: redis::Value = node
+            .query(
+                "ACL SETUSER",
+                redis::cmd("ACL").arg("SETUSER").arg(user).arg(&modifier),
+            )
+            .await?;
+    }
     Ok(())
 }
 

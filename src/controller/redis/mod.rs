@@ -258,7 +258,7 @@ impl Reconciler {
 
     fn connect_options(&self, password: &str) -> ConnectOptions {
         ConnectOptions::default()
-            .with_password(password.to_string())
+            .with_user_or_default(build::OPERATOR_USER, password.to_string())
             .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
     }
 

@@ -32,6 +32,11 @@ pub const PREVIOUS_KEY: &str = "previous";
 /// Server-auth Secret key: the password of [`PROBE_USER`], generated once
 /// per Redis and never rotated.
 pub const PROBE_PASSWORD_KEY: &str = "probe-password";
+/// The operator's own ACL user: the default user's passwords (rotated with
+/// them), every command but those that wipe data, every key (resharding
+/// moves them). Replicas authenticate to their primary as it, so the
+/// default user can be disabled (`spec.auth.defaultUser.enabled: false`).
+pub const OPERATOR_USER: &str = "redpilot-operator";
 /// The ACL user of the metrics sidecar: `PING`, `INFO`, `CLUSTER INFO`.
 pub const EXPORTER_USER: &str = "redpilot-exporter";
 /// Server-auth Secret key: [`EXPORTER_USER`]'s password (generated once).

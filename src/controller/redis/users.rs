@@ -87,9 +87,10 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The operator's own users, when the servers have a password: the
-/// metrics sidecar's and the backup agent's, each with only the commands it
-/// runs.
+/// The operator's own users, when the servers have a password: its own
+/// (the `spec.auth` password, current and previous, every command but
+/// those that wipe data), the metrics sidecar's and the backup agent's,
+/// each with only the commands it runs.
 pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
     if auth.current.is_empty() {
         return Vec::new();
@@ -107,7 +108,31 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
             args,
         }
     };
-    let mut out = Vec::new();
+    let mut hashes = vec![format!(
+        "#{}",
+        hex(&Sha256::digest(auth.current.as_bytes()))
+    )];
+    if let Some(p) = auth.previous.as_deref().filter(|p| !p.is_empty()) {
+        hashes.push(format!("#{}", hex(&Sha256::digest(p.as_bytes()))));
+    }
+    let mut operator = vec!["reset".to_string(), "on".to_string()];
+    operator.extend(hashes);
+    operator.extend(
+        [
+            "allkeys",
+            "allchannels",
+            "+@all",
+            "-flushall",
+            "-flushdb",
+            "-swapdb",
+        ]
+        .iter()
+        .map(|r| r.to_string()),
+    );
+    let mut out = vec![Desired {
+        name: build::OPERATOR_USER.to_string(),
+        args: operator,
+    }];
     if !auth.exporter.is_empty() {
         out.push(user(
             build::EXPORTER_USER,
@@ -123,6 +148,52 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
         ));
     }
     out
+}
+
+/// The default user's line: `on`/`off`, its rights, and the `spec.auth`
+/// passwords it already has (a `user default` line at start-up resets the
+/// user, so the line carries them; live, adding them again changes
+/// nothing).
+pub fn default_line(d: &crate::api::v1alpha1::DefaultUserSpec, auth: &ServerAuth) -> Desired {
+    let flag = if d.enabled.unwrap_or(true) {
+        "on"
+    } else {
+        "off"
+    };
+    let mut args = vec![flag.to_string()];
+    for p in [Some(auth.current.as_str()), auth.previous.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|p| !p.is_empty())
+    {
+        args.push(format!("#{}", hex(&Sha256::digest(p.as_bytes()))));
+    }
+    if d.rules.is_empty() {
+        args.extend(
+            ["allkeys", "allchannels", "+@all"]
+                .iter()
+                .map(|r| r.to_string()),
+        );
+    } else {
+        args.extend(
+            ["resetkeys", "resetchannels", "-@all"]
+                .iter()
+                .map(|r| r.to_string()),
+        );
+        args.extend(d.rules.iter().cloned());
+    }
+    Desired {
+        name: "default".to_string(),
+        args,
+    }
+}
+
+/// The rules among `ACL SETUSER` arguments (no flag, no password).
+fn rules_of(args: &[String]) -> Vec<String> {
+    args.iter()
+        .filter(|a| !matches!(a.as_str(), "reset" | "on" | "off") && !a.starts_with('#'))
+        .cloned()
+        .collect()
 }
 
 /// The name of each line of a `users.conf`, with the line.
@@ -152,12 +223,9 @@ pub fn conf_hash(conf: &str) -> String {
 impl Reconciler {
     /// The users of the spec whose passwords can be read, and, for the
     /// others, why not (naming the user and the field).
-    async fn desired_users(
-        &mut self,
-        auth: &ServerAuth,
-    ) -> Result<(Vec<Desired>, Vec<String>), Error> {
+    async fn desired_users(&mut self) -> Result<(Vec<Desired>, Vec<String>), Error> {
         let mut secrets: BTreeMap<String, Option<Secret>> = BTreeMap::new();
-        let mut out = system_users(auth);
+        let mut out = Vec::new();
         let mut problems = Vec::new();
         for u in self.redis.spec.users.clone() {
             let mut passwords = Vec::new();
@@ -199,21 +267,36 @@ impl Reconciler {
         Ok((out, problems))
     }
 
-    /// Brings every instance to the users of `spec.users` (see the module
-    /// header); called once the servers were observed.
+    /// Parses `rules` on a server, on the scratch user; `Some(message)`
+    /// when it refuses them.
+    async fn check_rules(node: &mut Node, rules: &[String]) -> Result<Option<String>, Error> {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg(CHECK_USER).arg("reset").arg("off");
+        for r in rules {
+            cmd.arg(r.as_str());
+        }
+        match node.query::<redis::Value>("ACL SETUSER", &cmd).await {
+            Ok(_) => Ok(None),
+            Err(crate::redis::Error::Server { message, .. }) => Ok(Some(message)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Brings every instance to the users of `spec.users`, the operator's
+    /// own and the default user's rights (see the module header); called
+    /// once the servers were observed.
     pub(super) async fn apply_users(
         &mut self,
         facts: &[PodFacts],
         auth: &ServerAuth,
     ) -> Result<(), Error> {
-        if self.redis.spec.users.is_empty()
-            && auth.users.is_empty()
-            && system_users(auth).is_empty()
-        {
+        let system = system_users(auth);
+        if self.redis.spec.users.is_empty() && auth.users.is_empty() && system.is_empty() {
             return Ok(());
         }
-        let (desired, mut problems) = self.desired_users(auth).await?;
+        let (desired, mut problems) = self.desired_users().await?;
         let before = parse_conf(&auth.users);
+        let default_user = default_line(&self.redis.spec.default_user(), auth);
         let opts = self.connect_options(&auth.current);
         let endpoints: Vec<(String, Endpoint)> = facts
             .iter()
@@ -233,57 +316,37 @@ impl Reconciler {
             })
             .map(|(n, l)| (n.clone(), l.clone()))
             .collect();
-        // 1. Check the changed users' rules on a server.
         let changed: Vec<&Desired> = desired
             .iter()
             .filter(|d| before.get(&d.name) != Some(&d.conf_line()))
             .collect();
-        let mut checker = None;
-        if !changed.is_empty() {
-            for (_, ep) in &endpoints {
-                if let Ok(n) = Node::connect(ep, &opts).await {
-                    checker = Some(n);
-                    break;
-                }
-            }
-            let Some(node) = checker.as_mut() else {
-                self.progressing
-                    .push("applying spec.users: waiting for a reachable instance".into());
-                return Ok(());
-            };
-            for d in &changed {
-                let rules = &d.args[2..]
-                    .iter()
-                    .filter(|a| !a.starts_with('#'))
-                    .collect::<Vec<_>>();
-                let mut cmd = redis::cmd("ACL");
-                cmd.arg("SETUSER").arg(CHECK_USER).arg("reset").arg("off");
-                for r in rules.iter() {
-                    cmd.arg(r.as_str());
-                }
-                match node.query::<redis::Value>("ACL SETUSER", &cmd).await {
-                    Ok(_) => {}
-                    Err(crate::redis::Error::Server { message, .. }) => {
-                        problems.push(format!(
-                            "spec.users[{}].rules: refused by the server: {message}",
-                            d.name
-                        ));
-                        if let Some(l) = before.get(&d.name) {
-                            lines.insert(d.name.clone(), l.clone());
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            let _: Result<redis::Value, _> = node
-                .query(
-                    "ACL DELUSER",
-                    redis::cmd("ACL").arg("DELUSER").arg(CHECK_USER),
-                )
-                .await;
+        let full = |lines: &BTreeMap<String, String>| {
+            let sys: String = system.iter().map(Desired::conf_line).collect();
+            format!("{sys}{}{}", render(lines), default_user.conf_line())
+        };
+        // Nothing changed since every instance took it: no server touched.
+        let unchanged = changed.is_empty()
+            && problems.is_empty()
+            && before.len() == desired.len()
+            && auth.users_applied.as_deref() == Some(conf_hash(&full(&before)).as_str());
+        if unchanged {
+            return Ok(());
         }
-        let refused: Vec<String> = problems
+        // 1. Check the changed users' rules, and the default user's, on a
+        // server.
+        let mut node = None;
+        for (_, ep) in &endpoints {
+            if let Ok(n) = Node::connect(ep, &opts).await {
+                node = Some(n);
+                break;
+            }
+        }
+        let Some(mut node) = node else {
+            self.progressing
+                .push("applying spec.users: waiting for a reachable instance".into());
+            return Ok(());
+        };
+        let mut refused: Vec<String> = problems
             .iter()
             .filter_map(|p| {
                 Some(
@@ -294,6 +357,35 @@ impl Reconciler {
                 )
             })
             .collect();
+        for d in &changed {
+            if let Some(message) = Self::check_rules(&mut node, &rules_of(&d.args)).await? {
+                problems.push(format!(
+                    "spec.users[{}].rules: refused by the server: {message}",
+                    d.name
+                ));
+                refused.push(d.name.clone());
+                if let Some(l) = before.get(&d.name) {
+                    lines.insert(d.name.clone(), l.clone());
+                }
+            }
+        }
+        let mut default_ok = true;
+        if !self.redis.spec.default_user().rules.is_empty()
+            && let Some(message) =
+                Self::check_rules(&mut node, &self.redis.spec.default_user().rules).await?
+        {
+            problems.push(format!(
+                "spec.auth.defaultUser.rules: refused by the server: {message}"
+            ));
+            default_ok = false;
+        }
+        let _: Result<redis::Value, _> = node
+            .query(
+                "ACL DELUSER",
+                redis::cmd("ACL").arg("DELUSER").arg(CHECK_USER),
+            )
+            .await;
+        drop(node);
         for d in &desired {
             if !refused.contains(&d.name) {
                 lines.insert(d.name.clone(), d.conf_line());
@@ -304,8 +396,9 @@ impl Reconciler {
                 .await;
         }
         let conf = render(&lines);
-        let hash = conf_hash(&conf);
-        if conf == auth.users && auth.users_applied.as_deref() == Some(hash.as_str()) {
+        let hash = conf_hash(&full(&lines));
+        if default_ok && conf == auth.users && auth.users_applied.as_deref() == Some(hash.as_str())
+        {
             return Ok(());
         }
         // 2. Record what instances start with from now on.
@@ -316,20 +409,29 @@ impl Reconciler {
         if conf != auth.users {
             self.write_users(&recorded).await?;
         }
-        // 3. Apply everywhere, removed users first, then every user by name.
+        // 3. Apply everywhere: removed users, the operator's users, every
+        // user by name, replication as the operator's user; then, once
+        // every instance has all that, the default user's rights.
         let removed: Vec<&String> = before.keys().filter(|n| !lines.contains_key(*n)).collect();
-        let users: Vec<Desired> = lines
-            .keys()
-            .filter_map(|n| {
-                desired
-                    .iter()
-                    .find(|d| &d.name == n && !refused.contains(n))
-                    .cloned()
-                    .or_else(|| line_args(n, &lines[n]))
-            })
-            .collect();
+        let mut users: Vec<Desired> = system.clone();
+        users.extend(lines.keys().filter_map(|n| {
+            desired
+                .iter()
+                .find(|d| &d.name == n && !refused.contains(n))
+                .cloned()
+                .or_else(|| line_args(n, &lines[n]))
+        }));
         let expected = self.redis.spec.total_instances() as usize;
         let mut done = endpoints.len() == expected && facts.len() == expected;
+        let set = |u: &Desired| {
+            let mut cmd = redis::cmd("ACL");
+            cmd.arg("SETUSER").arg(&u.name);
+            for a in &u.args {
+                cmd.arg(a);
+            }
+            cmd
+        };
+        let has_password = !auth.current.is_empty();
         for (pod, ep) in &endpoints {
             let result = async {
                 let mut node = Node::connect(ep, &opts).await?;
@@ -342,12 +444,18 @@ impl Reconciler {
                         .await?;
                 }
                 for u in &users {
-                    let mut cmd = redis::cmd("ACL");
-                    cmd.arg("SETUSER").arg(&u.name);
-                    for a in &u.args {
-                        cmd.arg(a);
-                    }
-                    let _: redis::Value = node.query("ACL SETUSER", &cmd).await?;
+                    let _: redis::Value = node.query("ACL SETUSER", &set(u)).await?;
+                }
+                if has_password {
+                    let _: redis::Value = node
+                        .query(
+                            "CONFIG SET",
+                            redis::cmd("CONFIG")
+                                .arg("SET")
+                                .arg("masteruser")
+                                .arg(build::OPERATOR_USER),
+                        )
+                        .await?;
                 }
                 Ok::<(), crate::redis::Error>(())
             }
@@ -363,7 +471,26 @@ impl Reconciler {
                 .await;
             }
         }
-        if !done {
+        if done && default_ok && has_password {
+            for (pod, ep) in &endpoints {
+                let result = async {
+                    let mut node = Node::connect(ep, &opts).await?;
+                    let _: redis::Value = node.query("ACL SETUSER", &set(&default_user)).await?;
+                    Ok::<(), crate::redis::Error>(())
+                }
+                .await;
+                if let Err(e) = result {
+                    done = false;
+                    let category = crate::controller::redis_category(&e);
+                    self.data_plane_category(
+                        format!("applying spec.auth.defaultUser on {pod} failed ({category})"),
+                        category,
+                    )
+                    .await;
+                }
+            }
+        }
+        if !done || !default_ok {
             self.progressing
                 .push("applying spec.users on every instance".into());
             return Ok(());
@@ -380,6 +507,12 @@ impl Reconciler {
         if !removed.is_empty() {
             let gone: Vec<&str> = removed.iter().map(|s| s.as_str()).collect();
             note.push_str(&format!("; removed {}", gone.join(", ")));
+        }
+        let d = self.redis.spec.default_user();
+        if !d.enabled.unwrap_or(true) {
+            note.push_str("; the default user is disabled");
+        } else if !d.rules.is_empty() {
+            note.push_str("; the default user is limited by spec.auth.defaultUser.rules");
         }
         self.event(EventType::Normal, "UsersApplied", "ApplyUsers", note)
             .await;
