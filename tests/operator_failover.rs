@@ -786,25 +786,33 @@ async fn a_replica_whose_link_stays_down_is_repaired() {
     );
 }
 
-/// `ACL SETUSER default ±replicaof ±slaveof` on one instance.
+/// `ACL SETUSER ±replicaof ±slaveof` for the operator's user and `default` on
+/// one instance.
 async fn allow_replicaof(client: &kube::Client, ns: &str, pod: &str, pw: &str, allow: bool) {
+    // The operator's own user (and `default`, which it falls back to) must
+    // be on every instance first: the operator's next round of users would
+    // otherwise put its rights back.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    wait_for("the operator's users on every instance", READY, || async {
+        let s = secrets.get("cache-server-auth").await.ok()?;
+        s.data?.contains_key("users-applied").then_some(())
+    })
+    .await;
     let mut n = connect_pod(client, ns, pod, pw).await.expect("connect");
     let (a, b) = if allow {
         ("+replicaof", "+slaveof")
     } else {
         ("-replicaof", "-slaveof")
     };
-    let _: redis::Value = n
-        .query(
-            "ACL",
-            redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("default")
-                .arg(a)
-                .arg(b),
-        )
-        .await
-        .expect("ACL SETUSER");
+    for user in ["redpilot-operator", "default"] {
+        let _: redis::Value = n
+            .query(
+                "ACL",
+                redis::cmd("ACL").arg("SETUSER").arg(user).arg(a).arg(b),
+            )
+            .await
+            .expect("ACL SETUSER");
+    }
 }
 
 /// How many times events with `reason` whose message holds `about` were

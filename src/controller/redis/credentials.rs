@@ -130,7 +130,7 @@ pub(super) async fn set_masterauth(node: &mut Node, password: &str) -> crate::re
 impl Reconciler {
     /// Writes the server-auth Secret with server-side apply, always (a key
     /// left out, such as `previous`, is removed from it).
-    async fn write_server_auth(&mut self, auth: &ServerAuth) -> Result<(), Error> {
+    pub(super) async fn write_server_auth(&mut self, auth: &ServerAuth) -> Result<(), Error> {
         let secret = build::server_auth_secret(&self.redis, &self.names, auth);
         self.ctx.metrics.kube("apply");
         self.wrote = true;

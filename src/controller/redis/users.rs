@@ -1,25 +1,31 @@
-//! ACL users declared in `spec.users`.
+//! ACL users: those declared in `spec.users`, the operator's own (see
+//! [`system_users`]: its own, the metrics sidecar's, the backup agent's),
+//! and the default user's rights (`spec.auth.defaultUser`).
 //!
 //! What the servers run is recorded in the server-auth Secret: `users.conf`
-//! holds one `user` line per user (also appended to `auth.conf`, which a
-//! server loads when it starts, so a restarted or new instance, and a
-//! promoted replica, has every user), and `users-applied` the hash of the
-//! `users.conf` every instance was last brought to. A pass with nothing
-//! changed reads the users' Secrets, finds the same hash, and touches no
-//! server. When the desired lines differ:
+//! holds one `user` line per user of `spec.users`; `auth.conf`, which a
+//! server loads when it starts (so a restarted or new instance, and a
+//! promoted replica, has every user), holds the operator's users, those
+//! lines, and, once every instance has the operator's user, `masteruser`
+//! and the default user's line; `users-applied` is the hash of all that as
+//! every instance was last brought to it. A pass with nothing changed reads
+//! the users' Secrets, finds the same hash, and touches no server. When it
+//! differs:
 //!
-//! 1. **Check**: each changed user's rules are parsed by a server first
-//!    (`ACL SETUSER redpilot-check reset off <rules>` on a scratch user that
-//!    cannot log in, deleted after). A rule it refuses makes the Redis
-//!    Degraded naming the user and the rule; that user keeps the line it had
-//!    (or stays absent) and the other users go on.
+//! 1. **Check**: each changed user's rules (and the default user's) are
+//!    parsed by a server first (`ACL SETUSER redpilot-check reset off
+//!    <rules>` on a scratch user that cannot log in, deleted after). A rule
+//!    it refuses makes the Redis Degraded naming the user and the rule;
+//!    that user keeps the line it had (or stays absent) and the other users
+//!    go on.
 //! 2. **Record**: `users.conf` is written, so instances starting from now
 //!    on load the new set.
-//! 3. **Apply**: on every instance, in the same order (removed users first,
-//!    then every user by name): `ACL DELUSER`, then one `ACL SETUSER <name>
-//!    reset on|off #<sha256>… <rules>` per user (one command per user: the
-//!    server applies it whole or not at all). Once every instance took it,
-//!    `users-applied` records the hash.
+//! 3. **Apply**: on every instance, in the same order: `ACL DELUSER` of
+//!    removed users, one `ACL SETUSER <name> reset on|off #<sha256>…
+//!    <rules>` per user (the operator's first, then by name; the server
+//!    takes each whole or not at all), `CONFIG SET masteruser
+//!    redpilot-operator`; then, once every instance took that, the default
+//!    user's line. Then `users-applied` records the hash.
 //!
 //! Passwords travel and are stored only as SHA-256 hashes (`#<hex>`), and
 //! no message carries a server reply to a command holding one.
@@ -407,7 +413,7 @@ impl Reconciler {
             ..auth.clone()
         };
         if conf != auth.users {
-            self.write_users(&recorded).await?;
+            self.write_server_auth(&recorded).await?;
         }
         // 3. Apply everywhere: removed users, the operator's users, every
         // user by name, replication as the operator's user; then, once
@@ -462,13 +468,7 @@ impl Reconciler {
             .await;
             if let Err(e) = result {
                 done = false;
-                // The reply to a command with a password hash is not passed on.
-                let category = crate::controller::redis_category(&e);
-                self.data_plane_category(
-                    format!("applying spec.users on {pod} failed ({category})"),
-                    category,
-                )
-                .await;
+                self.users_failed("spec.users", pod, &e).await;
             }
         }
         if done && default_ok && has_password {
@@ -481,12 +481,7 @@ impl Reconciler {
                 .await;
                 if let Err(e) = result {
                     done = false;
-                    let category = crate::controller::redis_category(&e);
-                    self.data_plane_category(
-                        format!("applying spec.auth.defaultUser on {pod} failed ({category})"),
-                        category,
-                    )
-                    .await;
+                    self.users_failed("spec.auth.defaultUser", pod, &e).await;
                 }
             }
         }
@@ -496,7 +491,7 @@ impl Reconciler {
             return Ok(());
         }
         recorded.users_applied = Some(hash);
-        self.write_users(&recorded).await?;
+        self.write_server_auth(&recorded).await?;
         let names: Vec<&str> = lines.keys().map(String::as_str).collect();
         let mut note = format!(
             "{} user(s) on {} instance(s): {}",
@@ -519,18 +514,15 @@ impl Reconciler {
         Ok(())
     }
 
-    async fn write_users(&mut self, auth: &ServerAuth) -> Result<(), Error> {
-        let secret = build::server_auth_secret(&self.redis, &self.names, auth);
-        self.ctx.metrics.kube("apply");
-        self.wrote = true;
-        self.api::<Secret>()
-            .patch(
-                &self.names.server_auth(),
-                &kube::api::PatchParams::apply(crate::controller::FIELD_MANAGER).force(),
-                &kube::api::Patch::Apply(&secret),
-            )
-            .await?;
-        Ok(())
+    /// One instance refused a step: Degraded by category, without the
+    /// server's reply (the command carried a password hash).
+    async fn users_failed(&mut self, what: &str, pod: &str, e: &crate::redis::Error) {
+        let category = crate::controller::redis_category(e);
+        self.data_plane_category(
+            format!("applying {what} on {pod} failed ({category})"),
+            category,
+        )
+        .await;
     }
 }
 
