@@ -48,7 +48,22 @@ async fn formed_cluster_serves_every_slot(engine: Engine) {
         let info = cluster::info(&mut n).await.unwrap();
         assert!(info.ok, "{engine:?} node {i}: {info:?}");
         assert_eq!((info.slots_ok, info.known_nodes, info.size), (16_384, 6, 3));
-        let nodes = cluster::nodes(&mut n).await.unwrap();
+        // `form` waits for every node to serve every slot; which primary
+        // a replica follows reaches the other nodes by gossip, a moment
+        // later on a loaded machine: wait for it (bounded), then check.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let nodes = loop {
+            let nodes = cluster::nodes(&mut n).await.unwrap();
+            let known = formed.shards.iter().all(|ids| {
+                nodes
+                    .iter()
+                    .any(|k| k.id == ids[1] && k.replica_of.as_deref() == Some(ids[0].as_str()))
+            });
+            if known || std::time::Instant::now() > deadline {
+                break nodes;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         for (shard, ids) in formed.shards.iter().enumerate() {
             let p = nodes.iter().find(|k| k.id == ids[0]).expect("primary");
             assert!(
