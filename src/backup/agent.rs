@@ -288,7 +288,7 @@ fn store_error(action: &'static str, location: String, e: std::io::Error) -> Bac
     }
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

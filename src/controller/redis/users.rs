@@ -81,16 +81,28 @@ pub fn args(u: &UserSpec, passwords: &[String]) -> Vec<String> {
         }
         .to_string(),
     ];
-    for p in passwords {
-        let digest = Sha256::digest(p.as_bytes());
-        args.push(format!("#{}", hex(&digest)));
-    }
+    args.extend(passwords.iter().map(|p| password_hash(p)));
     args.extend(u.rules.iter().cloned());
     args
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A password as `ACL SETUSER` takes its hash: `#<sha256 hex>`.
+fn password_hash(password: &str) -> String {
+    format!(
+        "#{}",
+        crate::backup::agent::hex(&Sha256::digest(password.as_bytes()))
+    )
+}
+
+/// The hashes of the `spec.auth` passwords the servers accept: the current
+/// one and, during a rotation, the one being retired.
+fn spec_auth_hashes(auth: &ServerAuth) -> Vec<String> {
+    [Some(auth.current.as_str()), auth.previous.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|p| !p.is_empty())
+        .map(password_hash)
+        .collect()
 }
 
 /// The operator's own users, when the servers have a password: its own
@@ -105,7 +117,7 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
         let mut args = vec![
             "reset".to_string(),
             "on".to_string(),
-            format!("#{}", hex(&Sha256::digest(password.as_bytes()))),
+            password_hash(password),
             "-@all".to_string(),
         ];
         args.extend(rules.iter().map(|r| r.to_string()));
@@ -114,15 +126,8 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
             args,
         }
     };
-    let mut hashes = vec![format!(
-        "#{}",
-        hex(&Sha256::digest(auth.current.as_bytes()))
-    )];
-    if let Some(p) = auth.previous.as_deref().filter(|p| !p.is_empty()) {
-        hashes.push(format!("#{}", hex(&Sha256::digest(p.as_bytes()))));
-    }
     let mut operator = vec!["reset".to_string(), "on".to_string()];
-    operator.extend(hashes);
+    operator.extend(spec_auth_hashes(auth));
     operator.extend(
         [
             "allkeys",
@@ -167,13 +172,7 @@ pub fn default_line(d: &crate::api::v1alpha1::DefaultUserSpec, auth: &ServerAuth
         "off"
     };
     let mut args = vec![flag.to_string()];
-    for p in [Some(auth.current.as_str()), auth.previous.as_deref()]
-        .into_iter()
-        .flatten()
-        .filter(|p| !p.is_empty())
-    {
-        args.push(format!("#{}", hex(&Sha256::digest(p.as_bytes()))));
-    }
+    args.extend(spec_auth_hashes(auth));
     if d.rules.is_empty() {
         args.extend(
             ["allkeys", "allchannels", "+@all"]
@@ -352,17 +351,9 @@ impl Reconciler {
                 .push("applying spec.users: waiting for a reachable instance".into());
             return Ok(());
         };
-        let mut refused: Vec<String> = problems
-            .iter()
-            .filter_map(|p| {
-                Some(
-                    p.strip_prefix("spec.users[")?
-                        .split(']')
-                        .next()?
-                        .to_string(),
-                )
-            })
-            .collect();
+        // Users whose rules a server refused (those whose Secret cannot be
+        // read are not in `desired`: they keep their line above).
+        let mut refused: Vec<String> = Vec::new();
         for d in &changed {
             if let Some(message) = Self::check_rules(&mut node, &rules_of(&d.args)).await? {
                 problems.push(format!(
