@@ -41,7 +41,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use cluster_writer::{Writers, first_write_elsewhere, longest_gap, missing, tag_in};
+use cluster_writer::{
+    Writers, first_write_elsewhere, longest_gap, longest_gap_at, missing, tag_in,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -490,10 +492,11 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
     }
     // Nothing confirmed is lost; how long each shard went without a write.
     let ms = members(&client, &ns.name).await;
+    let events = recent_events(&client, &ns.name, 40).await;
     for (s, t) in tallies.iter().enumerate() {
         let t = t.lock().await;
         let lost = missing(&ms, &opts, want[s].start, &t).await;
-        let gap = longest_gap(&t.set_ok, started, until);
+        let (gap_at, gap) = longest_gap_at(&t.set_ok, started, until);
         println!(
             "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost, longest gap {:.0} ms",
             t.acked.len(),
@@ -503,7 +506,10 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
         assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
         assert!(
             gap < Duration::from_secs(3),
-            "shard {s} took no write for {gap:?}"
+            "shard {s} took no write for {gap:?}, from {:.1} s after the writers started \
+             (the roll began at {:.1} s; restarts {order:?})\n{events}",
+            gap_at.as_secs_f64(),
+            (changed - started).as_secs_f64()
         );
     }
 }

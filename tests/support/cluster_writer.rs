@@ -182,6 +182,15 @@ impl Writers {
 /// The longest time without an acknowledged write (`times`) between
 /// `from` and `to`.
 pub fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) -> Duration {
+    longest_gap_at(times, from, to).1
+}
+
+/// Like [`longest_gap`], with when the gap began (time since `from`).
+pub fn longest_gap_at(
+    times: &[(Instant, Endpoint)],
+    from: Instant,
+    to: Instant,
+) -> (Duration, Duration) {
     let mut times: Vec<Instant> = times
         .iter()
         .map(|(t, _)| *t)
@@ -189,9 +198,11 @@ pub fn longest_gap(times: &[(Instant, Endpoint)], from: Instant, to: Instant) ->
         .collect();
     times.sort();
     let mut prev = from;
-    let mut gap = Duration::ZERO;
+    let mut gap = (Duration::ZERO, Duration::ZERO);
     for t in times.into_iter().chain([to]) {
-        gap = gap.max(t - prev);
+        if t - prev > gap.1 {
+            gap = (prev - from, t - prev);
+        }
         prev = t;
     }
     gap
