@@ -123,8 +123,13 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
     let waiting = ServiceWriter::start(client, ns, svc, pw, &format!("r{n}wait"), 1);
     let inside = (fault == Fault::Partition)
         .then(|| InsideWriter::start(&support::faults::pod_netns(&old_ip), pw, &format!("r{n}in")));
+    // Every writer, the one beside the primary too (its writes are what
+    // the fence is checked on), has written before the fault.
     wait_for("every writer to make progress", READY, || async {
-        (plain.iter().all(|w| w.acked() >= 200) && waiting.acked() >= 100).then_some(())
+        (plain.iter().all(|w| w.acked() >= 200)
+            && waiting.acked() >= 100
+            && inside.as_ref().is_none_or(|w| w.acked() >= 150))
+        .then_some(())
     })
     .await;
 

@@ -93,15 +93,28 @@ impl ServiceWriter {
         wait: i64,
         pause: Duration,
     ) -> Self {
+        let opts = ConnectOptions::default()
+            .with_password(pw.to_string())
+            .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+        Self::with_options(client, ns, svc, opts, prefix, wait, pause)
+    }
+
+    /// As [`ServiceWriter::paced`], connecting with `opts` (e.g. TLS).
+    pub fn with_options(
+        client: &Client,
+        ns: &str,
+        svc: &str,
+        opts: ConnectOptions,
+        prefix: &str,
+        wait: i64,
+        pause: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Mutex::new(Tally::default()));
         let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
-        let (svc, pw, prefix) = (svc.to_string(), pw.to_string(), prefix.to_string());
+        let (svc, prefix) = (svc.to_string(), prefix.to_string());
         let (s, t) = (stop.clone(), tally.clone());
         let task = tokio::spawn(async move {
-            let opts = ConnectOptions::default()
-                .with_password(pw)
-                .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
             let mut i = 0u64;
             let mut conn: Option<(Node, String)> = None;
             while !s.load(Ordering::SeqCst) {
@@ -279,6 +292,7 @@ impl Drop for Partition {
 /// A writer inside a pod's network namespace, writing to 127.0.0.1.
 pub struct InsideWriter {
     stop: Arc<AtomicBool>,
+    acked: Arc<std::sync::atomic::AtomicUsize>,
     thread: std::thread::JoinHandle<Tally>,
 }
 
@@ -286,6 +300,8 @@ impl InsideWriter {
     /// Writes `prefix:N` to the server of the pod whose namespace is `netns`.
     pub fn start(netns: &str, pw: &str, prefix: &str) -> InsideWriter {
         let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = acked.clone();
         let (s, netns, pw, prefix) = (
             stop.clone(),
             netns.to_string(),
@@ -323,12 +339,15 @@ impl InsideWriter {
                     i += 1;
                     let (key, sent, set) = set_next(node, &prefix, i).await;
                     match set {
-                        Ok(_) => tally.acks.push(Ack {
-                            key,
-                            ip: "127.0.0.1".into(),
-                            sent,
-                            acked: Instant::now(),
-                        }),
+                        Ok(_) => {
+                            tally.acks.push(Ack {
+                                key,
+                                ip: "127.0.0.1".into(),
+                                sent,
+                                acked: Instant::now(),
+                            });
+                            counted.fetch_add(1, Ordering::SeqCst);
+                        }
                         Err(e) => {
                             tally.failed += 1;
                             *tally.errors.entry(error_kind(&e)).or_default() += 1;
@@ -341,7 +360,16 @@ impl InsideWriter {
                 tally
             })
         });
-        InsideWriter { stop, thread }
+        InsideWriter {
+            stop,
+            acked,
+            thread,
+        }
+    }
+
+    /// Writes acknowledged so far.
+    pub fn acked(&self) -> usize {
+        self.acked.load(Ordering::SeqCst)
     }
 
     /// Stops it and returns what it saw.
