@@ -86,7 +86,7 @@ async fn materialize_one(ctx: &VolumeCtx<'_>, refs: &mut Refs, v: &Volume) -> Re
             None if optional => {}
             None => return Err(verr(name, format!("configmap \"{}\" not found", cm.name))),
         }
-        write_files(&own, &files)?;
+        write_files(&own, &files, fs_group(ctx.pod))?;
         return Ok(own);
     }
     if let Some(s) = &v.secret {
@@ -114,7 +114,7 @@ async fn materialize_one(ctx: &VolumeCtx<'_>, refs: &mut Refs, v: &Volume) -> Re
             None if optional => {}
             None => return Err(verr(name, format!("secret \"{sname}\" not found"))),
         }
-        write_files(&own, &files)?;
+        write_files(&own, &files, fs_group(ctx.pod))?;
         return Ok(own);
     }
     if let Some(d) = &v.downward_api {
@@ -126,7 +126,7 @@ async fn materialize_one(ctx: &VolumeCtx<'_>, refs: &mut Refs, v: &Volume) -> Re
             d.default_mode,
             &mut files,
         )?;
-        write_files(&own, &files)?;
+        write_files(&own, &files, fs_group(ctx.pod))?;
         return Ok(own);
     }
     if let Some(p) = &v.projected {
@@ -192,7 +192,7 @@ async fn materialize_one(ctx: &VolumeCtx<'_>, refs: &mut Refs, v: &Volume) -> Re
                 );
             }
         }
-        write_files(&own, &files)?;
+        write_files(&own, &files, fs_group(ctx.pod))?;
         return Ok(own);
     }
     if let Some(pvc) = &v.persistent_volume_claim {
@@ -364,9 +364,18 @@ fn downward_items(
     Ok(())
 }
 
+/// The pod's `securityContext.fsGroup`: like the kubelet, the files of
+/// configMap, secret, downwardAPI and projected volumes then belong to that
+/// group and are readable by it, whatever their mode.
+fn fs_group(pod: &Pod) -> Option<u32> {
+    let g = pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
+    u32::try_from(g).ok()
+}
+
 /// Writes key files into `dir` (atomically per file, only when changed) and
-/// removes files that are no longer part of the volume.
-fn write_files(dir: &Path, files: &Files) -> Result<()> {
+/// removes files that are no longer part of the volume; with `group`, each
+/// file belongs to it and is readable by it.
+fn write_files(dir: &Path, files: &Files, group: Option<u32>) -> Result<()> {
     std::fs::create_dir_all(dir).at(dir)?;
     for (rel, (content, mode)) in files {
         if rel.split('/').any(|c| c == "..") || rel.starts_with('/') {
@@ -383,7 +392,14 @@ fn write_files(dir: &Path, files: &Files) -> Result<()> {
         if !same {
             let tmp = path.with_extension("localnode-tmp");
             std::fs::write(&tmp, content).at(&tmp)?;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(*mode)).at(&tmp)?;
+            let mode = match group {
+                Some(g) => {
+                    std::os::unix::fs::chown(&tmp, None, Some(g)).at(&tmp)?;
+                    *mode | 0o040
+                }
+                None => *mode,
+            };
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).at(&tmp)?;
             std::fs::rename(&tmp, &path).at(&path)?;
         }
     }
@@ -417,13 +433,13 @@ mod tests {
         let mut f = Files::new();
         f.insert("a".into(), (b"1".to_vec(), 0o600));
         f.insert("sub/b".into(), (b"2".to_vec(), 0o644));
-        assert!(write_files(&dir, &f).is_ok());
+        assert!(write_files(&dir, &f, None).is_ok());
         assert_eq!(std::fs::read(dir.join("sub/b")).ok(), Some(b"2".to_vec()));
         f.remove("a");
-        assert!(write_files(&dir, &f).is_ok());
+        assert!(write_files(&dir, &f, None).is_ok());
         assert!(!dir.join("a").exists());
         f.insert("../x".into(), (vec![], 0o644));
-        assert!(write_files(&dir, &f).is_err());
+        assert!(write_files(&dir, &f, None).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
