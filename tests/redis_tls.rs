@@ -170,3 +170,124 @@ async fn tls_on_every_engine_that_supports_it() {
         "Debian's redis-server 7.0 is built with TLS; it must pass the TLS suite"
     );
 }
+
+/// What the operator's live renewal relies on: a server re-reads its
+/// certificate, key and CA files (same paths) on `CONFIG SET`, and only
+/// then: new files alone change nothing. Connections opened before stay
+/// up. Here the CA changes too (the new certificate is signed by another
+/// CA; the CA file holds both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_reads_renewed_files_on_config_set_and_keeps_its_clients() {
+    use redpilot::redis::rdb::served_certificate;
+    let dir = tempfile::tempdir().unwrap();
+    let old = TlsFiles::generate(&dir.path().join("ca1"));
+    let new = TlsFiles::generate(&dir.path().join("ca2"));
+    let srv = try_tls_server(
+        Engine::Redis70,
+        &old,
+        ServerConfig::default().password("tls-pw"),
+    )
+    .expect("Redis 7.0 is built with TLS");
+    let ep = srv.endpoint();
+    let both = [old.ca_pem.clone(), new.ca_pem.clone()].concat();
+    let opts = ConnectOptions::default()
+        .with_password("tls-pw")
+        .with_tls(TlsOptions::servers_of_ca(both));
+    let first = served_certificate(&ep, &opts).await.expect("handshake");
+    let mut before = Node::connect(&ep, &opts).await.expect("client before");
+
+    // New files in place (the kubelet's update of a mounted Secret).
+    std::fs::write(&old.cert, std::fs::read(&new.cert).unwrap()).unwrap();
+    std::fs::write(&old.key, std::fs::read(&new.key).unwrap()).unwrap();
+    std::fs::write(
+        &old.ca_cert,
+        [old.ca_pem.clone(), new.ca_pem.clone()].concat(),
+    )
+    .unwrap();
+    assert_eq!(
+        served_certificate(&ep, &opts).await.expect("handshake"),
+        first,
+        "new files alone are not read"
+    );
+    let mut admin = Node::connect(&ep, &opts).await.expect("admin");
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("SET");
+    for (k, f) in [
+        ("tls-cert-file", &old.cert),
+        ("tls-key-file", &old.key),
+        ("tls-ca-cert-file", &old.ca_cert),
+    ] {
+        cmd.arg(k).arg(f.display().to_string());
+    }
+    let t = std::time::Instant::now();
+    let _: () = admin.query("CONFIG SET", &cmd).await.expect("CONFIG SET");
+    let took = t.elapsed();
+    let now = served_certificate(&ep, &opts).await.expect("handshake");
+    assert_ne!(now, first, "the renewed certificate is served");
+    // Only the new CA is needed now.
+    let only_new = ConnectOptions::default()
+        .with_password("tls-pw")
+        .with_tls(TlsOptions::servers_of_ca(new.ca_pem.clone()));
+    Node::connect(&ep, &only_new)
+        .await
+        .expect("a client trusting only the new CA");
+    let pong: String = before
+        .query("PING", &redis::cmd("PING"))
+        .await
+        .expect("a client connected before the reload");
+    assert_eq!(pong, "PONG");
+    println!("reload: CONFIG SET of the three files took {took:?}");
+}
+
+/// Servers reached by address with certificates that name only DNS names
+/// (as a user's certificate for the Services does): with the servers' own
+/// CA and no name check ([`TlsOptions::servers_of_ca`]), commands and the
+/// snapshot stream connect; with the name checked they are refused, and a
+/// foreign CA is refused either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_reached_by_address_are_checked_by_chain_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::generate_for(&dir.path().join("ca"), &["cache.shop.svc"]);
+    let foreign = TlsFiles::generate(&dir.path().join("other"));
+    let srv = try_tls_server(Engine::Redis70, &tls, ServerConfig::default())
+        .expect("Redis 7.0 is built with TLS");
+    let ep = srv.endpoint();
+    let chain_only =
+        ConnectOptions::default().with_tls(TlsOptions::servers_of_ca(tls.ca_pem.clone()));
+    let mut node = Node::connect(&ep, &chain_only)
+        .await
+        .expect("chain checked, any name");
+    let pong: String = node.query("PING", &redis::cmd("PING")).await.expect("PING");
+    assert_eq!(pong, "PONG");
+    stream_rdb(&ep, &chain_only, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect("the snapshot stream too");
+    let named = ConnectOptions::default().with_tls(TlsOptions::with_ca(tls.ca_pem.clone()));
+    let err = Node::connect(&ep, &named)
+        .await
+        .expect_err("127.0.0.1 is not named");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+    let other =
+        ConnectOptions::default().with_tls(TlsOptions::servers_of_ca(foreign.ca_pem.clone()));
+    let err = Node::connect(&ep, &other).await.expect_err("another CA");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+    let err = stream_rdb(&ep, &other, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("another CA, snapshot stream");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+
+    // The sidecar's mode: nothing checked, on the loopback only.
+    let loopback = ConnectOptions::default().with_tls(TlsOptions::loopback());
+    Node::connect(&ep, &loopback)
+        .await
+        .expect("the pod's own server, unchecked");
+    let elsewhere = redpilot::redis::Endpoint::new("127.0.0.2", ep.port());
+    let err = Node::connect(&elsewhere, &loopback)
+        .await
+        .expect_err("unchecked TLS to another address");
+    assert!(err.to_string().contains("loopback only"), "{err}");
+    let err = stream_rdb(&ep, &loopback, &RdbOptions::default(), &mut Vec::new())
+        .await
+        .expect_err("a snapshot stream always checks");
+    assert!(err.to_string().contains("always checks"), "{err}");
+}

@@ -119,6 +119,16 @@ pub struct TlsOptions {
     pub client_cert_pem: Option<Vec<u8>>,
     /// PEM private key matching `client_cert_pem`. Redacted in `Debug`.
     pub client_key_pem: Option<Vec<u8>>,
+    /// Check the chain and dates only, not that the certificate names the
+    /// address connected to (servers reached by pod address: see
+    /// [`super::certs::ChainOnly`]). Only with `ca_pem`, a CA trusted for
+    /// these servers alone.
+    pub skip_name_check: bool,
+    /// Check nothing: for a server on the same pod's loopback only (a
+    /// sidecar's), which no other pod can answer for, and whose mounted CA
+    /// may run ahead of the certificate it serves while a CA changes.
+    /// Command connections only (the snapshot stream refuses it).
+    pub unverified: bool,
 }
 
 impl TlsOptions {
@@ -126,6 +136,25 @@ impl TlsOptions {
     pub fn with_ca(ca_pem: impl Into<Vec<u8>>) -> Self {
         Self {
             ca_pem: Some(ca_pem.into()),
+            ..Self::default()
+        }
+    }
+
+    /// TLS without any check of the server's certificate: only for a
+    /// server on the pod's own loopback (see [`TlsOptions::unverified`]).
+    pub fn loopback() -> Self {
+        Self {
+            unverified: true,
+            ..Self::default()
+        }
+    }
+
+    /// TLS trusting the given PEM CA bundle, which signs these servers
+    /// only, for servers reached by address: any name is accepted.
+    pub fn servers_of_ca(ca_pem: impl Into<Vec<u8>>) -> Self {
+        Self {
+            ca_pem: Some(ca_pem.into()),
+            skip_name_check: true,
             ..Self::default()
         }
     }
@@ -143,6 +172,8 @@ impl fmt::Debug for TlsOptions {
                 "client_key_pem",
                 &self.client_key_pem.as_ref().map(|_| "<redacted>"),
             )
+            .field("skip_name_check", &self.skip_name_check)
+            .field("unverified", &self.unverified)
             .finish()
     }
 }
@@ -238,12 +269,19 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
     }
     let addr = match &opts.tls {
         None => ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port),
-        Some(_) => ConnectionAddr::TcpTls {
-            host: endpoint.host.clone(),
-            port: endpoint.port,
-            insecure: false,
-            tls_params: None,
-        },
+        Some(tls) => {
+            if tls.skip_name_check && tls.ca_pem.is_none() {
+                return Err(Error::Config(
+                    "TLS without a name check needs the servers' own CA".into(),
+                ));
+            }
+            ConnectionAddr::TcpTls {
+                host: endpoint.host.clone(),
+                port: endpoint.port,
+                insecure: tls.unverified,
+                tls_params: None,
+            }
+        }
     };
     let config_err = |e: redis::RedisError| {
         Error::Config(format!("invalid connection settings for {endpoint}: {e}"))
@@ -253,6 +291,17 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
         .set_redis_settings(settings);
     match &opts.tls {
         None => Client::open(info).map_err(config_err),
+        Some(tls) if tls.unverified => {
+            if !(endpoint.host == "127.0.0.1"
+                || endpoint.host == "::1"
+                || endpoint.host == "localhost")
+            {
+                return Err(Error::Config(format!(
+                    "TLS without checking the certificate is for the pod's own loopback only, not {endpoint}"
+                )));
+            }
+            Client::open(info).map_err(config_err)
+        }
         Some(tls) => {
             let client_tls = match (&tls.client_cert_pem, &tls.client_key_pem) {
                 (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
@@ -270,10 +319,20 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
                 client_tls,
                 root_cert: tls.ca_pem.clone(),
             };
-            Client::build_with_tls(info, certs).map_err(|e| Error::Tls {
+            let tls_err = |e: redis::RedisError| Error::Tls {
                 endpoint: endpoint.to_string(),
                 message: e.to_string(),
-            })
+            };
+            let client = Client::build_with_tls(info, certs).map_err(tls_err)?;
+            if !tls.skip_name_check {
+                return Ok(client);
+            }
+            // The chain is still checked against `ca_pem`; the flag is set
+            // on the parameters the build made (it replaces the address's).
+            let info = client.get_connection_info().clone();
+            let mut addr = info.addr().clone();
+            addr.set_danger_accept_invalid_hostnames(true);
+            Client::open(info.set_addr(addr)).map_err(tls_err)
         }
     }
 }

@@ -8,6 +8,7 @@
 //! bounded [`ErrorCategory`] for metrics.
 
 pub mod actions;
+pub mod certs;
 pub mod cluster;
 pub mod config;
 mod conn;
