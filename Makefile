@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -206,6 +206,13 @@ bench-backup: engines tools-versitygw
 # 3-instance Redis bootstrapped from it, to Ready with every key.
 bench-restore: engines tools-versitygw cluster-up
 	REDPILOT_BACKUP_MB=$(BACKUP_MB) $(CARGO) test --test operator_backup -- --nocapture backup_to_s3
+
+# TLS measurements (hack/tls-bench.sh) on Redis 7.0: SET/GET through TLS vs
+# plain text, a replica's full sync over each, and the cost of a live
+# certificate reload. Knobs: BENCH_CLIENTS, BENCH_REQUESTS, BENCH_VALUE,
+# BENCH_SYNC_MB.
+bench-tls: engines
+	bash hack/tls-bench.sh
 
 run: setup tools-cluster engines
 	bash dev/run.sh

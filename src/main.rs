@@ -129,6 +129,15 @@ struct ExporterArgs {
     /// password comes from REDIS_PASSWORD.
     #[arg(long)]
     password_dir: Option<std::path::PathBuf>,
+    /// Connect with TLS, trusting this CA bundle (read at each connection;
+    /// the certificate's name is not checked: the server is reached by
+    /// address).
+    #[arg(long)]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// Connect with TLS without checking the certificate: for a server on
+    /// the pod's own loopback (the sidecar's), refused for any other host.
+    #[arg(long, conflicts_with = "tls_ca_file")]
+    tls_loopback: bool,
     /// Bound, in milliseconds, of the connection and of each command.
     #[arg(long, default_value_t = 2000)]
     timeout_ms: u64,
@@ -152,6 +161,10 @@ struct BackupArgs {
     /// The slot ranges of that shard, e.g. `0-5460`.
     #[arg(long, requires = "shard")]
     slots: Option<String>,
+    /// Connect with TLS, trusting this CA bundle (the certificate's name
+    /// is not checked: the server is reached by address).
+    #[arg(long)]
+    tls_ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -346,7 +359,9 @@ fn command(cli: Cli) -> ExitCode {
                 args.port,
                 args.password_dir,
                 std::time::Duration::from_millis(args.timeout_ms),
-            );
+            )
+            .with_tls_ca_file(args.tls_ca_file)
+            .with_tls_loopback(args.tls_loopback);
             match redpilot::exporter::run(&args.listen, settings) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -476,6 +491,12 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
             Some(user) => options.with_user(user, pw),
             None => options.with_password(pw),
         };
+    }
+    if let Some(file) = &args.tls_ca_file {
+        let ca = std::fs::read(file).map_err(|e| {
+            redpilot::backup::BackupError::Invalid(format!("--tls-ca-file {}: {e}", file.display()))
+        })?;
+        options = options.with_tls(redpilot::redis::TlsOptions::servers_of_ca(ca));
     }
     let source = Source {
         name: args.source_name.unwrap_or_else(|| endpoint.to_string()),

@@ -27,8 +27,8 @@ use redpilot::api::v1alpha1::RedisBackup;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use support::operator::{
-    OperatorOptions, apply_redis, connect_pod, kubectl, recent_events, redis_api, redis_password,
-    start_operator, wait_ready,
+    OperatorOptions, apply_redis, connect_pod, create_backup, ended, kubectl, recent_events,
+    redis_api, redis_password, start_operator, wait_ready,
 };
 use support::s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
 use support::writer::Writer;
@@ -62,15 +62,6 @@ fn backup_target(s3: &S3Server, secret: &str) -> Value {
     json!({"s3": s3_target(s3, secret)})
 }
 
-async fn create_backup(client: &Client, ns: &str, name: &str, spec: Value) {
-    let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
-                   "metadata": {"name": name}, "spec": spec});
-    Api::<RedisBackup>::namespaced(client.clone(), ns)
-        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
-        .await
-        .unwrap_or_else(|e| panic!("creating RedisBackup {name}: {e}"));
-}
-
 /// Waits for the backup to be Running and returns the name of its Job.
 async fn job_of(client: &Client, ns: &str, name: &str) -> String {
     let api: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
@@ -80,31 +71,6 @@ async fn job_of(client: &Client, ns: &str, name: &str) -> String {
         || async { api.get(name).await.ok()?.status?.job },
     )
     .await
-}
-
-/// Waits for the backup to end (Completed or Failed) and returns it.
-async fn ended(client: &Client, ns: &str, name: &str, timeout: Duration) -> RedisBackup {
-    let api: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
-    let start = Instant::now();
-    loop {
-        let b = api.get(name).await.expect("get backup");
-        let phase = b.status.as_ref().and_then(|s| s.phase);
-        if matches!(
-            phase,
-            Some(redpilot::api::v1alpha1::BackupPhase::Completed)
-                | Some(redpilot::api::v1alpha1::BackupPhase::Failed)
-        ) {
-            return b;
-        }
-        if start.elapsed() > timeout {
-            panic!(
-                "RedisBackup {name} did not end within {timeout:?}: {:?}\nevents:\n{}",
-                b.status,
-                recent_events(client, ns, 15).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 async fn seed(client: &Client, ns: &str, redis: &str, primary: &str) {

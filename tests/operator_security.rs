@@ -710,3 +710,476 @@ async fn acl_users_are_applied_live_everywhere_and_kept_across_restarts() {
     assert!(rv.is_some());
     assert_eq!(rv, rv2, "an idle pass leaves the server-auth Secret alone");
 }
+
+/// A throw-away CA for the TLS test.
+struct TestCa {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    fn new(name: &str) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("CA");
+        TestCa {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A server certificate for `names`, valid from `from` to `to` (seconds
+    /// from now), with its key: (tls.crt, tls.key, its DER).
+    fn server(&self, names: &[String], from: i64, to: i64) -> (String, String, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(names.to_vec()).expect("params");
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now + time::Duration::seconds(from);
+        params.not_after = now + time::Duration::seconds(to);
+        let cert = params.signed_by(&key, &self.issuer).expect("server cert");
+        (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+    }
+}
+
+/// Creates or replaces the Secret `name` with the three TLS files.
+async fn put_tls_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    cert: &str,
+    key: &str,
+    ca: &str,
+) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("redpilot-test").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("apply TLS secret");
+}
+
+/// The certificate (DER) the server at `ip:6379` presents.
+async fn served_certificate(ip: &str, ca: &str) -> Vec<u8> {
+    use std::sync::Arc;
+    let roots = redpilot::redis::certs::roots(ca.as_bytes()).expect("roots");
+    let verifier = redpilot::redis::certs::ChainOnly::new(roots).expect("verifier");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(verifier))
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect((ip, 6379))
+        .await
+        .expect("tcp");
+    let name = rustls::pki_types::ServerName::try_from(ip.to_string()).expect("name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (_, conn) = tls.get_ref();
+    conn.peer_certificates().expect("peer certificates")[0].to_vec()
+}
+
+/// Waits for a Degraded condition whose message contains `text`.
+async fn degraded_with(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    text: &str,
+) -> (String, String) {
+    wait_for(
+        &format!("{name} Degraded: {text}"),
+        Duration::from_secs(90),
+        || async {
+            let r = redis_api(client, ns).get(name).await.ok()?;
+            r.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True" && c.message.contains(text))
+                .map(|c| (c.reason, c.message))
+        },
+    )
+    .await
+}
+
+/// `spec.tls`: a Replication Redis on Redis 7.0 serves TLS only (a plain
+/// client is refused, a client with the CA is served), replicates over TLS,
+/// is probed and scraped over TLS; renewed certificates (the same CA,
+/// then another CA) are read live, without a restart, under a writer
+/// confirming each write with `WAIT 1`, with no confirmed write lost and
+/// the new certificate served; an expired certificate is refused without
+/// touching the servers; a Redis whose Secret is missing gets no pods; TLS
+/// cannot be removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
+    use redpilot::redis::{ErrorCategory, TlsOptions};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let ca = TestCa::new("redpilot test CA");
+    let names = vec!["cache".to_string(), format!("cache.{ns}.svc")];
+    let (cert, key, _) = ca.server(&names, -60, 86_400);
+    put_tls_secret(&client, ns, "cache-tls", &cert, &key, &ca.pem).await;
+    // A Secret that does not exist yet: Degraded naming it, no pods.
+    apply_redis(
+        &client,
+        ns,
+        "other",
+        json!({"mode": "Replication", "instances": 2, "tls": {"secretName": "other-tls"}}),
+    )
+    .await;
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Replication", "instances": 2, "version": "7.0",
+               "tls": {"secretName": "cache-tls"}}),
+    )
+    .await;
+    let redis = wait_ready(&client, ns, "cache", READY).await;
+    let (reason, message) = degraded_with(&client, ns, "other", "other-tls").await;
+    println!("missing Secret: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(
+        message.contains("not found (spec.tls.secretName)"),
+        "{message}"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    assert!(
+        sts.get_opt("other").await.expect("get").is_none(),
+        "no pods for it"
+    );
+
+    // TLS only: a plain client gets nothing, one with the CA is served.
+    let pw = redis_password(&client, ns, "cache").await;
+    let primary = redis
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let pods = ips(&client, ns, "cache").await;
+    let ip_of = |pod: &str| {
+        pods.iter()
+            .find(|(n, _)| n == pod)
+            .map(|(_, ip)| ip.clone())
+    };
+    let primary_ip = ip_of(&primary).expect("primary ip");
+    let ep = Endpoint::new(&primary_ip, 6379);
+    let quick = (Duration::from_millis(500), Duration::from_millis(500));
+    let plain = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(quick.0, quick.1);
+    let err = Node::connect(&ep, &plain)
+        .await
+        .expect_err("plain text refused");
+    println!("plain client: {err}");
+    let tls = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(TlsOptions::servers_of_ca(ca.pem.clone().into_bytes()));
+    let other_ca = TestCa::new("another CA");
+    let wrong = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(TlsOptions::servers_of_ca(other_ca.pem.clone().into_bytes()));
+    let err = Node::connect(&ep, &wrong).await.expect_err("another CA");
+    assert_eq!(err.category(), ErrorCategory::Tls, "{err}");
+    let mut node = Node::connect(&ep, &tls).await.expect("TLS client");
+    let _: () = node
+        .query("SET", redis::cmd("SET").arg("over").arg("tls"))
+        .await
+        .expect("SET");
+    // Every instance: no plain port, replication over TLS, link up.
+    for (pod, ip) in &pods {
+        let mut n = Node::connect(&Endpoint::new(ip, 6379), &tls)
+            .await
+            .expect("TLS");
+        let port: Vec<String> = n
+            .query("CONFIG GET", redis::cmd("CONFIG").arg("GET").arg("port"))
+            .await
+            .expect("CONFIG GET");
+        assert_eq!(port, ["port", "0"], "{pod}: no plain-text port");
+        let repl: Vec<String> = n
+            .query(
+                "CONFIG GET",
+                redis::cmd("CONFIG").arg("GET").arg("tls-replication"),
+            )
+            .await
+            .expect("CONFIG GET");
+        assert_eq!(repl, ["tls-replication", "yes"], "{pod}");
+        let info = n.info().await.expect("INFO");
+        if *pod == primary {
+            assert_eq!(
+                info.replication.replicas.len(),
+                1,
+                "{pod}: its replica is attached"
+            );
+        } else {
+            let v: String = n
+                .query("GET", redis::cmd("GET").arg("over"))
+                .await
+                .expect("GET on the replica");
+            assert_eq!(v, "tls", "{pod}: replicated over TLS");
+        }
+    }
+    // The readiness probe (the pods are Ready) and the sidecar speak TLS.
+    let page = http_get(
+        format!("{primary_ip}:9121").parse().expect("addr"),
+        "/metrics",
+    )
+    .await
+    .expect("scrape");
+    assert!(
+        page.contains("redis_up 1"),
+        "the sidecar is connected over TLS"
+    );
+
+    // The backup agent reads the snapshot over TLS (it mounts ca.crt).
+    support::operator::create_claim(&client, ns, "backups").await;
+    support::operator::create_backup(
+        &client,
+        ns,
+        "tls-backup",
+        json!({"redis": "cache", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let done = support::operator::ended(&client, ns, "tls-backup", Duration::from_secs(180))
+        .await
+        .status
+        .expect("status");
+    assert_eq!(
+        done.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{done:?}"
+    );
+    let claim_uid =
+        Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), ns)
+            .get("backups")
+            .await
+            .expect("claim")
+            .metadata
+            .uid
+            .expect("uid");
+    let key = done.key.clone().expect("key");
+    let stored = support::repo_root().join(format!(
+        ".dev/localnode/volumes/pvc-{claim_uid}/redis/{key}"
+    ));
+    let rdb = std::fs::read(&stored).unwrap_or_else(|e| panic!("{}: {e}", stored.display()));
+    assert!(rdb.starts_with(b"REDIS"), "a snapshot file");
+    assert!(
+        rdb.windows(4).any(|w| w == b"over"),
+        "the key written over TLS is in it"
+    );
+    println!("backup over TLS: {} bytes stored", rdb.len());
+
+    // Renewals, read live under a writer confirming each write with
+    // `WAIT 1` (trusting both CAs, as a client does while a CA changes):
+    // first a new certificate from the same CA, then one from another CA
+    // with only that CA in ca.crt. No pod restarts; every instance ends up
+    // serving the Secret's certificate; no confirmed write is lost.
+    let uids = |client: kube::Client| async move {
+        let mut v: Vec<String> = redis_pods(&client, ns, "cache")
+            .await
+            .values()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = uids(client.clone()).await;
+    let ca2 = TestCa::new("redpilot test CA 2");
+    let trusting_both = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(TlsOptions::servers_of_ca(
+            format!("{}{}", ca.pem, ca2.pem).into_bytes(),
+        ))
+        .with_timeouts(quick.0, Duration::from_secs(1));
+    let writer = support::faults::ServiceWriter::with_options(
+        &client,
+        ns,
+        "cache",
+        trusting_both.clone(),
+        "renew",
+        1,
+        Duration::from_millis(2),
+    );
+    wait_for("writes flowing", Duration::from_secs(30), || async {
+        (writer.acked() > 50).then_some(())
+    })
+    .await;
+    let both_pem = format!("{}{}", ca.pem, ca2.pem);
+    for (step, issuer, ca_file) in [
+        ("same CA", &ca, ca.pem.clone()),
+        ("new CA", &ca2, ca2.pem.clone()),
+    ] {
+        let (cert2, key2, der2) = issuer.server(&names, -60, 2 * 86_400);
+        // No instance leaves its Services meanwhile (the probe is not
+        // fooled by a mounted CA running ahead of the served certificate).
+        let unready = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sample_readiness =
+            |client: kube::Client, unready: std::sync::Arc<std::sync::Mutex<Vec<String>>>| async move {
+                for (name, p) in redis_pods(&client, ns, "cache").await {
+                    let ready = p
+                        .status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter().flatten())
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    if !ready && let Ok(mut u) = unready.lock() {
+                        u.push(name);
+                    }
+                }
+            };
+        // The CA change with the operator held (spec.paused) until the
+        // kubelet has surely updated the mounted files (the local node
+        // every 20 s): the new CA is on disk while the servers still serve
+        // the old certificate, the window a busy operator leaves.
+        let held = step == "new CA";
+        if held {
+            support::operator::patch_redis(&client, ns, "cache", json!({"spec": {"paused": true}}))
+                .await;
+        }
+        let renewed = Instant::now();
+        put_tls_secret(&client, ns, "cache-tls", &cert2, &key2, &ca_file).await;
+        if held {
+            while renewed.elapsed() < Duration::from_secs(30) {
+                sample_readiness(client.clone(), unready.clone()).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            support::operator::patch_redis(
+                &client,
+                ns,
+                "cache",
+                json!({"spec": {"paused": false}}),
+            )
+            .await;
+        }
+        let both_pem = both_pem.clone();
+        let der = der2.clone();
+        let all_ips = ips(&client, ns, "cache").await;
+        wait_for(
+            &format!("{step}: every instance serves the renewed certificate"),
+            Duration::from_secs(180),
+            || {
+                let (all_ips, both_pem, der) = (all_ips.clone(), both_pem.clone(), der.clone());
+                let sampled = sample_readiness(client.clone(), unready.clone());
+                async move {
+                    sampled.await;
+                    for (_, ip) in &all_ips {
+                        if served_certificate(ip, &both_pem).await != der {
+                            return None;
+                        }
+                    }
+                    Some(())
+                }
+            },
+        )
+        .await;
+        let unready = unready.lock().map(|u| u.clone()).unwrap_or_default();
+        assert!(
+            unready.is_empty(),
+            "{step}: instances unready during the renewal: {unready:?}"
+        );
+        println!(
+            "{step}: every instance served the renewed certificate {:.1} s after the Secret changed",
+            renewed.elapsed().as_secs_f64()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tally = writer.stop().await;
+    assert_eq!(
+        uids(client.clone()).await,
+        before,
+        "no pod restarted for a renewal"
+    );
+    let events = support::operator::recent_events(&client, ns, 40).await;
+    assert!(events.contains("CertificateReloaded"), "{events}");
+    let r = redis_api(&client, ns).get("cache").await.expect("redis");
+    let new_primary = r
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let new_ip = ip_of(&new_primary).expect("ip");
+    let only_new = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(TlsOptions::servers_of_ca(ca2.pem.clone().into_bytes()));
+    let mut n = Node::connect(&Endpoint::new(&new_ip, 6379), &only_new)
+        .await
+        .expect("a client trusting only the new CA");
+    let info = n.info().await.expect("INFO");
+    assert_eq!(
+        info.replication.replicas.len(),
+        1,
+        "the replica is still attached"
+    );
+    let keys = tally.keys();
+    let mut lost = 0;
+    for chunk in keys.chunks(500) {
+        let mut cmd = redis::cmd("EXISTS");
+        for k in chunk {
+            cmd.arg(k);
+        }
+        let found: usize = n.query("EXISTS", &cmd).await.expect("EXISTS");
+        lost += chunk.len() - found;
+    }
+    println!(
+        "renewals: {} confirmed writes, {} failed, {} unconfirmed, {lost} lost, errors {:?}",
+        keys.len(),
+        tally.failed,
+        tally.unreplicated,
+        tally.errors
+    );
+    assert!(keys.len() > 50, "the writer wrote");
+    assert_eq!(lost, 0, "confirmed writes lost across the renewals");
+    let der2 = served_certificate(&new_ip, &ca2.pem).await;
+
+    // An expired certificate is refused: Degraded naming it, no restart.
+    let running = uids(client.clone()).await;
+    let (old, old_key, _) = ca2.server(&names, -7200, -3600);
+    put_tls_secret(&client, ns, "cache-tls", &old, &old_key, &ca2.pem).await;
+    poke(&client, ns, "cache", 2).await;
+    let (reason, message) = degraded_with(&client, ns, "cache", "tls.crt has expired").await;
+    println!("expired: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(!message.contains("PRIVATE KEY"), "{message}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        uids(client.clone()).await,
+        running,
+        "no pod restarted for an expired certificate"
+    );
+    assert_eq!(
+        served_certificate(&new_ip, &ca2.pem).await,
+        der2,
+        "still the valid one"
+    );
+
+    // TLS cannot be turned off (yet): the API server refuses it.
+    let off = redis_api(&client, ns)
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"tls": null}})),
+        )
+        .await
+        .expect_err("spec.tls removed");
+    assert!(
+        off.to_string().contains("spec.tls is set at creation only"),
+        "{off}"
+    );
+}

@@ -29,12 +29,14 @@ mod backup;
 mod monitoring;
 mod network;
 mod schedule;
+mod tls;
 mod users;
 pub use autopilot::*;
 pub use backup::*;
 pub use monitoring::*;
 pub use network::*;
 pub use schedule::*;
+pub use tls::*;
 pub use users::*;
 
 /// Configuration keys the operator owns: setting them in `spec.config` would
@@ -64,6 +66,12 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
     "tls-cert-file",
     "tls-key-file",
     "tls-ca-cert-file",
+    "tls-ca-cert-dir",
+    "tls-replication",
+    "tls-cluster",
+    "tls-auth-clients",
+    "tls-client-cert-file",
+    "tls-client-key-file",
     "cluster-enabled",
     "cluster-config-file",
     // Cluster mode: the operator sets the addresses and the failure timing.
@@ -101,7 +109,7 @@ pub const OPERATOR_OWNED_CONFIG: &[&str] = &[
 ];
 
 /// CEL: the value is a DNS subdomain, the format of most object names.
-const DNS_SUBDOMAIN: &str =
+pub(crate) const DNS_SUBDOMAIN: &str =
     "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
 
 /// One CEL rule per operator-owned key, so the message names exactly the
@@ -314,6 +322,12 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
         .optional_old_self(true)
         .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
         .field_path(".persistence"),
+    validation = Rule::new("!has(self.tls) || !has(self.mode) || self.mode != 'Cluster'")
+        .message("spec.tls: TLS in Cluster mode (the cluster bus, and the nodes' start-up checks of their peers) is not supported yet")
+        .field_path(".tls"),
+    validation = Rule::new("has(self.tls) == has(oldSelf.tls)")
+        .message("spec.tls is set at creation only: turning TLS on or off on a running Redis is not supported yet")
+        .field_path(".tls"),
     validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
         .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
         .field_path(".hibernate"),
@@ -465,6 +479,11 @@ pub struct RedisSpec {
     #[schemars(length(max = 32))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub users: Vec<UserSpec>,
+
+    /// TLS for clients and replication, with the certificate from a
+    /// Secret (see `TlsSpec`). Set at creation only; not in Cluster mode yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
 }
 
 /// `spec.version` when it is not set.

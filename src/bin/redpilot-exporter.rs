@@ -4,7 +4,8 @@
 //! the exporter, not the operator, the backup agent or the Kubernetes client.
 //!
 //!   redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT]
-//!                     [--password-dir DIR] [--timeout-ms MS]
+//!                     [--password-dir DIR] [--tls-ca-file FILE | --tls-loopback]
+//!                     [--timeout-ms MS]
 //!
 //! Without `--password-dir` the password comes from `REDIS_PASSWORD`.
 
@@ -18,6 +19,8 @@ struct Args {
     host: String,
     port: u16,
     password_dir: Option<std::path::PathBuf>,
+    tls_ca_file: Option<std::path::PathBuf>,
+    tls_loopback: bool,
     timeout_ms: u64,
 }
 
@@ -27,6 +30,8 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         host: "127.0.0.1".into(),
         port: 6379,
         password_dir: None,
+        tls_ca_file: None,
+        tls_loopback: false,
         timeout_ms: 2000,
     };
     while let Some(arg) = argv.next() {
@@ -36,6 +41,10 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         };
         if key == "--help" || key == "-h" {
             return Err(String::new());
+        }
+        if key == "--tls-loopback" {
+            a.tls_loopback = true;
+            continue;
         }
         let value = match inline {
             Some(v) => v,
@@ -50,6 +59,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|_| format!("--port: not a port: {value}"))?
             }
             "--password-dir" => a.password_dir = Some(value.into()),
+            "--tls-ca-file" => a.tls_ca_file = Some(value.into()),
             "--timeout-ms" => {
                 a.timeout_ms = value
                     .parse()
@@ -69,7 +79,7 @@ fn main() -> ExitCode {
                 eprintln!("redpilot-exporter: {e}");
             }
             eprintln!(
-                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--timeout-ms MS]"
+                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--tls-ca-file FILE | --tls-loopback] [--timeout-ms MS]"
             );
             return if e.is_empty() {
                 ExitCode::SUCCESS
@@ -84,7 +94,9 @@ fn main() -> ExitCode {
         args.port,
         args.password_dir,
         Duration::from_millis(args.timeout_ms),
-    );
+    )
+    .with_tls_ca_file(args.tls_ca_file)
+    .with_tls_loopback(args.tls_loopback);
     match redpilot::exporter::run(&args.listen, settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

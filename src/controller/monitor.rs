@@ -147,6 +147,9 @@ pub struct Target {
     /// address may belong to another pod by now (of another tenant), so
     /// it is probed at the TCP level only and never sent the password.
     pub authenticate: bool,
+    /// With TLS, the CA bundle the primary's certificate is checked
+    /// against (chain and dates, not the name).
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// What the probes found.
@@ -407,6 +410,10 @@ async fn probe_loop(
             target.password.clone(),
         )
         .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
+    let opts = match &target.tls_ca {
+        Some(ca) => opts.with_tls(crate::redis::TlsOptions::servers_of_ca(ca.clone())),
+        None => opts,
+    };
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn: Option<Node> = None;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use crate::controller::redis::build::EXPORTER_USER;
-use crate::redis::{ConnectOptions, Endpoint, Node};
+use crate::redis::{ConnectOptions, Endpoint, Node, TlsOptions};
 use render::Exposition;
 
 /// Where the exporter finds its server and password.
@@ -33,6 +33,12 @@ pub struct Settings {
     pub password: Option<String>,
     /// Bound of the connection and of each command.
     pub timeout: Duration,
+    /// TLS: the CA bundle to trust, read at each connection (a renewed
+    /// certificate may come with a new CA); names are not checked.
+    pub tls_ca_file: Option<PathBuf>,
+    /// TLS to the pod's own loopback without checking the certificate
+    /// (the sidecar's case: see [`TlsOptions::unverified`]).
+    pub tls_loopback: bool,
 }
 
 impl Settings {
@@ -46,7 +52,21 @@ impl Settings {
                 .ok()
                 .filter(|p| !p.is_empty()),
             timeout,
+            tls_ca_file: None,
+            tls_loopback: false,
         }
+    }
+
+    /// Connects with TLS to the pod's own loopback, checking nothing.
+    pub fn with_tls_loopback(mut self, on: bool) -> Self {
+        self.tls_loopback = on;
+        self
+    }
+
+    /// Connects with TLS trusting the CA bundle in `file` (none: plain).
+    pub fn with_tls_ca_file(mut self, file: Option<PathBuf>) -> Self {
+        self.tls_ca_file = file;
+        self
     }
 }
 
@@ -141,8 +161,23 @@ impl Exporter {
         if candidates.is_empty() {
             candidates.push((None, String::new()));
         }
+        let tls = match &self.settings.tls_ca_file {
+            Some(file) => Some(std::fs::read(file).map(TlsOptions::servers_of_ca).map_err(
+                |e| {
+                    crate::redis::Error::Config(format!(
+                        "reading the CA bundle {}: {e}",
+                        file.display()
+                    ))
+                },
+            )?),
+            None if self.settings.tls_loopback => Some(TlsOptions::loopback()),
+            None => None,
+        };
         for (user, password) in candidates {
             let mut opts = ConnectOptions::default().with_timeouts(t, t);
+            if let Some(tls) = &tls {
+                opts = opts.with_tls(tls.clone());
+            }
             match user {
                 Some(u) => opts = opts.with_user(u, password),
                 None if !password.is_empty() => opts = opts.with_password(password),

@@ -1426,3 +1426,43 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     // Fields after the command: state is 0, utime 11, stime 12.
     (ticks(11) + ticks(12)) / 100.0
 }
+
+/// Creates (or updates) the RedisBackup `name` with `spec`.
+pub async fn create_backup(client: &Client, ns: &str, name: &str, spec: Value) {
+    let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+                   "metadata": {"name": name}, "spec": spec});
+    Api::<redpilot::api::v1alpha1::RedisBackup>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
+        .await
+        .unwrap_or_else(|e| panic!("creating RedisBackup {name}: {e}"));
+}
+
+/// Waits for the backup to end (Completed or Failed) and returns it.
+pub async fn ended(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> redpilot::api::v1alpha1::RedisBackup {
+    let api: Api<redpilot::api::v1alpha1::RedisBackup> = Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    loop {
+        let b = api.get(name).await.expect("get backup");
+        let phase = b.status.as_ref().and_then(|s| s.phase);
+        if matches!(
+            phase,
+            Some(redpilot::api::v1alpha1::BackupPhase::Completed)
+                | Some(redpilot::api::v1alpha1::BackupPhase::Failed)
+        ) {
+            return b;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "RedisBackup {name} did not end within {timeout:?}: {:?}\nevents:\n{}",
+                b.status,
+                recent_events(client, ns, 15).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -239,6 +239,9 @@ pub struct JobSource<'a> {
     pub host: &'a str,
     /// In Cluster mode: the shard's index and its slots (`0-5460,…`).
     pub shard: Option<(i32, &'a str)>,
+    /// The Redis's `spec.tls` Secret: the agent connects with TLS,
+    /// trusting its `ca.crt` (the only file it mounts).
+    pub tls_secret: Option<&'a str>,
 }
 
 /// The Job `name` that runs `redpilot backup` against `from` and stores
@@ -270,6 +273,16 @@ pub fn job(
             index.to_string(),
             "--slots".into(),
             slots.to_string(),
+        ]);
+    }
+    if from.tls_secret.is_some() {
+        args.extend([
+            "--tls-ca-file".to_string(),
+            format!(
+                "{}/{}",
+                build::TLS_DIR,
+                crate::controller::redis::tls::CA_FILE
+            ),
         ]);
     }
     args.extend(target.args(key));
@@ -304,8 +317,42 @@ pub fn job(
     let mut j = agent_job(b, name, args, env, target);
     if let Some(spec) = j.spec.as_mut() {
         spec.active_deadline_seconds = Some(b.spec.timeout_seconds());
+        if let (Some(secret), Some(pod)) = (from.tls_secret, spec.template.spec.as_mut()) {
+            add_ca_volume(pod, secret);
+        }
     }
     j
+}
+
+/// Mounts `ca.crt` of the TLS Secret `secret` at [`build::TLS_DIR`] in
+/// the agent's container: the CA only (no key), readable by any user (the
+/// agent's user is the image's).
+fn add_ca_volume(pod: &mut PodSpec, secret: &str) {
+    use crate::controller::redis::tls::CA_FILE;
+    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: "tls-ca".into(),
+        secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                key: CA_FILE.into(),
+                path: CA_FILE.into(),
+                ..Default::default()
+            }]),
+            default_mode: Some(0o444),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for c in &mut pod.containers {
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: "tls-ca".into(),
+                mount_path: build::TLS_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+    }
 }
 
 /// The name of the Job that deletes a stored backup.
@@ -707,6 +754,7 @@ mod tests {
                 pod: "cache-1",
                 host: "10.244.0.5",
                 shard: None,
+                tls_secret: None,
             },
             "ns/cache/b1-t.rdb",
             true,

@@ -292,10 +292,17 @@ impl Pass {
         shard: Option<(i32, &str)>,
     ) -> Result<Option<String>, Error> {
         let as_user = self.agent_user().await?.unwrap_or(true);
+        // A Redis with TLS is read over TLS: the agent gets its CA.
+        let tls_secret = self
+            .ctx
+            .redis
+            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
+            .and_then(|r| r.spec.tls.as_ref().map(|t| t.secret_name.clone()));
         let from = job::JobSource {
             pod: source,
             host,
             shard,
+            tls_secret: tls_secret.as_deref(),
         };
         let j = job::job(&self.b, name, self.target()?, &from, key, as_user);
         match self.apply(j).await {

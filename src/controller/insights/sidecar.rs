@@ -40,27 +40,46 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
     if !m.exporter {
         return None;
     }
+    let tls = redis.spec.tls.is_some();
+    let ca = format!(
+        "{}/{}",
+        crate::controller::redis::build::TLS_DIR,
+        crate::controller::redis::tls::CA_FILE
+    );
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its
         // own, `redpilot-exporter`), which follows a password rotation
         // through the mounted Secret.
         None => (
             super::super::agent::operator_image(),
-            Some(vec![
-                "redpilot-exporter".to_string(),
-                format!("--port={REDIS_PORT}"),
-                format!("--password-dir={AUTH_MOUNT}"),
-            ]),
+            Some(
+                [
+                    "redpilot-exporter".to_string(),
+                    format!("--port={REDIS_PORT}"),
+                    format!("--password-dir={AUTH_MOUNT}"),
+                ]
+                .into_iter()
+                // The pod's own loopback: nothing to check (the mounted CA
+                // may run ahead of the served certificate during a CA
+                // change, which must not blind the metrics).
+                .chain(tls.then(|| "--tls-loopback".to_string()))
+                .collect(),
+            ),
             vec![],
         ),
         // Another image: its entrypoint, configured by the environment.
+        // With TLS, the redis_exporter convention: a rediss:// address and
+        // the CA bundle's path.
         Some(image) => (
             image.clone(),
             None,
             vec![
                 EnvVar {
                     name: "REDIS_ADDR".into(),
-                    value: Some(format!("redis://127.0.0.1:{REDIS_PORT}")),
+                    value: Some(format!(
+                        "{}://127.0.0.1:{REDIS_PORT}",
+                        if tls { "rediss" } else { "redis" }
+                    )),
                     ..Default::default()
                 },
                 EnvVar {
@@ -75,9 +94,25 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                     }),
                     ..Default::default()
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(tls.then(|| EnvVar {
+                name: "REDIS_EXPORTER_TLS_CA_CERT_FILE".into(),
+                value: Some(ca.clone()),
+                ..Default::default()
+            }))
+            .collect(),
         ),
     };
+    let mut mounts = vec![VolumeMount {
+        name: AUTH_VOLUME.into(),
+        mount_path: AUTH_MOUNT.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    if tls {
+        mounts.push(crate::controller::redis::statefulset::tls_mount());
+    }
     let container = Container {
         name: CONTAINER.into(),
         image: Some(image),
@@ -95,12 +130,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 .clone()
                 .unwrap_or_else(default_resources),
         ),
-        volume_mounts: Some(vec![VolumeMount {
-            name: AUTH_VOLUME.into(),
-            mount_path: AUTH_MOUNT.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(mounts),
         security_context: Some(crate::controller::redis::build::restricted_security_context()),
         ..Default::default()
     };

@@ -242,6 +242,9 @@ pub fn server_auth_secret(
     if let Some(h) = &auth.users_applied {
         data.insert(USERS_APPLIED_KEY.to_string(), bytes(h));
     }
+    if let Some(ca) = &auth.tls_ca {
+        data.insert(TLS_CA_APPLIED_KEY.to_string(), bytes(ca));
+    }
     Secret {
         metadata: meta(redis, names.server_auth()),
         data: Some(data),

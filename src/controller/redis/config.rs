@@ -28,13 +28,15 @@ fn base_config(redis: &Redis) -> Vec<String> {
     let p = redis.spec.persistence();
     let mut lines = vec![
         "# Managed by Redpilot. Change spec.config of the Redis resource instead.".to_string(),
-        format!("port {}", build::REDIS_PORT),
+    ];
+    lines.extend(port_lines(redis));
+    lines.extend([
         "bind * -::*".to_string(),
         "protected-mode no".to_string(),
         "dir /data".to_string(),
         "daemonize no".to_string(),
         "logfile \"\"".to_string(),
-    ];
+    ]);
     if p.rdb {
         lines.push("save 3600 1 300 100 60 10000".to_string());
     } else {
@@ -68,6 +70,26 @@ fn base_config(redis: &Redis) -> Vec<String> {
     // The password (requirepass, masterauth) from the server-auth Secret.
     lines.push(format!("include {}", build::AUTH_CONF_PATH));
     lines
+}
+
+/// The listening port: plain, or with `spec.tls` TLS only on the same
+/// port (`port 0`), with replication over TLS too.
+fn port_lines(redis: &Redis) -> Vec<String> {
+    if redis.spec.tls.is_none() {
+        return vec![format!("port {}", build::REDIS_PORT)];
+    }
+    let dir = build::TLS_DIR;
+    vec![
+        "port 0".to_string(),
+        format!("tls-port {}", build::REDIS_PORT),
+        format!("tls-cert-file {dir}/{}", super::tls::CERT_FILE),
+        format!("tls-key-file {dir}/{}", super::tls::KEY_FILE),
+        format!("tls-ca-cert-file {dir}/{}", super::tls::CA_FILE),
+        // Clients are not asked for a certificate: they authenticate with
+        // a password or an ACL user.
+        "tls-auth-clients no".to_string(),
+        "tls-replication yes".to_string(),
+    ]
 }
 
 /// Quotes a redis.conf value when it has spaces or quotes.
@@ -296,6 +318,36 @@ mod tests {
             limits: Some(BTreeMap::from([("memory".to_string(), Quantity(q.into()))])),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn with_tls_the_port_is_tls_only_and_replication_uses_it() {
+        let r = crate::controller::redis::build::test_redis(crate::api::v1alpha1::RedisSpec {
+            tls: Some(crate::api::v1alpha1::TlsSpec {
+                secret_name: "cache-tls".into(),
+            }),
+            ..Default::default()
+        });
+        let conf = redis_conf(&r);
+        for line in [
+            "port 0",
+            "tls-port 6379",
+            "tls-cert-file /etc/redis-tls/tls.crt",
+            "tls-key-file /etc/redis-tls/tls.key",
+            "tls-ca-cert-file /etc/redis-tls/ca.crt",
+            "tls-replication yes",
+            "tls-auth-clients no",
+        ] {
+            assert!(conf.lines().any(|l| l == line), "{line} in\n{conf}");
+        }
+        assert!(!conf.lines().any(|l| l == "port 6379"), "{conf}");
+        let plain = redis_conf(&crate::controller::redis::build::test_redis(
+            Default::default(),
+        ));
+        assert!(
+            plain.lines().any(|l| l == "port 6379") && !plain.contains("tls"),
+            "{plain}"
+        );
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct ServerAuth {
     pub users: String,
     /// The hash of `users` once every instance runs them.
     pub users_applied: Option<String>,
+    /// With `spec.tls`: the CA bundle of the certificate every instance
+    /// was last seen to serve ([`build::TLS_CA_APPLIED_KEY`]).
+    pub tls_ca: Option<String>,
 }
 
 fn key(secret: &Secret, key: &str) -> Option<String> {
@@ -71,6 +74,7 @@ pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
         backup: key(secret, build::BACKUP_PASSWORD_KEY).unwrap_or_default(),
         users: key(secret, build::USERS_CONF_KEY).unwrap_or_default(),
         users_applied: key(secret, build::USERS_APPLIED_KEY),
+        tls_ca: key(secret, build::TLS_CA_APPLIED_KEY),
     })
 }
 

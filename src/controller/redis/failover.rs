@@ -346,6 +346,7 @@ impl Reconciler {
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
                 authenticate,
+                tls_ca: self.tls_ca(),
             },
         );
     }
@@ -385,6 +386,7 @@ impl Reconciler {
                     silence: silence_bound(&spec.failover()),
                     password: password.to_string(),
                     authenticate: true,
+                    tls_ca: self.tls_ca(),
                 },
             );
         }

@@ -49,6 +49,7 @@ pub mod replication;
 pub mod rollout;
 pub mod statefulset;
 pub mod status;
+pub mod tls;
 pub mod upgrade;
 pub mod users;
 pub mod wiring;
@@ -103,6 +104,8 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         autopilot_cond: None,
         upgrade_cond: None,
         autopilot_due: None,
+        tls: None,
+        recheck_in: None,
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -166,6 +169,11 @@ pub struct Reconciler {
     upgrade_cond: Option<facts::Cond>,
     /// When the memory autopilot wants to look again (a cooldown ending).
     autopilot_due: Option<Duration>,
+    /// The certificate Secret of `spec.tls`, checked this pass.
+    tls: Option<tls::TlsMaterial>,
+    /// When a healthy Redis is to be looked at again sooner than the
+    /// periodic pass (a certificate reload waiting for the kubelet).
+    recheck_in: Option<Duration>,
 }
 
 impl Reconciler {
@@ -257,9 +265,13 @@ impl Reconciler {
     }
 
     fn connect_options(&self, password: &str) -> ConnectOptions {
-        ConnectOptions::default()
+        let opts = ConnectOptions::default()
             .with_user_or_default(build::OPERATOR_USER, password.to_string())
-            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5))
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+        match &self.tls {
+            Some(t) => opts.with_tls(t.options.clone()),
+            None => opts,
+        }
     }
 
     fn engine_version(&self) -> (EngineKind, Version) {
@@ -307,7 +319,11 @@ impl Reconciler {
     async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Action>, Error> {
         let (wanted, auth) = match self.passwords(paused).await? {
             Ok(p) => p,
-            Err(e) => return Ok(Err(self.fail_status(e).await?)),
+            Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
+        };
+        self.tls = match self.tls_material(&auth).await? {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(self.fail_status("InvalidCertificate", e).await?)),
         };
         let opts = self.connect_options(&auth.current);
         let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;

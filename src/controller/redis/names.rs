@@ -63,6 +63,14 @@ pub const PROBE_USER: &str = "redpilot-probe";
 /// the kubelet resolves at every container start: a mounted file can lag
 /// behind a rotation) for redis.conf to include.
 pub const AUTH_CONF_PATH: &str = "/tmp/redpilot-auth.conf";
+/// Server-auth Secret key: the CA bundle (`ca.crt` of `spec.tls`) of the
+/// certificate every instance was last seen to serve. The operator trusts
+/// it beside the Secret's own until every instance serves the Secret's
+/// certificate, so a renewal that also changes the CA never cuts it off.
+pub const TLS_CA_APPLIED_KEY: &str = "tls-ca-applied";
+/// Where the certificate Secret of `spec.tls` is mounted, in the server
+/// and the sidecar (`tls.crt`, `tls.key`, `ca.crt`).
+pub const TLS_DIR: &str = "/etc/redis-tls";
 /// ConfigMap key holding redis.conf.
 pub const CONFIG_KEY: &str = "redis.conf";
 /// ConfigMap key holding the current primary as `ip port` (read at start-up

@@ -186,6 +186,10 @@ impl Reconciler {
         // 7. Live configuration.
         let (engine, _) = self.engine_version();
         self.apply_live_config(&facts, &opts, engine).await;
+        // A renewed certificate is read live.
+        if obs.servers_observed {
+            self.reload_certificates(&facts, &opts, &auth).await?;
+        }
 
         // 8. The memory autopilot's limit reaches the instances (in place,
         // or by marking them for the restarts below).

@@ -23,8 +23,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::build::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
-    PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION,
-    labels, meta, restricted_security_context, selector_labels, stamp_hash,
+    PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, TLS_DIR,
+    VERSION_ANNOTATION, labels, meta, restricted_security_context, selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -161,16 +161,62 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// with a password that never rotates: its environment is resolved once,
 /// when the container starts, and must stay valid after a live password
 /// rotation. Without a password (auth off) it sends none.
-fn probe_script(cli: &str) -> String {
+fn probe_script(cli: &str, tls: bool) -> String {
     let user = super::build::PROBE_USER;
+    // With TLS the CLI checks nothing of the certificate: the server is
+    // the pod's own, on its loopback, and while a CA changes the mounted
+    // CA runs ahead of the certificate served until the operator has the
+    // server read its files again; a check would take every instance out
+    // of its Services for that time.
+    let tls = if tls { " --tls --insecure" } else { "" };
     format!(
         r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
-i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
+i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u{tls} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
 echo "$i" | grep -qx 'loading:0' || exit 1
 echo "$i" | grep -Eqx 'role:(slave|replica)' || exit 0
 echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
 ! echo "$i" | grep -Eqx '(master|primary)_sync_in_progress:1'"#
     )
+}
+
+/// The volume of `spec.tls`'s Secret (the three files, readable by the
+/// pod's group only).
+fn tls_volume(secret: &str) -> Volume {
+    let items = [
+        super::tls::CERT_FILE,
+        super::tls::KEY_FILE,
+        super::tls::CA_FILE,
+    ]
+    .into_iter()
+    .map(|k| k8s_openapi::api::core::v1::KeyToPath {
+        key: k.into(),
+        path: k.into(),
+        ..Default::default()
+    })
+    .collect();
+    Volume {
+        name: TLS_VOLUME.into(),
+        secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            items: Some(items),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The volume name of `spec.tls`'s Secret in the pod.
+const TLS_VOLUME: &str = "tls";
+
+/// Where a container finds `spec.tls`'s files ([`TLS_DIR`]).
+pub fn tls_mount() -> VolumeMount {
+    VolumeMount {
+        name: TLS_VOLUME.into(),
+        mount_path: TLS_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
 }
 
 /// `name` from key `key` of the Redis's ConfigMap, resolved when the
@@ -267,7 +313,7 @@ pub fn statefulset(
         // Read at every container start (a mounted file can lag behind).
         config_env(names, "REDPILOT_PRIMARY", PRIMARY_KEY),
     ];
-    let mounts = vec![
+    let mut mounts = vec![
         VolumeMount {
             name: "config".into(),
             mount_path: "/etc/redis".into(),
@@ -285,6 +331,9 @@ pub fn statefulset(
             ..Default::default()
         },
     ];
+    if spec.tls.is_some() {
+        mounts.push(tls_mount());
+    }
     let container = Container {
         name: SERVER_CONTAINER.into(),
         image: Some(image.to_string()),
@@ -309,7 +358,11 @@ pub fn statefulset(
         volume_mounts: Some(mounts),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
-                command: Some(vec!["sh".into(), "-c".into(), probe_script(cli)]),
+                command: Some(vec![
+                    "sh".into(),
+                    "-c".into(),
+                    probe_script(cli, spec.tls.is_some()),
+                ]),
             }),
             period_seconds: Some(2),
             timeout_seconds: Some(2),
@@ -350,6 +403,9 @@ pub fn statefulset(
             ..Default::default()
         },
     ];
+    if let Some(t) = &spec.tls {
+        volumes.push(tls_volume(&t.secret_name));
+    }
     let mut claims = None;
     let mut retention = None;
     match &spec.storage {
@@ -489,6 +545,76 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use crate::controller::redis::build::test_redis as redis;
+
+    #[test]
+    fn with_tls_every_container_gets_the_files_and_the_probe_and_sidecar_use_them() {
+        let r = redis(RedisSpec {
+            tls: Some(crate::api::v1alpha1::TlsSpec {
+                secret_name: "cache-tls".into(),
+            }),
+            ..Default::default()
+        });
+        let sts = statefulset(
+            &r,
+            &Names::new("cache"),
+            "cache-auth",
+            "h",
+            "redis:7.0",
+            None,
+        );
+        let pod = sts.spec.template.spec.expect("pod spec");
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tls")
+            .and_then(|v| v.secret.clone())
+            .expect("the TLS volume");
+        assert_eq!(vol.secret_name.as_deref(), Some("cache-tls"));
+        assert_eq!(
+            vol.default_mode,
+            Some(0o440),
+            "the key: the pod's group only"
+        );
+        for c in &pod.containers {
+            assert!(
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.name == "tls" && m.mount_path == TLS_DIR),
+                "{} mounts it",
+                c.name
+            );
+        }
+        let probe = pod.containers[0]
+            .readiness_probe
+            .as_ref()
+            .and_then(|p| p.exec.as_ref())
+            .and_then(|e| e.command.as_ref())
+            .map(|c| c.join(" "))
+            .expect("probe");
+        assert!(
+            probe.contains("redis-cli $u --tls --insecure -h 127.0.0.1"),
+            "{probe}"
+        );
+        let exporter = pod.containers[1]
+            .command
+            .clone()
+            .expect("exporter")
+            .join(" ");
+        assert!(exporter.contains("--tls-loopback"), "{exporter}");
+        // Without TLS: none of it.
+        let plain = statefulset(
+            &redis(RedisSpec::default()),
+            &Names::new("cache"),
+            "cache-auth",
+            "h",
+            "redis:7.0",
+            None,
+        );
+        let text = serde_json::to_string(&plain).expect("json");
+        assert!(!text.contains("tls"), "{text}");
+    }
 
     #[test]
     fn statefulset_is_restricted_and_owned() {
@@ -718,7 +844,7 @@ mod tests {
         std::fs::write(&info_file, info.replace('\n', "\r\n")).expect("write info");
         let cli = dir.join("cli");
         std::fs::write(&cli, format!("cat {}\n", info_file.display())).expect("write cli");
-        let script = probe_script(&format!("sh {}", cli.display()));
+        let script = probe_script(&format!("sh {}", cli.display()), false);
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("REDPILOT_PROBE_PASSWORD", "")

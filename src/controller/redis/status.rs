@@ -111,9 +111,14 @@ fn primary_condition(
 }
 
 impl Reconciler {
-    pub(super) async fn fail_status(&mut self, err: Error) -> Result<Action, Error> {
+    pub(super) async fn fail_status(
+        &mut self,
+        reason: &'static str,
+        err: Error,
+    ) -> Result<Action, Error> {
         let msg = err.to_string();
-        self.event(EventType::Warning, "InvalidAuth", "Reconcile", msg.clone())
+        self.degraded_reason.get_or_insert(reason);
+        self.event(EventType::Warning, reason, "Reconcile", msg.clone())
             .await;
         self.notes.push(msg);
         let desired = self.redis.spec.desired_instances();
@@ -436,8 +441,13 @@ impl Reconciler {
     pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
         if steady {
             self.ctx.forget_stuck(&self.oref);
-            // The memory autopilot's cooldown may end sooner.
-            return Action::requeue(self.autopilot_due.map_or(STEADY_REQUEUE, |d| {
+            // The memory autopilot's cooldown may end sooner, or a step
+            // that waits on the kubelet (a certificate reload) looks again.
+            let due = match (self.autopilot_due, self.recheck_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            return Action::requeue(due.map_or(STEADY_REQUEUE, |d| {
                 d.clamp(PROGRESS_REQUEUE, STEADY_REQUEUE)
             }));
         }

@@ -1,0 +1,263 @@
+//! `spec.tls`: the certificate Secret, read and checked on every pass
+//! before any server gets it, the options of the operator's own
+//! connections (the CA bundle, chain checked, names not), and live
+//! renewal: an instance serving another certificate than the Secret's is
+//! told to read its files again (`CONFIG SET tls-cert-file …`), until a
+//! handshake shows the Secret's certificate (the kubelet updates mounted
+//! Secrets within a minute or so, so a reload may come early and be
+//! repeated). No restart.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::events::EventType;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use super::Reconciler;
+use super::build;
+use super::credentials::ServerAuth;
+use super::facts::PodFacts;
+use crate::controller::Error;
+use crate::redis::{ConnectOptions, Endpoint, TlsOptions};
+
+/// The server certificate file in the TLS volume.
+pub const CERT_FILE: &str = "tls.crt";
+/// Its private key.
+pub const KEY_FILE: &str = "tls.key";
+/// The CA bundle clients trust.
+pub const CA_FILE: &str = "ca.crt";
+
+/// A usable certificate Secret.
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    /// The server certificate (DER), as a handshake presents it.
+    pub leaf: Vec<u8>,
+    /// The Secret's CA bundle (PEM).
+    pub ca_pem: String,
+    /// How the operator connects: the Secret's CA bundle and the one of
+    /// the certificate the instances last served, no name check.
+    pub options: TlsOptions,
+}
+
+fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .map(|b| b.0.as_slice())
+        .filter(|b| !b.is_empty())
+}
+
+/// Checks the Secret `name` holds a certificate, its key and the CA that
+/// signed it, valid now; `applied_ca` (the CA bundle of what the instances
+/// last served) is trusted too. The error names the Secret, the field and
+/// the file, never a key's bytes.
+pub fn read(
+    name: &str,
+    secret: Option<&Secret>,
+    applied_ca: Option<&str>,
+) -> Result<TlsMaterial, Error> {
+    let fail = |reason: String| Error::Secret {
+        name: name.to_string(),
+        reason: format!("{reason} (spec.tls.secretName)"),
+    };
+    let secret = secret.ok_or_else(|| fail("not found".into()))?;
+    let mut files = Vec::new();
+    for key in [CERT_FILE, KEY_FILE, CA_FILE] {
+        files.push(file(secret, key).ok_or_else(|| fail(format!("has no {key}")))?);
+    }
+    let (cert, key, ca) = (files[0], files[1], files[2]);
+    crate::redis::certs::check_server_certificate(
+        cert,
+        key,
+        ca,
+        rustls::pki_types::UnixTime::now(),
+    )
+    .map_err(|p| fail(format!("{p}")))?;
+    let leaf = CertificateDer::pem_slice_iter(cert)
+        .next()
+        .and_then(Result::ok)
+        .map(|c| c.to_vec())
+        .ok_or_else(|| fail(format!("{CERT_FILE} holds no certificate")))?;
+    let ca_pem = String::from_utf8_lossy(ca).into_owned();
+    let mut trusted = ca_pem.clone();
+    if let Some(applied) = applied_ca.filter(|a| *a != ca_pem)
+        && crate::redis::certs::roots(applied.as_bytes()).is_ok()
+    {
+        trusted.push('\n');
+        trusted.push_str(applied);
+    }
+    Ok(TlsMaterial {
+        leaf,
+        ca_pem,
+        options: TlsOptions::servers_of_ca(trusted.into_bytes()),
+    })
+}
+
+/// How soon an instance whose mounted files still hold the old certificate
+/// is told again to read them.
+const RELOAD_RECHECK: std::time::Duration = std::time::Duration::from_secs(3);
+
+impl Reconciler {
+    /// The CA bundle the operator trusts this pass, for the monitor.
+    pub(super) fn tls_ca(&self) -> Option<Vec<u8>> {
+        self.tls.as_ref().and_then(|t| t.options.ca_pem.clone())
+    }
+
+    /// Step 1b of every pass: the certificate Secret when `spec.tls` is
+    /// set. The inner error is a Secret that cannot be used, for the status.
+    pub(super) async fn tls_material(
+        &mut self,
+        auth: &ServerAuth,
+    ) -> Result<Result<Option<TlsMaterial>, Error>, Error> {
+        let Some(spec) = self.redis.spec.tls.clone() else {
+            return Ok(Ok(None));
+        };
+        let secret: Option<Secret> = self.fetch(&spec.secret_name).await?;
+        Ok(read(&spec.secret_name, secret.as_ref(), auth.tls_ca.as_deref()).map(Some))
+    }
+
+    /// Live renewal: every reachable instance that serves another
+    /// certificate than the Secret's reads its files again; once every
+    /// instance serves it, its CA bundle is recorded as the one applied.
+    pub(super) async fn reload_certificates(
+        &mut self,
+        facts: &[PodFacts],
+        opts: &ConnectOptions,
+        auth: &ServerAuth,
+    ) -> Result<(), Error> {
+        let Some(t) = self.tls.clone() else {
+            return Ok(());
+        };
+        let mut all = !facts.is_empty();
+        for f in facts.iter() {
+            let Some(ip) = f.ip.as_deref().filter(|_| f.reachable && !f.terminating) else {
+                all = false;
+                continue;
+            };
+            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let served = crate::redis::rdb::served_certificate(&ep, opts).await;
+            match served {
+                Ok(der) if der == t.leaf => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    all = false;
+                    self.data_plane_failed(
+                        format!("checking the certificate {} serves", f.name),
+                        &e,
+                    )
+                    .await;
+                    continue;
+                }
+            }
+            all = false;
+            self.wrote = true;
+            let reloaded = async {
+                let mut node = crate::redis::Node::connect(&ep, opts).await?;
+                reload(&mut node).await?;
+                crate::redis::rdb::served_certificate(&ep, opts).await
+            }
+            .await;
+            match reloaded {
+                Ok(der) if der == t.leaf => {
+                    let note = format!(
+                        "{} serves the renewed certificate (read live, no restart)",
+                        f.name
+                    );
+                    self.event(EventType::Normal, "CertificateReloaded", "Reload", note)
+                        .await;
+                    // Counted as done on the next pass, which sees it (and
+                    // records the CA once every instance serves it).
+                    self.recheck_in = Some(RELOAD_RECHECK);
+                }
+                Ok(_) => {
+                    self.progressing.push(format!(
+                        "{}: its mounted certificate files are not the Secret's yet (the kubelet updates them within a minute or so); reading them again",
+                        f.name
+                    ));
+                    self.recheck_in = Some(RELOAD_RECHECK);
+                }
+                Err(e) => {
+                    self.data_plane_failed(format!("reloading the certificate on {}", f.name), &e)
+                        .await
+                }
+            }
+        }
+        if all && auth.tls_ca.as_deref() != Some(t.ca_pem.as_str()) {
+            // Read again: an earlier step of this pass may have written it.
+            let live: Option<Secret> = self.fetch(&self.names.server_auth()).await?;
+            if let Some(mut next) = live.as_ref().and_then(super::credentials::read_server_auth)
+                && next.tls_ca.as_deref() != Some(t.ca_pem.as_str())
+            {
+                next.tls_ca = Some(t.ca_pem.clone());
+                self.write_server_auth(&next).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Tells a server to read its certificate, key and CA files again (the
+/// same paths: setting a TLS file parameter reloads the TLS configuration).
+async fn reload(node: &mut crate::redis::Node) -> crate::redis::Result<()> {
+    let dir = build::TLS_DIR;
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("SET");
+    for (k, f) in [
+        ("tls-cert-file", CERT_FILE),
+        ("tls-key-file", KEY_FILE),
+        ("tls-ca-cert-file", CA_FILE),
+    ] {
+        cmd.arg(k).arg(format!("{dir}/{f}"));
+    }
+    node.query::<()>("CONFIG SET", &cmd).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    fn secret(files: &[(&str, &str)]) -> Secret {
+        Secret {
+            data: Some(
+                files
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_missing_secret_or_file_names_the_field_and_the_file() {
+        let e = read("certs", None, None).expect_err("absent");
+        assert_eq!(
+            e.to_string(),
+            "secret certs: not found (spec.tls.secretName)"
+        );
+        let e = read(
+            "certs",
+            Some(&secret(&[("tls.crt", "x"), ("tls.key", "y")])),
+            None,
+        )
+        .expect_err("no CA");
+        assert_eq!(
+            e.to_string(),
+            "secret certs: has no ca.crt (spec.tls.secretName)"
+        );
+        let read_ca = |ca: &str| {
+            let files = [("tls.crt", "x"), ("tls.key", "k3y-bytes"), ("ca.crt", ca)];
+            read("certs", Some(&secret(&files)), None).expect_err(ca)
+        };
+        let e = read_ca("");
+        assert_eq!(
+            e.to_string(),
+            "secret certs: has no ca.crt (spec.tls.secretName)"
+        );
+        let e = read_ca("z");
+        assert!(e.to_string().starts_with("secret certs: ca.crt "), "{e}");
+        assert!(!e.to_string().contains("k3y-bytes"), "{e}");
+    }
+}
