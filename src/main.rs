@@ -93,6 +93,14 @@ struct RunArgs {
     /// no scheme: https only; no port: any). Empty: any http(s) endpoint.
     #[arg(long, env = "REDPILOT_S3_ENDPOINTS", default_value = "")]
     s3_endpoints: String,
+    /// Lifetime of the server certificates the operator issues (`spec.tls`
+    /// without a Secret), in seconds (default 90 days).
+    #[arg(long, env = "REDPILOT_TLS_CERT_VALIDITY_SECONDS", default_value_t = 90 * 24 * 3600)]
+    tls_cert_validity_seconds: u64,
+    /// Such a certificate expiring within this many seconds is issued again
+    /// (default 30 days; shorter than the lifetime).
+    #[arg(long, env = "REDPILOT_TLS_RENEW_BEFORE_SECONDS", default_value_t = 30 * 24 * 3600)]
+    tls_renew_before_seconds: u64,
 }
 
 /// Options of `redpilot scorecard-test`.
@@ -612,6 +620,10 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let settings = Arc::new(controller::Settings {
         endpoints: controller::trust::EndpointPolicy::parse(&args.s3_endpoints)?,
         namespace: args.leader_election_namespace.clone(),
+        certs: controller::redis::issuer::CertPolicy::new(
+            Duration::from_secs(args.tls_cert_validity_seconds),
+            Duration::from_secs(args.tls_renew_before_seconds),
+        )?,
     });
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(telemetry::Metrics::new()?);

@@ -825,14 +825,29 @@ async fn degraded_with(
 /// confirming each write with `WAIT 1`, with no confirmed write lost and
 /// the new certificate served; an expired certificate is refused without
 /// touching the servers; a Redis whose Secret is missing gets no pods; TLS
-/// cannot be removed.
+/// cannot be removed. Beside it, a Redis with `tls: {}` gets a certificate
+/// the operator issues from the namespace's CA, renewed before it expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     use redpilot::redis::{ErrorCategory, TlsOptions};
     let client = client().await;
     let tns = TestNamespace::new(&client, "tls", &[]).await;
     let ns = tns.name.as_str();
-    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    // Certificates the operator issues last 300 s here, renewed 200 s ahead.
+    let mut opts = OperatorOptions::watching(&[ns]);
+    opts.env.extend([
+        (
+            "REDPILOT_TLS_CERT_VALIDITY_SECONDS".to_string(),
+            "300".to_string(),
+        ),
+        (
+            "REDPILOT_TLS_RENEW_BEFORE_SECONDS".to_string(),
+            "200".to_string(),
+        ),
+    ]);
+    let _op = start_operator(&client, opts).await;
+    // One with a certificate the operator issues.
+    apply_redis(&client, ns, "issued", json!({"tls": {}})).await;
     let ca = TestCa::new("redpilot test CA");
     let names = vec!["cache".to_string(), format!("cache.{ns}.svc")];
     let (cert, key, _) = ca.server(&names, -60, 86_400);
@@ -948,6 +963,11 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
         page.contains("redis_up 1"),
         "the sidecar is connected over TLS"
     );
+
+    // `tls: {}`: a CA for the namespace (owned by no Redis), a certificate
+    // from it (owned by the Redis) for its Services, served; an idle pass
+    // rewrites nothing.
+    let issued = issued_certificate(&client, ns).await;
 
     // The backup agent reads the snapshot over TLS (it mounts ca.crt).
     support::operator::create_claim(&client, ns, "backups").await;
@@ -1169,6 +1189,10 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
         "still the valid one"
     );
 
+    // The issued certificate is issued again before it expires (due 100 s
+    // after it was made) and read live.
+    issued.renewed(&client, ns).await;
+
     // TLS cannot be turned off (yet): the API server refuses it.
     let off = redis_api(&client, ns)
         .patch(
@@ -1182,4 +1206,140 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
         off.to_string().contains("spec.tls is set at creation only"),
         "{off}"
     );
+}
+
+/// The operator-issued certificate of the Standalone Redis `issued`.
+struct Issued {
+    ca: String,
+    leaf: Vec<u8>,
+    ip: String,
+    uid: Option<String>,
+}
+
+fn secret_file(s: &Secret, k: &str) -> String {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(k))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
+}
+
+fn leaf_of(s: &Secret) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(secret_file(s, "tls.crt").as_bytes())
+        .map(|c| c.to_vec())
+        .unwrap_or_default()
+}
+
+/// Checks what `spec.tls: {}` made for `issued` (Ready first).
+async fn issued_certificate(client: &kube::Client, ns: &str) -> Issued {
+    use redpilot::redis::TlsOptions;
+    use rustls::client::danger::ServerCertVerifier;
+    wait_ready(client, ns, "issued", READY).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let ca_secret = secrets
+        .get("redpilot-ca")
+        .await
+        .expect("the namespace's CA");
+    assert!(
+        ca_secret.metadata.owner_references.is_none(),
+        "owned by no Redis"
+    );
+    let ca = secret_file(&ca_secret, "ca.crt");
+    let issued = secrets
+        .get("issued-tls")
+        .await
+        .expect("the issued certificate");
+    let owner = &issued.metadata.owner_references.as_ref().expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Redis", "issued")
+    );
+    assert_eq!(secret_file(&issued, "ca.crt"), ca);
+    let leaf = leaf_of(&issued);
+    let pods = ips(client, ns, "issued").await;
+    let ip = pods.first().map(|(_, ip)| ip.clone()).expect("pod ip");
+    assert_eq!(served_certificate(&ip, &ca).await, leaf, "served");
+    let roots = redpilot::redis::certs::roots(ca.as_bytes()).expect("roots");
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .expect("verifier");
+    for name in [
+        format!("issued.{ns}.svc"),
+        format!("issued.{ns}.svc.cluster.local"),
+        format!("issued-0.issued-headless.{ns}.svc"),
+    ] {
+        verifier
+            .verify_server_cert(
+                &rustls::pki_types::CertificateDer::from(leaf.clone()),
+                &[],
+                &rustls::pki_types::ServerName::try_from(name.clone()).expect("name"),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let pw = redis_password(client, ns, "issued").await;
+    let opts = ConnectOptions::default()
+        .with_password(pw)
+        .with_tls(TlsOptions::servers_of_ca(ca.clone().into_bytes()));
+    Node::connect(&Endpoint::new(&ip, 6379), &opts)
+        .await
+        .expect("a client trusting the namespace's CA");
+    let rv = issued.metadata.resource_version.clone();
+    poke(client, ns, "issued", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rv2 = secrets
+        .get("issued-tls")
+        .await
+        .ok()
+        .and_then(|s| s.metadata.resource_version);
+    assert_eq!(rv, rv2, "an idle pass leaves the issued certificate alone");
+    let uid = redis_pods(client, ns, "issued")
+        .await
+        .values()
+        .next()
+        .and_then(|p| p.metadata.uid.clone());
+    Issued { ca, leaf, ip, uid }
+}
+
+impl Issued {
+    /// Waits for the certificate to be issued again and served, and checks
+    /// the pod was not restarted.
+    async fn renewed(&self, client: &kube::Client, ns: &str) {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let t = Instant::now();
+        let s = wait_for(
+            "the issued certificate renewed and served",
+            Duration::from_secs(240),
+            || async {
+                let s = secrets.get("issued-tls").await.ok()?;
+                let leaf = leaf_of(&s);
+                (leaf != self.leaf && served_certificate(&self.ip, &self.ca).await == leaf)
+                    .then_some(s)
+            },
+        )
+        .await;
+        println!(
+            "issued certificate renewed and served {:.1} s into the wait (now valid until {})",
+            t.elapsed().as_secs_f64(),
+            s.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("redpilot.io/not-after"))
+                .cloned()
+                .unwrap_or_default()
+        );
+        let uid = redis_pods(client, ns, "issued")
+            .await
+            .values()
+            .next()
+            .and_then(|p| p.metadata.uid.clone());
+        assert_eq!(uid, self.uid, "no restart");
+        let events = support::operator::recent_events(client, ns, 60).await;
+        assert!(events.contains("CertificateIssued"), "{events}");
+    }
 }

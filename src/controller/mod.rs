@@ -42,6 +42,9 @@ pub struct Settings {
     pub endpoints: trust::EndpointPolicy,
     /// The operator's own namespace: network policies let it in.
     pub namespace: String,
+    /// Lifetime and renewal of the certificates it issues (`spec.tls`
+    /// without a Secret).
+    pub certs: redis::issuer::CertPolicy,
 }
 
 /// The field manager of every write the operator makes.
@@ -84,6 +87,9 @@ pub enum Error {
     /// The object lacks a namespace or name.
     #[error("object without {0}")]
     Incomplete(&'static str),
+    /// A certificate could not be made (never a key's bytes).
+    #[error("certificate: {0}")]
+    Certificate(String),
     /// A stored backup could not be reached or changed.
     #[error("{message}")]
     Backup {
@@ -106,6 +112,7 @@ impl Error {
             Error::Random(_) => "internal",
             Error::Incomplete(_) => "internal",
             Error::Backup { .. } => "backup_store",
+            Error::Certificate(_) => "certificate",
         }
     }
 }

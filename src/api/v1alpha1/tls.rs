@@ -13,6 +13,11 @@ use super::DNS_SUBDOMAIN;
 /// `ca.crt` (the chain and the dates; not the name, since they reach pods
 /// by address).
 ///
+/// The certificate comes from a Secret of yours (`secretName`), or, when
+/// that is left out (`tls: {}`), from the operator: it keeps a CA per
+/// namespace (Secret `redpilot-ca`) and issues `<name>-tls` for the
+/// Redis's Services, renewed before it expires.
+///
 /// Set at creation: it cannot be added or removed later. A renewed
 /// certificate in the Secret is read live (`CONFIG SET` of the file
 /// parameters, once the mounted files show it), without a restart, also
@@ -24,7 +29,9 @@ pub struct TlsSpec {
     /// A Secret in the same namespace with `tls.crt` (the server
     /// certificate, with its intermediates), `tls.key` (its private key)
     /// and `ca.crt` (the CA clients trust), as cert-manager writes them.
+    /// Absent: the operator issues the certificate (`<name>-tls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = kube::core::Rule::new(DNS_SUBDOMAIN).message("spec.tls.secretName must be a valid Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
-    pub secret_name: String,
+    pub secret_name: Option<String>,
 }

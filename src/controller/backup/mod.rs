@@ -297,7 +297,7 @@ impl Pass {
             .ctx
             .redis
             .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
-            .and_then(|r| r.spec.tls.as_ref().map(|t| t.secret_name.clone()));
+            .and_then(|r| crate::controller::redis::tls::secret_of(&r));
         let from = job::JobSource {
             pod: source,
             host,

@@ -323,9 +323,7 @@ mod tests {
     #[test]
     fn with_tls_the_port_is_tls_only_and_replication_uses_it() {
         let r = crate::controller::redis::build::test_redis(crate::api::v1alpha1::RedisSpec {
-            tls: Some(crate::api::v1alpha1::TlsSpec {
-                secret_name: "cache-tls".into(),
-            }),
+            tls: Some(crate::api::v1alpha1::TlsSpec::default()),
             ..Default::default()
         });
         let conf = redis_conf(&r);

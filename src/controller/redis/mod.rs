@@ -39,6 +39,7 @@ pub mod drift;
 pub mod facts;
 pub mod failover;
 pub mod hibernate;
+pub mod issuer;
 pub mod kept;
 pub mod names;
 pub mod network;
@@ -321,7 +322,7 @@ impl Reconciler {
             Ok(p) => p,
             Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
         };
-        self.tls = match self.tls_material(&auth).await? {
+        self.tls = match self.tls_material(&auth, paused).await? {
             Ok(t) => t,
             Err(e) => return Ok(Err(self.fail_status("InvalidCertificate", e).await?)),
         };

@@ -68,6 +68,15 @@ pub const AUTH_CONF_PATH: &str = "/tmp/redpilot-auth.conf";
 /// it beside the Secret's own until every instance serves the Secret's
 /// certificate, so a renewal that also changes the CA never cuts it off.
 pub const TLS_CA_APPLIED_KEY: &str = "tls-ca-applied";
+/// The namespace's CA the operator issues certificates from (`ca.crt`,
+/// `ca.key`); shared by every Redis of the namespace, so owned by none.
+pub const NAMESPACE_CA_SECRET: &str = "redpilot-ca";
+/// Annotation of an issued certificate's Secret (and the CA's): when the
+/// certificate expires (RFC 3339).
+pub const NOT_AFTER_ANNOTATION: &str = "redpilot.io/not-after";
+/// Annotation of an issued certificate's Secret: the hash of the CA that
+/// signed it (a new CA reissues it).
+pub const ISSUER_ANNOTATION: &str = "redpilot.io/issuer-hash";
 /// Where the certificate Secret of `spec.tls` is mounted, in the server
 /// and the sidecar (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/etc/redis-tls";
@@ -126,6 +135,11 @@ impl Names {
     /// start from it; see [`super::credentials`]).
     pub fn server_auth(&self) -> String {
         format!("{}-server-auth", self.base)
+    }
+    /// The certificate Secret the operator issues (`spec.tls` without a
+    /// `secretName`).
+    pub fn issued_tls(&self) -> String {
+        format!("{}-tls", self.base)
     }
     /// The PodDisruptionBudget.
     pub fn pdb(&self) -> String {

@@ -403,8 +403,8 @@ pub fn statefulset(
             ..Default::default()
         },
     ];
-    if let Some(t) = &spec.tls {
-        volumes.push(tls_volume(&t.secret_name));
+    if let Some(secret) = super::tls::secret_of(redis) {
+        volumes.push(tls_volume(&secret));
     }
     let mut claims = None;
     let mut retention = None;
@@ -550,7 +550,7 @@ mod tests {
     fn with_tls_every_container_gets_the_files_and_the_probe_and_sidecar_use_them() {
         let r = redis(RedisSpec {
             tls: Some(crate::api::v1alpha1::TlsSpec {
-                secret_name: "cache-tls".into(),
+                secret_name: Some("cache-tls".into()),
             }),
             ..Default::default()
         });

@@ -26,6 +26,15 @@ pub const KEY_FILE: &str = "tls.key";
 /// The CA bundle clients trust.
 pub const CA_FILE: &str = "ca.crt";
 
+/// The Secret the servers of `redis` mount for `spec.tls`: the user's, or
+/// the one the operator issues.
+pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
+    let tls = redis.spec.tls.as_ref()?;
+    Some(tls.secret_name.clone().unwrap_or_else(|| {
+        super::build::Names::new(&kube::ResourceExt::name_any(redis)).issued_tls()
+    }))
+}
+
 /// A usable certificate Secret.
 #[derive(Clone, Debug)]
 pub struct TlsMaterial {
@@ -108,12 +117,26 @@ impl Reconciler {
     pub(super) async fn tls_material(
         &mut self,
         auth: &ServerAuth,
+        paused: bool,
     ) -> Result<Result<Option<TlsMaterial>, Error>, Error> {
         let Some(spec) = self.redis.spec.tls.clone() else {
             return Ok(Ok(None));
         };
-        let secret: Option<Secret> = self.fetch(&spec.secret_name).await?;
-        Ok(read(&spec.secret_name, secret.as_ref(), auth.tls_ca.as_deref()).map(Some))
+        let name = match spec.secret_name {
+            Some(name) => name,
+            None => {
+                match self.ensure_issued(paused).await {
+                    Ok(()) => {}
+                    // The API failing is retried; a certificate that
+                    // cannot be made is reported.
+                    Err(e @ Error::Kube(_)) => return Err(e),
+                    Err(e) => return Ok(Err(e)),
+                }
+                self.names.issued_tls()
+            }
+        };
+        let secret: Option<Secret> = self.fetch(&name).await?;
+        Ok(read(&name, secret.as_ref(), auth.tls_ca.as_deref()).map(Some))
     }
 
     /// Live renewal: every reachable instance that serves another
