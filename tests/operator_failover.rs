@@ -428,11 +428,25 @@ async fn fault_runs(prefix: &str, fault: Fault) {
     let metrics = http_get(op.metrics_addr, "/metrics")
         .await
         .expect("metrics");
-    assert_eq!(
-        metric_sum(&metrics, "redpilot_failovers_total{result=\"promoted\"}"),
-        Some(results.len() as f64),
-        "{metrics}"
-    );
+    let promoted = metric_sum(&metrics, "redpilot_failovers_total{result=\"promoted\"}");
+    // Each run already checked its failover in the status. The counter
+    // covers them all only if one process lived through every run: a
+    // process the harness restarted after a lost lease (a stalled test
+    // ground) counts from zero, and counts no more than the runs.
+    match op.restarts() {
+        0 => assert_eq!(promoted, Some(results.len() as f64), "{metrics}"),
+        n => {
+            println!(
+                "{fault:?}: the operator was restarted {n} time(s) after losing its lease; \
+                 its counter shows {promoted:?} of {} promotions",
+                results.len()
+            );
+            assert!(
+                promoted.is_some_and(|p| p <= results.len() as f64),
+                "{metrics}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

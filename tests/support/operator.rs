@@ -630,6 +630,16 @@ async fn wait_serving(op: &mut Operator, bin: &std::path::Path) {
 }
 
 impl Operator {
+    /// How many times the harness started it again after it lost its lease
+    /// (each new process starts its metrics from zero).
+    pub fn restarts(&self) -> usize {
+        std::fs::read_to_string(&self.log_path)
+            .map(|t| t.matches("--- harness: operator").count())
+            .unwrap_or(0)
+    }
+}
+
+impl Operator {
     fn take_child(&mut self) -> Option<Child> {
         if let Some(s) = self.supervisor.as_mut() {
             s.halt();
