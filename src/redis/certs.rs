@@ -124,12 +124,13 @@ fn problem(file: &'static str, reason: impl Into<String>) -> CertProblem {
 /// intermediates) parses, `key_pem` is its private key, and the chain leads
 /// to a CA of `ca_pem` and is valid at `now` (not expired, not yet valid,
 /// not signed by another CA). The certificate's names are not checked.
+/// Returns the certificate (DER), as a handshake presents it.
 pub fn check_server_certificate(
     cert_pem: &[u8],
     key_pem: &[u8],
     ca_pem: &[u8],
     now: UnixTime,
-) -> Result<(), CertProblem> {
+) -> Result<Vec<u8>, CertProblem> {
     let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
@@ -148,7 +149,7 @@ pub fn check_server_certificate(
         ServerName::try_from("redis.invalid").map_err(|e| problem("tls.crt", e.to_string()))?;
     verifier
         .verify_server_cert(leaf, intermediates, &name, &[], now)
-        .map(|_| ())
+        .map(|_| leaf.to_vec())
         .map_err(|e| {
             let reason = match e {
                 rustls::Error::InvalidCertificate(CertificateError::Expired)
@@ -211,6 +212,7 @@ mod tests {
 
     fn check(cert: &str, key: &str, ca: &str) -> Result<(), CertProblem> {
         check_server_certificate(cert.as_bytes(), key.as_bytes(), ca.as_bytes(), at(NOW))
+            .map(|_| ())
     }
 
     #[test]

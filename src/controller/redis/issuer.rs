@@ -78,15 +78,16 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Certificate(format!("{what}: {e}"))
 }
 
-/// `now + d` for rcgen, and the same instant in RFC 3339.
-fn expiry(d: Duration) -> Result<(time::OffsetDateTime, String), Error> {
+/// Makes `params` valid from five minutes ago (clocks differ) for `d`;
+/// the end in RFC 3339.
+fn set_validity(params: &mut CertificateParams, d: Duration) -> Result<String, Error> {
     let now = time::OffsetDateTime::now_utc();
     let at = now + time::Duration::try_from(d).map_err(|e| internal("validity", e))?;
-    let secs = at.unix_timestamp();
-    let text = chrono::DateTime::<chrono::Utc>::from_timestamp(secs, 0)
-        .ok_or_else(|| internal("validity", "out of range"))?
-        .to_rfc3339();
-    Ok((at, text))
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = at;
+    chrono::DateTime::<chrono::Utc>::from_timestamp(at.unix_timestamp(), 0)
+        .map(|t| t.to_rfc3339())
+        .ok_or_else(|| internal("validity", "out of range"))
 }
 
 fn ca_params(name: &str) -> CertificateParams {
@@ -100,9 +101,7 @@ fn ca_params(name: &str) -> CertificateParams {
 pub fn new_ca(name: &str) -> Result<(String, String, String), Error> {
     let key = KeyPair::generate().map_err(|e| internal("generating the CA key", e))?;
     let mut params = ca_params(name);
-    let (at, text) = expiry(CA_VALIDITY)?;
-    params.not_after = at;
-    params.not_before = time::OffsetDateTime::now_utc() - time::Duration::minutes(5);
+    let text = set_validity(&mut params, CA_VALIDITY)?;
     let cert = params
         .self_signed(&key)
         .map_err(|e| internal("signing the CA", e))?;
@@ -125,9 +124,7 @@ pub fn issue(
         DnType::CommonName,
         names.first().map(String::as_str).unwrap_or("redis"),
     );
-    let (at, text) = expiry(validity)?;
-    params.not_after = at;
-    params.not_before = time::OffsetDateTime::now_utc() - time::Duration::minutes(5);
+    let text = set_validity(&mut params, validity)?;
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(|e| internal("signing the certificate", e))?;
@@ -156,12 +153,7 @@ pub fn names_for(name: &str, ns: &str) -> Vec<String> {
 }
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()?
-        .get(key)
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .filter(|v| !v.is_empty())
+    super::tls::file(secret, key).map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
 fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
@@ -277,7 +269,8 @@ impl Reconciler {
     /// Step 1b for an operator-issued certificate: `<name>-tls` exists,
     /// was signed by the namespace's CA and is not due; otherwise it is
     /// issued again (not while paused). Writes nothing when it is current.
-    pub(super) async fn ensure_issued(&mut self, paused: bool) -> Result<(), Error> {
+    /// Returns the Secret as it stands (none while paused before the first).
+    pub(super) async fn ensure_issued(&mut self, paused: bool) -> Result<Option<Secret>, Error> {
         let secret_name = self.names.issued_tls();
         let live: Option<Secret> = self.fetch(&secret_name).await?;
         let (ca_cert, ca_key, ca_name) = self.namespace_ca().await?;
@@ -294,7 +287,7 @@ impl Reconciler {
             if !wait.is_zero() && wait < super::status::STEADY_REQUEUE {
                 self.recheck_in = Some(wait + Duration::from_secs(1));
             }
-            return Ok(());
+            return Ok(live);
         }
         let names = names_for(&self.redis.name_any(), &self.ns);
         let (cert, key, not_after) = issue(&ca_name, &ca_key, &names, policy.validity)?;
@@ -315,7 +308,8 @@ impl Reconciler {
         };
         self.ctx.metrics.kube("apply");
         self.wrote = true;
-        self.api::<Secret>()
+        let applied = self
+            .api::<Secret>()
             .patch(
                 &secret_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
@@ -328,7 +322,7 @@ impl Reconciler {
         );
         self.event(EventType::Normal, "CertificateIssued", "Issue", note)
             .await;
-        Ok(())
+        Ok(Some(applied))
     }
 }
 

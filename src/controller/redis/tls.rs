@@ -9,8 +9,6 @@
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::EventType;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use super::Reconciler;
 use super::build;
@@ -47,7 +45,8 @@ pub struct TlsMaterial {
     pub options: TlsOptions,
 }
 
-fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
+/// The non-empty value of `key` in `secret`.
+pub(super) fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
     secret
         .data
         .as_ref()?
@@ -75,18 +74,13 @@ pub fn read(
         files.push(file(secret, key).ok_or_else(|| fail(format!("has no {key}")))?);
     }
     let (cert, key, ca) = (files[0], files[1], files[2]);
-    crate::redis::certs::check_server_certificate(
+    let leaf = crate::redis::certs::check_server_certificate(
         cert,
         key,
         ca,
         rustls::pki_types::UnixTime::now(),
     )
     .map_err(|p| fail(format!("{p}")))?;
-    let leaf = CertificateDer::pem_slice_iter(cert)
-        .next()
-        .and_then(Result::ok)
-        .map(|c| c.to_vec())
-        .ok_or_else(|| fail(format!("{CERT_FILE} holds no certificate")))?;
     let ca_pem = String::from_utf8_lossy(ca).into_owned();
     let mut trusted = ca_pem.clone();
     if let Some(applied) = applied_ca.filter(|a| *a != ca_pem)
@@ -122,20 +116,19 @@ impl Reconciler {
         let Some(spec) = self.redis.spec.tls.clone() else {
             return Ok(Ok(None));
         };
-        let name = match spec.secret_name {
-            Some(name) => name,
-            None => {
-                match self.ensure_issued(paused).await {
-                    Ok(()) => {}
-                    // The API failing is retried; a certificate that
-                    // cannot be made is reported.
-                    Err(e @ Error::Kube(_)) => return Err(e),
-                    Err(e) => return Ok(Err(e)),
-                }
-                self.names.issued_tls()
+        let (name, secret) = match spec.secret_name {
+            Some(name) => {
+                let secret: Option<Secret> = self.fetch(&name).await?;
+                (name, secret)
             }
+            None => match self.ensure_issued(paused).await {
+                Ok(secret) => (self.names.issued_tls(), secret),
+                // The API failing is retried; a certificate that cannot
+                // be made is reported.
+                Err(e @ Error::Kube(_)) => return Err(e),
+                Err(e) => return Ok(Err(e)),
+            },
         };
-        let secret: Option<Secret> = self.fetch(&name).await?;
         Ok(read(&name, secret.as_ref(), auth.tls_ca.as_deref()).map(Some))
     }
 
