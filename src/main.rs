@@ -137,14 +137,9 @@ struct ExporterArgs {
     /// password comes from REDIS_PASSWORD.
     #[arg(long)]
     password_dir: Option<std::path::PathBuf>,
-    /// Connect with TLS, trusting this CA bundle (read at each connection;
-    /// the certificate's name is not checked: the server is reached by
-    /// address).
-    #[arg(long)]
-    tls_ca_file: Option<std::path::PathBuf>,
     /// Connect with TLS without checking the certificate: for a server on
     /// the pod's own loopback (the sidecar's), refused for any other host.
-    #[arg(long, conflicts_with = "tls_ca_file")]
+    #[arg(long)]
     tls_loopback: bool,
     /// Bound, in milliseconds, of the connection and of each command.
     #[arg(long, default_value_t = 2000)]
@@ -368,7 +363,6 @@ fn command(cli: Cli) -> ExitCode {
                 args.password_dir,
                 std::time::Duration::from_millis(args.timeout_ms),
             )
-            .with_tls_ca_file(args.tls_ca_file)
             .with_tls_loopback(args.tls_loopback);
             match redpilot::exporter::run(&args.listen, settings) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -361,7 +361,6 @@ async fn exporter_scrapes_behind_a_stalled_server_stay_bounded() {
         password_dir: None,
         password: None,
         timeout,
-        tls_ca_file: None,
         tls_loopback: false,
     }));
     let first = exporter.try_scrape().await.expect("not busy");

@@ -4,8 +4,7 @@
 //! the exporter, not the operator, the backup agent or the Kubernetes client.
 //!
 //!   redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT]
-//!                     [--password-dir DIR] [--tls-ca-file FILE | --tls-loopback]
-//!                     [--timeout-ms MS]
+//!                     [--password-dir DIR] [--tls-loopback] [--timeout-ms MS]
 //!
 //! Without `--password-dir` the password comes from `REDIS_PASSWORD`.
 
@@ -19,7 +18,6 @@ struct Args {
     host: String,
     port: u16,
     password_dir: Option<std::path::PathBuf>,
-    tls_ca_file: Option<std::path::PathBuf>,
     tls_loopback: bool,
     timeout_ms: u64,
 }
@@ -30,7 +28,6 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         host: "127.0.0.1".into(),
         port: 6379,
         password_dir: None,
-        tls_ca_file: None,
         tls_loopback: false,
         timeout_ms: 2000,
     };
@@ -59,7 +56,6 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|_| format!("--port: not a port: {value}"))?
             }
             "--password-dir" => a.password_dir = Some(value.into()),
-            "--tls-ca-file" => a.tls_ca_file = Some(value.into()),
             "--timeout-ms" => {
                 a.timeout_ms = value
                     .parse()
@@ -79,7 +75,7 @@ fn main() -> ExitCode {
                 eprintln!("redpilot-exporter: {e}");
             }
             eprintln!(
-                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--tls-ca-file FILE | --tls-loopback] [--timeout-ms MS]"
+                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--tls-loopback] [--timeout-ms MS]"
             );
             return if e.is_empty() {
                 ExitCode::SUCCESS
@@ -95,7 +91,6 @@ fn main() -> ExitCode {
         args.password_dir,
         Duration::from_millis(args.timeout_ms),
     )
-    .with_tls_ca_file(args.tls_ca_file)
     .with_tls_loopback(args.tls_loopback);
     match redpilot::exporter::run(&args.listen, settings) {
         Ok(()) => ExitCode::SUCCESS,

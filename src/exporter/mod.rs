@@ -33,9 +33,6 @@ pub struct Settings {
     pub password: Option<String>,
     /// Bound of the connection and of each command.
     pub timeout: Duration,
-    /// TLS: the CA bundle to trust, read at each connection (a renewed
-    /// certificate may come with a new CA); names are not checked.
-    pub tls_ca_file: Option<PathBuf>,
     /// TLS to the pod's own loopback without checking the certificate
     /// (the sidecar's case: see [`TlsOptions::unverified`]).
     pub tls_loopback: bool,
@@ -52,7 +49,6 @@ impl Settings {
                 .ok()
                 .filter(|p| !p.is_empty()),
             timeout,
-            tls_ca_file: None,
             tls_loopback: false,
         }
     }
@@ -60,12 +56,6 @@ impl Settings {
     /// Connects with TLS to the pod's own loopback, checking nothing.
     pub fn with_tls_loopback(mut self, on: bool) -> Self {
         self.tls_loopback = on;
-        self
-    }
-
-    /// Connects with TLS trusting the CA bundle in `file` (none: plain).
-    pub fn with_tls_ca_file(mut self, file: Option<PathBuf>) -> Self {
-        self.tls_ca_file = file;
         self
     }
 }
@@ -161,18 +151,7 @@ impl Exporter {
         if candidates.is_empty() {
             candidates.push((None, String::new()));
         }
-        let tls = match &self.settings.tls_ca_file {
-            Some(file) => Some(std::fs::read(file).map(TlsOptions::servers_of_ca).map_err(
-                |e| {
-                    crate::redis::Error::Config(format!(
-                        "reading the CA bundle {}: {e}",
-                        file.display()
-                    ))
-                },
-            )?),
-            None if self.settings.tls_loopback => Some(TlsOptions::loopback()),
-            None => None,
-        };
+        let tls = self.settings.tls_loopback.then(TlsOptions::loopback);
         for (user, password) in candidates {
             let mut opts = ConnectOptions::default().with_timeouts(t, t);
             if let Some(tls) = &tls {
