@@ -1148,15 +1148,7 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
         "the replica is still attached"
     );
     let keys = tally.keys();
-    let mut lost = 0;
-    for chunk in keys.chunks(500) {
-        let mut cmd = redis::cmd("EXISTS");
-        for k in chunk {
-            cmd.arg(k);
-        }
-        let found: usize = n.query("EXISTS", &cmd).await.expect("EXISTS");
-        lost += chunk.len() - found;
-    }
+    let lost = support::writer::missing_on(&mut n, &keys).await.len();
     println!(
         "renewals: {} confirmed writes, {} failed, {} unconfirmed, {lost} lost, errors {:?}",
         keys.len(),

@@ -230,6 +230,13 @@ pub async fn missing_keys(ip: &str, password: &str, keys: &[String]) -> Vec<Stri
     let mut node = Node::connect(&Endpoint::new(ip, 6379), &opts)
         .await
         .unwrap_or_else(|e| panic!("connecting to {ip}: {e}"));
+    missing_on(&mut node, keys).await
+}
+
+/// The keys of `keys` missing on the server `node` is connected to (with
+/// any options: TLS, an ACL user).
+pub async fn missing_on(node: &mut Node, keys: &[String]) -> Vec<String> {
+    let ip = node.endpoint().to_string();
     let mut missing = Vec::new();
     // MGET in chunks: one round trip per thousand keys.
     for chunk in keys.chunks(1000) {

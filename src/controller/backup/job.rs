@@ -278,11 +278,7 @@ pub fn job(
     if from.tls_secret.is_some() {
         args.extend([
             "--tls-ca-file".to_string(),
-            format!(
-                "{}/{}",
-                build::TLS_DIR,
-                crate::controller::redis::tls::CA_FILE
-            ),
+            crate::controller::redis::tls::ca_path(),
         ]);
     }
     args.extend(target.args(key));
@@ -328,30 +324,16 @@ pub fn job(
 /// the agent's container: the CA only (no key), readable by any user (the
 /// agent's user is the image's).
 fn add_ca_volume(pod: &mut PodSpec, secret: &str) {
-    use crate::controller::redis::tls::CA_FILE;
-    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
-        name: "tls-ca".into(),
-        secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
-            secret_name: Some(secret.to_string()),
-            items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
-                key: CA_FILE.into(),
-                path: CA_FILE.into(),
-                ..Default::default()
-            }]),
-            default_mode: Some(0o444),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    use crate::controller::redis::statefulset::{tls_mount, tls_volume};
+    const VOLUME: &str = "tls-ca";
+    let ca = [crate::controller::redis::tls::CA_FILE];
+    pod.volumes
+        .get_or_insert_with(Vec::new)
+        .push(tls_volume(VOLUME, secret, &ca, 0o444));
     for c in &mut pod.containers {
         c.volume_mounts
             .get_or_insert_with(Vec::new)
-            .push(VolumeMount {
-                name: "tls-ca".into(),
-                mount_path: build::TLS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            });
+            .push(tls_mount(VOLUME));
     }
 }
 

@@ -41,11 +41,6 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         return None;
     }
     let tls = redis.spec.tls.is_some();
-    let ca = format!(
-        "{}/{}",
-        crate::controller::redis::build::TLS_DIR,
-        crate::controller::redis::tls::CA_FILE
-    );
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its
         // own, `redpilot-exporter`), which follows a password rotation
@@ -98,7 +93,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
             .into_iter()
             .chain(tls.then(|| EnvVar {
                 name: "REDIS_EXPORTER_TLS_CA_CERT_FILE".into(),
-                value: Some(ca.clone()),
+                value: Some(crate::controller::redis::tls::ca_path()),
                 ..Default::default()
             }))
             .collect(),
@@ -111,7 +106,8 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         ..Default::default()
     }];
     if tls {
-        mounts.push(crate::controller::redis::statefulset::tls_mount());
+        use crate::controller::redis::statefulset::{TLS_VOLUME, tls_mount};
+        mounts.push(tls_mount(TLS_VOLUME));
     }
     let container = Container {
         name: CONTAINER.into(),

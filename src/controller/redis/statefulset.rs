@@ -179,40 +179,38 @@ echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
     )
 }
 
-/// The volume of `spec.tls`'s Secret (the three files, readable by the
-/// pod's group only).
-fn tls_volume(secret: &str) -> Volume {
-    let items = [
-        super::tls::CERT_FILE,
-        super::tls::KEY_FILE,
-        super::tls::CA_FILE,
-    ]
-    .into_iter()
-    .map(|k| k8s_openapi::api::core::v1::KeyToPath {
-        key: k.into(),
-        path: k.into(),
-        ..Default::default()
-    })
-    .collect();
+/// A volume named `volume` with `files` of the Secret `secret` (each under
+/// its own name), mode `mode`: the servers' TLS files, or the backup
+/// agent's CA alone.
+pub(crate) fn tls_volume(volume: &str, secret: &str, files: &[&str], mode: i32) -> Volume {
+    let items = files
+        .iter()
+        .map(|k| k8s_openapi::api::core::v1::KeyToPath {
+            key: k.to_string(),
+            path: k.to_string(),
+            ..Default::default()
+        })
+        .collect();
     Volume {
-        name: TLS_VOLUME.into(),
+        name: volume.into(),
         secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
             secret_name: Some(secret.to_string()),
             items: Some(items),
-            default_mode: Some(0o440),
+            default_mode: Some(mode),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-/// The volume name of `spec.tls`'s Secret in the pod.
-const TLS_VOLUME: &str = "tls";
+/// The volume name of `spec.tls`'s Secret in the Redis pods.
+pub(crate) const TLS_VOLUME: &str = "tls";
 
-/// Where a container finds `spec.tls`'s files ([`TLS_DIR`]).
-pub fn tls_mount() -> VolumeMount {
+/// Where a container finds the files of the TLS volume `volume`
+/// ([`TLS_DIR`]).
+pub(crate) fn tls_mount(volume: &str) -> VolumeMount {
     VolumeMount {
-        name: TLS_VOLUME.into(),
+        name: volume.into(),
         mount_path: TLS_DIR.into(),
         read_only: Some(true),
         ..Default::default()
@@ -332,7 +330,7 @@ pub fn statefulset(
         },
     ];
     if spec.tls.is_some() {
-        mounts.push(tls_mount());
+        mounts.push(tls_mount(TLS_VOLUME));
     }
     let container = Container {
         name: SERVER_CONTAINER.into(),
@@ -404,7 +402,13 @@ pub fn statefulset(
         },
     ];
     if let Some(secret) = super::tls::secret_of(redis) {
-        volumes.push(tls_volume(&secret));
+        // The key too: readable by the pod's group only.
+        let files = [
+            super::tls::CERT_FILE,
+            super::tls::KEY_FILE,
+            super::tls::CA_FILE,
+        ];
+        volumes.push(tls_volume(TLS_VOLUME, &secret, &files, 0o440));
     }
     let mut claims = None;
     let mut retention = None;

@@ -24,6 +24,11 @@ pub const KEY_FILE: &str = "tls.key";
 /// The CA bundle clients trust.
 pub const CA_FILE: &str = "ca.crt";
 
+/// Where a container finds the CA bundle of `spec.tls`.
+pub fn ca_path() -> String {
+    format!("{}/{CA_FILE}", build::TLS_DIR)
+}
+
 /// The Secret the servers of `redis` mount for `spec.tls`: the user's, or
 /// the one the operator issues.
 pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
