@@ -107,6 +107,7 @@ integration: engines
 # The whole test run. The cluster comes down even when a step fails.
 test: setup lint unit tools release-bins cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
+	bash hack/stall-watch.sh report || true; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
 

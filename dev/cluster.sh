@@ -31,6 +31,24 @@ fast=$state/fast
 if [[ -d /dev/shm && -w /dev/shm ]] && [[ $(df -P -k /dev/shm | awk 'NR==2 {print $4}') -gt 2097152 ]]; then
 	fast=/dev/shm/redpilot-$(printf '%s' "$root" | cksum | cut -d' ' -f1)
 fi
+# The control plane's files (kwok's work dir: certificates, logs) and the
+# local node's (pod logs, volumes) live there too: a process that writes to a
+# disk other writers fill waits in the kernel's dirty-page throttling, and an
+# API server or a Redis server waiting a second on a log line stalls the tests.
+in_memory() { [[ $fast == /dev/shm/* ]]; }
+# Makes $1 a link to $2 (a directory in memory), replacing a directory of
+# the earlier layout (whose cluster `down` stopped first).
+place() {
+	in_memory || return 0
+	if [[ -d $1 && ! -L $1 ]]; then
+		echo "cluster: moving $1 into memory ($2); the old cluster goes"
+		down >/dev/null 2>&1 || true
+		rm -rf "$1"
+	fi
+	mkdir -p "$2"
+	[[ -L $1 && $(readlink "$1") == "$2" ]] || ln -sfn "$2" "$1"
+}
+
 # Pod addresses of the kwok fake node (dev/kwok-node.yaml) and kwok's default.
 fake_cidrs="10.250.0.0/16 10.0.0.0/24"
 
@@ -58,6 +76,8 @@ exists() {
 up() {
 	need
 	mkdir -p "$state"
+	place "$KWOK_WORKDIR" "$fast/kwok"
+	place "$state/localnode" "$fast/localnode"
 	if exists && answers; then
 		echo "cluster: $name already up"
 	else
@@ -77,6 +97,8 @@ up() {
 			cp "$root/dev/audit-policy.yaml" "$state/audit-policy.yaml"
 			rm -rf "$state/audit.log" "$fast"
 			mkdir -p "$fast"
+			place "$KWOK_WORKDIR" "$fast/kwok"
+			place "$state/localnode" "$fast/localnode"
 			ln -s "$fast/audit.log" "$state/audit.log"
 			sed -e "s|@STATE@|$state|g" -e "s|@FAST@|$fast|g" "$root/dev/kwokctl.yaml" >"$state/kwokctl.yaml"
 			kwokctl create cluster \
@@ -123,11 +145,13 @@ up() {
 	if [[ -f $root/dev/localnode.sh ]]; then
 		bash "$root/dev/localnode.sh" start
 	fi
+	bash "$root/hack/stall-watch.sh" start
 	echo "cluster: up; export KUBECONFIG=$kubeconfig"
 	kubectl get nodes
 }
 
 down() {
+	bash "$root/hack/stall-watch.sh" stop || true
 	if [[ -f $root/dev/localnode.sh ]]; then
 		bash "$root/dev/localnode.sh" stop || true
 	fi

@@ -20,6 +20,7 @@ check=false
 #   iproute2      network namespaces        util-linux   unshare, nsenter
 #   procps        ps, pkill                 psmisc       fuser, killall
 #   python3-pip   the PyPI engines          ca-certificates, git, make
+#   curl          the API latency watch (hack/stall-watch.sh)
 debs=(
 	"redis-server /usr/bin/redis-server"
 	"redis-tools /usr/bin/redis-cli"
@@ -30,6 +31,7 @@ debs=(
 	"ca-certificates /etc/ssl/certs/ca-certificates.crt"
 	"git /usr/bin/git"
 	"make /usr/bin/make"
+	"curl /usr/bin/curl"
 )
 # PyPI packages (Redis 6.2, Valkey 8.1, Valkey 9.1) and the module each
 # provides.
