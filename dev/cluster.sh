@@ -131,10 +131,17 @@ up() {
 	# The control plane stands in for dedicated nodes: it gets a larger CPU
 	# share than the test processes and the Redis servers beside it (as
 	# root; elsewhere the default share).
+	# On Linux a nice value belongs to a thread, not a process: every
+	# thread is reniced (a Go runtime's threads, made before this, kept the
+	# default share when only the main one was, and the API server went 11 s
+	# without an answer under a full test lane); threads made later inherit
+	# it from the thread that makes them.
 	if [[ $(id -u) -eq 0 ]]; then
-		local pid
+		local pid task
 		for pid in $(pgrep -f "$KWOK_WORKDIR/clusters/$name/bin/(etcd|kube-apiserver)" || true); do
-			renice -n -10 -p "$pid" >/dev/null 2>&1 || true
+			for task in /proc/"$pid"/task/*; do
+				renice -n -10 -p "${task##*/}" >/dev/null 2>&1 || true
+			done
 		done
 	fi
 	# Fake pods' addresses (the fake node's podCIDR, and kwok's default pool)
