@@ -89,7 +89,7 @@ cluster-down:
 # (`for:` periods of minutes); its output follows the cluster suites'. A
 # suite not listed here runs in the cluster lane, one binary at a time.
 LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster redis_reshard \
-	redis_failover redis_rdb redis_switchover redis_tls redis_topology setup_script
+	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus
 CLUSTER_SUITES := $(filter-out $(SIDE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines

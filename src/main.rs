@@ -101,6 +101,12 @@ struct RunArgs {
     /// (default 30 days; shorter than the lifetime).
     #[arg(long, env = "REDPILOT_TLS_RENEW_BEFORE_SECONDS", default_value_t = 30 * 24 * 3600)]
     tls_renew_before_seconds: u64,
+    /// How often the operator looks at each Redis's servers for tuning
+    /// advice (status.insights), in seconds; 0 turns it off (at most
+    /// 86,400).
+    #[arg(long, env = "REDPILOT_TUNING_INTERVAL_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    tuning_interval_seconds: u64,
 }
 
 /// Options of `redpilot scorecard-test`.
@@ -618,6 +624,7 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             Duration::from_secs(args.tls_cert_validity_seconds),
             Duration::from_secs(args.tls_renew_before_seconds),
         )?,
+        tuning_interval: Duration::from_secs(args.tuning_interval_seconds),
     });
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(telemetry::Metrics::new()?);

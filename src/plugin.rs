@@ -18,6 +18,55 @@ use crate::api::v1alpha1::{
     BackupPhase, BackupTarget, Redis, RedisBackup, RedisBackupSchedule, ReshardingPhase,
 };
 
+/// The tuning advice of a Redis (`status.insights`): one block per
+/// finding, most severe first, with the `kubectl patch` that applies it
+/// when a `spec.config` change does.
+pub fn advise(redis: &Redis, now: DateTime<Utc>) -> String {
+    use kube::ResourceExt;
+    let name = redis.name_any();
+    let ns = redis.namespace().unwrap_or_default();
+    let status = redis.status.clone().unwrap_or_default();
+    let tuned = status.conditions.iter().find(|c| c.type_ == "Tuned");
+    let mut out = String::new();
+    let Some(tuned) = tuned else {
+        let _ = writeln!(
+            out,
+            "{ns}/{name}: not looked at for tuning yet (the operator looks at a Ready Redis \
+             every --tuning-interval-seconds; 0 turns it off)"
+        );
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "{ns}/{name}: {} finding(s); Tuned={} ({})",
+        status.insights.len(),
+        tuned.status,
+        tuned.reason
+    );
+    for i in &status.insights {
+        let since = parse_time(&i.since.0.to_string())
+            .map(|t| age(t, now))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\n{:<8} {} on {} (for {since})",
+            i.severity.to_uppercase(),
+            i.rule,
+            i.instance
+        );
+        let _ = writeln!(out, "  seen:   {}", i.evidence);
+        let _ = writeln!(out, "  advice: {}", i.advice);
+        if let (Some(k), Some(v)) = (&i.config_key, &i.config_value) {
+            let patch = serde_json::json!({"spec": {"config": {k: v}}});
+            let _ = writeln!(
+                out,
+                "  apply:  kubectl patch redis {name} -n {ns} --type merge -p '{patch}'"
+            );
+        }
+    }
+    out
+}
+
 /// One event, as the screen shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventLine {
@@ -386,6 +435,46 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn advice_shows_evidence_and_the_patch_to_apply() {
+        use crate::api::v1alpha1::Insight;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let now = parse_time("2026-01-01T01:00:00Z").unwrap();
+        let mut r = redis();
+        assert!(advise(&r, now).contains("not looked at for tuning yet"));
+        let t = |s: &str| Time(s.parse().expect("time"));
+        let st = r.status.as_mut().expect("status");
+        st.conditions.push(Condition {
+            type_: "Tuned".into(),
+            status: "False".into(),
+            reason: "AdviceStands".into(),
+            message: String::new(),
+            last_transition_time: t("2026-01-01T00:40:00Z"),
+            observed_generation: None,
+        });
+        st.insights = vec![Insight {
+            rule: "fragmentation".into(),
+            severity: "warning".into(),
+            instance: "cache-1".into(),
+            evidence: "fragmentation 2.40: 2.9 GiB resident for 1.2 GiB used".into(),
+            advice: "turn active defragmentation on".into(),
+            config_key: Some("activedefrag".into()),
+            config_value: Some("yes".into()),
+            since: t("2026-01-01T00:40:00Z"),
+            observed: t("2026-01-01T00:50:00Z"),
+        }];
+        let text = advise(&r, now);
+        assert_eq!(
+            text,
+            "shop/cache: 1 finding(s); Tuned=False (AdviceStands)\n\
+             \nWARNING  fragmentation on cache-1 (for 20m)\n\
+             \x20 seen:   fragmentation 2.40: 2.9 GiB resident for 1.2 GiB used\n\
+             \x20 advice: turn active defragmentation on\n\
+             \x20 apply:  kubectl patch redis cache -n shop --type merge -p \
+             '{\"spec\":{\"config\":{\"activedefrag\":\"yes\"}}}'\n"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -847,6 +847,41 @@ pub struct RedisStatus {
     /// after `spec.shards` changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardingStatus>,
+    /// Tuning advice: what the operator's periodic look at the servers
+    /// found (slow commands, latency spikes, fragmentation, evictions, full
+    /// resyncs, big keys...), most severe first, at most 20.
+    /// `kubectl redpilot advise` prints them with the change to apply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub insights: Vec<Insight>,
+}
+
+/// One finding of the tuning advice (`status.insights[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Insight {
+    /// The rule that found it (`fragmentation`, `slow-commands`, ...).
+    pub rule: String,
+    /// `info`, `warning` or `critical`.
+    pub severity: String,
+    /// The instance (pod) it was found on.
+    pub instance: String,
+    /// What was seen, in numbers.
+    pub evidence: String,
+    /// What to do.
+    pub advice: String,
+    /// The `spec.config` key whose change carries the advice out, when one
+    /// does...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_key: Option<String>,
+    /// ...and its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_value: Option<String>,
+    /// When it was first found.
+    pub since: Time,
+    /// When the evidence was taken (refreshed every 10 minutes while the
+    /// finding stands, so a standing finding does not write the status on
+    /// every look).
+    pub observed: Time,
 }
 
 /// What a Cluster Redis's nodes say of the cluster (`status.cluster`).

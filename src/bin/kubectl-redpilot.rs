@@ -6,6 +6,7 @@
 //! kubectl redpilot switchover <redis> [to]   a zero-loss switchover (spec.failover.switchoverTo)
 //! kubectl redpilot backup <redis>            a RedisBackup to the target its schedule or last backup uses
 //! kubectl redpilot hibernate|wake <redis>    spec.hibernate
+//! kubectl redpilot advise <redis>            tuning advice: findings, evidence, the change to apply
 //! kubectl redpilot version                   the plugin's and the cluster's versions
 //! ```
 //!
@@ -86,6 +87,12 @@ enum Command {
         /// Seconds to wait for phase Ready (0: do not wait).
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+    },
+    /// Tuning advice for a Redis (status.insights): each finding with its
+    /// evidence, what to do, and the exact change to apply when one does.
+    Advise {
+        /// The Redis.
+        redis: String,
     },
     /// The plugin's version and the cluster's.
     Version,
@@ -196,6 +203,11 @@ async fn run(cli: Cli) -> Result<()> {
                 "{}",
                 plugin::status(&r, &backups, &events, chrono::Utc::now())
             );
+            Ok(())
+        }
+        Command::Advise { redis } => {
+            let r = get_redis(&redis_api, &ns, &redis).await?;
+            print!("{}", plugin::advise(&r, chrono::Utc::now()));
             Ok(())
         }
         Command::Switchover { redis, to, timeout } => {

@@ -45,6 +45,9 @@ pub struct Settings {
     /// Lifetime and renewal of the certificates it issues (`spec.tls`
     /// without a Secret).
     pub certs: redis::issuer::CertPolicy,
+    /// How often each Redis's servers are looked at for tuning advice
+    /// (zero: never).
+    pub tuning_interval: std::time::Duration,
 }
 
 /// The field manager of every write the operator makes.
@@ -156,6 +159,9 @@ pub struct Context {
     /// Per object that is not ready: a fingerprint of what the last pass saw
     /// and how many passes in a row saw it without writing anything.
     stuck: Mutex<HashMap<ObjectRef<Redis>, (String, u32)>>,
+    /// Per Redis: when its servers were last looked at for tuning advice,
+    /// and each server's baselines and key-sampling cursor.
+    pub tuning: Mutex<HashMap<ObjectRef<Redis>, redis::tuning::Memory>>,
 }
 
 impl Context {
@@ -181,6 +187,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
             stuck: Mutex::new(HashMap::new()),
+            tuning: Mutex::new(HashMap::new()),
         }
     }
 

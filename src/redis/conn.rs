@@ -436,6 +436,26 @@ impl Node {
         }
     }
 
+    /// Sends `pipe` in one round trip within the command timeout; `command`
+    /// names it in errors.
+    pub async fn pipeline<T: FromRedisValue>(
+        &mut self,
+        command: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        let bound = self.command_timeout;
+        let fut = pipe.query_async::<T>(&mut self.conn);
+        match tokio::time::timeout(bound, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::from_redis(&self.label, command, bound, e)),
+            Err(_) => Err(Error::Timeout {
+                endpoint: self.label.clone(),
+                operation: command,
+                after: bound,
+            }),
+        }
+    }
+
     /// `PING`.
     pub async fn ping(&mut self) -> Result<()> {
         let _: String = self.query("PING", &redis::cmd("PING")).await?;

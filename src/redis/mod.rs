@@ -8,6 +8,7 @@
 //! bounded [`ErrorCategory`] for metrics.
 
 pub mod actions;
+pub mod advice;
 pub mod certs;
 pub mod cluster;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod info;
 pub mod rdb;
 pub mod reshard;
 pub mod topology;
+pub mod tuning;
 
 pub use conn::{ConnectOptions, Endpoint, Node, Secret, TlsOptions, redis_client};
 pub use error::{Error, ErrorCategory, Result};

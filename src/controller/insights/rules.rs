@@ -169,6 +169,14 @@ pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
                 "For 5 minutes no replica has followed the primary of shard {{ $labels.shard }} although spec.instances asks for some: if that primary fails, the shard's slots stay unserved until it comes back, and without storage its data is lost. See the Ready condition and `kubectl get pods -n {{ $labels.namespace }} -l app.kubernetes.io/instance={{ $labels.redis }},redpilot.io/shard={{ $labels.shard }}`.",
             ),
             alert(
+                "RedisTuningCritical",
+                format!("max by (namespace, redis, rule) (redpilot_redis_findings{{severity=\"critical\",{s}}}) > 0"),
+                "10m",
+                "critical",
+                "Redis {{ $labels.namespace }}/{{ $labels.redis }}: {{ $labels.rule }}",
+                "For 10 minutes the operator's look at the servers of {{ $labels.redis }} has found {{ $labels.rule }} on {{ $value | printf \"%.0f\" }} instance(s): writes fail or data is at risk. `kubectl redpilot advise {{ $labels.redis }} -n {{ $labels.namespace }}` shows the evidence and the change to apply.",
+            ),
+            alert(
                 "RedisBackupFailed",
                 format!("redpilot_backup_last_failed{{{s}}} == 1"),
                 "0m",

@@ -63,6 +63,23 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
             &[at[0], at[1], ("phase", phase)],
             1.0,
         );
+        // Tuning advice standing now, by rule and severity (instances with
+        // the finding); a rule with none has no series.
+        let mut findings: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+        for i in &status.insights {
+            *findings
+                .entry((i.rule.as_str(), i.severity.as_str()))
+                .or_default() += 1.0;
+        }
+        for ((rule, severity), n) in findings {
+            out.add(
+                "redpilot_redis_findings",
+                "gauge",
+                "Tuning advice standing (status.insights): instances with each finding, by rule and severity",
+                &[at[0], at[1], ("rule", rule), ("severity", severity)],
+                n,
+            );
+        }
         out.add(
             "redpilot_redis_desired_instances",
             "gauge",

@@ -51,6 +51,7 @@ pub mod rollout;
 pub mod statefulset;
 pub mod status;
 pub mod tls;
+pub mod tuning;
 pub mod upgrade;
 pub mod users;
 pub mod wiring;
@@ -107,6 +108,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         autopilot_due: None,
         tls: None,
         recheck_in: None,
+        insights: None,
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -175,6 +177,8 @@ pub struct Reconciler {
     /// When a healthy Redis is to be looked at again sooner than the
     /// periodic pass (a certificate reload waiting for the kubelet).
     recheck_in: Option<Duration>,
+    /// The findings of this pass's look for tuning advice, when it looked.
+    insights: Option<Vec<crate::api::v1alpha1::Insight>>,
 }
 
 impl Reconciler {

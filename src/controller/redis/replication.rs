@@ -211,6 +211,10 @@ impl Reconciler {
 
         // A switchover in step 9 moved the primary: report the new one.
         let primary = self.moved_primary.clone().or(primary);
+        // 10. Tuning advice, now and then, when every server answers.
+        if self.moved_primary.is_none() {
+            self.tune(&facts, primary.as_deref(), &opts).await;
+        }
         self.finish(&facts, primary.as_deref(), desired, false)
             .await
     }

@@ -228,6 +228,9 @@ impl Reconciler {
         });
 
         conds.extend(self.capability_conditions());
+        let looked = self.insights.is_some();
+        let insights = self.insights_for_status();
+        conds.extend(self.tuned_condition(&insights, looked));
         let old = self.redis.status.clone().unwrap_or_default();
         conds.push(primary_condition(
             facts,
@@ -317,6 +320,7 @@ impl Reconciler {
             cluster: None,
             shards: Vec::new(),
             resharding: None,
+            insights,
         };
         status.conditions = merge(
             &old.conditions,

@@ -209,6 +209,11 @@ impl Reconciler {
             }
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
+            // Tuning advice, now and then, when every server answers (keys
+            // are sampled on a replica only: each shard has a primary).
+            if plan.steps.is_empty() && !resharded {
+                self.tune(&facts, None, &opts).await;
+            }
         }
         self.cluster_finish(&facts, &members, &plan, false).await
     }
@@ -663,6 +668,9 @@ impl Reconciler {
             },
         ];
         conds.extend(self.capability_conditions());
+        let looked = self.insights.is_some();
+        let insights = self.insights_for_status();
+        conds.extend(self.tuned_condition(&insights, looked));
         let without = plan.without_primary();
         conds.push(if without.is_empty() {
             Cond::new(
@@ -767,6 +775,7 @@ impl Reconciler {
             // Written by the autopilot's own patch this pass: kept as read.
             autopilot: old.autopilot.clone(),
             resharding: self.resharding.clone(),
+            insights,
             ..Default::default()
         };
         st.conditions = facts::merge(

@@ -1,0 +1,231 @@
+//! Tuning advice on the dev cluster: the operator looks at a Ready Redis's
+//! servers every `--tuning-interval-seconds` (3 s here) and reports what it
+//! finds in `status.insights`, the `Tuned` condition, `TuningAdvice` events,
+//! the metric `redpilot_redis_findings` and `kubectl redpilot advise`.
+//!
+//! The scenario: a Replication Redis with `maxclients 30` in `spec.config`.
+//! At first the only finding is informational (the latency monitor is off):
+//! Tuned. Idle clients pile up on the primary until 26 or more of 30 are
+//! connected: `clients-near-max` (warning), Tuned False, the event and the
+//! metric. The operator is killed and a new one started: the finding stands
+//! (same `since`, no clearing). The `kubectl patch` the plugin prints is run
+//! as printed: maxclients doubles live, the finding clears.
+
+//!
+//! It runs in the `operator_config` binary, beside that suite's tests (it
+//! is about the configuration a Redis should have, and shares its time).
+
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::operator::{
+    OperatorOptions, apply_redis, connect_pod, info_u64, metric_sum, pod_ip, recent_events,
+    redis_api, redis_password, start_operator, wait_ready,
+};
+use crate::support::{TestNamespace, client, kubeconfig_path, repo_root, wait_for};
+use redpilot::api::v1alpha1::{Insight, Redis};
+use serde_json::json;
+
+const READY: Duration = Duration::from_secs(180);
+
+fn plugin(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-redpilot"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("run kubectl-redpilot");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("$ kubectl redpilot {}\n{text}", args.join(" "));
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+fn tuned(r: &Redis) -> Option<(String, String)> {
+    r.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Tuned")
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn finding<'a>(r: &'a Redis, rule: &str) -> Option<&'a Insight> {
+    r.status.as_ref()?.insights.iter().find(|i| i.rule == rule)
+}
+
+#[tokio::test]
+async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_advised_change() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-tuning", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env
+        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "3".into()));
+    let mut op = start_operator(&client, opts.clone()).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({
+            "mode": "Replication",
+            "instances": 2,
+            "storage": {"size": "64Mi"},
+            "config": {"maxclients": "30"},
+        }),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let api = redis_api(&client, &ns.name);
+
+    // 1. Only an informational finding: Tuned.
+    let r = wait_for("the first look", Duration::from_secs(60), || async {
+        let r = api.get("cache").await.ok()?;
+        (tuned(&r).is_some() && finding(&r, "latency-monitor-off").is_some()).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        tuned(&r),
+        Some(("True".into(), "NoWarnings".into())),
+        "{:?}",
+        r.status.as_ref().map(|s| &s.insights)
+    );
+    let info = finding(&r, "latency-monitor-off").expect("finding");
+    assert_eq!(info.severity, "info");
+    assert_eq!(
+        info.config_key.as_deref(),
+        Some("latency-monitor-threshold")
+    );
+
+    // 2. Idle clients on the primary: 26 of 30 or more.
+    let primary = r
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let mut node = connect_pod(&client, &ns.name, &primary, &password)
+        .await
+        .expect("connect to the primary");
+    let connected = info_u64(&mut node, "clients", "connected_clients").await;
+    let ip = pod_ip(&client, &ns.name, &primary).await;
+    let idle: Vec<TcpStream> = (connected..26)
+        .map(|_| TcpStream::connect((ip.as_str(), 6379)).expect("idle client"))
+        .collect();
+    let now = info_u64(&mut node, "clients", "connected_clients").await;
+    println!(
+        "{connected} clients connected, {} idle ones opened: {now} of 30",
+        idle.len()
+    );
+    assert!(now >= 26, "{now}");
+    let r = wait_for("clients-near-max", Duration::from_secs(60), || async {
+        let r = api.get("cache").await.ok()?;
+        finding(&r, "clients-near-max").is_some().then_some(r)
+    })
+    .await;
+    let warn = finding(&r, "clients-near-max").expect("finding").clone();
+    println!("finding: {warn:?}");
+    assert_eq!(warn.instance, primary);
+    assert_eq!(warn.severity, "warning");
+    assert!(
+        warn.evidence.contains("of maxclients 30"),
+        "{}",
+        warn.evidence
+    );
+    assert_eq!(
+        (warn.config_key.as_deref(), warn.config_value.as_deref()),
+        (Some("maxclients"), Some("60"))
+    );
+    assert_eq!(tuned(&r), Some(("False".into(), "AdviceStands".into())));
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(
+        events.contains("TuningAdvice") && events.contains("clients-near-max on"),
+        "{events}"
+    );
+    let page = op.metrics().await.expect("metrics");
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("redpilot_redis_findings{") && l.contains("clients-near-max"))
+        .unwrap_or_else(|| panic!("no findings series:\n{page}"));
+    println!("{line}");
+    let value: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a value");
+    assert!(
+        line.contains("severity=\"warning\"") && value == 1.0,
+        "{line}"
+    );
+    assert_eq!(
+        metric_sum(&page, "redpilot_redis_findings").map(|v| v >= 1.0),
+        Some(true)
+    );
+
+    // 3. The operator crashes; the next one keeps the finding as it was.
+    op.kill();
+    let mut op = start_operator(&client, opts).await;
+    // Its first pass looks (it remembers nothing); two passes done means
+    // the look was written, or found nothing to write.
+    wait_for(
+        "two passes of the new operator",
+        Duration::from_secs(60),
+        || async { (op.counters().await.reconciles >= 2.0).then_some(()) },
+    )
+    .await;
+    let r = api.get("cache").await.expect("redis");
+    let kept = finding(&r, "clients-near-max").expect("the finding stands after a restart");
+    assert_eq!(kept.since, warn.since);
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(!events.contains("TuningAdviceCleared"), "{events}");
+
+    // 4. The change the plugin prints, run as printed.
+    let text = plugin(&["advise", "cache", "-n", &ns.name]);
+    assert!(text.contains("WARNING  clients-near-max on"), "{text}");
+    let apply = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("apply:  kubectl "))
+        .find(|l| l.contains("maxclients"))
+        .expect("an apply line for maxclients");
+    // `kubectl patch redis cache -n <ns> --type merge -p '<json>'`
+    let (head, patch) = apply.split_once(" -p '").expect("a -p argument");
+    let mut args: Vec<&str> = head.split_whitespace().collect();
+    args.push("-p");
+    args.push(patch.trim_end_matches('\''));
+    let out = Command::new(repo_root().join("bin/kubectl"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .args(&args)
+        .output()
+        .expect("kubectl patch");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = wait_for("the finding cleared", Duration::from_secs(90), || async {
+        let r = api.get("cache").await.ok()?;
+        finding(&r, "clients-near-max").is_none().then_some(r)
+    })
+    .await;
+    assert_eq!(tuned(&r).map(|t| t.0), Some("True".into()));
+    let max: Vec<String> = node
+        .query("CONFIG", redis::cmd("CONFIG").arg("GET").arg("maxclients"))
+        .await
+        .expect("CONFIG GET");
+    assert_eq!(max.get(1).map(String::as_str), Some("60"), "{max:?}");
+    println!(
+        "maxclients now 60, {} idle clients still connected",
+        idle.len()
+    );
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("TuningAdviceCleared"), "{events}");
+    let page = op.metrics().await.expect("metrics");
+    assert!(
+        !page
+            .lines()
+            .any(|l| l.starts_with("redpilot_redis_findings{") && l.contains("clients-near-max")),
+        "{page}"
+    );
+    drop(idle);
+    op.kill();
+}
