@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use kube::Api;
@@ -12,21 +11,13 @@ use kube::api::PostParams;
 use redpilot::api::v1alpha1::{BackupPhase, Phase, RedisBackup};
 use serde_json::json;
 use support::operator::{OperatorOptions, apply_redis, redis_api, start_operator, wait_ready};
-use support::{TestNamespace, client, kubeconfig_path, wait_for};
+use support::{TestNamespace, client, wait_for};
 
 const READY: Duration = Duration::from_secs(240);
 
 /// Runs the plugin; returns (success, stdout + stderr).
 fn plugin(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-redpilot"))
-        .env("KUBECONFIG", kubeconfig_path())
-        .args(args)
-        .output()
-        .expect("run kubectl-redpilot");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("$ kubectl redpilot {}\n{text}", args.join(" "));
-    (out.status.success(), text)
+    support::kubectl_redpilot(args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

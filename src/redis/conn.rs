@@ -337,6 +337,24 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
     }
 }
 
+/// `fut` (a request to `label`) within `bound`, its errors mapped.
+async fn bounded<T>(
+    label: &str,
+    command: &'static str,
+    bound: Duration,
+    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Error::from_redis(label, command, bound, e)),
+        Err(_) => Err(Error::Timeout {
+            endpoint: label.to_string(),
+            operation: command,
+            after: bound,
+        }),
+    }
+}
+
 /// A time-bounded, authenticated connection to one server.
 pub struct Node {
     endpoint: Endpoint,
@@ -425,15 +443,7 @@ impl Node {
         bound: Duration,
     ) -> Result<T> {
         let fut = cmd.query_async::<T>(&mut self.conn);
-        match tokio::time::timeout(bound, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::from_redis(&self.label, command, bound, e)),
-            Err(_) => Err(Error::Timeout {
-                endpoint: self.label.clone(),
-                operation: command,
-                after: bound,
-            }),
-        }
+        bounded(&self.label, command, bound, fut).await
     }
 
     /// Sends `pipe` in one round trip within the command timeout; `command`
@@ -445,15 +455,7 @@ impl Node {
     ) -> Result<T> {
         let bound = self.command_timeout;
         let fut = pipe.query_async::<T>(&mut self.conn);
-        match tokio::time::timeout(bound, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Error::from_redis(&self.label, command, bound, e)),
-            Err(_) => Err(Error::Timeout {
-                endpoint: self.label.clone(),
-                operation: command,
-                after: bound,
-            }),
-        }
+        bounded(&self.label, command, bound, fut).await
     }
 
     /// `PING`.

@@ -44,6 +44,20 @@ pub fn kubeconfig_path() -> PathBuf {
     }
 }
 
+/// Runs `kubectl redpilot <args>` (the plugin this package builds) against
+/// the dev cluster; returns (success, stdout + stderr), and prints both.
+pub fn kubectl_redpilot(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-redpilot"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("run kubectl-redpilot");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("$ kubectl redpilot {}\n{text}", args.join(" "));
+    (out.status.success(), text)
+}
+
 fn no_cluster(path: &std::path::Path, why: impl std::fmt::Display) -> ! {
     panic!(
         "no Kubernetes cluster reachable through {} ({why}).\n\

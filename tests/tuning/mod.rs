@@ -30,15 +30,8 @@ use serde_json::json;
 const READY: Duration = Duration::from_secs(180);
 
 fn plugin(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-redpilot"))
-        .env("KUBECONFIG", kubeconfig_path())
-        .args(args)
-        .output()
-        .expect("run kubectl-redpilot");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("$ kubectl redpilot {}\n{text}", args.join(" "));
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = crate::support::kubectl_redpilot(args);
+    assert!(ok, "{text}");
     text
 }
 
