@@ -64,6 +64,33 @@ pub fn advise(redis: &Redis, now: DateTime<Utc>) -> String {
             );
         }
     }
+    let applied = status
+        .tuning
+        .as_ref()
+        .map(|t| t.applied.as_slice())
+        .unwrap_or_default();
+    if !applied.is_empty() {
+        let _ = writeln!(out, "\napplied by the operator (spec.tuning):");
+        for a in applied {
+            let at = parse_time(&a.at.0.to_string())
+                .map(|t| age(t, now))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {} {} -> {} ({} ago, {}): {}{}",
+                a.key,
+                a.from,
+                a.to,
+                at,
+                a.state,
+                a.before,
+                a.message
+                    .as_deref()
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
     out
 }
 

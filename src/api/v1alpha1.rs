@@ -468,6 +468,13 @@ pub struct RedisSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autopilot: Option<AutopilotSpec>,
 
+    /// Tuning advice the operator carries out itself: for each rule listed
+    /// in `apply`, the setting its finding advises is applied live on every
+    /// instance (and kept in redis.conf), recorded in `status.tuning`. Only
+    /// settings that change live and change nothing an application sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningSpec>,
+
     /// An opt-in NetworkPolicy in front of the pods: who may reach the
     /// client port and scrape the metrics (see `NetworkPolicySpec`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -853,6 +860,96 @@ pub struct RedisStatus {
     /// `kubectl redpilot advise` prints them with the change to apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub insights: Vec<Insight>,
+    /// What the operator applied for `spec.tuning`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningStatus>,
+}
+
+/// Tuning advice the operator applies itself (`spec.tuning`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningSpec {
+    /// Rules whose advised setting the operator applies when they fire:
+    /// `latency-monitor-off` (latency-monitor-threshold), `full-resyncs`
+    /// (repl-backlog-size), `fragmentation` (activedefrag),
+    /// `clients-near-max` and `rejected-connections` (maxclients),
+    /// `big-keys` (lazyfree-lazy-user-del). A key set in `spec.config` is the
+    /// user's and is never changed. A setting the server refuses is recorded
+    /// and not tried again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apply: Vec<TunableRule>,
+}
+
+/// A rule whose advice the operator may apply (`spec.tuning.apply[]`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum TunableRule {
+    /// latency-monitor-threshold.
+    #[serde(rename = "latency-monitor-off")]
+    LatencyMonitorOff,
+    /// repl-backlog-size.
+    #[serde(rename = "full-resyncs")]
+    FullResyncs,
+    /// activedefrag.
+    #[serde(rename = "fragmentation")]
+    Fragmentation,
+    /// maxclients.
+    #[serde(rename = "clients-near-max")]
+    ClientsNearMax,
+    /// maxclients.
+    #[serde(rename = "rejected-connections")]
+    RejectedConnections,
+    /// lazyfree-lazy-user-del.
+    #[serde(rename = "big-keys")]
+    BigKeys,
+}
+
+impl TunableRule {
+    /// The rule's name, as findings carry it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TunableRule::LatencyMonitorOff => "latency-monitor-off",
+            TunableRule::FullResyncs => "full-resyncs",
+            TunableRule::Fragmentation => "fragmentation",
+            TunableRule::ClientsNearMax => "clients-near-max",
+            TunableRule::RejectedConnections => "rejected-connections",
+            TunableRule::BigKeys => "big-keys",
+        }
+    }
+}
+
+/// What the operator applied for `spec.tuning` (`status.tuning`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningStatus {
+    /// Each setting applied, oldest first (at most 20): the last record of
+    /// a key that is not `Refused` is in effect, live and in redis.conf.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied: Vec<AppliedTuning>,
+}
+
+/// One setting applied for a finding (`status.tuning.applied[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedTuning {
+    /// The rule whose finding asked for it.
+    pub rule: String,
+    /// The setting.
+    pub key: String,
+    /// Its value on the servers before.
+    pub from: String,
+    /// Its value now.
+    pub to: String,
+    /// When it was applied.
+    pub at: Time,
+    /// The finding's evidence when it was applied (before).
+    pub before: String,
+    /// `Applied`; `Cleared` once the finding went after it (after); or
+    /// `Refused` when a server refused the value (see `message`; not tried
+    /// again, not in effect).
+    pub state: String,
+    /// Why a server refused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// One finding of the tuning advice (`status.insights[]`).

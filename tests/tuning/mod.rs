@@ -222,3 +222,168 @@ async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_ad
     drop(idle);
     op.kill();
 }
+
+/// `spec.tuning.apply`: the operator sets what a listed rule advises, live
+/// and in redis.conf, records it with the evidence before and the finding
+/// gone after; a pod made anew boots with it; a rule whose advice would
+/// change what the application sees is refused at admission.
+#[tokio::test]
+async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
+    use crate::support::operator::{config_get, pod_uids, redis_pods};
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use kube::Api;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-tuning-apply", &[]).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env
+        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "3".into()));
+    let _op = start_operator(&client, opts).await;
+    let api = redis_api(&client, &ns.name);
+
+    // Admission: a policy change is not the operator's to make.
+    let bad = json!({
+        "apiVersion": "redpilot.io/v1alpha1", "kind": "Redis",
+        "metadata": {"name": "cache", "namespace": ns.name},
+        "spec": {"mode": "Replication", "instances": 2,
+                 "tuning": {"apply": ["volatile-without-ttl"]}},
+    });
+    let err = api
+        .patch("cache", &PatchParams::apply("test"), &Patch::Apply(&bad))
+        .await
+        .expect_err("an unsupported rule is refused");
+    println!("refused: {err}");
+    assert!(
+        err.to_string().contains("spec.tuning.apply"),
+        "the error names the field: {err}"
+    );
+
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({
+            "mode": "Replication",
+            "instances": 2,
+            "storage": {"size": "64Mi"},
+            "tuning": {"apply": ["latency-monitor-off"]},
+        }),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let uids = pod_uids(&client, &ns.name, "cache").await;
+
+    let r = wait_for(
+        "the monitor's threshold applied and the finding gone",
+        Duration::from_secs(90),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let t = r.status.as_ref()?.tuning.as_ref()?;
+            (t.applied.len() == 1 && t.applied[0].state == "Cleared").then_some(r)
+        },
+    )
+    .await;
+    let st = r.status.as_ref().expect("status");
+    let a = &st.tuning.as_ref().expect("tuning").applied[0];
+    println!("applied: {a:?}");
+    assert_eq!(
+        (
+            a.rule.as_str(),
+            a.key.as_str(),
+            a.from.as_str(),
+            a.to.as_str()
+        ),
+        (
+            "latency-monitor-off",
+            "latency-monitor-threshold",
+            "0",
+            "100"
+        )
+    );
+    assert!(
+        a.before.contains("latency-monitor-threshold is 0"),
+        "{}",
+        a.before
+    );
+    assert!(
+        !st.insights.iter().any(|i| i.rule == "latency-monitor-off"),
+        "{:?}",
+        st.insights
+    );
+    let password = redis_password(&client, &ns.name, "cache").await;
+    for pod in uids.keys() {
+        let mut n = connect_pod(&client, &ns.name, pod, &password)
+            .await
+            .expect("connect");
+        assert_eq!(
+            config_get(&mut n, "latency-monitor-threshold")
+                .await
+                .as_deref(),
+            Some("100"),
+            "{pod}"
+        );
+    }
+    // Live: no pod was made anew or restarted.
+    assert_eq!(pod_uids(&client, &ns.name, "cache").await, uids);
+    for (name, p) in redis_pods(&client, &ns.name, "cache").await {
+        let restarts: i32 = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+            .unwrap_or(0);
+        assert_eq!(restarts, 0, "{name}");
+    }
+    let conf = Api::<ConfigMap>::namespaced(client.clone(), &ns.name)
+        .get("cache-config")
+        .await
+        .expect("ConfigMap")
+        .data
+        .and_then(|d| d.get("redis.conf").cloned())
+        .expect("redis.conf");
+    assert!(conf.contains("\nlatency-monitor-threshold 100\n"), "{conf}");
+    let events = recent_events(&client, &ns.name, 60).await;
+    for reason in ["TuningApplied", "ConfigApplied", "TuningAdviceCleared"] {
+        assert!(events.contains(reason), "{reason}: {events}");
+    }
+
+    // A pod made anew boots with the applied setting.
+    let replica = uids
+        .keys()
+        .find(|p| Some(p.as_str()) != st.primary.as_deref())
+        .expect("a replica")
+        .clone();
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .delete(&replica, &DeleteParams::default())
+        .await
+        .expect("delete the replica's pod");
+    wait_for(
+        "the replica's new pod",
+        Duration::from_secs(120),
+        || async {
+            let now = pod_uids(&client, &ns.name, "cache").await;
+            (now.get(&replica)
+                .is_some_and(|u| Some(u) != uids.get(&replica)))
+            .then_some(())
+        },
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let mut n = connect_pod(&client, &ns.name, &replica, &password)
+        .await
+        .expect("connect");
+    assert_eq!(
+        config_get(&mut n, "latency-monitor-threshold")
+            .await
+            .as_deref(),
+        Some("100")
+    );
+    let r = api.get("cache").await.expect("redis");
+    let applied = &r
+        .status
+        .as_ref()
+        .and_then(|s| s.tuning.clone())
+        .expect("tuning")
+        .applied;
+    assert_eq!(applied.len(), 1, "nothing applied twice: {applied:?}");
+}

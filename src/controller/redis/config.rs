@@ -118,6 +118,13 @@ pub fn redis_conf(redis: &Redis) -> String {
             lines.push(format!("{k} {}", conf_value(v)));
         }
     }
+    let tuned = super::tuning::tuned_settings(redis);
+    if !tuned.is_empty() {
+        lines.push("# spec.tuning (status.tuning.applied)".to_string());
+        for (k, v) in &tuned {
+            lines.push(format!("{k} {}", conf_value(v)));
+        }
+    }
     lines.join("\n") + "\n"
 }
 
@@ -238,7 +245,8 @@ impl Reconciler {
         } else {
             Vec::new()
         };
-        if self.redis.spec.config.is_empty() && fencing.is_empty() {
+        let tuned = super::tuning::tuned_settings(&self.redis);
+        if self.redis.spec.config.is_empty() && fencing.is_empty() && tuned.is_empty() {
             return;
         }
         for f in facts.iter().filter(|f| f.reachable && !f.terminating) {
@@ -260,15 +268,45 @@ impl Reconciler {
                         .map(|(k, v)| (k.as_str(), v.as_str())),
                 )
                 .collect();
-            if dynamic.is_empty() {
+            let tuned: Vec<(&str, &str)> = tuned
+                .iter()
+                .filter(|(k, _)| crate::redis::config::is_dynamic(k, engine, version))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            if dynamic.is_empty() && tuned.is_empty() {
                 continue;
             }
             let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let mut refused = Vec::new();
             let result = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;
-                crate::redis::config::apply_config(&mut node, &dynamic).await
+                let mut changes = crate::redis::config::apply_config(&mut node, &dynamic).await?;
+                // The operator's own tuning, one key at a time: a value the
+                // server refuses is recorded, not retried every pass.
+                for kv in &tuned {
+                    match crate::redis::config::apply_config(&mut node, &[*kv]).await {
+                        Ok(c) => changes.extend(c),
+                        Err(e @ crate::redis::Error::Server { .. }) => refused.push((*kv, e)),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(changes)
             }
             .await;
+            for ((k, v), e) in refused {
+                self.event(
+                    EventType::Warning,
+                    "TuningRefused",
+                    "Tune",
+                    format!(
+                        "{} refused {k} {v} (spec.tuning): {e}; not tried again",
+                        f.name
+                    ),
+                )
+                .await;
+                self.tuning_refused
+                    .push((k.to_string(), v.to_string(), e.to_string()));
+            }
             match result {
                 Ok(changes) if !changes.is_empty() => {
                     let list = changes

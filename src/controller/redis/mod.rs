@@ -109,6 +109,8 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, E
         tls: None,
         recheck_in: None,
         insights: None,
+        tuning_status: None,
+        tuning_refused: Vec::new(),
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -179,6 +181,11 @@ pub struct Reconciler {
     recheck_in: Option<Duration>,
     /// The findings of this pass's look for tuning advice, when it looked.
     insights: Option<Vec<crate::api::v1alpha1::Insight>>,
+    /// `status.tuning` as this pass's look left it, when it changed it.
+    tuning_status: Option<crate::api::v1alpha1::TuningStatus>,
+    /// Settings of `spec.tuning` a server refused this pass: key, value,
+    /// the server's message.
+    tuning_refused: Vec<(String, String, String)>,
 }
 
 impl Reconciler {

@@ -321,6 +321,7 @@ impl Reconciler {
             shards: Vec::new(),
             resharding: None,
             insights,
+            tuning: self.tuning_for_status(),
         };
         status.conditions = merge(
             &old.conditions,

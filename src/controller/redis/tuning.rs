@@ -16,7 +16,7 @@
 //! has no replica and serves fewer than 1,000 operations a second):
 //! [`KEYS_PER_SWEEP`] keys a look, the known big keys measured again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -27,7 +27,7 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::facts::{Cond, PodFacts, Role};
-use crate::api::v1alpha1::Insight;
+use crate::api::v1alpha1::{AppliedTuning, Insight, Redis, TunableRule, TuningStatus};
 use crate::redis::advice::{self, Advice, Severity, Subject, Thresholds, Verdict};
 use crate::redis::tuning::{self, KeyScan, Sample};
 use crate::redis::{ConnectOptions, Endpoint, Node};
@@ -226,6 +226,109 @@ pub fn condition(insights: &[Insight], redis: &str) -> Cond {
     )
 }
 
+/// `status.tuning.applied[].state` of a setting in effect, its finding
+/// still standing...
+pub const APPLIED: &str = "Applied";
+/// ...in effect, its finding gone...
+pub const CLEARED: &str = "Cleared";
+/// ...or refused by a server (not in effect, not tried again).
+pub const REFUSED: &str = "Refused";
+/// An applied setting stands this long before its rule may change the same
+/// key again (a rule that keeps firing does not double a value each look).
+const REAPPLY_AFTER: Duration = Duration::from_secs(60 * 60);
+/// Records `status.tuning.applied` keeps at most.
+pub const MAX_APPLIED: usize = 20;
+
+/// The settings in effect for `spec.tuning`: of each key the last record
+/// not refused, unless `spec.config` sets the key (the user's wins).
+pub fn tuned_settings(redis: &Redis) -> Vec<(String, String)> {
+    let Some(t) = redis.status.as_ref().and_then(|s| s.tuning.as_ref()) else {
+        return Vec::new();
+    };
+    let mut out: BTreeMap<&str, &str> = BTreeMap::new();
+    for a in t.applied.iter().filter(|a| a.state != REFUSED) {
+        out.insert(&a.key, &a.to);
+    }
+    out.into_iter()
+        .filter(|(k, _)| !redis.spec.config.contains_key(*k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The records after a look, and those it added. A finding of a rule in
+/// `apply` whose advised key the user does not set gets a record unless the
+/// key's last record has that value already (applied, cleared or refused)
+/// or was applied less than [`REAPPLY_AFTER`] ago; `from` is the servers'
+/// value (`current`). An applied record whose rule has no finding any more
+/// is cleared.
+pub fn plan_applied(
+    old: &[AppliedTuning],
+    insights: &[Insight],
+    apply: &[TunableRule],
+    user: &BTreeMap<String, String>,
+    current: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> (Vec<AppliedTuning>, Vec<AppliedTuning>) {
+    let mut out = old.to_vec();
+    let mut added = Vec::new();
+    for i in insights {
+        let (Some(key), Some(value)) = (&i.config_key, &i.config_value) else {
+            continue;
+        };
+        if !apply.iter().any(|r| r.as_str() == i.rule) || user.contains_key(key) {
+            continue;
+        }
+        let last = out.iter().rev().find(|a| &a.key == key);
+        let recent = |a: &AppliedTuning| {
+            a.state != REFUSED
+                && now
+                    .duration_since(a.at.0)
+                    .try_into()
+                    .is_ok_and(|d: Duration| d < REAPPLY_AFTER)
+        };
+        if last.is_some_and(|l| &l.to == value || recent(l)) {
+            continue;
+        }
+        let record = AppliedTuning {
+            rule: i.rule.clone(),
+            key: key.clone(),
+            from: current
+                .get(key)
+                .cloned()
+                .or_else(|| last.map(|l| l.to.clone()))
+                .unwrap_or_default(),
+            to: value.clone(),
+            at: Time(now),
+            before: format!("{} on {}: {}", i.rule, i.instance, i.evidence),
+            state: APPLIED.to_string(),
+            message: None,
+        };
+        out.push(record.clone());
+        added.push(record);
+    }
+    for a in out.iter_mut().filter(|a| a.state == APPLIED) {
+        if !insights.iter().any(|i| i.rule == a.rule) {
+            a.state = CLEARED.to_string();
+        }
+    }
+    let extra = out.len().saturating_sub(MAX_APPLIED);
+    out.drain(..extra);
+    (out, added)
+}
+
+/// Marks the record that set `key` to `value` refused, with the server's
+/// `message`.
+pub fn mark_refused(records: &mut [AppliedTuning], key: &str, value: &str, message: &str) {
+    if let Some(a) = records
+        .iter_mut()
+        .rev()
+        .find(|a| a.key == key && a.to == value && a.state != REFUSED)
+    {
+        a.state = REFUSED.to_string();
+        a.message = Some(message.to_string());
+    }
+}
+
 impl Reconciler {
     /// Looks at the servers for tuning advice when the interval has passed
     /// since the last look (only a Redis whose instances all answer);
@@ -298,11 +401,17 @@ impl Reconciler {
         }))
         .await;
         let mut verdicts = Vec::new();
+        // The servers' settings, as the primary (else the first to answer)
+        // runs them.
+        let mut current: BTreeMap<String, String> = BTreeMap::new();
         for l in looks {
             let server = memory.servers.entry(l.pod.clone()).or_default();
             server.scan = l.scan;
             match l.sample {
                 Ok(cur) => {
+                    if current.is_empty() || Some(l.pod.as_str()) == primary {
+                        current = cur.config.clone();
+                    }
                     let base = server.baselines.front().map(|(_, s)| s);
                     let v = advice::evaluate(&Subject {
                         cur: &cur,
@@ -330,9 +439,60 @@ impl Reconciler {
             .map(|s| s.insights.clone())
             .unwrap_or_default();
         let pods: Vec<String> = facts.iter().map(|f| f.name.clone()).collect();
-        let new = merge(&old, &verdicts, &pods, Timestamp::now());
+        let now = Timestamp::now();
+        let new = merge(&old, &verdicts, &pods, now);
         self.tuning_events(&old, &new).await;
+        self.apply_advice(&new, &current, now).await;
         self.insights = Some(new);
+    }
+
+    /// `spec.tuning`: records the settings to apply for this look's
+    /// findings (set live by the next pass's live configuration, which
+    /// comes soon), and clears those whose finding went.
+    async fn apply_advice(
+        &mut self,
+        insights: &[Insight],
+        current: &BTreeMap<String, String>,
+        now: Timestamp,
+    ) {
+        let apply = self
+            .redis
+            .spec
+            .tuning
+            .as_ref()
+            .map(|t| t.apply.clone())
+            .unwrap_or_default();
+        let old = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.tuning.clone())
+            .unwrap_or_default();
+        if apply.is_empty() && old.applied.is_empty() {
+            return;
+        }
+        let (records, added) = plan_applied(
+            &old.applied,
+            insights,
+            &apply,
+            &self.redis.spec.config,
+            current,
+            now,
+        );
+        for a in &added {
+            let note = format!(
+                "{} {} -> {} for {} (spec.tuning.apply); set live on every instance next",
+                a.key, a.from, a.to, a.before
+            );
+            self.event(EventType::Normal, "TuningApplied", "Tune", note)
+                .await;
+        }
+        if !added.is_empty() {
+            self.recheck_in = Some(super::status::PROGRESS_REQUEUE);
+        }
+        if records != old.applied {
+            self.tuning_status = Some(TuningStatus { applied: records });
+        }
     }
 
     /// `TuningAdvice` for each finding that appeared, `TuningAdviceCleared`
@@ -369,6 +529,21 @@ impl Reconciler {
                 .await;
             sent += 1;
         }
+    }
+
+    /// `status.tuning`: this pass's records (else the last ones), with the
+    /// settings a server refused this pass marked.
+    pub(super) fn tuning_for_status(&mut self) -> Option<TuningStatus> {
+        let mut t = self
+            .tuning_status
+            .take()
+            .or_else(|| self.redis.status.as_ref().and_then(|s| s.tuning.clone()));
+        for (key, value, message) in std::mem::take(&mut self.tuning_refused) {
+            if let Some(t) = t.as_mut() {
+                mark_refused(&mut t.applied, &key, &value, &message);
+            }
+        }
+        t
     }
 
     /// The findings for the status: this pass's look, else the last ones.
@@ -574,6 +749,126 @@ mod tests {
             "{}",
             c.message
         );
+    }
+
+    fn near_max(pod: &str, value: &str) -> Insight {
+        Insight {
+            rule: "clients-near-max".into(),
+            severity: "warning".into(),
+            instance: pod.into(),
+            evidence: "27 clients connected of maxclients 30 (90%)".into(),
+            advice: "raise maxclients".into(),
+            config_key: Some("maxclients".into()),
+            config_value: Some(value.into()),
+            since: Time(at(0)),
+            observed: Time(at(0)),
+        }
+    }
+
+    #[test]
+    fn advice_is_applied_once_recorded_and_cleared_when_the_finding_goes() {
+        let apply = [TunableRule::ClientsNearMax];
+        let current = BTreeMap::from([("maxclients".to_string(), "30".to_string())]);
+        let user = BTreeMap::new();
+        // Two instances with the finding: one record.
+        let findings = [near_max("c-0", "60"), near_max("c-1", "60")];
+        let (records, added) = plan_applied(&[], &findings, &apply, &user, &current, at(0));
+        assert_eq!(added.len(), 1);
+        assert_eq!(records, added);
+        let a = &records[0];
+        assert_eq!(
+            (
+                a.key.as_str(),
+                a.from.as_str(),
+                a.to.as_str(),
+                a.state.as_str()
+            ),
+            ("maxclients", "30", "60", APPLIED)
+        );
+        assert!(
+            a.before.starts_with("clients-near-max on c-0: 27 clients"),
+            "{}",
+            a.before
+        );
+        // The same advice again: nothing new.
+        let (again, added) = plan_applied(&records, &findings, &apply, &user, &current, at(60));
+        assert!(added.is_empty());
+        assert_eq!(again, records);
+        // Still near the limit at 60 a minute later: not doubled again
+        // within the hour; after it, it is.
+        let higher = [near_max("c-0", "120")];
+        let (_, added) = plan_applied(&records, &higher, &apply, &user, &current, at(600));
+        assert!(added.is_empty());
+        let (later, added) = plan_applied(&records, &higher, &apply, &user, &current, at(3600));
+        assert_eq!(added.len(), 1);
+        assert_eq!(later.len(), 2);
+        // The finding went: cleared, still in effect.
+        let (cleared, _) = plan_applied(&later, &[], &apply, &user, &current, at(3700));
+        assert!(cleared.iter().all(|a| a.state == CLEARED), "{cleared:?}");
+        let mut r = Redis::new("cache", Default::default());
+        r.status = Some(crate::api::v1alpha1::RedisStatus {
+            tuning: Some(TuningStatus { applied: cleared }),
+            ..Default::default()
+        });
+        assert_eq!(
+            tuned_settings(&r),
+            vec![("maxclients".to_string(), "120".to_string())]
+        );
+        // The user's spec.config wins.
+        r.spec.config.insert("maxclients".into(), "50".into());
+        assert!(tuned_settings(&r).is_empty());
+    }
+
+    #[test]
+    fn a_rule_not_listed_or_a_key_the_user_sets_is_left_alone() {
+        let current = BTreeMap::new();
+        let findings = [near_max("c-0", "60")];
+        let (r, _) = plan_applied(
+            &[],
+            &findings,
+            &[TunableRule::FullResyncs],
+            &BTreeMap::new(),
+            &current,
+            at(0),
+        );
+        assert!(r.is_empty());
+        let user = BTreeMap::from([("maxclients".to_string(), "30".to_string())]);
+        let (r, _) = plan_applied(
+            &[],
+            &findings,
+            &[TunableRule::ClientsNearMax],
+            &user,
+            &current,
+            at(0),
+        );
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_refused_value_is_not_in_effect_and_not_tried_again() {
+        let apply = [TunableRule::ClientsNearMax];
+        let current = BTreeMap::new();
+        let user = BTreeMap::new();
+        let findings = [near_max("c-0", "60")];
+        let (mut records, _) = plan_applied(&[], &findings, &apply, &user, &current, at(0));
+        mark_refused(
+            &mut records,
+            "maxclients",
+            "60",
+            "c-0 rejected CONFIG SET: ERR no",
+        );
+        assert_eq!(records[0].state, REFUSED);
+        let mut r = Redis::new("cache", Default::default());
+        r.status = Some(crate::api::v1alpha1::RedisStatus {
+            tuning: Some(TuningStatus {
+                applied: records.clone(),
+            }),
+            ..Default::default()
+        });
+        assert!(tuned_settings(&r).is_empty());
+        let (again, added) = plan_applied(&records, &findings, &apply, &user, &current, at(7200));
+        assert!(added.is_empty());
+        assert_eq!(again, records);
     }
 
     #[test]

@@ -776,6 +776,7 @@ impl Reconciler {
             autopilot: old.autopilot.clone(),
             resharding: self.resharding.clone(),
             insights,
+            tuning: self.tuning_for_status(),
             ..Default::default()
         };
         st.conditions = facts::merge(
