@@ -48,13 +48,19 @@ fn finding<'a>(r: &'a Redis, rule: &str) -> Option<&'a Insight> {
     r.status.as_ref()?.insights.iter().find(|i| i.rule == rule)
 }
 
+/// An operator for `ns` that looks at the servers every 3 s.
+fn looking_every_3s(ns: &str) -> OperatorOptions {
+    let mut opts = OperatorOptions::watching(&[ns]);
+    opts.env
+        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "3".into()));
+    opts
+}
+
 #[tokio::test]
 async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_advised_change() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-tuning", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]);
-    opts.env
-        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "3".into()));
+    let opts = looking_every_3s(&ns.name);
     let mut op = start_operator(&client, opts.clone()).await;
     apply_redis(
         &client,
@@ -236,10 +242,7 @@ async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
 
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-tuning-apply", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]);
-    opts.env
-        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "3".into()));
-    let _op = start_operator(&client, opts).await;
+    let _op = start_operator(&client, looking_every_3s(&ns.name)).await;
     let api = redis_api(&client, &ns.name);
 
     // Admission: a policy change is not the operator's to make.
