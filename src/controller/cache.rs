@@ -37,10 +37,21 @@ pub struct Stores {
     pub pods: Store<Pod>,
 }
 
+/// Whether the caches hold their initial lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSync {
+    /// Every cache holds its initial list.
+    Synced,
+    /// Not within the time given: ask again later.
+    Pending,
+    /// A cache's watch is gone (its controller stopped, as when leadership
+    /// is lost): it will never sync; waiting again returns at once.
+    Gone,
+}
+
 impl Stores {
-    /// Waits until every cache holds its initial list (bounded: the caller
-    /// retries later when it is not).
-    pub async fn ready(&self, within: Duration) -> bool {
+    /// Waits (at most `within`) until every cache holds its initial list.
+    pub async fn sync(&self, within: Duration) -> CacheSync {
         let all = async {
             self.statefulsets.wait_until_ready().await.is_ok()
                 && self.services.wait_until_ready().await.is_ok()
@@ -48,7 +59,16 @@ impl Stores {
                 && self.pdbs.wait_until_ready().await.is_ok()
                 && self.pods.wait_until_ready().await.is_ok()
         };
-        tokio::time::timeout(within, all).await.unwrap_or(false)
+        match tokio::time::timeout(within, all).await {
+            Ok(true) => CacheSync::Synced,
+            Ok(false) => CacheSync::Gone,
+            Err(_) => CacheSync::Pending,
+        }
+    }
+
+    /// Whether every cache holds its initial list, waiting at most `within`.
+    pub async fn ready(&self, within: Duration) -> bool {
+        self.sync(within).await == CacheSync::Synced
     }
 }
 
@@ -158,4 +178,38 @@ where
         .reflect(writer)
         .touched_objects();
     (reader, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn caches_whose_watch_is_gone_say_so_at_once() {
+        let (statefulsets, w1) = reflector::store::<StatefulSet>();
+        let (services, w2) = reflector::store::<Service>();
+        let (config_maps, w3) = reflector::store::<ConfigMap>();
+        let (pdbs, w4) = reflector::store::<PodDisruptionBudget>();
+        let (pods, w5) = reflector::store::<Pod>();
+        let stores = Stores {
+            statefulsets,
+            services,
+            config_maps,
+            pdbs,
+            pods,
+        };
+        // Watches running, nothing listed yet: pending, after the bound.
+        let t = std::time::Instant::now();
+        assert_eq!(
+            stores.sync(Duration::from_millis(50)).await,
+            CacheSync::Pending
+        );
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        // The controller stopped (its writers dropped): gone, at once, so
+        // a waiting loop stops instead of spinning.
+        drop((w1, w2, w3, w4, w5));
+        let t = std::time::Instant::now();
+        assert_eq!(stores.sync(Duration::from_secs(60)).await, CacheSync::Gone);
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
 }

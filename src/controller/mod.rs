@@ -498,10 +498,19 @@ pub async fn run_controllers(
             };
             let synced = stores.clone();
             tokio::spawn(async move {
-                while !synced.ready(Duration::from_secs(60)).await {
-                    tracing::warn!("watch caches still not synced after 60 s");
+                loop {
+                    match synced.sync(Duration::from_secs(60)).await {
+                        cache::CacheSync::Synced => break health.caches_synced(),
+                        cache::CacheSync::Pending => {
+                            tracing::warn!("watch caches still not synced after 60 s")
+                        }
+                        // The controller stopped (leadership lost, the
+                        // process exiting): nothing will sync. Waiting
+                        // again would return at once, and this loop would
+                        // hold a runtime thread forever.
+                        cache::CacheSync::Gone => break,
+                    }
                 }
-                health.caches_synced();
             });
             let ctx = Arc::new(Context::new(
                 client.clone(),
