@@ -492,6 +492,26 @@ async fn prometheus_scrapes_alerts_fire_and_dashboards_have_data() {
         shard_row.len()
     );
 
+    // The Tuning advice row: "cache" runs with the latency monitor off, an
+    // informational finding on each instance from the operator's first
+    // look (status.insights, exported as redpilot_redis_findings).
+    let tuning_row = dashboard_row_exprs("redpilot-redis.json", "Tuning advice");
+    assert!(
+        tuning_row.len() >= 2,
+        "the Tuning advice row: {tuning_row:?}"
+    );
+    for expr in &tuning_row {
+        let q = expr.replace("$namespace", ns).replace("$redis", "cache");
+        assert!(
+            wait_for_series(&prom, &q, Duration::from_secs(90)).await,
+            "Tuning advice row query without data: {q}"
+        );
+    }
+    println!(
+        "tuning: all {} Tuning-advice-row queries returned series",
+        tuning_row.len()
+    );
+
     // 4. Faults: a hung replica and memory near the limit.
     let replica = ["cache-0", "cache-1", "cache-2"]
         .into_iter()

@@ -17,6 +17,10 @@
 //!   manifest; deleting the Redis deletes no backup.
 
 mod support;
+// Tuning advice's scenarios (tests/tuning/) run in this binary: its
+// longest test waits on a backup schedule's minutes, so they cost the run
+// no time here.
+mod tuning;
 
 use std::time::{Duration, Instant};
 

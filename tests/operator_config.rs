@@ -10,8 +10,6 @@
 //!   unavailable at any moment and no data is lost.
 
 mod support;
-// Tuning advice: its own scenario, run beside these tests.
-mod tuning;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -12,8 +12,9 @@
 //! as printed: maxclients doubles live, the finding clears.
 
 //!
-//! It runs in the `operator_config` binary, beside that suite's tests (it
-//! is about the configuration a Redis should have, and shares its time).
+//! It runs in the `operator_backup` binary, beside that suite's tests,
+//! whose longest waits minutes on a schedule: the scenarios cost no time
+//! there.
 
 use std::net::TcpStream;
 use std::process::Command;
