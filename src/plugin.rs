@@ -44,9 +44,7 @@ pub fn advise(redis: &Redis, now: DateTime<Utc>) -> String {
         tuned.reason
     );
     for i in &status.insights {
-        let since = parse_time(&i.since.0.to_string())
-            .map(|t| age(t, now))
-            .unwrap_or_default();
+        let since = time_of(&i.since).map(|t| age(t, now)).unwrap_or_default();
         let _ = writeln!(
             out,
             "\n{:<8} {} on {} (for {since})",
@@ -72,9 +70,7 @@ pub fn advise(redis: &Redis, now: DateTime<Utc>) -> String {
     if !applied.is_empty() {
         let _ = writeln!(out, "\napplied by the operator (spec.tuning):");
         for a in applied {
-            let at = parse_time(&a.at.0.to_string())
-                .map(|t| age(t, now))
-                .unwrap_or_default();
+            let at = time_of(&a.at).map(|t| age(t, now)).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  {} {} -> {} ({} ago, {}): {}{}",
@@ -118,6 +114,11 @@ pub fn age(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// A Kubernetes time (whole seconds, as the API server keeps them).
+fn time_of(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(t.0.as_second(), 0)
+}
+
 fn parse_time(t: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(t)
         .ok()
@@ -131,12 +132,7 @@ pub fn newest_backup<'a>(redis: &str, backups: &'a [RedisBackup]) -> Option<&'a 
         let s = b.status.as_ref();
         s.and_then(|s| s.completed_at.as_deref().or(s.started_at.as_deref()))
             .and_then(parse_time)
-            .or_else(|| {
-                b.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
-            })
+            .or_else(|| b.metadata.creation_timestamp.as_ref().and_then(time_of))
     };
     backups
         .iter()

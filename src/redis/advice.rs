@@ -657,7 +657,7 @@ fn volatile_without_ttl(s: &Subject) -> Verdict {
     if !policy.starts_with("volatile-") || max == 0 {
         return Verdict::Clear;
     }
-    let keys: u64 = s.cur.info.keyspace.iter().map(|d| d.keys).sum();
+    let keys = s.cur.info.total_keys();
     let expires: u64 = s.cur.info.keyspace.iter().map(|d| d.expires).sum();
     if keys < 100 || expires * 100 >= keys {
         return Verdict::Clear;
