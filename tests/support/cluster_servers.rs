@@ -7,7 +7,7 @@ use std::time::Duration;
 use redpilot::redis::ConnectOptions;
 use redpilot::redis::cluster::Member;
 
-use super::redis_server::{Engine, RedisServer, ServerConfig, free_port};
+use super::redis_server::{Engine, RedisServer, ServerConfig};
 
 pub const PASSWORD: &str = "cluster-pw";
 /// `cluster-node-timeout` (ms): `REDPILOT_CLUSTER_NODE_TIMEOUT`, default
@@ -27,25 +27,17 @@ pub fn start(engine: Engine, n: usize) -> Cluster {
     let mut servers = Vec::new();
     let mut members = Vec::new();
     for _ in 0..n {
-        // The bus port is free when picked, but another suite's server may
-        // take it before this one binds it: pick again then (the client
-        // port is picked again by `try_start` itself).
-        let mut attempt = 0;
-        let (s, bus) = loop {
-            let bus = free_port();
-            let config = ServerConfig::default()
+        let s = RedisServer::start(
+            engine,
+            ServerConfig::default()
                 .password(PASSWORD)
+                .cluster_bus()
                 .with("cluster-enabled", "yes")
-                .with("cluster-port", &bus.to_string())
                 .with("cluster-node-timeout", &node_timeout_ms())
                 // Other shards keep serving while one has no primary.
-                .with("cluster-require-full-coverage", "no");
-            match RedisServer::try_start(engine, config) {
-                Ok(s) => break (s, bus),
-                Err(log) if log.contains("Address already in use") && attempt < 5 => attempt += 1,
-                Err(log) => panic!("{} failed to start:\n{log}", engine.name()),
-            }
-        };
+                .with("cluster-require-full-coverage", "no"),
+        );
+        let bus = s.bus_port().expect("a bus port");
         members.push(Member {
             endpoint: s.endpoint(),
             bus_port: bus,

@@ -173,6 +173,9 @@ pub struct ServerConfig {
     pub replicaof: Option<Endpoint>,
     /// Extra `--name value` directives.
     pub extra: Vec<(String, String)>,
+    /// Give it a cluster bus port of its own (`cluster-port`), picked with
+    /// the client port on each start attempt.
+    pub cluster_bus: bool,
 }
 
 impl ServerConfig {
@@ -185,6 +188,12 @@ impl ServerConfig {
     /// As a replica of `primary`.
     pub fn replica_of(mut self, primary: &Endpoint) -> Self {
         self.replicaof = Some(primary.clone());
+        self
+    }
+
+    /// With a cluster bus port of its own ([`RedisServer::bus_port`]).
+    pub fn cluster_bus(mut self) -> Self {
+        self.cluster_bus = true;
         self
     }
 
@@ -202,6 +211,7 @@ pub struct RedisServer {
     /// Current configuration (used by restarts).
     pub config: ServerConfig,
     port: u16,
+    bus: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     starts: u32,
@@ -226,6 +236,7 @@ impl RedisServer {
                 engine,
                 config: config.clone(),
                 port: free_port(),
+                bus: config.cluster_bus.then(free_port),
                 dir,
                 child: None,
                 starts: 0,
@@ -258,6 +269,11 @@ impl RedisServer {
     /// The TCP port clients use (the TLS port for TLS servers).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The cluster bus port, when the config asked for one.
+    pub fn bus_port(&self) -> Option<u16> {
+        self.bus
     }
 
     /// `127.0.0.1:<port>`.
@@ -321,6 +337,9 @@ impl RedisServer {
         if let Some(p) = &self.config.password {
             a.push(("requirepass".into(), p.clone()));
             a.push(("masterauth".into(), p.clone()));
+        }
+        if let Some(bus) = self.bus {
+            a.push(("cluster-port".into(), bus.to_string()));
         }
         a.extend(self.config.extra.iter().cloned());
         let mut out = Vec::new();
