@@ -29,7 +29,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml clean help
 
 all: build
 
@@ -207,6 +207,13 @@ bench-backup: engines tools-versitygw
 # 3-instance Redis bootstrapped from it, to Ready with every key.
 bench-restore: engines tools-versitygw cluster-up
 	REDPILOT_BACKUP_MB=$(BACKUP_MB) $(CARGO) test --test operator_backup -- --nocapture backup_to_s3
+
+# Tuning advice's cost (benches/tuning.rs): the operator's look at 1, 100
+# and BENCH_SERVERS (1000) real Redis 7.0 servers (CPU, commands and bytes
+# per look), and key sampling's effect on a loaded replica's latency. No
+# cluster; `make test` checks one look's cost (tests/redis_tuning.rs).
+bench-tuning: engines
+	$(CARGO) bench --profile $(BENCH_PROFILE) --bench tuning
 
 # TLS measurements (hack/tls-bench.sh) on Redis 7.0: SET/GET through TLS vs
 # plain text, a replica's full sync over each, and the cost of a live

@@ -86,13 +86,19 @@ impl Server {
 }
 
 /// One server's look: its pod, and the sample or why there is none.
-struct Look {
-    pod: String,
-    sample: Result<Sample, crate::redis::Error>,
-    scan: Option<KeyScan>,
+pub struct Look {
+    /// The pod looked at.
+    pub pod: String,
+    /// What the server said, or why it said nothing.
+    pub sample: Result<Sample, crate::redis::Error>,
+    /// Where key sampling goes on from next time (`None`: not sampled).
+    pub scan: Option<KeyScan>,
 }
 
-async fn look(
+/// Looks at one server on a connection of its own: the sample, and a step
+/// of key sampling when `scan` asks for it and the server is a replica or a
+/// quiet primary. (`make bench-tuning` times this same function.)
+pub async fn look(
     pod: String,
     endpoint: Endpoint,
     opts: ConnectOptions,
