@@ -224,6 +224,11 @@ pub struct Metrics {
     pub autopilot: prometheus::IntCounterVec,
     /// Reconciles running now.
     pub in_flight: prometheus::IntGauge,
+    /// The Redis controller's work queue (the depth series are computed
+    /// from it at each scrape).
+    pub queue: crate::controller::queue::Queue,
+    /// How long each reconcile waited in the work queue, in seconds.
+    pub queue_wait: prometheus::Histogram,
     /// The watch caches the per-object series are computed from.
     sources: std::sync::Mutex<Vec<StateSource>>,
 }
@@ -274,6 +279,17 @@ impl Metrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(kube_requests.clone()))?;
+        let queue_wait = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "redpilot_workqueue_wait_seconds",
+                "How long a Redis waited in the work queue before its reconcile started \
+                 (from the trigger or the requeue time)",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+        )?;
+        registry.register(Box::new(queue_wait.clone()))?;
         let failovers = IntCounterVec::new(
             Opts::new(
                 "redpilot_failovers_total",
@@ -361,6 +377,8 @@ impl Metrics {
             upgrades,
             autopilot,
             in_flight,
+            queue: crate::controller::queue::Queue::default(),
+            queue_wait,
             sources: std::sync::Mutex::new(Vec::new()),
             registry,
             reconciliations,
@@ -401,6 +419,28 @@ impl Metrics {
         }
         let mut state = crate::exporter::render::Exposition::default();
         crate::controller::insights::state::series(&mut state, &redis, &backups);
+        let depth = self.queue.depth(std::time::Instant::now());
+        state.add(
+            "redpilot_workqueue_depth",
+            "gauge",
+            "Redis whose reconcile is due and has not started (behind busy workers, its own running reconcile, or the debounce)",
+            &[],
+            depth.waiting as f64,
+        );
+        state.add(
+            "redpilot_workqueue_scheduled",
+            "gauge",
+            "Redis with a reconcile requeued for later",
+            &[],
+            depth.scheduled as f64,
+        );
+        state.add(
+            "redpilot_workqueue_oldest_wait_seconds",
+            "gauge",
+            "How long the longest-waiting Redis in the work queue has waited",
+            &[],
+            depth.oldest.as_secs_f64(),
+        );
         for (result, n) in [("exported", &SPANS_EXPORTED), ("dropped", &SPANS_DROPPED)] {
             state.add(
                 "redpilot_trace_spans_total",

@@ -12,6 +12,7 @@ pub mod images;
 pub mod insights;
 pub mod leader;
 pub mod monitor;
+pub mod queue;
 pub mod redis;
 pub mod schedule;
 pub mod trust;
@@ -399,6 +400,9 @@ fn error_policy(obj: Arc<Redis>, err: &Error, ctx: Arc<Context>) -> Action {
     let oref = ObjectRef::from_obj(obj.as_ref());
     let wait = ctx.next_backoff(&oref);
     ctx.metrics
+        .queue
+        .finished(&oref, Some(wait), std::time::Instant::now());
+    ctx.metrics
         .reconcile_errors
         .with_label_values(&[err.category()])
         .inc();
@@ -414,11 +418,30 @@ fn error_policy(obj: Arc<Redis>, err: &Error, ctx: Arc<Context>) -> Action {
 
 async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> {
     let oref = ObjectRef::from_obj(obj.as_ref());
+    if let Some(waited) = ctx.metrics.queue.started(&oref, std::time::Instant::now()) {
+        ctx.metrics.queue_wait.observe(waited.as_secs_f64());
+    }
+    let result = reconcile_queued(obj, &oref, ctx.clone()).await;
+    // A failure's requeue is the error policy's (it records it).
+    if let Ok(next) = &result {
+        ctx.metrics
+            .queue
+            .finished(&oref, next.delay(), std::time::Instant::now());
+    }
+    result.map(Action::from)
+}
+
+async fn reconcile_queued(
+    obj: Arc<Redis>,
+    oref: &ObjectRef<Redis>,
+    ctx: Arc<Context>,
+) -> Result<queue::Next, Error> {
+    let oref = oref.clone();
     // Decisions need complete caches: a child missing from a cache that is
     // still listing would look deleted.
     if !ctx.stores.ready(Duration::from_secs(30)).await {
         tracing::warn!(redis = %oref, "watch caches not synced yet; retrying");
-        return Ok(Action::requeue(Duration::from_secs(2)));
+        return Ok(queue::Next::after(Duration::from_secs(2)));
     }
     if obj.meta().deletion_timestamp.is_some() {
         ctx.forget_written(&oref);
@@ -453,6 +476,31 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
         ctx.record_success(&oref);
     }
     result
+}
+
+/// Records in the work-queue ledger that a Redis's own change reached the
+/// controller.
+fn queued_self(metrics: &Arc<Metrics>) -> impl FnMut(&Redis) + use<> {
+    let m = metrics.clone();
+    move |r: &Redis| {
+        m.queue
+            .triggered(&ObjectRef::from_obj(r), std::time::Instant::now())
+    }
+}
+
+/// Records in the work-queue ledger the Redis a child's change triggers:
+/// its owners, as kube-runtime's `trigger_owners` maps them.
+fn queued_owners<K: Resource>(metrics: &Arc<Metrics>) -> impl FnMut(&K) + use<K> {
+    let m = metrics.clone();
+    move |child: &K| {
+        let now = std::time::Instant::now();
+        let ns = child.meta().namespace.as_deref();
+        for owner in child.meta().owner_references.iter().flatten() {
+            if let Some(o) = ObjectRef::<Redis>::from_owner_ref(ns, owner, ()) {
+                m.queue.triggered(&o, now);
+            }
+        }
+    }
 }
 
 /// Runs the Redis controller over `namespaces` (all when empty) until the
@@ -519,6 +567,7 @@ pub async fn run_controllers(
                 stores,
                 settings.clone(),
             ));
+            let done = metrics.clone();
             let (redis_store, redis_writer) = reflector::store();
             let backups = backup::run(
                 client.clone(),
@@ -537,7 +586,7 @@ pub async fn run_controllers(
                 Arc::new(schedule::ScheduleContext {
                     client: client.clone(),
                     recorder: recorder(&client),
-                    metrics,
+                    metrics: metrics.clone(),
                 }),
             );
             // Deleted Redis leave nothing behind in the context's per-object
@@ -552,24 +601,32 @@ pub async fn run_controllers(
                     watcher::Event::InitDone => forget.retain(|o| listed.get(o).is_some()),
                     _ => {}
                 })
-                .applied_objects();
+                .applied_objects()
+                .inspect_ok(queued_self(&metrics));
+            let queued = metrics.clone();
             let triggers = ctx
                 .take_triggers()
-                .map(futures::StreamExt::boxed)
+                .map(|t| {
+                    t.inspect(move |o| queued.queue.triggered(o, std::time::Instant::now()))
+                        .boxed()
+                })
                 .unwrap_or_else(|| futures::stream::empty().boxed());
+            let queued = metrics.clone();
             let redis_controller = Controller::for_stream(redis_changes, redis_store)
                 // A failing primary (see monitor) is reconciled at once.
                 .reconcile_on(triggers)
-                .owns_stream(sts_changes)
-                .owns_stream(svc_changes)
-                .owns_stream(cm_changes)
-                .owns_stream(pdb_changes)
+                .owns_stream(sts_changes.inspect_ok(queued_owners(&metrics)))
+                .owns_stream(svc_changes.inspect_ok(queued_owners(&metrics)))
+                .owns_stream(cm_changes.inspect_ok(queued_owners(&metrics)))
+                .owns_stream(pdb_changes.inspect_ok(queued_owners(&metrics)))
                 // Pods belong to the StatefulSet; map them to their Redis by
                 // the instance label so readiness changes trigger a reconcile.
-                .watches_stream(pod_changes, |pod: Pod| {
+                .watches_stream(pod_changes, move |pod: Pod| {
                     let name = pod.labels().get(redis::build::INSTANCE_LABEL)?.clone();
                     let ns = pod.namespace()?;
-                    Some(ObjectRef::<Redis>::new(&name).within(&ns))
+                    let o = ObjectRef::<Redis>::new(&name).within(&ns);
+                    queued.queue.triggered(&o, std::time::Instant::now());
+                    Some(o)
                 })
                 // Bounded: a thousand Redis appearing at once must queue here,
                 // not as thousands of requests in flight at the API server.
@@ -580,17 +637,27 @@ pub async fn run_controllers(
                 )
                 .shutdown_on_signal()
                 .run(reconcile, error_policy, ctx)
-                .for_each(|res| async move {
-                    match res {
-                        Ok((obj, _)) => tracing::debug!(redis = %obj, "reconciled"),
-                        // Failed reconciles were logged by error_policy.
-                        Err(e @ kube::runtime::controller::Error::ReconcilerFailed(..)) => {
-                            tracing::debug!(error = %e, "reconcile failed")
+                .for_each(|res| {
+                    let queued = done.clone();
+                    async move {
+                        match res {
+                            Ok((obj, _)) => tracing::debug!(redis = %obj, "reconciled"),
+                            // A trigger for a Redis deleted meanwhile: nothing
+                            // runs, and nothing waits any more.
+                            Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                                queued.queue.gone(obj.namespace.as_deref(), &obj.name)
+                            }
+                            // Failed reconciles were logged by error_policy.
+                            Err(e @ kube::runtime::controller::Error::ReconcilerFailed(..)) => {
+                                tracing::debug!(error = %e, "reconcile failed")
+                            }
+                            Err(e) => tracing::warn!(error = %e, "controller stream error"),
                         }
-                        Err(e) => tracing::warn!(error = %e, "controller stream error"),
                     }
                 });
             futures::future::join3(redis_controller, backups, schedules).await;
+            // This term's queue went with its controller.
+            done.queue.clear(ns.as_deref());
         }
     });
     futures::future::join_all(runs).await;

@@ -59,7 +59,7 @@ pub mod wiring;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
+use crate::controller::queue::Next;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -72,11 +72,11 @@ use crate::redis::ConnectOptions;
 use crate::redis::info::{EngineKind, Version};
 
 /// Entry point from the controller.
-pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Error> {
     if redis.meta().deletion_timestamp.is_some() {
         // Children carry owner references: the garbage collector removes
         // them, and the StatefulSet's PVC retention policy decides the data.
-        return Ok(Action::await_change());
+        return Ok(Next::on_change());
     }
     let ns = redis.namespace().ok_or(Error::Incomplete("namespace"))?;
     let names = Names::new(&redis.name_any());
@@ -328,7 +328,7 @@ impl Reconciler {
     /// then the pods and servers observed with the one the servers run.
     /// `Err` holds the pass's result when the password cannot be used
     /// (the status says why).
-    async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Action>, Error> {
+    async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Next>, Error> {
         let (wanted, auth) = match self.passwords(paused).await? {
             Ok(p) => p,
             Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
@@ -348,9 +348,9 @@ impl Reconciler {
         }))
     }
 
-    async fn run(&mut self) -> Result<Action, Error> {
+    async fn run(&mut self) -> Result<Next, Error> {
         if !self.refresh().await? {
-            return Ok(Action::await_change());
+            return Ok(Next::on_change());
         }
         // One seam per topology: how instances are wired, how a primary is
         // chosen and replaced and what healthy means differ by mode; the

@@ -7,14 +7,14 @@
 //! [`super::cluster`]. Both are entered from [`super::Reconciler`]'s `run`,
 //! the only place that tells the modes apart for the pass as a whole.
 
-use kube::runtime::controller::Action;
+use crate::controller::queue::Next;
 
 use super::{Begun, Error, Reconciler, facts, plan};
 use crate::api::v1alpha1::Mode;
 
 impl Reconciler {
     /// One pass over a Standalone or Replication Redis.
-    pub(super) async fn run_replication(&mut self) -> Result<Action, Error> {
+    pub(super) async fn run_replication(&mut self) -> Result<Next, Error> {
         let paused = self.redis.spec.paused;
         let desired = self.redis.spec.desired_instances();
 

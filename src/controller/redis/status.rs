@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
+use crate::controller::queue::Next;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::facts::{Cond, PodFacts, Role, merge};
@@ -115,7 +115,7 @@ impl Reconciler {
         &mut self,
         reason: &'static str,
         err: Error,
-    ) -> Result<Action, Error> {
+    ) -> Result<Next, Error> {
         let msg = err.to_string();
         self.degraded_reason.get_or_insert(reason);
         self.event(EventType::Warning, reason, "Reconcile", msg.clone())
@@ -170,7 +170,7 @@ impl Reconciler {
         primary: Option<&str>,
         desired: i32,
         paused: bool,
-    ) -> Result<Action, Error> {
+    ) -> Result<Next, Error> {
         self.track_bootstrap(primary).await;
         let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
         let replicas_linked = facts
@@ -443,7 +443,7 @@ impl Reconciler {
             .is_some_and(|u| matches!(u.phase, UpgradePhase::Upgrading | UpgradePhase::RollingBack))
     }
 
-    pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Action {
+    pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Next {
         if steady {
             self.ctx.forget_stuck(&self.oref);
             // The memory autopilot's cooldown may end sooner, or a step
@@ -452,7 +452,7 @@ impl Reconciler {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            return Action::requeue(due.map_or(STEADY_REQUEUE, |d| {
+            return Next::after(due.map_or(STEADY_REQUEUE, |d| {
                 d.clamp(PROGRESS_REQUEUE, STEADY_REQUEUE)
             }));
         }
@@ -485,7 +485,7 @@ impl Reconciler {
                 "not ready: {why}"
             );
         }
-        Action::requeue(wait)
+        Next::after(wait)
     }
 }
 

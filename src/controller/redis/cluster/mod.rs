@@ -24,10 +24,10 @@ pub mod roll;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::controller::queue::Next;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::facts::{self, Cond, PodFacts, Role};
@@ -55,7 +55,7 @@ const FAILOVER_WAIT: Duration = Duration::from_secs(5);
 
 impl Reconciler {
     /// One pass over a Cluster Redis.
-    pub(super) async fn run_cluster(&mut self) -> Result<Action, Error> {
+    pub(super) async fn run_cluster(&mut self) -> Result<Next, Error> {
         let paused = self.redis.spec.paused;
         let super::Begun {
             wanted: wanted_password,
@@ -613,7 +613,7 @@ impl Reconciler {
         members: &[Member],
         plan: &Plan,
         paused: bool,
-    ) -> Result<Action, Error> {
+    ) -> Result<Next, Error> {
         let redis = self.redis.clone();
         let spec = &redis.spec;
         let instances = spec.desired_instances();
@@ -829,9 +829,9 @@ impl Reconciler {
     }
 
     /// The next pass comes at once while slots move.
-    fn cluster_requeue(&self, steady: bool, st: &RedisStatus) -> Action {
+    fn cluster_requeue(&self, steady: bool, st: &RedisStatus) -> Next {
         if self.moving_slots() && self.notes.is_empty() {
-            return Action::requeue(Duration::from_millis(200));
+            return Next::after(Duration::from_millis(200));
         }
         self.requeue(steady, st)
     }
