@@ -18,7 +18,7 @@
 
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::operator::{
     OperatorOptions, apply_redis, connect_pod, info_u64, metric_sum, pod_ip, recent_events,
@@ -236,7 +236,7 @@ async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_ad
 /// change what the application sees is refused at admission.
 #[tokio::test]
 async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
-    use crate::support::operator::{config_get, pod_uids, redis_pods};
+    use crate::support::operator::{config_get, kill_9, pod_uids, redis_pods, server_pid};
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
     use kube::Api;
     use kube::api::{DeleteParams, Patch, PatchParams};
@@ -351,12 +351,76 @@ async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
         assert!(events.contains(reason), "{reason}: {events}");
     }
 
-    // A pod made anew boots with the applied setting.
     let replica = uids
         .keys()
         .find(|p| Some(p.as_str()) != st.primary.as_deref())
         .expect("a replica")
         .clone();
+
+    // The replica's server killed in place (kill -9): it comes back, the
+    // operator sets the applied value on it again (its mounted redis.conf
+    // may be older than the ConfigMap: the kubelet refreshes mounted
+    // ConfigMaps on its own schedule), and over the next looks the
+    // finding stays gone and nothing is recorded as applied again.
+    let mut n = connect_pod(&client, &ns.name, &replica, &password)
+        .await
+        .expect("connect");
+    let pid = server_pid(&mut n).await;
+    kill_9(pid);
+    let back = wait_for(
+        "the killed server back in place",
+        Duration::from_secs(90),
+        || async {
+            let mut n = connect_pod(&client, &ns.name, &replica, &password)
+                .await
+                .ok()?;
+            let now = server_pid(&mut n).await;
+            (now != pid).then_some(n)
+        },
+    )
+    .await;
+    let restarted = Instant::now();
+    drop(back);
+    wait_for(
+        "the applied setting back on the restarted server",
+        Duration::from_secs(30),
+        || async {
+            let mut n = connect_pod(&client, &ns.name, &replica, &password)
+                .await
+                .ok()?;
+            (config_get(&mut n, "latency-monitor-threshold")
+                .await
+                .as_deref()
+                == Some("100"))
+            .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "kill -9: the applied setting was back {:.1} s after the server answered again",
+        restarted.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        pod_uids(&client, &ns.name, "cache").await,
+        uids,
+        "restarted in place, not made anew"
+    );
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let r = api.get("cache").await.expect("redis");
+    let st = r.status.as_ref().expect("status");
+    assert!(
+        !st.insights.iter().any(|i| i.rule == "latency-monitor-off"),
+        "after the restart: {:?}",
+        st.insights
+    );
+    let applied = &st.tuning.as_ref().expect("tuning").applied;
+    assert!(
+        applied.len() == 1 && applied[0].state == "Cleared",
+        "after the restart, nothing applied again: {applied:?}"
+    );
+
+    // A pod made anew boots with the applied setting.
     Api::<Pod>::namespaced(client.clone(), &ns.name)
         .delete(&replica, &DeleteParams::default())
         .await
@@ -373,9 +437,18 @@ async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
     )
     .await;
     wait_ready(&client, &ns.name, "cache", READY).await;
-    let mut n = connect_pod(&client, &ns.name, &replica, &password)
-        .await
-        .expect("connect");
+    // The status may still say Ready from before the deletion: wait for
+    // the new server to answer.
+    let mut n = wait_for(
+        "the new pod's server to answer",
+        Duration::from_secs(60),
+        || async {
+            connect_pod(&client, &ns.name, &replica, &password)
+                .await
+                .ok()
+        },
+    )
+    .await;
     assert_eq!(
         config_get(&mut n, "latency-monitor-threshold")
             .await
