@@ -162,6 +162,11 @@ pub async fn sample(node: &mut Node) -> Result<Sample> {
 /// Samples key sizes into `sample`: one `SCAN` step from `scan`'s cursor
 /// (moved on; 0 again after a full pass) and the known big keys again.
 pub async fn sample_keys(node: &mut Node, scan: &mut KeyScan, sample: &mut Sample) -> Result<()> {
+    // A Cluster replica answers a keyed command with MOVED unless the
+    // connection reads from replicas.
+    if sample.info.fields.get("cluster_enabled").map(|v| v.trim()) == Some("1") {
+        let _: () = node.query("READONLY", &redis::cmd("READONLY")).await?;
+    }
     let (cursor, sized, big) = size_keys(node, scan).await?;
     scan.cursor = cursor;
     scan.known = big.iter().map(|k| k.key.clone()).collect();

@@ -12,6 +12,9 @@
 //! as printed: maxclients doubles live, the finding clears.
 
 //!
+//! A Cluster Redis with a big hash in each of its three shards: each is
+//! reported, found on a server of its own shard.
+//!
 //! It runs in the `operator_backup` binary, beside that suite's tests,
 //! whose longest waits minutes on a schedule: the scenarios cost no time
 //! there.
@@ -463,4 +466,91 @@ async fn spec_tuning_applies_the_advice_live_and_a_new_pod_boots_with_it() {
         .expect("tuning")
         .applied;
     assert_eq!(applied.len(), 1, "nothing applied twice: {applied:?}");
+}
+
+/// Cluster mode: keys are sampled in every shard, not in one. A big hash
+/// is written into each of the three shards (on its primary, by a key the
+/// shard owns); each is reported, from a server of its own shard.
+#[tokio::test]
+async fn a_cluster_big_key_is_found_in_every_shard() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-tuning-cluster", &[]).await;
+    let _op = start_operator(&client, looking_every_3s(&ns.name)).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "storage": {"size": "64Mi"}}),
+    )
+    .await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let st = r.status.clone().expect("status");
+    let mut keys = Vec::new();
+    for (i, shard) in st.shards.iter().enumerate() {
+        let primary = shard.primary.clone().expect("a primary per shard");
+        let mut n = connect_pod(&client, &ns.name, &primary, &password)
+            .await
+            .expect("connect");
+        // The first key of the form big:<n> this shard owns (another
+        // shard's key is answered with MOVED).
+        let mut key = None;
+        for k in 0..1000 {
+            let k = format!("big:{k}");
+            let set: Result<i64, _> = n
+                .query("HSET", redis::cmd("HSET").arg(&k).arg("f").arg("v"))
+                .await;
+            if set.is_ok() {
+                key = Some(k);
+                break;
+            }
+        }
+        let key = key.expect("a key of this shard");
+        // 18 MiB of fields (the rule's threshold is 16 MiB).
+        let value = "x".repeat(1024);
+        for chunk in 0..18 {
+            let mut p = redis::pipe();
+            let cmd = p.cmd("HSET").arg(&key);
+            for f in 0..1024 {
+                cmd.arg(format!("f{chunk}-{f}")).arg(&value);
+            }
+            n.pipeline::<()>("HSET", p.ignore())
+                .await
+                .expect("filling the hash");
+        }
+        println!("shard {i}: {key} (18 MiB) on {primary}");
+        keys.push((i, key));
+    }
+    let r = wait_for(
+        "a big-keys finding from every shard",
+        Duration::from_secs(120),
+        || async {
+            let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+            let found = r
+                .status
+                .as_ref()?
+                .insights
+                .iter()
+                .filter(|i| i.rule == "big-keys")
+                .count();
+            (found >= 3).then_some(r)
+        },
+    )
+    .await;
+    let st = r.status.expect("status");
+    for (i, key) in &keys {
+        let own = format!("cache-s{i}-");
+        let f = st
+            .insights
+            .iter()
+            .find(|f| f.rule == "big-keys" && f.evidence.contains(key.as_str()))
+            .unwrap_or_else(|| panic!("shard {i}'s {key} reported: {:?}", st.insights));
+        println!("shard {i}: {} — {}", f.instance, f.evidence);
+        assert!(
+            f.instance.starts_with(&own),
+            "shard {i}'s key was found on a server of that shard: {}",
+            f.instance
+        );
+    }
 }

@@ -213,7 +213,7 @@ impl Reconciler {
         let primary = self.moved_primary.clone().or(primary);
         // 10. Tuning advice, now and then, when every server answers.
         if self.moved_primary.is_none() {
-            self.tune(&facts, primary.as_deref(), &opts).await;
+            self.tune(&facts, primary.as_deref(), &opts, |_| None).await;
         }
         self.finish(&facts, primary.as_deref(), desired, false)
             .await

@@ -16,7 +16,7 @@
 //! has no replica and serves fewer than 1,000 operations a second):
 //! [`KEYS_PER_SWEEP`] keys a look, the known big keys measured again.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -121,6 +121,31 @@ pub async fn look(
     }
     .await;
     Look { pod, sample, scan }
+}
+
+/// The servers whose keys a look samples: in each group of `facts` (a
+/// Cluster's shard, by `shard`; the whole Redis when it says `None`) one
+/// replica, else that group's primary (sampled only while quiet).
+pub fn samplers(
+    facts: &[PodFacts],
+    primary: Option<&str>,
+    shard: impl Fn(&str) -> Option<i32>,
+) -> BTreeSet<String> {
+    let is_primary =
+        |f: &PodFacts| Some(f.name.as_str()) == primary || f.role == Some(Role::Primary);
+    let mut groups: BTreeMap<Option<i32>, (Option<&str>, Option<&str>)> = BTreeMap::new();
+    for f in facts {
+        let (replica, prim) = groups.entry(shard(&f.name)).or_default();
+        if is_primary(f) {
+            prim.get_or_insert(f.name.as_str());
+        } else if f.role == Some(Role::Replica) {
+            replica.get_or_insert(f.name.as_str());
+        }
+    }
+    groups
+        .into_values()
+        .filter_map(|(replica, prim)| replica.or(prim).map(str::to_string))
+        .collect()
 }
 
 fn severity_rank(s: &str) -> u8 {
@@ -344,6 +369,7 @@ impl Reconciler {
         facts: &[PodFacts],
         primary: Option<&str>,
         opts: &ConnectOptions,
+        shard: impl Fn(&str) -> Option<i32>,
     ) {
         let every = self.ctx.settings.tuning_interval;
         if every.is_zero() || self.redis.spec.paused {
@@ -379,16 +405,12 @@ impl Reconciler {
             all.remove(&self.oref).unwrap_or_default()
         };
         memory.last = Some(now);
-        let sampler = facts
-            .iter()
-            .find(|f| Some(f.name.as_str()) != primary && f.role == Some(Role::Replica))
-            .or_else(|| facts.iter().find(|f| Some(f.name.as_str()) == primary))
-            .map(|f| f.name.clone());
+        let samplers = samplers(facts, primary, shard);
         let t = Thresholds::default();
         let looks = join_all(facts.iter().filter_map(|f| {
             let ip = f.ip.clone()?;
             let mut scan = memory.servers.get_mut(&f.name).and_then(|s| s.scan.take());
-            if sampler.as_deref() == Some(f.name.as_str()) && scan.is_none() {
+            if samplers.contains(&f.name) && scan.is_none() {
                 scan = Some(KeyScan {
                     cursor: 0,
                     count: KEYS_PER_SWEEP,
@@ -396,7 +418,7 @@ impl Reconciler {
                     known: Vec::new(),
                 });
             }
-            let is_primary = Some(f.name.as_str()) == primary;
+            let is_primary = Some(f.name.as_str()) == primary || f.role == Some(Role::Primary);
             Some(look(
                 f.name.clone(),
                 Endpoint::new(ip, 6379),
@@ -875,6 +897,51 @@ mod tests {
         let (again, added) = plan_applied(&records, &findings, &apply, &user, &current, at(7200));
         assert!(added.is_empty());
         assert_eq!(again, records);
+    }
+
+    fn server(name: &str, role: Role) -> PodFacts {
+        PodFacts {
+            name: name.into(),
+            role: Some(role),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_sampled_on_a_replica_of_every_shard_else_its_primary() {
+        use crate::controller::redis::cluster::build::shard_of;
+        use crate::controller::redis::names::Names;
+        let names = Names::new("cache");
+        let shard = |p: &str| shard_of(&names, p).map(|(s, _)| s);
+        // Shard 0 with two replicas, shard 1 without, shard 2 whose
+        // replica was listed first.
+        let facts = [
+            server("cache-s0-0", Role::Primary),
+            server("cache-s0-1", Role::Replica),
+            server("cache-s0-2", Role::Replica),
+            server("cache-s1-0", Role::Primary),
+            server("cache-s2-1", Role::Replica),
+            server("cache-s2-0", Role::Primary),
+        ];
+        let got: Vec<String> = samplers(&facts, None, shard).into_iter().collect();
+        assert_eq!(got, ["cache-s0-1", "cache-s1-0", "cache-s2-1"]);
+        // Replication: one group; the primary named by the status counts
+        // even before its role is read.
+        let facts = [
+            PodFacts {
+                name: "cache-0".into(),
+                ..Default::default()
+            },
+            server("cache-1", Role::Replica),
+        ];
+        let got: Vec<String> = samplers(&facts, Some("cache-0"), |_| None)
+            .into_iter()
+            .collect();
+        assert_eq!(got, ["cache-1"]);
+        let got: Vec<String> = samplers(&facts[..1], Some("cache-0"), |_| None)
+            .into_iter()
+            .collect();
+        assert_eq!(got, ["cache-0"], "a Standalone's only server");
     }
 
     #[test]

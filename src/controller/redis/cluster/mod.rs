@@ -210,9 +210,14 @@ impl Reconciler {
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
             // Tuning advice, now and then, when every server answers (keys
-            // are sampled on a replica only: each shard has a primary).
+            // are sampled in every shard: on a replica, else on the
+            // primary while it is quiet).
             if plan.steps.is_empty() && !resharded {
-                self.tune(&facts, None, &opts).await;
+                let names = self.names.clone();
+                self.tune(&facts, None, &opts, |pod| {
+                    build::shard_of(&names, pod).map(|(s, _)| s)
+                })
+                .await;
             }
         }
         self.cluster_finish(&facts, &members, &plan, false).await
