@@ -185,8 +185,18 @@ kube) expect="5-10 min" ;;
 prometheus | jaeger | olm | operator-sdk) expect="about 5 min" ;;
 *) expect="1-3 min" ;;
 esac
-echo "tools: building $group $version into $dest ($expect on 2 cores the first time; cached afterwards)"
+# Go's own output (hundreds of `go: downloading` lines on a cold cache) goes
+# to a log beside the cache; a failure prints its end.
+mkdir -p "$cache"
+log=$cache/$group-$version.build.log
+echo "tools: building $group $version into $dest ($expect on 2 cores the first time; cached afterwards; go's output in $log)"
 start=$(date +%s)
+: >"$log"
+failed() {
+	echo "tools: building $group $version failed; the last 40 lines of $log:" >&2
+	tail -n 40 "$log" >&2
+	exit 1
+}
 tmp=$dest.tmp.$$
 rm -rf "$tmp"
 mkdir -p "$tmp"
@@ -200,7 +210,8 @@ mkdir -p "$tmp"
 ticker=$!
 trap 'kill "$ticker" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 if [[ $group == prometheus-crds ]]; then
-	src=$(cd "$here/$dir" && go mod download -json "$mod@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+	src=$(cd "$here/$dir" && go mod download -json "$mod@$version" 2>>"$log" | awk -F'"' '$2 == "Dir" {print $4}')
+	[[ -n $src ]] || failed
 	mkdir -p "$tmp/crds"
 	cp "$src"/example/prometheus-operator-crd/*.yaml "$tmp/crds/"
 	chmod -R u+w "$tmp/crds"
@@ -210,7 +221,7 @@ fi
 	for i in "${!pkgs[@]}"; do
 		go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/${names[$i]}" "${pkgs[$i]}"
 	done
-)
+) >>"$log" 2>&1 || failed
 touch "$tmp/.complete"
 rm -rf "$dest"
 mv "$tmp" "$dest"
