@@ -118,6 +118,14 @@ stop() {
 		ip link del "${prefix}node0" 2>/dev/null || true
 	fi
 	rm -rf "$state"/pods/*/run-* 2>/dev/null || true
+	# Sized volumes (a class with parameters.sized "true") are tmpfs mounts:
+	# unmounted, so the state directory can go.
+	local vols
+	vols=$(readlink -f "$state/volumes" 2>/dev/null || true)
+	if [[ -n $vols ]] && command -v findmnt >/dev/null; then
+		findmnt -rn -o TARGET | awk -v d="$vols/" 'index($0, d) == 1' | sort -r |
+			xargs -r -n1 umount -l 2>/dev/null || true
+	fi
 	echo "localnode: stopped"
 }
 

@@ -500,12 +500,6 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             vec!["spec.storage.size", "cannot shrink"],
         ),
         (
-            "grow storage",
-            "stored",
-            json!({"spec": {"storage": {"size": "3Gi"}}}),
-            vec!["spec.storage.size", "immutable", "not supported yet"],
-        ),
-        (
             "remove storage",
             "stored",
             json!({"spec": {"storage": null}}),
@@ -641,6 +635,16 @@ async fn invalid_updates_are_rejected_with_the_field_named() {
             "retainOnDelete off",
             "stored",
             json!({"spec": {"storage": {"retainOnDelete": false}}}),
+        ),
+        (
+            "grow storage (2Gi to 3Gi)",
+            "stored",
+            json!({"spec": {"storage": {"size": "3Gi"}}}),
+        ),
+        (
+            "the same storage size written another way (2Gi as 2048Mi)",
+            "stored",
+            json!({"spec": {"storage": {"size": "2048Mi"}}}),
         ),
         ("pause", "ephemeral", json!({"spec": {"paused": true}})),
         (

@@ -21,6 +21,8 @@ mod support;
 // longest test waits on a backup schedule's minutes, so they cost the run
 // no time here.
 mod tuning;
+// Volume growth's scenarios (tests/volumes/), for the same reason.
+mod volumes;
 
 use std::time::{Duration, Instant};
 

@@ -565,15 +565,17 @@ pub struct DefaultUserSpec {
     validation = Rule::new("isQuantity(self.size) && quantity(self.size).isGreaterThan(quantity('0'))")
         .message("spec.storage.size must be a positive quantity such as 1Gi")
         .field_path(".size"),
-    validation = Rule::new("!isQuantity(self.size) || !isQuantity(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) == 0")
-        .message("spec.storage.size is immutable: volumes cannot shrink, and growing them is not supported yet")
+    validation = Rule::new("!isQuantity(self.size) || !isQuantity(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0")
+        .message("spec.storage.size cannot shrink: volumes only grow (the StorageClass must allow volume expansion)")
         .field_path(".size"),
     validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)")
         .message("spec.storage.storageClassName is immutable")
         .field_path(".storageClassName"),
 )]
 pub struct StorageSpec {
-    /// Volume size per instance, e.g. `1Gi`. Immutable for now.
+    /// Volume size per instance, e.g. `1Gi`. May grow (every claim is
+    /// expanded in place; the StorageClass must allow volume expansion),
+    /// never shrink.
     #[schemars(schema_with = "quantity_string")]
     pub size: Quantity,
     /// StorageClass of the volumes; the cluster default when absent. Immutable.

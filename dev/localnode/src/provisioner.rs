@@ -3,6 +3,11 @@
 //! directory, pinned to this node. kube-controller-manager binds the claim;
 //! released volumes are deleted (directory and PV) or kept according to
 //! the reclaim policy.
+//!
+//! A class with `parameters: {sized: "true"}` makes sized volumes: the
+//! directory is a tmpfs mount of the claim's size (`df` in the container
+//! shows it, a full volume refuses writes), and an expansion remounts it
+//! at the new size, live, as a file system grown online would.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -122,6 +127,10 @@ impl Provisioner {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).at(&dir)?;
         }
+        if sized(&class) && !is_mount_point(&dir) {
+            let bytes = crate::env::parse_quantity(&size.0, false).unwrap_or(0.0) as u64;
+            mount_tmpfs(&dir, &format!("size={bytes},mode=0777"))?;
+        }
         let pv = PersistentVolume {
             metadata: ObjectMeta {
                 name: Some(pv_name.clone()),
@@ -216,6 +225,17 @@ impl Provisioner {
         if !ours {
             return Ok(());
         }
+        // A sized volume grows for real first: its tmpfs is remounted at
+        // the new size (live; the pod's bind mount sees it at once).
+        let dir = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_path.as_ref())
+            .map(|h| PathBuf::from(&h.path));
+        if let Some(dir) = dir.filter(|d| d.starts_with(&self.volumes_dir) && is_mount_point(d)) {
+            let new = bytes(&requested) as u64;
+            mount_tmpfs(&dir, &format!("remount,size={new}"))?;
+        }
         let patch = serde_json::json!({"spec": {"capacity": {"storage": requested}}});
         pvs.patch(pv_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -267,6 +287,9 @@ impl Provisioner {
             .unwrap_or_else(|| self.dir_for(&name));
         // Only ever remove directories inside our own volumes directory.
         if dir.starts_with(&self.volumes_dir) && dir.exists() {
+            if is_mount_point(&dir) {
+                umount(&dir)?;
+            }
             std::fs::remove_dir_all(&dir).at(&dir)?;
         }
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
@@ -304,6 +327,60 @@ impl Provisioner {
         };
         tokio::join!(claims, volumes);
     }
+}
+
+/// Whether volumes of `class` are sized tmpfs mounts.
+fn sized(class: &StorageClass) -> bool {
+    class
+        .parameters
+        .as_ref()
+        .and_then(|p| p.get("sized"))
+        .is_some_and(|v| v == "true")
+}
+
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount_point(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(me), Some(Ok(up))) = (std::fs::metadata(dir), dir.parent().map(std::fs::metadata))
+    else {
+        return false;
+    };
+    me.dev() != up.dev()
+}
+
+/// `mount -t tmpfs -o OPTIONS tmpfs DIR` (a remount when OPTIONS says so).
+fn mount_tmpfs(dir: &std::path::Path, options: &str) -> Result<()> {
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+        .arg(dir)
+        .output()
+        .at(dir)?;
+    if !out.status.success() {
+        return Err(crate::error::Error::Volume {
+            volume: dir.display().to_string(),
+            message: format!(
+                "mount -o {options}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `umount -l DIR` (lazy: a pod still running on it keeps it until it ends).
+fn umount(dir: &std::path::Path) -> Result<()> {
+    let out = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(dir)
+        .output()
+        .at(dir)?;
+    if !out.status.success() {
+        return Err(crate::error::Error::Volume {
+            volume: dir.display().to_string(),
+            message: format!("umount: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        });
+    }
+    Ok(())
 }
 
 /// Runs `handle` on every object the watch reports as present (initial list

@@ -301,6 +301,9 @@ impl Reconciler {
         if self.hibernating {
             sts = super::hibernate::scaled_to_zero(sts);
         }
+        if self.grow_volumes(&mut sts, live_sts.as_ref()).await? == super::volumes::Growth::Hold {
+            return Ok(hold);
+        }
         let sts_written = self
             .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())
             .await?;

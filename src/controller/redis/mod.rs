@@ -54,6 +54,7 @@ pub mod tls;
 pub mod tuning;
 pub mod upgrade;
 pub mod users;
+pub mod volumes;
 pub mod wiring;
 
 use std::sync::Arc;

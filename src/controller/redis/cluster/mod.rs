@@ -350,6 +350,9 @@ impl Reconciler {
             if self.hibernating {
                 sts = super::hibernate::scaled_to_zero(sts);
             }
+            if self.grow_volumes(&mut sts, live.as_ref()).await? == super::volumes::Growth::Hold {
+                continue;
+            }
             let wrote = self
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
