@@ -15,12 +15,14 @@
 //!
 //! Knobs: BENCH_REAL (100), BENCH_FAKE (1000), BENCH_IDLE_SECS (300).
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::{knob, percentile};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -31,22 +33,6 @@ use support::operator::{
     OperatorOptions, apply_redis, cpu_seconds, is_ready, redis_api, start_operator,
 };
 use support::{TestNamespace, client};
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(xs: &mut [f64], p: f64) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (xs.len() - 1) as f64).round() as usize;
-    xs[i.min(xs.len() - 1)]
-}
 
 async fn apply_all(client: &Client, ns: &str, specs: Vec<(String, serde_json::Value)>) {
     stream::iter(specs)

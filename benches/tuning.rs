@@ -23,11 +23,13 @@
 //! Knobs: BENCH_SERVERS (1000), BENCH_KEYS (2000), BENCH_WINDOW_SECS (30).
 //! Needs `bin/engines/redis-7.0` (`make engines`); no cluster.
 
+mod common;
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::time::{Duration, Instant};
 
+use common::{knob, percentile};
 use futures::{StreamExt, stream};
 use redis_server::{Engine, RedisServer, ServerConfig};
 use redpilot::controller::redis::tuning::{KEYS_PER_SWEEP, look};
@@ -38,22 +40,6 @@ use redpilot::redis::{ConnectOptions, Endpoint, Node};
 
 /// Looks the operator runs at once by default (one per reconcile).
 const AT_ONCE: usize = 32;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(xs: &mut [f64], p: f64) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (xs.len() - 1) as f64).round() as usize;
-    xs[i.min(xs.len() - 1)]
-}
 
 /// This process's user + system CPU seconds (/proc/self/stat, 10 ms ticks).
 fn own_cpu() -> f64 {

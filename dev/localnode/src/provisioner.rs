@@ -350,37 +350,32 @@ fn is_mount_point(dir: &std::path::Path) -> bool {
 
 /// `mount -t tmpfs -o OPTIONS tmpfs DIR` (a remount when OPTIONS says so).
 fn mount_tmpfs(dir: &std::path::Path, options: &str) -> Result<()> {
-    let out = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
-        .arg(dir)
-        .output()
-        .at(dir)?;
-    if !out.status.success() {
-        return Err(crate::error::Error::Volume {
-            volume: dir.display().to_string(),
-            message: format!(
-                "mount -o {options}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(())
+    run_on(dir, "mount", &["-t", "tmpfs", "-o", options, "tmpfs"])
 }
 
 /// `umount -l DIR` (lazy: a pod still running on it keeps it until it ends).
 fn umount(dir: &std::path::Path) -> Result<()> {
-    let out = std::process::Command::new("umount")
-        .arg("-l")
+    run_on(dir, "umount", &["-l"])
+}
+
+/// Runs `program ARGS DIR`; its error output names the volume on failure.
+fn run_on(dir: &std::path::Path, program: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(program)
+        .args(args)
         .arg(dir)
         .output()
         .at(dir)?;
-    if !out.status.success() {
-        return Err(crate::error::Error::Volume {
-            volume: dir.display().to_string(),
-            message: format!("umount: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        });
+    if out.status.success() {
+        return Ok(());
     }
-    Ok(())
+    Err(crate::error::Error::Volume {
+        volume: dir.display().to_string(),
+        message: format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
 }
 
 /// Runs `handle` on every object the watch reports as present (initial list
