@@ -32,10 +32,11 @@ sa=$(awk '/^kind: *ServiceAccount/ {sa = 1} sa && /^  name:/ {print $2; exit}' c
 [[ -n $sa ]] || { echo "install: no ServiceAccount in config/rbac/" >&2; exit 1; }
 ns=redpilot-system
 
-# One YAML document per file, its leading comment lines dropped.
+# The YAML documents of a file, its comment lines dropped; a file of several
+# documents (crds/redis.yaml) keeps its separators.
 doc() {
 	echo "---"
-	sed -e '/^#/d' -e '/^---$/d' -e "s|@IMAGE@|$image|g" -e "s|@SERVICE_ACCOUNT@|$sa|g" "$1"
+	sed -e '/^#/d' -e "s|@IMAGE@|$image|g" -e "s|@SERVICE_ACCOUNT@|$sa|g" "$1" | sed -e '1{/^---$/d}'
 }
 
 mkdir -p "$(dirname "$out")"
