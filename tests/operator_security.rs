@@ -919,6 +919,12 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
         .query("SET", redis::cmd("SET").arg("over").arg("tls"))
         .await
         .expect("SET");
+    // Replication is asynchronous: the replica is read once it has it.
+    let acked: i64 = node
+        .query("WAIT", redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1, "the replica acknowledged the write over TLS");
     // Every instance: no plain port, replication over TLS, link up.
     for (pod, ip) in &pods {
         let mut n = Node::connect(&Endpoint::new(ip, 6379), &tls)
