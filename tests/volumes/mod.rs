@@ -149,8 +149,11 @@ async fn storage_grows_online_under_a_writer_across_an_operator_crash() {
         &client,
         &ns.name,
         "grow",
+        // Claims deleted with the Redis (whenDeleted: Delete): they carry
+        // an owner reference to the StatefulSet, which the orphaning delete
+        // must release, not follow.
         json!({"mode": "Replication", "instances": 2,
-               "storage": {"size": "64Mi", "storageClassName": SIZED}}),
+               "storage": {"size": "64Mi", "storageClassName": SIZED, "retainOnDelete": false}}),
     )
     .await;
     wait_ready(&client, &ns.name, "grow", READY).await;
@@ -279,6 +282,27 @@ async fn storage_grows_online_under_a_writer_across_an_operator_crash() {
             .map(|o| o.uid);
         assert_eq!(owner.as_deref(), Some(new_uid.as_str()), "{name} adopted");
     }
+    // The claims are the new StatefulSet's again (whenDeleted: Delete
+    // still holds for them).
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let owned = wait_for(
+        "the claims owned by the new StatefulSet",
+        Duration::from_secs(30),
+        || async {
+            let list = pvcs.list(&Default::default()).await.ok()?.items;
+            list.iter()
+                .all(|c| {
+                    c.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.uid == new_uid)
+                })
+                .then_some(list.len())
+        },
+    )
+    .await;
+    assert_eq!(owned, 2);
     let events = recent_events(&client, &ns.name, 60).await;
     for reason in ["VolumeGrowth", "VolumesGrown"] {
         assert!(events.contains(reason), "{reason}: {events}");
