@@ -25,11 +25,13 @@ TOOL_GROUPS_OLM := operator-sdk opm olm
 TOOL_GROUPS_BACKUP := versitygw
 # Insights: Prometheus and promtool, Jaeger, the prometheus-operator CRDs.
 TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
-TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS)
+# Distribution: Helm (the chart suite).
+TOOL_GROUPS_DIST := helm
+TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_DIST)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml helm-chart clean help
 
 all: build
 
@@ -235,6 +237,10 @@ version:
 # sources; tests/plain_install.rs fails when it drifts).
 install-yaml:
 	bash hack/install.sh
+
+# The Helm chart deploy/helm/redpilot, from the same sources (a test checks).
+helm-chart:
+	bash hack/helm.sh
 
 # The kubectl plugin: bin/kubectl-redpilot (put bin/ on the PATH, then
 # `kubectl redpilot status <redis>`).

@@ -23,6 +23,8 @@ mod support;
 mod tuning;
 // Volume growth's scenarios (tests/volumes/), for the same reason.
 mod volumes;
+// Helm's install, upgrade and uninstall (tests/helm/), for the same reason.
+mod helm;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | helm)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -75,6 +75,13 @@ prometheus)
 	dir=prometheus
 	mod=github.com/prometheus/prometheus
 	pkgs=(github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
+	;;
+helm)
+	# Helm: the chart suite lints and renders deploy/helm/redpilot and
+	# installs, upgrades and uninstalls it on the dev cluster.
+	dir=helm
+	mod=helm.sh/helm/v3
+	pkgs=(helm.sh/helm/v3/cmd/helm)
 	;;
 jaeger)
 	# Jaeger all-in-one (OTLP in, query API out, memory storage): the trace

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod diag;
 pub mod faults;
 pub mod fill;
+pub mod helm;
 pub mod operator;
 pub mod prometheus;
 pub mod s3_server;
