@@ -202,6 +202,11 @@ impl Reconciler {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
+    /// Asks for the next pass within `d` (sooner if another step asked).
+    fn recheck_within(&mut self, d: Duration) {
+        self.recheck_in = Some(self.recheck_in.map_or(d, |r| r.min(d)));
+    }
+
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
         let obj = self.redis.object_ref(&());
         let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);

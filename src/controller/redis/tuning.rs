@@ -377,7 +377,7 @@ impl Reconciler {
         }
         // Looked at again on time even when that is sooner than the
         // periodic pass.
-        self.recheck_in = Some(self.recheck_in.map_or(every, |r| r.min(every)));
+        self.recheck_within(every);
         let all_answer = !facts.is_empty()
             && facts
                 .iter()

@@ -117,10 +117,7 @@ impl Reconciler {
         };
         let name = live.metadata.name.clone().unwrap_or_default();
         if live.metadata.deletion_timestamp.is_some() {
-            self.progressing.push(format!(
-                "StatefulSet {name} is being re-created with its grown volumes"
-            ));
-            self.recheck_in = Some(self.recheck_in.map_or(RECHECK, |r| r.min(RECHECK)));
+            self.recreating(&name);
             return Ok(Growth::Hold);
         }
         let (Some(want_q), Some(have_q)) = (template_size(desired), template_size(live)) else {
@@ -224,7 +221,7 @@ impl Reconciler {
         if !growing.is_empty() {
             self.progressing
                 .push(format!("volumes growing: {}", growing.join("; ")));
-            self.recheck_in = Some(self.recheck_in.map_or(RECHECK, |r| r.min(RECHECK)));
+            self.recheck_within(RECHECK);
             keep_claims(desired, live);
             return Ok(Growth::KeepClaims);
         }
@@ -259,11 +256,16 @@ impl Reconciler {
         // The StatefulSet is gone, its pods and claims orphaned: the next
         // operator must make it anew and adopt them.
         crate::failpoint::hit("volumes-orphaned");
+        self.recreating(&name);
+        Ok(Growth::Hold)
+    }
+
+    /// Says the StatefulSet `name` is being made anew, and looks again soon.
+    fn recreating(&mut self, name: &str) {
         self.progressing.push(format!(
             "StatefulSet {name} is being re-created with its grown volumes"
         ));
-        self.recheck_in = Some(self.recheck_in.map_or(RECHECK, |r| r.min(RECHECK)));
-        Ok(Growth::Hold)
+        self.recheck_within(RECHECK);
     }
 }
 
