@@ -106,7 +106,9 @@ fn writer(
         client.confirm = Some((1, 500));
         let mut out = Writes::default();
         let mut i: u64 = 0;
+        let mut pace = support::pace::pacer();
         while !stop.load(Ordering::Relaxed) {
+            pace.tick().await;
             let key = format!("w{w}:{}", i % WRITER_KEYS);
             out.tried.insert(key.clone(), i);
             match client
@@ -152,7 +154,9 @@ fn reader(
         let mut out = Reads::default();
         let mut t = r * 7919;
         let started = Instant::now();
+        let mut pace = support::pace::pacer();
         while !stop.load(Ordering::Relaxed) {
+            pace.tick().await;
             t = (t + 104_729) % tags.max(1);
             let key = format!("{{t{t}}}:s");
             match client

@@ -17,6 +17,8 @@
 mod cluster_client;
 #[path = "support/cluster_servers.rs"]
 mod cluster_servers;
+#[path = "support/pace.rs"]
+mod pace;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -135,7 +137,9 @@ fn writer(
         let mut client = Client::new(seed, opts);
         let mut w = Writes::default();
         let mut i: u64 = 0;
+        let mut pace = pace::pacer();
         while !stop.load(Ordering::Relaxed) {
+            pace.tick().await;
             let key = format!("w:{}", i % WRITER_KEYS as u64);
             w.tried.insert(key.clone(), i);
             let mut cmd = redis::cmd("SET");

@@ -117,7 +117,9 @@ impl ServiceWriter {
         let task = tokio::spawn(async move {
             let mut i = 0u64;
             let mut conn: Option<(Node, String)> = None;
+            let mut pace = super::pace::pacer();
             while !s.load(Ordering::SeqCst) {
+                pace.tick().await;
                 let Some((node, ip)) = conn.as_mut() else {
                     if let Some(ip) = ready_endpoint(&slices, &svc).await
                         && let Ok(n) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await

@@ -15,6 +15,7 @@ pub mod faults;
 pub mod fill;
 pub mod helm;
 pub mod operator;
+pub mod pace;
 pub mod prometheus;
 pub mod s3_server;
 pub mod writer;

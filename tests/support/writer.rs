@@ -171,7 +171,9 @@ async fn run(
 ) {
     let mut i: u64 = 0;
     let mut conn: Option<Node> = None;
+    let mut pace = super::pace::pacer();
     while !stop.load(Ordering::SeqCst) {
+        pace.tick().await;
         let Some(node) = conn.as_mut() else {
             let primary = redis_api(&client, &ns)
                 .get(&name)
