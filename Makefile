@@ -26,12 +26,12 @@ TOOL_GROUPS_BACKUP := versitygw
 # Insights: Prometheus and promtool, Jaeger, the prometheus-operator CRDs.
 TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
 # Distribution: Helm (the chart suite).
-TOOL_GROUPS_DIST := helm
+TOOL_GROUPS_DIST := helm image
 TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_DIST)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml helm-chart clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -90,7 +90,7 @@ cluster-down:
 # insights_prometheus, which mostly waits on Prometheus' alert timers
 # (`for:` periods of minutes); its output follows the cluster suites'. A
 # suite not listed here runs in the cluster lane, one binary at a time.
-LOCAL_SUITES := backup_agent crd_drift insights_rules redis_basics redis_cluster redis_reshard \
+LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus
 CLUSTER_SUITES := $(filter-out $(SIDE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
@@ -237,6 +237,13 @@ version:
 # sources; tests/plain_install.rs fails when it drifts).
 install-yaml:
 	bash hack/install.sh
+
+# The operator image, built without a container engine (hack/image.sh,
+# tools/image/): dist/image/oci (OCI layout) and dist/image/redpilot-VERSION.tar
+# (`docker load`); the same inputs give the same digest.
+image: tools-image
+	$(CARGO) build --release --bin redpilot
+	bash hack/image.sh
 
 # The Helm chart deploy/helm/redpilot, from the same sources (a test checks).
 helm-chart:

@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | helm)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | helm | image)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -83,6 +83,13 @@ helm)
 	mod=helm.sh/helm/v3
 	pkgs=(helm.sh/helm/v3/cmd/helm)
 	;;
+image)
+	# The operator image without a container engine (tools/image/cmd/):
+	# hack/image.sh and `make image` run it.
+	dir=image
+	mod=github.com/google/go-containerregistry
+	pkgs=(redpilot.dev/tools/image/cmd/redpilot-image)
+	;;
 jaeger)
 	# Jaeger all-in-one (OTLP in, query API out, memory storage): the trace
 	# suite sends the operator's spans to it and reads them back.
@@ -116,7 +123,7 @@ fi
 
 dest=$cache/$group-$version
 case $group in
-operator-sdk | opm | olm)
+operator-sdk | opm | olm | image)
 	# These wrappers may pin more than the main module (tools/operator-sdk
 	# pins a newer validator library), so their builds are keyed by go.mod
 	# and go.sum as well: a changed pin rebuilds. A module with programs of
