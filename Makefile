@@ -89,11 +89,16 @@ cluster-down:
 # Kubernetes (real servers, the S3 server, promtool, files), and
 # insights_prometheus, which mostly waits on Prometheus' alert timers
 # (`for:` periods of minutes); its output follows the cluster suites'. A
-# suite not listed here runs in the cluster lane, one binary at a time.
+# suite not listed here runs in the cluster lane, one binary at a time, two
+# tests at once; a suite in WAITING_SUITES runs last there, three tests at
+# once: two of its tests mostly sleep (operator_backup's schedules wait for
+# cron minutes; with two slots they held both, 308 s, with three 222 s at
+# half a core).
 LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus
-CLUSTER_SUITES := $(filter-out $(SIDE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
+WAITING_SUITES := operator_backup
+CLUSTER_SUITES := $(filter-out $(SIDE_SUITES) $(WAITING_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
 	@log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
@@ -101,6 +106,8 @@ integration: engines
 		>"$$log" 2>&1; echo $$? >"$$log.rc" ) & \
 	cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast \
 		|| cluster=$$?; \
+	$(CARGO) test --workspace $(addprefix --test ,$(WAITING_SUITES)) --no-fail-fast -- \
+		--test-threads=3 || cluster=$$?; \
 	wait; echo; echo "=== the side lane ($(words $(SIDE_SUITES)) suites, run beside the cluster suites)"; \
 	cat "$$log"; nokube=$$(cat "$$log.rc" 2>/dev/null || echo 1); \
 	echo "cluster suites: exit $$cluster; side lane: exit $$nokube"; \
