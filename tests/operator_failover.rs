@@ -52,6 +52,10 @@ enum Fault {
 /// What one run measured.
 struct Run {
     p4: f64,
+    /// Seconds: fault → the monitor's verdict, → the promotion's start,
+    /// the promotion, the role labels, → the first write through the
+    /// Service (from `status.lastFailover.timeline`).
+    phases: [Option<f64>; 5],
     plain_acked: usize,
     plain_lost: usize,
     wait_acked: usize,
@@ -161,6 +165,9 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         }
     }
     let t0 = Instant::now();
+    // The same moment on the wall clock the operator's timeline uses (a
+    // cut takes a few hundred ms of `ip` commands after `t0_wall`).
+    let in_place = chrono::Utc::now();
     let new = wait_for("another primary in the status", READY, || async {
         let p = primary_of(client, ns).await;
         (p != old).then_some(p)
@@ -292,6 +299,19 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         "{}",
         cond.message
     );
+    let phases = timeline(fault, &record, in_place, in_place + (first - t0));
+    println!(
+        "{fault:?} run {n}: where the time went: {}",
+        PHASES
+            .iter()
+            .zip(phases)
+            .map(|(name, s)| match s {
+                Some(s) => format!("{name} {:.0} ms", s * 1000.0),
+                None => format!("{name} -"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "{fault:?} run {n}: primary {old} -> {new} ({}); promoted {:.2}s and first write \
          acknowledged (P4) {p4:.2}s after the fault; plain writes {plain_acked} \
@@ -321,11 +341,72 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
     }
     Run {
         p4,
+        phases,
         plain_acked,
         plain_lost,
         wait_acked: waited.acks.len(),
         inside_after_fault,
     }
+}
+
+const PHASES: [&str; 5] = ["detect", "decide", "promote", "labels", "route"];
+
+/// Where a failover's time went, in seconds (see [`Run::phases`]), from
+/// the operator's timeline and the test's clock (one machine, one clock).
+/// Checks the timeline: present (the monitor watched the lost primary),
+/// in order, and — for a fault the primary cannot outlive (a kill, a cut)
+/// — with the lost primary's last answer before the fault.
+fn timeline(
+    fault: Fault,
+    record: &redpilot::api::v1alpha1::FailoverRecord,
+    fault_at: chrono::DateTime<chrono::Utc>,
+    first_write: chrono::DateTime<chrono::Utc>,
+) -> [Option<f64>; 5] {
+    let t = record
+        .timeline
+        .clone()
+        .unwrap_or_else(|| panic!("{fault:?}: no timeline in {record:?}"));
+    let ms = |n: u64| chrono::Duration::milliseconds(i64::try_from(n).unwrap_or(i64::MAX));
+    let secs = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
+    let labelled = chrono::DateTime::parse_from_rfc3339(&record.time)
+        .expect("lastFailover.time")
+        .with_timezone(&chrono::Utc);
+    let started = labelled - ms(t.labels_ms);
+    assert!(t.promote_ms <= t.labels_ms, "{fault:?}: {t:?}");
+    let promoted = [
+        Some(t.promote_ms as f64 / 1000.0),
+        Some((t.labels_ms - t.promote_ms) as f64 / 1000.0),
+        Some(secs(first_write - labelled)),
+    ];
+    // A pod deleted is made anew at another address, which the monitor
+    // watches from then on: it may never have heard the lost primary.
+    let Some(silent) = t.silent_ms.filter(|_| fault != Fault::Delete) else {
+        return [None, None, promoted[0], promoted[1], promoted[2]];
+    };
+    // The monitor's verdict may not have come first (a restarted server's
+    // pod event can start the pass); when it did, it came before.
+    assert!(
+        t.noticed_ms.is_none_or(|n| n <= silent),
+        "{fault:?}: the monitor's verdict after the promotion: {t:?}"
+    );
+    let last_answer = started - ms(silent);
+    {
+        // A killed or cut-off server cannot answer after the fault (10 ms
+        // for the rounding of three durations to milliseconds).
+        assert!(
+            last_answer <= fault_at + chrono::Duration::milliseconds(10),
+            "{fault:?}: the lost primary's last answer came {} ms after the fault: {t:?}",
+            (last_answer - fault_at).num_milliseconds()
+        );
+    }
+    let noticed = t.noticed_ms.map(|n| last_answer + ms(n));
+    [
+        noticed.map(|n| secs(n - fault_at)),
+        noticed.map(|n| secs(started - n)),
+        promoted[0],
+        promoted[1],
+        promoted[2],
+    ]
 }
 
 /// Every write the isolated primary accepted was accepted before the first
@@ -425,6 +506,23 @@ async fn fault_runs(prefix: &str, fault: Fault) {
         results.len(),
         p4s.iter().cloned().fold(0.0, f64::max)
     );
+    let medians: Vec<String> = PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let v: Vec<f64> = results.iter().filter_map(|r| r.phases[i]).collect();
+            if v.is_empty() {
+                return format!("{name} -");
+            }
+            let (p50, p99) = percentiles(&v);
+            format!(
+                "{name} p50 {:.0} ms p99 {:.0} ms",
+                p50 * 1000.0,
+                p99 * 1000.0
+            )
+        })
+        .collect();
+    println!("{fault:?}: where the time went: {}", medians.join(", "));
     let metrics = http_get(op.metrics_addr, "/metrics")
         .await
         .expect("metrics");

@@ -1203,6 +1203,35 @@ pub struct FailoverRecord {
     /// The other candidates' offsets, `name=offset`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<String>,
+    /// Where the time went, in milliseconds, as the operator saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<FailoverTimeline>,
+}
+
+/// The steps of an automatic failover, in milliseconds. The fault itself
+/// is not seen: it came at most one probe interval (500 ms) after the lost
+/// primary's last answer. What follows `labelsMs` (Services' endpoints
+/// updated, clients reconnecting) is outside the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverTimeline {
+    /// From the lost primary's last answer to the failure monitor's
+    /// failing verdict (none when the loss was seen another way, e.g. its
+    /// pod gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noticed_ms: Option<u64>,
+    /// From the lost primary's last answer to the promotion's start (the
+    /// verdict, the reconcile it triggered, that reconcile's reads); none
+    /// when the monitor never heard it (e.g. its pod made anew elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_ms: Option<u64>,
+    /// From the promotion's start to the new primary's answer
+    /// (`REPLICAOF NO ONE` with its fencing settings).
+    pub promote_ms: u64,
+    /// From the promotion's start to the role labels written (the
+    /// read-write Service selects the new primary from then on); `time`
+    /// is this moment.
+    pub labels_ms: u64,
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -177,11 +177,21 @@ pub struct Health {
     /// Time since the last answer from it as primary (since the watch
     /// started when it never answered).
     pub silent_for: Duration,
+    /// While failing: how long after that last answer the probe first
+    /// found it failing.
+    pub noticed_after: Option<Duration>,
+    /// Whether this target ever answered as primary (a watch of a pod made
+    /// anew at another address starts with none).
+    pub answered: bool,
 }
 
 struct Shared {
     verdict: Verdict,
     last_answer: Instant,
+    /// When a probe first found it failing since its last answer.
+    failing_since: Option<Instant>,
+    /// It answered as primary at least once.
+    answered: bool,
 }
 
 struct Watch {
@@ -246,6 +256,8 @@ impl Monitor {
             _ => Arc::new(Mutex::new(Shared {
                 verdict: Verdict::Healthy,
                 last_answer: Instant::now(),
+                failing_since: None,
+                answered: false,
             })),
         };
         // A new primary starts a new series; the level carries over.
@@ -360,6 +372,10 @@ impl Monitor {
             ip: watch.target.ip.clone(),
             verdict: s.verdict,
             silent_for: s.last_answer.elapsed(),
+            noticed_after: s
+                .failing_since
+                .map(|t| t.saturating_duration_since(s.last_answer)),
+            answered: s.answered,
         })
     }
 }
@@ -442,6 +458,8 @@ async fn probe_loop(
         s.verdict = match probe {
             Probe::Answered => {
                 s.last_answer = Instant::now();
+                s.failing_since = None;
+                s.answered = true;
                 told_silent = false;
                 Verdict::Healthy
             }
@@ -453,6 +471,9 @@ async fn probe_loop(
             && !told_silent
             && s.last_answer.elapsed() >= target.silence;
         let changed = s.verdict != before && s.verdict != Verdict::Healthy;
+        if s.verdict != Verdict::Healthy && s.failing_since.is_none() {
+            s.failing_since = Some(Instant::now());
+        }
         let verdict = s.verdict;
         drop(s);
         if crossed {

@@ -37,7 +37,7 @@ use kube::runtime::events::EventType;
 use super::Reconciler;
 use super::build::{self, Names};
 use super::facts::{PodFacts, Role, ordinal};
-use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, Mode, Redis};
+use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, FailoverTimeline, Mode, Redis};
 use crate::controller::monitor::{Health, Target, Verdict};
 use crate::redis::{ConnectOptions, Endpoint};
 
@@ -445,6 +445,11 @@ impl Reconciler {
         opts: &ConnectOptions,
     ) {
         let started = std::time::Instant::now();
+        // The monitor's view of the lost primary now (the decision's view
+        // may be older by a last probe of a silent one), when it is the one
+        // watched and was heard (not a pod made anew at another address).
+        let health = self.ctx.monitor.health(&self.oref);
+        let seen = health.as_ref().filter(|h| h.pod == old && h.answered);
         let Some(chosen) = facts.iter().find(|f| f.name == to) else {
             return;
         };
@@ -467,6 +472,7 @@ impl Reconciler {
             self.data_plane_failed(format!("promoting {to}"), &e).await;
             return;
         }
+        let promoted = started.elapsed();
         crate::failpoint::hit("after-promote");
         // Publish before anything else moves: the role labels (the
         // read-write Service), the ConfigMap, the status.
@@ -482,6 +488,8 @@ impl Reconciler {
             self.progressing
                 .push(format!("labelling new primary {to}: {e}"));
         }
+        let labelled = started.elapsed();
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let record = FailoverRecord {
             time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             from: old.to_string(),
@@ -489,6 +497,12 @@ impl Reconciler {
             reason: loss.reason().to_string(),
             offset,
             candidates: candidates.clone(),
+            timeline: Some(FailoverTimeline {
+                noticed_ms: seen.and_then(|h| h.noticed_after).map(ms),
+                silent_ms: seen.map(|h| ms(h.silent_for)),
+                promote_ms: ms(promoted),
+                labels_ms: ms(labelled),
+            }),
         };
         if let Err(e) = self.publish_failover(&after, to, &record).await {
             self.progressing
@@ -505,13 +519,25 @@ impl Reconciler {
         } else {
             format!("; others: {}", candidates.join(", "))
         };
+        let seen = match record.timeline.as_ref().and_then(|t| t.silent_ms) {
+            Some(silent) => format!(
+                "; its last answer {silent} ms before the promotion{}",
+                record
+                    .timeline
+                    .as_ref()
+                    .and_then(|t| t.noticed_ms)
+                    .map(|n| format!(" (found failing {n} ms after it)"))
+                    .unwrap_or_default()
+            ),
+            None => String::new(),
+        };
         self.event(
             EventType::Warning,
             "FailedOver",
             "Failover",
             format!(
                 "primary {old} lost ({}); promoted {to} at offset {offset}{others}; \
-                 published in {} ms",
+                 published in {} ms{seen}",
                 loss.reason(),
                 published.as_millis()
             ),

@@ -48,6 +48,8 @@ fn health(verdict: Verdict, silent: u64) -> Health {
         ip: "10.0.0.0".into(),
         verdict,
         silent_for: Duration::from_secs(silent),
+        noticed_after: None,
+        answered: true,
     }
 }
 
