@@ -98,13 +98,20 @@ LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_c
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus
 WAITING_SUITES := operator_backup
-CLUSTER_SUITES := $(filter-out $(SIDE_SUITES) $(WAITING_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
+# olm_e2e installs 0.1.0's CRDs over the current ones, then upgrades: OLM
+# refuses that while any Redis of a newer schema exists (a Cluster Redis of
+# insights_prometheus, in the side lane, failed it once), and nothing may
+# make one meanwhile. It runs alone, before both lanes.
+ALONE_SUITES := olm_e2e
+CLUSTER_SUITES := $(filter-out $(SIDE_SUITES) $(WAITING_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
-	@log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
+	@cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(ALONE_SUITES)) --no-fail-fast \
+		|| cluster=$$?; \
+	log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
 	( $(CARGO) test --workspace $(addprefix --test ,$(SIDE_SUITES)) --no-fail-fast \
 		>"$$log" 2>&1; echo $$? >"$$log.rc" ) & \
-	cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast \
+	$(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast \
 		|| cluster=$$?; \
 	$(CARGO) test --workspace $(addprefix --test ,$(WAITING_SUITES)) --no-fail-fast -- \
 		--test-threads=3 || cluster=$$?; \
