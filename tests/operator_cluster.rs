@@ -37,6 +37,8 @@
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
 mod support;
+// `crate::pace`, as cluster_writer asks for it.
+use support::pace;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -14,6 +14,8 @@
 mod cluster_servers;
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
+#[path = "support/pace.rs"]
+mod pace;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 

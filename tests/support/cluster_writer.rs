@@ -2,6 +2,7 @@
 //! that follows the shard's primary through failovers and confirms each
 //! write with `WAIT 1` (the `redis` crate's retries play no part: every
 //! command is sent once on a plain connection and its outcome counted).
+//! The including crate provides `crate::pace` (support/pace.rs).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -69,10 +70,7 @@ pub fn writer(
         let mut conn: Option<Node> = None;
         let mut i = 0u64;
         let mut learned = Instant::now();
-        // Paced as support/pace.rs says why (this file is also built
-        // where that module is not).
-        let mut pace = tokio::time::interval(Duration::from_millis(2));
-        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut pace = crate::pace::pacer();
         while !stop.load(Ordering::Relaxed) {
             pace.tick().await;
             if let Some(node) = conn.as_mut()

@@ -519,17 +519,18 @@ impl Reconciler {
         } else {
             format!("; others: {}", candidates.join(", "))
         };
-        let seen = match record.timeline.as_ref().and_then(|t| t.silent_ms) {
-            Some(silent) => format!(
+        let heard = match &record.timeline {
+            Some(FailoverTimeline {
+                silent_ms: Some(silent),
+                noticed_ms,
+                ..
+            }) => format!(
                 "; its last answer {silent} ms before the promotion{}",
-                record
-                    .timeline
-                    .as_ref()
-                    .and_then(|t| t.noticed_ms)
+                noticed_ms
                     .map(|n| format!(" (found failing {n} ms after it)"))
                     .unwrap_or_default()
             ),
-            None => String::new(),
+            _ => String::new(),
         };
         self.event(
             EventType::Warning,
@@ -537,7 +538,7 @@ impl Reconciler {
             "Failover",
             format!(
                 "primary {old} lost ({}); promoted {to} at offset {offset}{others}; \
-                 published in {} ms{seen}",
+                 published in {} ms{heard}",
                 loss.reason(),
                 published.as_millis()
             ),
