@@ -2,9 +2,10 @@
 //! with `PING` every [`PROBE_INTERVAL`], so a failed primary is noticed in
 //! well under a second without waiting for the next reconcile.
 //!
-//! Cost per Redis, flat in the number of Redis: one task, one TCP
-//! connection, two `PING`s a second. On a broken connection the probe
-//! reconnects at once, and classifies what it finds:
+//! Cost per Redis, flat in the number of Redis: one task, one connection
+//! (a [`ProbeConn`]: a `PING` is one write of fixed bytes and one read into
+//! a kept buffer, no allocation), two `PING`s a second. On a broken
+//! connection the probe reconnects at once, and classifies what it finds:
 //! - **down**: the TCP connect is refused (nothing listens on the address:
 //!   the process died or is restarting);
 //! - **restarted**: the server answers but is no longer a primary (a
@@ -40,8 +41,8 @@ use futures::channel::mpsc;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::v1alpha1::Redis;
-use crate::redis::info::Role;
-use crate::redis::{ConnectOptions, Endpoint, Node};
+use crate::redis::probe::ProbeConn;
+use crate::redis::{ConnectOptions, Endpoint};
 
 /// Time between two probes of one primary.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
@@ -432,7 +433,7 @@ async fn probe_loop(
     };
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut conn: Option<Node> = None;
+    let mut conn: Option<ProbeConn> = None;
     let mut told_silent = false;
     loop {
         ticker.tick().await;
@@ -490,11 +491,11 @@ async fn probe_loop(
 
 /// Reads `used_memory` when the memory is watched; `Some(used)` when a
 /// reconcile is to be asked for.
-async fn sample_memory(node: &mut Node, memory: &Mutex<MemoryWatch>) -> Option<u64> {
+async fn sample_memory(node: &mut ProbeConn, memory: &Mutex<MemoryWatch>) -> Option<u64> {
     if !memory.lock().is_ok_and(|m| m.alert.is_some()) {
         return None;
     }
-    let used = node.info_section("memory").await.ok()?.memory.used_memory?;
+    let used = node.used_memory().await.ok()??;
     let ask = match memory.lock() {
         Ok(mut m) => m.record(Instant::now(), used),
         Err(_) => false,
@@ -505,7 +506,7 @@ async fn sample_memory(node: &mut Node, memory: &Mutex<MemoryWatch>) -> Option<u
 /// One probe: `PING` on the open connection; when there is none (or it just
 /// broke) a TCP connect first, to tell "nothing listens" from "no answer",
 /// then a connection that checks the server is still a primary.
-async fn probe(conn: &mut Option<Node>, endpoint: &Endpoint, opts: &ConnectOptions) -> Probe {
+async fn probe(conn: &mut Option<ProbeConn>, endpoint: &Endpoint, opts: &ConnectOptions) -> Probe {
     if let Some(node) = conn.as_mut() {
         match node.ping().await {
             // An error reply (LOADING, a changed password) is an answer.
@@ -520,17 +521,17 @@ async fn probe(conn: &mut Option<Node>, endpoint: &Endpoint, opts: &ConnectOptio
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
         _ => return Probe::Silent,
     }
-    let mut node = match Node::connect(endpoint, opts).await {
+    let mut node = match ProbeConn::open(endpoint, opts).await {
         Ok(node) => node,
         Err(e) if answered(&e) => return Probe::Answered,
         Err(_) => return Probe::Silent,
     };
-    match node.replication().await {
-        Ok(r) if r.role == Some(Role::Primary) => {
+    match node.is_primary().await {
+        Ok(true) => {
             *conn = Some(node);
             Probe::Answered
         }
-        Ok(_) => Probe::NotPrimary,
+        Ok(false) => Probe::NotPrimary,
         Err(e) if answered(&e) => Probe::Answered,
         Err(_) => Probe::Silent,
     }

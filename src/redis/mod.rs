@@ -15,6 +15,7 @@ pub mod config;
 mod conn;
 mod error;
 pub mod info;
+pub mod probe;
 pub mod rdb;
 pub mod reshard;
 pub mod topology;

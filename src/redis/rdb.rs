@@ -104,7 +104,7 @@ impl RdbReport {
     }
 }
 
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(super) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 const EOF_MARK_LEN: usize = 40;
@@ -243,7 +243,10 @@ async fn handshake(
         })
 }
 
-async fn open_stream(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Box<dyn Stream>> {
+pub(super) async fn open_stream(
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+) -> Result<Box<dyn Stream>> {
     let tcp = connect_tcp(endpoint, opts).await?;
     let _ = tcp.set_nodelay(true);
     match &opts.tls {
@@ -271,7 +274,7 @@ async fn send<S: AsyncRead + AsyncWrite + Unpin>(
         })
 }
 
-fn encode(args: &[&[u8]]) -> Vec<u8> {
+pub(super) fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
         out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
@@ -339,7 +342,7 @@ async fn next_reply<R: AsyncBufRead + Unpin>(
     }
 }
 
-fn reply_error(label: &str, command: &'static str, line: &str) -> Error {
+pub(super) fn reply_error(label: &str, command: &'static str, line: &str) -> Error {
     let body = line.strip_prefix('-').unwrap_or(line);
     let code = body.split_whitespace().next().unwrap_or("ERR").to_string();
     if matches!(code.as_str(), "NOAUTH" | "WRONGPASS" | "NOPERM") {
