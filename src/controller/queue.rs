@@ -11,7 +11,7 @@
 //!
 //! A Redis *waits* from the moment its entry is due until its reconcile
 //! starts: behind busy workers (`MAX_CONCURRENT_RECONCILES`), behind its
-//! own running reconcile, or in the scheduler's debounce (200 ms), which is
+//! own running reconcile, or in the scheduler's debounce ([`super::DEBOUNCE`]), which is
 //! time the change waits too. A requeue due later is *scheduled*, not
 //! waiting.
 
