@@ -212,7 +212,8 @@ pub struct Metrics {
     pub kube_requests: prometheus::IntCounterVec,
     /// Whether this process holds the leader lease (0 or 1).
     pub leader: prometheus::IntGauge,
-    /// Automatic failovers by result (`promoted`, `error`).
+    /// Automatic failovers by result (`promoted`, `handed_over` from a
+    /// primary whose pod was deleted, `error`).
     pub failovers: prometheus::IntCounterVec,
     /// Backups that ended, by result (`completed`, `failed`).
     pub backups: prometheus::IntCounterVec,
@@ -337,7 +338,7 @@ impl Metrics {
         // rate is 0, not absent) before the first event of its kind.
         for (c, values) in [
             (&reconciliations, &["ok", "error"][..]),
-            (&failovers, &["promoted", "error"][..]),
+            (&failovers, &["promoted", "handed_over", "error"][..]),
             (&backups, &["completed", "failed"][..]),
             (&switchovers, &["done", "error"][..]),
             (&upgrades, &["succeeded", "rolled_back"][..]),

@@ -271,7 +271,16 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
     let bound = if fault == Fault::Partition { 8.0 } else { 5.0 };
     assert!(p4 < bound, "{fault:?}: P4 {p4:.2}s, bound {bound}s");
     let events = recent_events(client, ns, 80).await;
-    assert!(events.contains("FailedOver"), "{events}");
+    if fault == Fault::Delete {
+        // Handed over by a switchover while the hook held the shutdown.
+        assert!(
+            events.contains("SwitchedOver") && events.contains("its pod is being deleted"),
+            "{events}"
+        );
+        assert_eq!(plain_lost, 0, "a handover loses no acknowledged write");
+    } else {
+        assert!(events.contains("FailedOver"), "{events}");
+    }
     if inside_after_fault > 0 {
         // The isolated primary's extra writes are discarded, not silently.
         assert!(events.contains("DivergedWritesDiscarded"), "{events}");
@@ -283,6 +292,9 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         (record.from.as_str(), record.to.as_str()),
         (old.as_str(), new.as_str())
     );
+    if fault == Fault::Delete {
+        assert_eq!(record.reason, "PrimaryPodDeleted");
+    }
     let cond = status
         .conditions
         .iter()
@@ -378,9 +390,23 @@ fn timeline(
         Some((t.labels_ms - t.promote_ms) as f64 / 1000.0),
         Some(secs(first_write - labelled)),
     ];
-    // A pod deleted is made anew at another address, which the monitor
-    // watches from then on: it may never have heard the lost primary.
-    let Some(silent) = t.silent_ms.filter(|_| fault != Fault::Delete) else {
+    // A primary whose pod is deleted is handed over while it still
+    // serves: nothing to detect, and "decide" runs from the deletion to
+    // the switchover's start (the pod event, the debounce, the pass).
+    if fault == Fault::Delete {
+        assert!(
+            t.noticed_ms.is_none() && t.silent_ms.is_none(),
+            "{fault:?}: a handover has no silence: {t:?}"
+        );
+        return [
+            None,
+            Some(secs(started - fault_at)),
+            promoted[0],
+            promoted[1],
+            promoted[2],
+        ];
+    }
+    let Some(silent) = t.silent_ms else {
         return [None, None, promoted[0], promoted[1], promoted[2]];
     };
     // The monitor's verdict may not have come first (a restarted server's
@@ -524,7 +550,15 @@ async fn fault_runs(prefix: &str, fault: Fault) {
     let metrics = http_get(op.metrics_addr, "/metrics")
         .await
         .expect("metrics");
-    let promoted = metric_sum(&metrics, "redpilot_failovers_total{result=\"promoted\"}");
+    let result = if fault == Fault::Delete {
+        "handed_over"
+    } else {
+        "promoted"
+    };
+    let promoted = metric_sum(
+        &metrics,
+        &format!("redpilot_failovers_total{{result=\"{result}\"}}"),
+    );
     // Each run already checked its failover in the status. The counter
     // covers them all only if one process lived through every run: a
     // process the harness restarted after a lost lease (a stalled test

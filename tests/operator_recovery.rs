@@ -1,6 +1,7 @@
-//! A deleted primary pod without persistence comes back empty, on a new
-//! address, and boots as a replica of the address it had (the recorded
-//! primary). No instance is primary then, and no replica has a live link:
+//! A primary pod without persistence deleted at once (grace period 0, as
+//! a force delete or a lost node: no `preStop` hook runs, so no handover)
+//! comes back empty, on a new address, and boots as a replica of the
+//! address it had (the recorded primary). No instance is primary then, and no replica has a live link:
 //! the operator promotes the replica furthest ahead, records it, and wires
 //! the others to it. Nothing written before the deletion is lost, and the
 //! Redis converges to Ready with the new primary in its status.
@@ -62,7 +63,11 @@ async fn deleted_primary_is_replaced_by_the_replica_furthest_ahead() {
         .metadata
         .uid;
     let t = Instant::now();
-    pods.delete(&old_primary, &DeleteParams::default())
+    let at_once = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete(&old_primary, &at_once)
         .await
         .expect("delete the primary pod");
     // The pod comes back (a new object) before the Redis can be Ready again.

@@ -1195,8 +1195,10 @@ pub struct FailoverRecord {
     /// The instance promoted.
     pub to: String,
     /// Why: `PrimaryDown` (nothing listens), `PrimaryRestarted` (it came
-    /// back empty-handed as a replica), `PrimaryGone` (its pod is gone) or
-    /// `PrimaryUnresponsive` (silent past the fencing bound).
+    /// back empty-handed as a replica), `PrimaryGone` (its pod is gone),
+    /// `PrimaryUnresponsive` (silent past the fencing bound) or
+    /// `PrimaryPodDeleted` (its pod was deleted while it served: handed over
+    /// to an in-sync replica by a switchover, nothing lost).
     pub reason: String,
     /// The promoted replica's replication offset.
     pub offset: i64,
@@ -1226,7 +1228,9 @@ pub struct FailoverTimeline {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silent_ms: Option<u64>,
     /// From the promotion's start to the new primary's answer
-    /// (`REPLICAOF NO ONE` with its fencing settings).
+    /// (`REPLICAOF NO ONE` with its fencing settings; for a handover, the
+    /// whole switchover: writes paused, the replica caught up, promoted,
+    /// the old primary following it).
     pub promote_ms: u64,
     /// From the promotion's start to the role labels written (the
     /// read-write Service selects the new primary from then on); `time`

@@ -7,6 +7,11 @@
 //! - the primary's server is **down** (nothing listens), **restarted**
 //!   (it answers as a replica: instances boot as replicas) or **gone** (its
 //!   pod was deleted or re-created): it is replaced at once;
+//! - its pod is **being deleted** while it serves (a drain, an eviction):
+//!   it is handed over by a switchover to an in-sync replica while the
+//!   pod's `preStop` hook holds the server's shutdown (see
+//!   `statefulset::handover_script`): nothing is lost, and the write gap is
+//!   a switchover's;
 //! - it is **silent**: replaced only once it has been silent for
 //!   `maxLagSeconds + 3` s. By then a primary that is alive but cut off has
 //!   fenced itself ([`fencing_config`]): it refuses writes and has dropped
@@ -108,6 +113,9 @@ pub enum Loss {
     Gone,
     /// Silent for longer than the bound.
     Unresponsive,
+    /// Its pod was deleted while it served: handed over to an in-sync
+    /// replica by a switchover (nothing lost).
+    Deleted,
 }
 
 impl Loss {
@@ -118,6 +126,7 @@ impl Loss {
             Loss::Restarted => "PrimaryRestarted",
             Loss::Gone => "PrimaryGone",
             Loss::Unresponsive => "PrimaryUnresponsive",
+            Loss::Deleted => "PrimaryPodDeleted",
         }
     }
 }
@@ -132,6 +141,14 @@ pub enum Decision {
     /// Lost and not replaceable: automatic failover is off, or no replica
     /// can take over. Reported as Degraded.
     Blocked(String),
+    /// The primary's pod is being deleted while it still serves: move the
+    /// primary to `to` now, as a switchover (writes paused while `to`
+    /// catches up, nothing lost), while the pod's `preStop` hook holds the
+    /// server's shutdown until it is no longer primary.
+    Handover {
+        /// The in-sync replica to take over.
+        to: String,
+    },
     /// Promote `candidate`.
     Promote {
         /// The instance to promote.
@@ -154,8 +171,16 @@ pub fn decide(
     let loss = match pf {
         Some(f) if f.reachable && f.role == Some(Role::Primary) => {
             if f.terminating {
-                // A primary shutting down lets its replicas catch up and
-                // then exits; it is replaced once nothing listens.
+                // Its pod is being deleted (a drain, an eviction, a user):
+                // the hook holds the shutdown while a replica takes over.
+                // Without automatic failover, or with no in-sync replica,
+                // it lets its replicas catch up, exits, and is replaced
+                // once nothing listens.
+                if spec.enabled
+                    && let Some(to) = super::plan::best_replica(facts, |r| r.name != primary)
+                {
+                    return Decision::Handover { to };
+                }
                 return Decision::Wait(format!("primary {primary} is shutting down"));
             }
             return Decision::Serving;
@@ -419,6 +444,7 @@ impl Reconciler {
                     .await;
                 false
             }
+            Decision::Handover { to } => self.hand_over(facts, primary, &to, opts).await,
             Decision::Promote {
                 loss: Loss::Unresponsive,
                 ..
@@ -434,6 +460,68 @@ impl Reconciler {
                 true
             }
         }
+    }
+
+    /// Moves the primary off a pod being deleted: a switchover to `to`,
+    /// then the role labels at once (the read-write Service follows them),
+    /// then the record. True when the primary moved.
+    async fn hand_over(
+        &mut self,
+        facts: &[PodFacts],
+        old: &str,
+        to: &str,
+        opts: &ConnectOptions,
+    ) -> bool {
+        let started = std::time::Instant::now();
+        let candidates: Vec<String> = facts
+            .iter()
+            .filter(|f| f.reachable && f.name != to && f.name != old)
+            .map(|f| format!("{}={}", f.name, f.offset.unwrap_or(0)))
+            .collect();
+        let Some(report) = self
+            .switchover(facts, old, to, opts, "its pod is being deleted")
+            .await
+        else {
+            return false;
+        };
+        let switched = started.elapsed();
+        let mut after: Vec<PodFacts> = facts.to_vec();
+        for f in after.iter_mut() {
+            if f.name == to {
+                f.role = Some(Role::Primary);
+            } else if f.name == old {
+                f.role = Some(Role::Replica);
+            }
+        }
+        if let Err(e) = self.label_roles(&after, Some(to)).await {
+            self.progressing
+                .push(format!("labelling new primary {to}: {e}"));
+        }
+        let labelled = started.elapsed();
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let record = FailoverRecord {
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            from: old.to_string(),
+            to: to.to_string(),
+            reason: Loss::Deleted.reason().to_string(),
+            offset: report.offset,
+            candidates,
+            timeline: Some(FailoverTimeline {
+                noticed_ms: None,
+                silent_ms: None,
+                promote_ms: ms(switched),
+                labels_ms: ms(labelled),
+            }),
+        };
+        if let Err(e) = self.publish_failover(&after, to, &record).await {
+            self.progressing
+                .push(format!("recording new primary {to}: {e}"));
+        }
+        self.count_failover("handed_over");
+        tracing::info!(redis = %self.oref, from = old, to, offset = report.offset,
+            write_pause_ms = report.write_pause.as_millis() as u64,
+            labelled_ms = labelled.as_millis() as u64, "primary handed over from a pod being deleted");
+        true
     }
 
     async fn promote(

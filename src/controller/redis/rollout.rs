@@ -48,9 +48,10 @@ impl Reconciler {
         let victim = match plan::next_to_restart(facts, primary, &self.names) {
             Some(plan::Restart::Replica(name)) => name,
             Some(plan::Restart::PrimaryAfterSwitchover { target }) => {
-                if !self
+                if self
                     .switchover(facts, primary, &target, opts, "rolling restart")
                     .await
+                    .is_none()
                 {
                     return Ok(());
                 }
@@ -134,24 +135,21 @@ impl Reconciler {
         to: &str,
         opts: &ConnectOptions,
         why: &str,
-    ) -> bool {
+    ) -> Option<crate::redis::actions::RoleChangeReport> {
         let members: Vec<Endpoint> = facts
             .iter()
             .filter(|f| f.reachable)
             .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
             .collect();
-        let Some(target) = facts
+        let target = facts
             .iter()
             .find(|f| f.name == to)
             .and_then(|f| f.ip.as_ref())
-            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))
-        else {
-            return false;
-        };
+            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))?;
         if let Err(e) = self.record_intent(to).await {
             self.notes
                 .push(format!("recording the switchover target {to}: {e}"));
-            return false;
+            return None;
         }
         let sw = crate::redis::actions::SwitchoverOptions {
             promote_settings: super::failover::fencing_config(&self.redis),
@@ -177,7 +175,7 @@ impl Reconciler {
                 )
                 .await;
                 self.progressing.push(format!("primary moved to {to}"));
-                true
+                Some(report)
             }
             Err(e) => {
                 // Nothing moved (a switchover that cannot demote the old
@@ -186,7 +184,7 @@ impl Reconciler {
                 let category = crate::controller::redis_category(&e);
                 self.report_failure("SwitchoverFailed", "Switchover", category, msg)
                     .await;
-                false
+                None
             }
         }
     }
@@ -233,7 +231,7 @@ impl Reconciler {
             ));
             return false;
         }
-        if !self
+        if self
             .switchover(
                 facts,
                 primary,
@@ -242,6 +240,7 @@ impl Reconciler {
                 "requested in spec.failover.switchoverTo",
             )
             .await
+            .is_none()
         {
             return false;
         }

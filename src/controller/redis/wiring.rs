@@ -194,6 +194,7 @@ impl Reconciler {
         if self
             .switchover(facts, primary, &target, opts, "scale-down")
             .await
+            .is_some()
             && let Err(e) = self.publish_primary(facts, &target).await
         {
             self.progressing

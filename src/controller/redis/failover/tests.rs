@@ -329,12 +329,40 @@ fn with_failover_off_only_the_user_or_a_lossless_restart_promotes() {
 }
 
 #[test]
-fn a_primary_shutting_down_is_waited_for() {
+fn a_primary_whose_pod_is_deleted_hands_over_to_an_in_sync_replica() {
     let mut p = primary(0);
     p.terminating = true;
-    let facts = [p, replica(1, 1000, true, 0)];
+    // The ready replica with a live link and the highest offset.
+    let facts = [
+        p.clone(),
+        replica(2, 900, true, 0),
+        replica(1, 1000, true, 0),
+    ];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        Decision::Handover { to: "c-1".into() }
+    );
+    // No replica with a live link: the shutdown is waited for, and the
+    // primary replaced once nothing listens.
+    let facts = [p.clone(), replica(1, 1000, false, 3)];
     assert!(matches!(
         decide(&facts, "c-0", None, &on(), &names()),
+        Decision::Wait(w) if w.contains("shutting down")
+    ));
+    // A replica leaving too is no target.
+    let mut leaving = replica(1, 1000, true, 0);
+    leaving.terminating = true;
+    assert!(matches!(
+        decide(&[p.clone(), leaving], "c-0", None, &on(), &names()),
+        Decision::Wait(_)
+    ));
+    // Automatic failover off: nothing moves by itself.
+    let off = FailoverSpec {
+        enabled: false,
+        ..on()
+    };
+    assert!(matches!(
+        decide(&[p, replica(1, 1000, true, 0)], "c-0", None, &off, &names()),
         Decision::Wait(w) if w.contains("shutting down")
     ));
 }
