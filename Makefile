@@ -31,7 +31,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -134,15 +134,21 @@ BENCH_PROFILE ?= release
 bench: cluster-up
 	$(CARGO) bench --profile $(BENCH_PROFILE) --bench scale
 
+# An idle operator's CPU and memory with 0, 1 and IDLE_REDIS (10) Replication
+# Redis of real servers (benches/idle.rs); IDLE_SECS per window (120).
+bench-idle: engines cluster-up
+	$(CARGO) bench --profile $(BENCH_PROFILE) --bench idle
+
 # Failover measurements (tests/operator_failover.rs, tests/monitor_cost.rs):
 # FAILOVER_RUNS runs of each fault (kill -9, pod deletion, partition) under
 # counted writers, printing P4 p50/p99 and the writes lost; and the cost of
 # failure detection with 1,000 watched primaries. `make test` runs one of each.
 FAILOVER_RUNS ?= 20
 bench-failover: engines cluster-up
-	REDPILOT_FAILOVER_RUNS=$(FAILOVER_RUNS) $(CARGO) test --test operator_failover -- \
-		--nocapture --test-threads=1 killed deleted partitioned
-	REDPILOT_MONITOR_TARGETS=1000 $(CARGO) test --test monitor_cost -- --nocapture
+	REDPILOT_FAILOVER_RUNS=$(FAILOVER_RUNS) $(CARGO) test --profile $(BENCH_PROFILE) \
+		--test operator_failover -- --nocapture --test-threads=1 killed deleted partitioned
+	REDPILOT_MONITOR_TARGETS=1000 $(CARGO) test --profile $(BENCH_PROFILE) \
+		--test monitor_cost -- --nocapture
 
 # Upgrade measurements (tests/operator_upgrade.rs): UPGRADE_RUNS walks of one
 # Redis through Redis 6.2 -> 7.0 -> Valkey 8.1 -> 9.1 under four counted

@@ -1,0 +1,145 @@
+//! `make bench-idle`: what an idle operator costs, and how that grows with
+//! the number of Redis it runs, on the dev cluster with real servers.
+//!
+//! One operator (the release build) watches one namespace. With 0, then 1,
+//! then `IDLE_REDIS` (10) Replication Redis of 3 instances each, all Ready
+//! and left alone, it is measured over an idle window (`IDLE_SECS`, 120 s,
+//! after `IDLE_SETTLE_SECS`, 30 s, for the last changes to pass): its CPU
+//! time (user + system, from /proc) and its resident memory at the end.
+//! Everything the operator does on its own while nothing changes is in the
+//! figure: the failure monitor's probes (2 a second per primary), the
+//! periodic reconcile of each Redis (one a minute), the tuning looks, the
+//! metrics it serves to nobody, its Lease renewals.
+//!
+//! Printed: CPU per Redis per idle minute, RSS with 0, 1 and N Redis, and
+//! the RSS slope per Redis.
+
+// The percentiles the other benches share are not needed here.
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::knob;
+use futures::{StreamExt, stream};
+use serde_json::json;
+use support::operator::{OperatorOptions, apply_redis, cpu_seconds, start_operator, wait_ready};
+use support::{TestNamespace, client};
+
+struct Window {
+    redis: usize,
+    cpu_ms_per_min: f64,
+    rss_mib: f64,
+    /// `RssAnon`, `RssFile` (the binary's and libraries' pages) in MiB,
+    /// and the thread count, from /proc/<pid>/status.
+    anon_mib: f64,
+    file_mib: f64,
+    threads: u64,
+}
+
+/// A field of /proc/<pid>/status (`kB` values in KiB).
+fn status_field(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+async fn window(
+    op: &support::operator::Operator,
+    redis: usize,
+    settle: Duration,
+    idle: Duration,
+) -> Window {
+    let pid = op.pid().expect("operator pid");
+    tokio::time::sleep(settle).await;
+    let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
+    tokio::time::sleep(idle).await;
+    let cpu = cpu_seconds(pid) - cpu0;
+    let minutes = t0.elapsed().as_secs_f64() / 60.0;
+    let rss_mib = op.rss_kib().expect("operator RSS") as f64 / 1024.0;
+    let w = Window {
+        redis,
+        cpu_ms_per_min: cpu * 1000.0 / minutes,
+        rss_mib,
+        anon_mib: status_field(pid, "RssAnon") as f64 / 1024.0,
+        file_mib: status_field(pid, "RssFile") as f64 / 1024.0,
+        threads: status_field(pid, "Threads"),
+    };
+    println!(
+        "{redis:>3} Redis idle {:.1} min: operator CPU {:.0} ms/min{}, RSS {rss_mib:.1} MiB \
+         (anonymous {:.1}, file {:.1}), {} threads",
+        minutes,
+        w.cpu_ms_per_min,
+        if redis > 0 {
+            format!(
+                " ({:.2} ms per Redis per min)",
+                w.cpu_ms_per_min / redis as f64
+            )
+        } else {
+            String::new()
+        },
+        w.anon_mib,
+        w.file_mib,
+        w.threads
+    );
+    w
+}
+
+async fn add_redis(client: &kube::Client, ns: &str, from: usize, to: usize) {
+    stream::iter(from..to)
+        .for_each_concurrent(4, |i| async move {
+            let name = format!("idle-{i}");
+            apply_redis(
+                client,
+                ns,
+                &name,
+                json!({"mode": "Replication", "instances": 3}),
+            )
+            .await;
+        })
+        .await;
+    for i in from..to {
+        wait_ready(client, ns, &format!("idle-{i}"), Duration::from_secs(600)).await;
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = knob("IDLE_REDIS", 10) as usize;
+    let idle = Duration::from_secs(knob("IDLE_SECS", 120));
+    let settle = Duration::from_secs(knob("IDLE_SETTLE_SECS", 30));
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "bench-idle", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+
+    let none = window(&op, 0, settle, idle).await;
+    add_redis(&client, &ns.name, 0, 1).await;
+    let one = window(&op, 1, settle, idle).await;
+    add_redis(&client, &ns.name, 1, n).await;
+    let many = window(&op, n, settle, idle).await;
+
+    let per_redis_cpu = (many.cpu_ms_per_min - none.cpu_ms_per_min) / n as f64;
+    let slope = (many.rss_mib - one.rss_mib) / (n - 1).max(1) as f64;
+    println!();
+    println!("| measure (idle, release build) | value |");
+    println!("|---|---|");
+    for w in [&none, &one, &many] {
+        println!(
+            "| operator with {} Redis: CPU / RSS (anonymous + file) | {:.0} ms/min / {:.1} MiB \
+             ({:.1} + {:.1}) |",
+            w.redis, w.cpu_ms_per_min, w.rss_mib, w.anon_mib, w.file_mib
+        );
+    }
+    println!(
+        "| CPU per Redis per idle minute ({n} Redis, above the operator with none) | {per_redis_cpu:.2} ms |"
+    );
+    println!(
+        "| RSS per Redis (from 1 to {n}) | {:.0} KiB |",
+        slope * 1024.0
+    );
+}
