@@ -146,6 +146,10 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         _ => None,
     };
     let mut partition = (fault == Fault::Partition).then(|| Partition::of(&old_ip));
+    // The old primary's server log (the local node appends every run of
+    // the container to one file): where this run's part starts.
+    let log = server_log(ns, &old);
+    let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     // The fault's moment: once it is in place (the signal delivered, the
     // deletion accepted, the link down). A write can still be acknowledged
     // while the command that makes the fault runs.
@@ -278,6 +282,20 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
             "{events}"
         );
         assert_eq!(plain_lost, 0, "a handover loses no acknowledged write");
+        // The hook held the shutdown: the server was a replica of the new
+        // primary before it got SIGTERM. (Redis 7 waits a moment for its
+        // replicas on SIGTERM, which a switchover may win without the
+        // hook; this is what tells the two apart.)
+        let text = std::fs::read(&log).expect("the old primary's server log");
+        let text = String::from_utf8_lossy(&text[usize::try_from(log_from).unwrap_or(0)..]);
+        let line_of = |needle: &dyn Fn(&str) -> bool| text.lines().position(|l| needle(l));
+        let demoted = line_of(&|l| l.contains("REPLICAOF") && l.contains("enabled"));
+        let term = line_of(&|l| l.contains("Received SIGTERM"));
+        assert!(
+            matches!((demoted, term), (Some(d), Some(t)) if d < t),
+            "the old primary got SIGTERM before it followed the new one (the preStop hook \
+             did not hold it): {text}"
+        );
     } else {
         assert!(events.contains("FailedOver"), "{events}");
     }
@@ -362,6 +380,15 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
 }
 
 const PHASES: [&str; 5] = ["detect", "decide", "promote", "labels", "route"];
+
+/// The local node's log of `pod`'s server container (every run of the
+/// container appended to one file).
+fn server_log(ns: &str, pod: &str) -> std::path::PathBuf {
+    support::repo_root()
+        .join(".dev/localnode/pods")
+        .join(format!("{ns}_{pod}"))
+        .join("redis.log")
+}
 
 /// Where a failover's time went, in seconds (see [`Run::phases`]), from
 /// the operator's timeline and the test's clock (one machine, one clock).
