@@ -74,14 +74,20 @@ async fn primary_of(client: &kube::Client, ns: &str) -> String {
     r.status.and_then(|s| s.primary).expect("a primary")
 }
 
-/// Waits for the Redis to be Ready with all 3 instances and no intent left.
+/// Waits for the Redis to be Ready with all 3 instances and no intent left,
+/// and for its 3 pods to be there and Ready (a primary handed over from a
+/// deleted pod moves before the status shows that pod gone: a Ready 3/3
+/// read then is the one from before).
 async fn settled(client: &kube::Client, ns: &str) {
     wait_for("Ready 3/3", READY, || async {
         let r = redis_api(client, ns).get("cache").await.ok()?;
         let s = r.status.as_ref()?;
+        let pods = support::operator::redis_pods(client, ns, "cache").await;
         (support::operator::is_ready(&r)
             && s.ready.as_deref() == Some("3/3")
-            && s.target_primary.is_none())
+            && s.target_primary.is_none()
+            && pods.len() == 3
+            && pods.values().all(support::operator::pod_ready))
         .then_some(())
     })
     .await;

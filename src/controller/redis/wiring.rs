@@ -260,7 +260,7 @@ impl Reconciler {
         primary: &str,
         record: &crate::api::v1alpha1::FailoverRecord,
     ) -> Result<(), Error> {
-        let value = serde_json::to_value(record).map_err(|e| Error::Serialize("status", e))?;
+        let value = failover_patch(record).map_err(|e| Error::Serialize("status", e))?;
         self.publish_primary_with(facts, primary, serde_json::json!({ "lastFailover": value }))
             .await
     }
@@ -318,5 +318,61 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+}
+
+/// `status.lastFailover` as a merge patch that replaces the whole record:
+/// a field this record leaves out (no timeline phase the monitor saw, no
+/// other candidates) is written as null, or the previous failover's value
+/// would stay beside this one's (seen: a timeline with the last failover's
+/// `noticedMs` and this one's `silentMs`).
+pub(super) fn failover_patch(
+    record: &crate::api::v1alpha1::FailoverRecord,
+) -> Result<serde_json::Value, serde_json::Error> {
+    use serde_json::Value;
+    let mut value = serde_json::to_value(record)?;
+    if let Some(m) = value.as_object_mut() {
+        for key in ["candidates", "timeline"] {
+            m.entry(key).or_insert(Value::Null);
+        }
+        if let Some(t) = m.get_mut("timeline").and_then(Value::as_object_mut) {
+            for key in ["noticedMs", "silentMs"] {
+                t.entry(key).or_insert(Value::Null);
+            }
+        }
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod patch_tests {
+    use super::failover_patch;
+    use crate::api::v1alpha1::{FailoverRecord, FailoverTimeline};
+
+    #[test]
+    fn a_failover_record_replaces_every_field_of_the_last_one() {
+        let record = FailoverRecord {
+            time: "2026-12-02T07:32:23.130Z".into(),
+            from: "c-1".into(),
+            to: "c-0".into(),
+            reason: "PrimaryRestarted".into(),
+            offset: 0,
+            candidates: Vec::new(),
+            timeline: Some(FailoverTimeline {
+                noticed_ms: None,
+                silent_ms: Some(411),
+                promote_ms: 11,
+                labels_ms: 43,
+            }),
+        };
+        let v = failover_patch(&record).expect("patch");
+        assert!(v["candidates"].is_null(), "{v}");
+        assert!(v["timeline"]["noticedMs"].is_null(), "{v}");
+        assert_eq!(v["timeline"]["silentMs"], 411);
+        let none = FailoverRecord {
+            timeline: None,
+            ..record
+        };
+        assert!(failover_patch(&none).expect("patch")["timeline"].is_null());
     }
 }
