@@ -294,7 +294,7 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         // hook; this is what tells the two apart.)
         let text = std::fs::read(&log).expect("the old primary's server log");
         let text = String::from_utf8_lossy(&text[usize::try_from(log_from).unwrap_or(0)..]);
-        let line_of = |needle: &dyn Fn(&str) -> bool| text.lines().position(|l| needle(l));
+        let line_of = |needle: &dyn Fn(&str) -> bool| text.lines().position(needle);
         let demoted = line_of(&|l| l.contains("REPLICAOF") && l.contains("enabled"));
         let term = line_of(&|l| l.contains("Received SIGTERM"));
         assert!(
