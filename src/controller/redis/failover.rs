@@ -485,34 +485,21 @@ impl Reconciler {
             return false;
         };
         let switched = started.elapsed();
-        let mut after: Vec<PodFacts> = facts.to_vec();
-        for f in after.iter_mut() {
-            if f.name == to {
-                f.role = Some(Role::Primary);
-            } else if f.name == old {
-                f.role = Some(Role::Replica);
-            }
-        }
-        if let Err(e) = self.label_roles(&after, Some(to)).await {
-            self.progressing
-                .push(format!("labelling new primary {to}: {e}"));
-        }
+        let after = self.relabel(facts, old, Some(Role::Replica), to).await;
         let labelled = started.elapsed();
-        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let record = FailoverRecord {
-            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            from: old.to_string(),
-            to: to.to_string(),
-            reason: Loss::Deleted.reason().to_string(),
-            offset: report.offset,
+        let record = record(
+            old,
+            to,
+            Loss::Deleted,
+            report.offset,
             candidates,
-            timeline: Some(FailoverTimeline {
+            FailoverTimeline {
                 noticed_ms: None,
                 silent_ms: None,
                 promote_ms: ms(switched),
                 labels_ms: ms(labelled),
-            }),
-        };
+            },
+        );
         if let Err(e) = self.publish_failover(&after, to, &record).await {
             self.progressing
                 .push(format!("recording new primary {to}: {e}"));
@@ -564,34 +551,21 @@ impl Reconciler {
         crate::failpoint::hit("after-promote");
         // Publish before anything else moves: the role labels (the
         // read-write Service), the ConfigMap, the status.
-        let mut after: Vec<PodFacts> = facts.to_vec();
-        for f in after.iter_mut() {
-            if f.name == to {
-                f.role = Some(Role::Primary);
-            } else if f.name == old {
-                f.role = None;
-            }
-        }
-        if let Err(e) = self.label_roles(&after, Some(to)).await {
-            self.progressing
-                .push(format!("labelling new primary {to}: {e}"));
-        }
+        let after = self.relabel(facts, old, None, to).await;
         let labelled = started.elapsed();
-        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let record = FailoverRecord {
-            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            from: old.to_string(),
-            to: to.to_string(),
-            reason: loss.reason().to_string(),
+        let record = record(
+            old,
+            to,
+            loss,
             offset,
-            candidates: candidates.clone(),
-            timeline: Some(FailoverTimeline {
+            candidates.clone(),
+            FailoverTimeline {
                 noticed_ms: seen.and_then(|h| h.noticed_after).map(ms),
                 silent_ms: seen.map(|h| ms(h.silent_for)),
                 promote_ms: ms(promoted),
                 labels_ms: ms(labelled),
-            }),
-        };
+            },
+        );
         if let Err(e) = self.publish_failover(&after, to, &record).await {
             self.progressing
                 .push(format!("recording new primary {to}: {e}"));
@@ -636,12 +610,63 @@ impl Reconciler {
             .push(format!("failed over from {old} to {to}"));
     }
 
+    /// The facts as they are once `to` is the primary and `old` has
+    /// `old_role` (a replica after a handover; unknown after a loss), with
+    /// the role labels written from them: the read-write Service follows.
+    async fn relabel(
+        &mut self,
+        facts: &[PodFacts],
+        old: &str,
+        old_role: Option<Role>,
+        to: &str,
+    ) -> Vec<PodFacts> {
+        let mut after: Vec<PodFacts> = facts.to_vec();
+        for f in after.iter_mut() {
+            if f.name == to {
+                f.role = Some(Role::Primary);
+            } else if f.name == old {
+                f.role = old_role;
+            }
+        }
+        if let Err(e) = self.label_roles(&after, Some(to)).await {
+            self.progressing
+                .push(format!("labelling new primary {to}: {e}"));
+        }
+        after
+    }
+
     fn count_failover(&self, result: &str) {
         self.ctx
             .metrics
             .failovers
             .with_label_values(&[result])
             .inc();
+    }
+}
+
+/// Milliseconds, for the failover timeline.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The `status.lastFailover` record of a primary moved from `old` to `to`
+/// now (the role labels were just written).
+fn record(
+    old: &str,
+    to: &str,
+    loss: Loss,
+    offset: i64,
+    candidates: Vec<String>,
+    timeline: FailoverTimeline,
+) -> FailoverRecord {
+    FailoverRecord {
+        time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        from: old.to_string(),
+        to: to.to_string(),
+        reason: loss.reason().to_string(),
+        offset,
+        candidates,
+        timeline: Some(timeline),
     }
 }
 
