@@ -91,15 +91,18 @@ pub fn resources_at(redis: &Redis, at: Option<u64>) -> Option<ResourceRequiremen
 /// instance has in effect, up to the target. A pod re-created mid-grow
 /// then comes back at a size the node took before (and is resized again),
 /// never at one the node may not hold: a resize the node defers or
-/// refuses leaves the template where it was. With the `Restart` method
-/// the template is how the instances get the target, so it has it.
+/// refuses leaves the template where it was. A pod being deleted counts
+/// too: its replacement comes from the template, and the room it frees
+/// may go to another pod's deferred resize first (seen: the replacement
+/// of a deleted replica asked for the grown size and could not be
+/// scheduled). With the `Restart` method the template is how the
+/// instances get the target, so it has it.
 pub fn template_limit(facts: &[PodFacts], target: u64, restart: bool) -> u64 {
     if restart {
         return target;
     }
     facts
         .iter()
-        .filter(|f| !f.terminating && f.ip.is_some())
         .filter_map(|f| f.mem_limit_applied.or(f.mem_limit))
         .min()
         .map_or(target, |applied| applied.min(target))
@@ -444,6 +447,12 @@ mod tests {
         // Every instance runs the target.
         let facts = vec![pod("c-0", 96, 96), pod("c-1", 96, 96)];
         assert_eq!(template_limit(&facts, target, false), target);
+        // A pod being deleted before its deferred resize went through:
+        // its replacement comes back at the size it ran.
+        let mut leaving = pod("c-2", 96, 64);
+        leaving.terminating = true;
+        let facts = vec![pod("c-0", 96, 96), pod("c-1", 96, 96), leaving];
+        assert_eq!(template_limit(&facts, target, false), 64 << 20);
         // A shrink: the template goes down at once.
         let facts = vec![pod("c-0", 128, 128), pod("c-1", 128, 128)];
         assert_eq!(template_limit(&facts, target, false), target);
