@@ -11,18 +11,16 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::conn::{ConnectOptions, Endpoint};
 use super::error::{Error, Result};
 use super::info::Info;
-use super::rdb::{Stream, encode, open_stream, reply_error};
+use super::rdb::{Stream, encode, open_stream, read_line_into, reply_error};
 
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 const ROLE: &[u8] = b"*1\r\n$4\r\nROLE\r\n";
 const INFO_MEMORY: &[u8] = b"*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n";
-/// Longest reply line accepted (a `ROLE` line is short; an error line too).
-const MAX_LINE: usize = 4096;
 /// Largest bulk reply read (`INFO memory` is about 1.5 KB).
 const MAX_BULK: usize = 1 << 20;
 
@@ -195,31 +193,7 @@ impl ProbeConn {
 
     /// Reads one line into `self.line`, without its `\r\n`.
     async fn read_line(&mut self) -> Result<()> {
-        self.line.clear();
-        loop {
-            let buf = match self.stream.fill_buf().await {
-                Ok(b) => b,
-                Err(e) => return Err(self.closed(e.to_string())),
-            };
-            if buf.is_empty() {
-                return Err(self.closed("connection closed by the server".into()));
-            }
-            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (buf.len(), false),
-            };
-            self.line.extend_from_slice(&buf[..take]);
-            self.stream.consume(take);
-            if self.line.len() > MAX_LINE {
-                return Err(self.protocol("reply line too long"));
-            }
-            if done {
-                while matches!(self.line.last(), Some(b'\n' | b'\r')) {
-                    self.line.pop();
-                }
-                return Ok(());
-            }
-        }
+        read_line_into(&mut self.stream, &self.label, &mut self.line).await
     }
 
     /// The `len` bytes of a bulk reply and its `\r\n`.

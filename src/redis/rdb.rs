@@ -287,6 +287,17 @@ pub(super) fn encode(args: &[&[u8]]) -> Vec<u8> {
 /// Reads one `\n`-terminated line (without the line ending), bounded in size.
 async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, label: &str) -> Result<Vec<u8>> {
     let mut line = Vec::new();
+    read_line_into(r, label, &mut line).await?;
+    Ok(line)
+}
+
+/// [`read_line`] into `line` (cleared first), reusing its allocation.
+pub(super) async fn read_line_into<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    label: &str,
+    line: &mut Vec<u8>,
+) -> Result<()> {
+    line.clear();
     loop {
         let buf = r.fill_buf().await.map_err(|e| Error::Connection {
             endpoint: label.to_string(),
@@ -314,7 +325,7 @@ async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, label: &str) -> Result<Ve
             while matches!(line.last(), Some(b'\n' | b'\r')) {
                 line.pop();
             }
-            return Ok(line);
+            return Ok(());
         }
     }
 }
