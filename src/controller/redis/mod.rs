@@ -82,16 +82,15 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
     let ns = redis.namespace().ok_or(Error::Incomplete("namespace"))?;
     let names = Names::new(&redis.name_any());
     let oref = ObjectRef::from_obj(redis.as_ref());
-    let upgrade = redis.status.as_ref().and_then(|s| s.upgrade.clone());
-    let bootstrap = redis.status.as_ref().and_then(|s| s.bootstrap.clone());
-    let hibernation = redis.status.as_ref().and_then(|s| s.hibernation.clone());
-    let resharding = redis.status.as_ref().and_then(|s| s.resharding.clone());
+    // The records the status carries from pass to pass (`upgrade`,
+    // `bootstrap`, `hibernation`, `resharding`) are read in `run`, after
+    // the object is refreshed: the cache may not have seen the last write.
     let mut r = Reconciler {
-        hibernation,
-        resharding,
+        hibernation: None,
+        resharding: None,
         hibernating: false,
-        upgrade,
-        bootstrap,
+        upgrade: None,
+        bootstrap: None,
         redis,
         ctx,
         ns,
@@ -354,10 +353,23 @@ impl Reconciler {
         }))
     }
 
+    /// The records a pass continues from the status: read from the
+    /// object as refreshed (a pass that read them from a cache behind this
+    /// operator's last status write would redo, or lose, what that write
+    /// recorded: a hibernation's save, an upgrade's step).
+    fn carry_records(&mut self) {
+        let status = self.redis.status.as_ref();
+        self.upgrade = status.and_then(|s| s.upgrade.clone());
+        self.bootstrap = status.and_then(|s| s.bootstrap.clone());
+        self.hibernation = status.and_then(|s| s.hibernation.clone());
+        self.resharding = status.and_then(|s| s.resharding.clone());
+    }
+
     async fn run(&mut self) -> Result<Next, Error> {
         if !self.refresh().await? {
             return Ok(Next::on_change());
         }
+        self.carry_records();
         // One seam per topology: how instances are wired, how a primary is
         // chosen and replaced and what healthy means differ by mode; the
         // steps each pass shares (password, observation, children, live
