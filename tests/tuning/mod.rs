@@ -228,12 +228,22 @@ async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_ad
     );
     let events = recent_events(&client, &ns.name, 60).await;
     assert!(events.contains("TuningAdviceCleared"), "{events}");
-    let page = op.metrics().await.expect("metrics");
-    assert!(
-        !page
-            .lines()
-            .any(|l| l.starts_with("redpilot_redis_findings{") && l.contains("clients-near-max")),
-        "{page}"
+    // The series are computed at each scrape from the operator's watch
+    // cache, which follows the status write by its watch event.
+    let t = Instant::now();
+    let standing = |page: &str| {
+        page.lines()
+            .any(|l| l.starts_with("redpilot_redis_findings{") && l.contains("clients-near-max"))
+    };
+    wait_for(
+        "the findings series gone",
+        Duration::from_secs(10),
+        || async { op.metrics().await.filter(|p| !standing(p)) },
+    )
+    .await;
+    println!(
+        "findings series gone {} ms after the status showed the finding cleared",
+        t.elapsed().as_millis()
     );
     drop(idle);
     op.kill();
