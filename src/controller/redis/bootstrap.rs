@@ -32,6 +32,7 @@ use super::Reconciler;
 use super::build::{self, Names};
 use super::cluster::build as cluster_build;
 use super::cluster::plan::Shard;
+use super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::{
     BackupOrigin, BackupPhase, BootstrapShard, BootstrapStatus, Engine, Mode, Redis, RedisBackup,
     RedisBackupStatus, RedisSpec, S3Location, VolumeLocation,
@@ -256,8 +257,11 @@ impl Reconciler {
     }
 
     /// Reports a failed restore seen in the first instance's init
-    /// container, and marks the bootstrap done once a primary serves.
-    pub(super) async fn track_bootstrap(&mut self, primary: Option<&str>) {
+    /// container, and marks the bootstrap done once the first instance
+    /// serves as primary (`facts` show it answering as one: a Standalone
+    /// Redis names its only instance primary before its pod even starts,
+    /// and a bootstrap marked done then tells the restore to skip).
+    pub(super) async fn track_bootstrap(&mut self, facts: &[PodFacts], primary: Option<&str>) {
         let Some(bs) = self.bootstrap.clone() else {
             return;
         };
@@ -283,7 +287,10 @@ impl Reconciler {
         }
         // Done only when the instance the backup was restored into serves
         // as primary (recovery promotes no other while restoring).
-        if primary == Some(first_name.as_str()) {
+        let serving = facts.iter().any(|f| {
+            f.name == first_name && f.reachable && !f.terminating && f.role == Some(Role::Primary)
+        });
+        if primary == Some(first_name.as_str()) && serving {
             let checksum = sha256
                 .as_deref()
                 .map(|s| format!(" (SHA-256 {s})"))

@@ -171,7 +171,7 @@ impl Reconciler {
         desired: i32,
         paused: bool,
     ) -> Result<Next, Error> {
-        self.track_bootstrap(primary).await;
+        self.track_bootstrap(facts, primary).await;
         let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
         let replicas_linked = facts
             .iter()
