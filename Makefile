@@ -25,9 +25,11 @@ TOOL_GROUPS_OLM := operator-sdk opm olm
 TOOL_GROUPS_BACKUP := versitygw
 # Insights: Prometheus and promtool, Jaeger, the prometheus-operator CRDs.
 TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
+# Security: the cert-manager CRDs (spec.tls.issuerRef).
+TOOL_GROUPS_SECURITY := cert-manager-crds
 # Distribution: Helm (the chart suite).
 TOOL_GROUPS_DIST := helm image
-TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_DIST)
+TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_SECURITY) $(TOOL_GROUPS_DIST)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \

@@ -136,6 +136,19 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.bootstrap.fromBackup: set either backup"],
         ),
         (
+            "tls naming a Secret and a cert-manager issuer",
+            json!({"tls": {"secretName": "cache-tls", "issuerRef": {"name": "ca"}}}),
+            vec![
+                "spec.tls.issuerRef",
+                "secretName and issuerRef exclude each other",
+            ],
+        ),
+        (
+            "tls issuerRef without a name",
+            json!({"tls": {"issuerRef": {"kind": "ClusterIssuer"}}}),
+            vec!["spec.tls.issuerRef.name", "Required"],
+        ),
+        (
             "bootstrap with a key but no bucket",
             json!({"bootstrap": {"fromBackup": {"key": "k.rdb"}}}),
             vec!["spec.bootstrap.fromBackup"],

@@ -1206,6 +1206,345 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     );
 }
 
+/// The cert-manager CRDs of the pinned release (bin/cert-manager-crds), or
+/// a failure naming the make target that provides them.
+fn cert_manager_crd_files() -> Vec<std::path::PathBuf> {
+    let dir = support::repo_root().join("bin/cert-manager-crds");
+    [
+        "certificates",
+        "certificaterequests",
+        "issuers",
+        "clusterissuers",
+    ]
+    .iter()
+    .map(|k| {
+        let f = dir.join(format!("cert-manager.io_{k}.yaml"));
+        assert!(
+            f.exists(),
+            "{} is missing: run `make tools-cert-manager-crds`",
+            f.display()
+        );
+        f
+    })
+    .collect()
+}
+
+fn cert_manager_kind(kind: &str, plural: &str) -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("cert-manager.io", "v1", kind),
+        plural,
+    )
+}
+
+/// Sets the conditions of the Certificate `name` (what cert-manager's
+/// controller writes; no controller runs here).
+async fn certificate_conditions(
+    certs: &Api<kube::api::DynamicObject>,
+    name: &str,
+    conditions: Value,
+) {
+    certs
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": conditions}})),
+        )
+        .await
+        .expect("Certificate status");
+}
+
+/// `spec.tls.issuerRef` with the real cert-manager CRDs (cert-manager's
+/// controller itself is not built here: the test does what its CA issuer
+/// does, from the Certificate the operator wrote). Without the CRDs the
+/// Redis is Degraded naming the field; with them the operator writes an
+/// owned Certificate for the Services and waits (Progressing, no pods);
+/// an issuance cert-manager reports failed is Degraded with its message;
+/// once the Secret is filled the Redis serves TLS only with it, and a
+/// renewal (a new key) is read live without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cert_manager_issues_the_certificate_and_its_renewal_is_read_live() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{DeleteParams, DynamicObject};
+    let client = client().await;
+    let files = cert_manager_crd_files();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // 1. No cert-manager in the cluster (a CRD left by an earlier run is
+    //    removed first).
+    let cert_crd = "certificates.cert-manager.io";
+    let _ = crds.delete(cert_crd, &DeleteParams::default()).await;
+    wait_for(
+        "the Certificate CRD to be gone",
+        Duration::from_secs(60),
+        || async { crds.get_opt(cert_crd).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let tns = TestNamespace::new(&client, "certmgr", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Replication", "instances": 2, "version": "7.0",
+               "tls": {"issuerRef": {"name": "ca"}}}),
+    )
+    .await;
+    let (reason, message) = degraded_with(&client, ns, "cache", "spec.tls.issuerRef").await;
+    println!("without cert-manager: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(
+        message.contains("does not serve cert-manager's Certificate"),
+        "{message}"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    assert!(
+        sts.get_opt("cache").await.expect("get").is_none(),
+        "no pods"
+    );
+
+    // 2. The CRDs installed: an owned Certificate for the Services, and
+    //    the Redis waits for its Secret.
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("CRD file");
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD yaml");
+        let name = crd.metadata.name.clone().expect("name");
+        crds.patch(
+            &name,
+            &PatchParams::apply("redpilot-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("installing {name}: {e}"));
+        support::operator::wait_established(&crds, &name, Duration::from_secs(30)).await;
+    }
+    // The Issuer the Redis names, as a user writes it (checked by the
+    // CRD's schema; no controller acts on it here).
+    let issuers: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &cert_manager_kind("Issuer", "issuers"));
+    let issuer: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cert-manager.io/v1", "kind": "Issuer",
+        "metadata": {"name": "ca"},
+        "spec": {"ca": {"secretName": "ca-key-pair"}},
+    }))
+    .expect("issuer");
+    issuers
+        .create(&PostParams::default(), &issuer)
+        .await
+        .expect("create the Issuer");
+    let certs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &cert_manager_kind("Certificate", "certificates"),
+    );
+    let t = Instant::now();
+    let cert = wait_for("the Certificate", Duration::from_secs(60), || async {
+        certs.get_opt("cache-server").await.ok()?
+    })
+    .await;
+    println!(
+        "Certificate written {:.1} s after the CRDs were installed",
+        t.elapsed().as_secs_f64()
+    );
+    let uid = redis_api(&client, ns)
+        .get("cache")
+        .await
+        .expect("redis")
+        .metadata
+        .uid
+        .expect("uid");
+    let owner = &cert.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!(
+        (owner.uid.as_str(), owner.controller),
+        (uid.as_str(), Some(true))
+    );
+    let spec = &cert.data["spec"];
+    assert_eq!(spec["secretName"], "cache-server-tls");
+    assert_eq!(
+        spec["issuerRef"],
+        json!({"name": "ca", "kind": "Issuer", "group": "cert-manager.io"})
+    );
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(String::from))
+            .collect()
+    };
+    let dns = strings(&spec["dnsNames"]);
+    let addresses = strings(&spec["ipAddresses"]);
+    assert!(dns.contains(&format!("cache.{ns}.svc")), "{dns:?}");
+    assert!(
+        dns.contains(&format!("*.cache-headless.{ns}.svc")),
+        "{dns:?}"
+    );
+    assert_eq!(addresses, ["127.0.0.1"]);
+    let progressing = wait_for(
+        "Progressing: waiting for the certificate",
+        Duration::from_secs(60),
+        || async {
+            let r = redis_api(&client, ns).get("cache").await.ok()?;
+            r.status?.conditions.into_iter().find(|c| {
+                c.type_ == "Progressing"
+                    && c.status == "True"
+                    && c.reason == "WaitingForCertificate"
+            })
+        },
+    )
+    .await;
+    println!("waiting: {}", progressing.message);
+    assert!(
+        progressing
+            .message
+            .contains("waiting for cert-manager to issue Certificate cache-server"),
+        "{}",
+        progressing.message
+    );
+    assert!(
+        sts.get_opt("cache").await.expect("get").is_none(),
+        "no pods yet"
+    );
+
+    // 3. cert-manager reports the issuance failed: Degraded with its words.
+    let failed = "The certificate request has failed to complete and will be retried: the Issuer ca is not ready";
+    certificate_conditions(
+        &certs,
+        "cache-server",
+        json!([
+            {"type": "Ready", "status": "False", "reason": "DoesNotExist",
+             "message": "Issuing certificate as Secret does not exist",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Issuing", "status": "False", "reason": "Failed", "message": failed,
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ]),
+    )
+    .await;
+    let (reason, message) = degraded_with(&client, ns, "cache", failed).await;
+    println!("failed issuance: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(
+        message.contains("cert-manager could not issue Certificate cache-server"),
+        "{message}"
+    );
+
+    // 4. Issued, for the names and addresses the Certificate asks for, as
+    //    cert-manager's CA issuer writes it: the Redis serves TLS only.
+    let ca = TestCa::new("cert-manager test CA");
+    let sans: Vec<String> = dns.iter().chain(addresses.iter()).cloned().collect();
+    let (crt, key, _) = ca.server(&sans, -60, 90 * 86_400);
+    put_tls_secret(&client, ns, "cache-server-tls", &crt, &key, &ca.pem).await;
+    certificate_conditions(
+        &certs,
+        "cache-server",
+        json!([
+            {"type": "Ready", "status": "True", "reason": "Ready",
+             "message": "Certificate is up to date and has not expired",
+             "lastTransitionTime": "2026-01-01T00:00:01Z"},
+        ]),
+    )
+    .await;
+    let t = Instant::now();
+    let redis = wait_ready(&client, ns, "cache", READY).await;
+    println!(
+        "Ready {:.1} s after the Secret was filled",
+        t.elapsed().as_secs_f64()
+    );
+    let pw = redis_password(&client, ns, "cache").await;
+    let primary = redis
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let pods = ips(&client, ns, "cache").await;
+    let primary_ip = pods
+        .iter()
+        .find(|(n, _)| *n == primary)
+        .map(|(_, ip)| ip.clone())
+        .expect("primary ip");
+    let ep = Endpoint::new(&primary_ip, 6379);
+    let plain = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    Node::connect(&ep, &plain)
+        .await
+        .expect_err("a plain-text client is refused");
+    let tls = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(redpilot::redis::TlsOptions::servers_of_ca(
+            ca.pem.clone().into_bytes(),
+        ));
+    let mut node = Node::connect(&ep, &tls)
+        .await
+        .expect("a client with the CA");
+    let _: () = node
+        .query(
+            "SET",
+            redis::cmd("SET").arg("issued").arg("by-cert-manager"),
+        )
+        .await
+        .expect("SET");
+    let acked: i64 = node
+        .query("WAIT", redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1, "replicated over TLS");
+
+    // 5. cert-manager renews (a new key, rotationPolicy Always): every
+    //    instance serves it, read live, no pod restarted.
+    let uids_of = |pods: std::collections::BTreeMap<String, Pod>| {
+        let mut v: Vec<String> = pods
+            .values()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = uids_of(redis_pods(&client, ns, "cache").await);
+    let (crt2, key2, der2) = ca.server(&sans, -60, 90 * 86_400);
+    let t = Instant::now();
+    put_tls_secret(&client, ns, "cache-server-tls", &crt2, &key2, &ca.pem).await;
+    for (pod, ip) in &pods {
+        wait_for(
+            &format!("{pod} serving the renewed certificate"),
+            Duration::from_secs(150),
+            || async { (served_certificate(ip, &ca.pem).await == der2).then_some(()) },
+        )
+        .await;
+    }
+    println!(
+        "renewal served by every instance {:.1} s after cert-manager wrote it",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        uids_of(redis_pods(&client, ns, "cache").await),
+        before,
+        "no pod was made anew"
+    );
+    let events = support::operator::recent_events(&client, ns, 60).await;
+    assert!(events.contains("CertificateReloaded"), "{events}");
+    let v: String = node
+        .query("GET", redis::cmd("GET").arg("issued"))
+        .await
+        .expect("the connection made before the renewal still works");
+    assert_eq!(v, "by-cert-manager");
+
+    // 6. An idle pass rewrites nothing: the Certificate keeps its version.
+    let rv = certs
+        .get("cache-server")
+        .await
+        .expect("Certificate")
+        .metadata
+        .resource_version;
+    poke(&client, ns, "cache", 1).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rv2 = certs
+        .get("cache-server")
+        .await
+        .expect("Certificate")
+        .metadata
+        .resource_version;
+    assert_eq!(rv, rv2, "an idle pass leaves the Certificate alone");
+}
+
 /// The operator-issued certificate of the Standalone Redis `issued`.
 struct Issued {
     ca: String,

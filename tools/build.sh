@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | helm | image)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | cert-manager-crds | helm | image)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -105,6 +105,14 @@ prometheus-crds)
 	pkgs=()
 	names=()
 	;;
+cert-manager-crds)
+	# Not a program: the cert-manager.io CRDs of a pinned cert-manager
+	# release, linked as bin/cert-manager-crds.
+	dir=certmanagercrds
+	mod=github.com/cert-manager/cert-manager
+	pkgs=()
+	names=()
+	;;
 *)
 	echo "tools/build.sh: unknown group '$group'" >&2
 	exit 2
@@ -162,6 +170,9 @@ link() {
 	fi
 	if [[ $group == prometheus-crds ]]; then
 		ln -sfn "$dest/crds" "$bin/prometheus-operator-crds"
+	fi
+	if [[ $group == cert-manager-crds ]]; then
+		ln -sfn "$dest/crds" "$bin/cert-manager-crds"
 	fi
 }
 
@@ -223,11 +234,14 @@ mkdir -p "$tmp"
 ) &
 ticker=$!
 trap 'kill "$ticker" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-if [[ $group == prometheus-crds ]]; then
+if [[ $group == prometheus-crds || $group == cert-manager-crds ]]; then
 	src=$(cd "$here/$dir" && go mod download -json "$mod@$version" 2>>"$log" | awk -F'"' '$2 == "Dir" {print $4}')
 	[[ -n $src ]] || failed
 	mkdir -p "$tmp/crds"
-	cp "$src"/example/prometheus-operator-crd/*.yaml "$tmp/crds/"
+	case $group in
+	prometheus-crds) cp "$src"/example/prometheus-operator-crd/*.yaml "$tmp/crds/" ;;
+	cert-manager-crds) cp "$src"/deploy/crds/cert-manager.io_*.yaml "$tmp/crds/" ;;
+	esac
 	chmod -R u+w "$tmp/crds"
 fi
 (

@@ -158,6 +158,8 @@ pub struct Context {
     pub monitor: monitor::Monitor,
     /// The monitoring CRDs and the PodMonitors and PrometheusRules written.
     pub insights: insights::objects::Insights,
+    /// Whether the cluster serves cert-manager's Certificate.
+    pub cert_manager: redis::certmanager::Discovery,
     /// The monitor's reconcile requests, taken once by the controller.
     triggers: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Redis>>>>,
     /// Consecutive failures per object, for exponential backoff.
@@ -192,6 +194,7 @@ impl Context {
             stores,
             monitor,
             insights: Default::default(),
+            cert_manager: Default::default(),
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),

@@ -13,10 +13,13 @@ use super::DNS_SUBDOMAIN;
 /// `ca.crt` (the chain and the dates; not the name, since they reach pods
 /// by address).
 ///
-/// The certificate comes from a Secret of yours (`secretName`), or, when
-/// that is left out (`tls: {}`), from the operator: it keeps a CA per
-/// namespace (Secret `redpilot-ca`) and issues `<name>-tls` for the
-/// Redis's Services, renewed before it expires.
+/// The certificate comes from a Secret of yours (`secretName`), from
+/// cert-manager (`issuerRef`: the operator writes a `Certificate`
+/// `<name>-server` for the Redis's Services and reads the Secret
+/// cert-manager fills, `<name>-server-tls`), or, when both are left out
+/// (`tls: {}`), from the operator: it keeps a CA per namespace (Secret
+/// `redpilot-ca`) and issues `<name>-tls` for the Redis's Services,
+/// renewed before it expires.
 ///
 /// Set at creation: it cannot be added or removed later. A renewed
 /// certificate in the Secret is read live (`CONFIG SET` of the file
@@ -25,6 +28,11 @@ use super::DNS_SUBDOMAIN;
 /// with the ordered restart.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("!has(self.secretName) || !has(self.issuerRef)")
+        .message("spec.tls: secretName and issuerRef exclude each other: name your Secret, or let cert-manager fill one, not both")
+        .field_path(".issuerRef"),
+)]
 pub struct TlsSpec {
     /// A Secret in the same namespace with `tls.crt` (the server
     /// certificate, with its intermediates), `tls.key` (its private key)
@@ -34,4 +42,46 @@ pub struct TlsSpec {
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = kube::core::Rule::new(DNS_SUBDOMAIN).message("spec.tls.secretName must be a valid Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub secret_name: Option<String>,
+
+    /// A cert-manager issuer: the operator writes a `Certificate`
+    /// (cert-manager.io/v1) named `<name>-server` for the Redis's Services
+    /// (the names of an operator-issued certificate) and serves the
+    /// Secret cert-manager fills, `<name>-server-tls`, renewals read live.
+    /// The issuer must write `ca.crt` (a CA or self-signed issuer, Vault,
+    /// and others do; ACME issuers do not). Needs cert-manager's CRDs in
+    /// the cluster: without them the Redis is Degraded and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// The cert-manager issuer a `Certificate` names.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// The issuer's name (an `Issuer` in the Redis's namespace, or a
+    /// `ClusterIssuer`).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new(DNS_SUBDOMAIN).message("spec.tls.issuerRef.name must be the name of an Issuer or ClusterIssuer: lowercase letters, digits, '-' and '.'"))]
+    pub name: String,
+    /// `Issuer` (the default) or `ClusterIssuer`; another group's kind
+    /// (an external issuer) is passed on as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: Option<String>,
+    /// The issuer's API group; `cert-manager.io` when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub group: Option<String>,
+}
+
+impl IssuerRef {
+    /// The kind, `Issuer` when left out.
+    pub fn kind(&self) -> &str {
+        self.kind.as_deref().unwrap_or("Issuer")
+    }
+
+    /// The group, `cert-manager.io` when left out.
+    pub fn group(&self) -> &str {
+        self.group.as_deref().unwrap_or("cert-manager.io")
+    }
 }

@@ -31,6 +31,7 @@
 pub mod autopilot;
 pub mod bootstrap;
 pub mod build;
+pub mod certmanager;
 pub mod children;
 pub mod cluster;
 pub mod config;
@@ -340,7 +341,12 @@ impl Reconciler {
         };
         self.tls = match self.tls_material(&auth, paused).await? {
             Ok(t) => t,
-            Err(e) => return Ok(Err(self.fail_status("InvalidCertificate", e).await?)),
+            Err(tls::Unready::Unusable(e)) => {
+                return Ok(Err(self.fail_status("InvalidCertificate", e).await?));
+            }
+            Err(tls::Unready::Waiting(what)) => {
+                return Ok(Err(self.wait_status(what).await?));
+            }
         };
         let opts = self.connect_options(&auth.current);
         let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;

@@ -141,6 +141,14 @@ impl Names {
     pub fn issued_tls(&self) -> String {
         format!("{}-tls", self.base)
     }
+    /// The cert-manager `Certificate` of `spec.tls.issuerRef`.
+    pub fn certificate(&self) -> String {
+        format!("{}-server", self.base)
+    }
+    /// The Secret cert-manager fills for [`Self::certificate`].
+    pub fn certificate_secret(&self) -> String {
+        format!("{}-server-tls", self.base)
+    }
     /// The PodDisruptionBudget.
     pub fn pdb(&self) -> String {
         self.base.clone()

@@ -605,6 +605,7 @@ mod tests {
         let r = redis(RedisSpec {
             tls: Some(crate::api::v1alpha1::TlsSpec {
                 secret_name: Some("cache-tls".into()),
+                ..Default::default()
             }),
             ..Default::default()
         });

@@ -24,6 +24,9 @@ use crate::redis::info::EngineKind;
 pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
 /// How often a healthy Redis is re-observed to keep status fresh.
 pub const STEADY_REQUEUE: Duration = Duration::from_secs(60);
+/// The longest a pass waiting for a certificate to be issued waits for
+/// the next look.
+const WAIT_RECHECK: Duration = Duration::from_secs(5);
 /// The longest wait between passes of a Redis that is stuck (servers that
 /// cannot be reached, a topology that does not settle).
 pub const STUCK_REQUEUE_MAX: Duration = Duration::from_secs(120);
@@ -128,6 +131,23 @@ impl Reconciler {
         self.finish(&[], recorded.as_deref(), desired, false)
             .await?;
         Err(err)
+    }
+
+    /// A pass that waits before touching anything (a certificate being
+    /// issued, which no watch reports): Progressing with `what`, the
+    /// recorded topology kept, and the next pass within [`WAIT_RECHECK`].
+    pub(super) async fn wait_status(&mut self, what: String) -> Result<Next, Error> {
+        self.progressing.push(what);
+        self.progress_reason.get_or_insert("WaitingForCertificate");
+        let desired = self.redis.spec.desired_instances();
+        let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
+        let next = self
+            .finish(&[], recorded.as_deref(), desired, false)
+            .await?;
+        Ok(match next.delay() {
+            Some(d) if d > WAIT_RECHECK => Next::after(WAIT_RECHECK),
+            _ => next,
+        })
     }
 
     /// The Progressing condition: paused, the work under way (or the

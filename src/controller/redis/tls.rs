@@ -29,13 +29,25 @@ pub fn ca_path() -> String {
     format!("{}/{CA_FILE}", build::TLS_DIR)
 }
 
-/// The Secret the servers of `redis` mount for `spec.tls`: the user's, or
-/// the one the operator issues.
+/// The Secret the servers of `redis` mount for `spec.tls`: the user's, the
+/// one cert-manager fills, or the one the operator issues.
 pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
     let tls = redis.spec.tls.as_ref()?;
-    Some(tls.secret_name.clone().unwrap_or_else(|| {
-        super::build::Names::new(&kube::ResourceExt::name_any(redis)).issued_tls()
-    }))
+    let names = super::build::Names::new(&kube::ResourceExt::name_any(redis));
+    Some(match (&tls.secret_name, &tls.issuer_ref) {
+        (Some(name), _) => name.clone(),
+        (None, Some(_)) => names.certificate_secret(),
+        (None, None) => names.issued_tls(),
+    })
+}
+
+/// Why a pass has no certificate to serve.
+pub enum Unready {
+    /// The Secret cannot be used, or the certificate cannot be had: the
+    /// Redis is Degraded with it.
+    Unusable(Error),
+    /// Issuance under way (cert-manager's): what the pass waits for.
+    Waiting(String),
 }
 
 /// A usable certificate Secret.
@@ -62,16 +74,18 @@ pub(super) fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
 
 /// Checks the Secret `name` holds a certificate, its key and the CA that
 /// signed it, valid now; `applied_ca` (the CA bundle of what the instances
-/// last served) is trusted too. The error names the Secret, the field and
-/// the file, never a key's bytes.
+/// last served) is trusted too. The error names the Secret, the field
+/// (`field`: where the Secret comes from) and the file, never a key's
+/// bytes.
 pub fn read(
     name: &str,
     secret: Option<&Secret>,
     applied_ca: Option<&str>,
+    field: &str,
 ) -> Result<TlsMaterial, Error> {
     let fail = |reason: String| Error::Secret {
         name: name.to_string(),
-        reason: format!("{reason} (spec.tls.secretName)"),
+        reason: format!("{reason} ({field})"),
     };
     let secret = secret.ok_or_else(|| fail("not found".into()))?;
     let mut files = Vec::new();
@@ -112,29 +126,46 @@ impl Reconciler {
     }
 
     /// Step 1b of every pass: the certificate Secret when `spec.tls` is
-    /// set. The inner error is a Secret that cannot be used, for the status.
+    /// set. The inner error is a Secret that cannot be used (for the
+    /// status), or an issuance to wait for.
     pub(super) async fn tls_material(
         &mut self,
         auth: &ServerAuth,
         paused: bool,
-    ) -> Result<Result<Option<TlsMaterial>, Error>, Error> {
+    ) -> Result<Result<Option<TlsMaterial>, Unready>, Error> {
         let Some(spec) = self.redis.spec.tls.clone() else {
             return Ok(Ok(None));
         };
-        let (name, secret) = match spec.secret_name {
-            Some(name) => {
+        // The API failing is retried; a certificate that cannot be had is
+        // reported.
+        let unusable = |e: Error| match e {
+            Error::Kube(_) => Err(e),
+            e => Ok(Err(Unready::Unusable(e))),
+        };
+        let (name, secret, field) = match (spec.secret_name, spec.issuer_ref) {
+            (Some(name), _) => {
                 let secret: Option<Secret> = self.fetch(&name).await?;
-                (name, secret)
+                (name, secret, "spec.tls.secretName")
             }
-            None => match self.ensure_issued(paused).await {
-                Ok(secret) => (self.names.issued_tls(), secret),
-                // The API failing is retried; a certificate that cannot
-                // be made is reported.
-                Err(e @ Error::Kube(_)) => return Err(e),
-                Err(e) => return Ok(Err(e)),
+            (None, Some(issuer)) => match self.ensure_certificate(&issuer, paused).await {
+                Ok(super::certmanager::Issued::Secret(secret)) => (
+                    self.names.certificate_secret(),
+                    *secret,
+                    super::certmanager::FIELD,
+                ),
+                Ok(super::certmanager::Issued::Waiting(what)) => {
+                    return Ok(Err(Unready::Waiting(what)));
+                }
+                Err(e) => return unusable(e),
+            },
+            (None, None) => match self.ensure_issued(paused).await {
+                Ok(secret) => (self.names.issued_tls(), secret, "spec.tls"),
+                Err(e) => return unusable(e),
             },
         };
-        Ok(read(&name, secret.as_ref(), auth.tls_ca.as_deref()).map(Some))
+        Ok(read(&name, secret.as_ref(), auth.tls_ca.as_deref(), field)
+            .map(Some)
+            .map_err(Unready::Unusable))
     }
 
     /// Live renewal: every reachable instance that serves another
@@ -253,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_missing_secret_or_file_names_the_field_and_the_file() {
-        let e = read("certs", None, None).expect_err("absent");
+        let e = read("certs", None, None, "spec.tls.secretName").expect_err("absent");
         assert_eq!(
             e.to_string(),
             "secret certs: not found (spec.tls.secretName)"
@@ -262,6 +293,7 @@ mod tests {
             "certs",
             Some(&secret(&[("tls.crt", "x"), ("tls.key", "y")])),
             None,
+            "spec.tls.secretName",
         )
         .expect_err("no CA");
         assert_eq!(
@@ -270,7 +302,7 @@ mod tests {
         );
         let read_ca = |ca: &str| {
             let files = [("tls.crt", "x"), ("tls.key", "k3y-bytes"), ("ca.crt", ca)];
-            read("certs", Some(&secret(&files)), None).expect_err(ca)
+            read("certs", Some(&secret(&files)), None, "spec.tls.secretName").expect_err(ca)
         };
         let e = read_ca("");
         assert_eq!(
