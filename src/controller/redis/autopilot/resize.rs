@@ -117,10 +117,17 @@ pub fn to_resize(facts: &[PodFacts], primaries: &[&str], target: u64) -> Vec<Str
         .iter()
         .filter(|f| !f.terminating && f.ip.is_some() && f.mem_limit.is_some())
         .collect();
-    let others_done = live.iter().filter(|f| !primary(f)).all(|f| {
-        f.mem_limit_applied
-            .or(f.mem_limit)
-            .is_some_and(|l| l >= target)
+    // Every replica must run the target first. One being deleted or not
+    // yet started is not done (its pod comes back from the template and
+    // needs the room the primary's grow would take), nor is one whose
+    // resize the kubelet has not finished, whatever limit its status shows.
+    let others_done = facts.iter().filter(|f| !primary(f)).all(|f| {
+        !f.terminating
+            && f.ip.is_some()
+            && f.resize.is_none()
+            && f.mem_limit_applied
+                .or(f.mem_limit)
+                .is_some_and(|l| l >= target)
     });
     live.iter()
         .filter(|f| match f.mem_limit {
@@ -425,6 +432,28 @@ mod tests {
             pod("c-2", 96, 96, 72),
         ];
         assert_eq!(to_resize(&facts, &["c-0"], 96 * MI), vec!["c-0"]);
+        // A replica whose resize the node defers keeps the primary waiting,
+        // even when its status shows the new limit or none.
+        for applied in [Some(96 * MI), None] {
+            let mut deferred = pod("c-2", 96, 96, 48);
+            deferred.mem_limit_applied = applied;
+            deferred.resize = Some((
+                "PodResizePending".into(),
+                "Deferred".into(),
+                "Node didn't have enough resource: memory".into(),
+            ));
+            let facts = vec![pod("c-0", 64, 64, 48), pod("c-1", 96, 96, 48), deferred];
+            assert!(
+                to_resize(&facts, &["c-0"], 96 * MI).is_empty(),
+                "{applied:?}"
+            );
+        }
+        // A replica being deleted (it comes back from the template) keeps
+        // the primary waiting too.
+        let mut leaving = pod("c-2", 96, 64, 48);
+        leaving.terminating = true;
+        let facts = vec![pod("c-0", 64, 64, 48), pod("c-1", 96, 96, 48), leaving];
+        assert!(to_resize(&facts, &["c-0"], 96 * MI).is_empty());
     }
 
     #[test]
