@@ -12,7 +12,8 @@
 //! metrics it serves to nobody, its Lease renewals.
 //!
 //! Printed: CPU per Redis per idle minute, RSS with 0, 1 and N Redis, and
-//! the RSS slope per Redis.
+//! the RSS slope per Redis. `IDLE_TUNING_SECS` sets the tuning look's
+//! interval (0 turns it off) to tell its share from the reconcile's.
 
 // The percentiles the other benches share are not needed here.
 #[allow(dead_code)]
@@ -115,7 +116,16 @@ async fn main() {
     let settle = Duration::from_secs(knob("IDLE_SETTLE_SECS", 30));
     let client = client().await;
     let ns = TestNamespace::new(&client, "bench-idle", &[]).await;
-    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    // IDLE_TUNING_SECS: the tuning look's interval (0 turns it off), to
+    // tell its share from the reconcile's; the operator's default when
+    // unset.
+    if let Ok(secs) = std::env::var("IDLE_TUNING_SECS") {
+        println!("tuning looks every {secs} s (0: off)");
+        opts.env
+            .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), secs));
+    }
+    let op = start_operator(&client, opts).await;
 
     let none = window(&op, 0, settle, idle).await;
     add_redis(&client, &ns.name, 0, 1).await;
