@@ -29,13 +29,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use redpilot::redis::cluster::{SlotRange, key_slot, parse_ranges};
 use serde_json::{Value, json};
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, patch_redis, recent_events, redis_password,
-    server_pid, signal, start_operator, wait_established, wait_ready,
+    server_pid, signal, start_operator, wait_ready,
 };
 use support::prometheus::{Prometheus, dashboard_exprs, dashboard_row_exprs, monitoring_crd_files};
 use support::{TestNamespace, client, wait_for};
@@ -64,20 +64,7 @@ async fn remove_monitoring_crds(client: &kube::Client) {
 }
 
 async fn install_monitoring_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for f in monitoring_crd_files() {
-        let text = std::fs::read_to_string(&f).expect("CRD file");
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD yaml");
-        let name = crd.metadata.name.clone().expect("name");
-        crds.patch(
-            &name,
-            &PatchParams::apply("redpilot-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        wait_established(&crds, &name, Duration::from_secs(30)).await;
-    }
+    support::operator::install_crd_files(client, &monitoring_crd_files()).await;
 }
 
 /// Touches the Redis so the operator reconciles it again.

@@ -1304,19 +1304,7 @@ async fn cert_manager_issues_the_certificate_and_its_renewal_is_read_live() {
 
     // 2. The CRDs installed: an owned Certificate for the Services, and
     //    the Redis waits for its Secret.
-    for f in &files {
-        let text = std::fs::read_to_string(f).expect("CRD file");
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD yaml");
-        let name = crd.metadata.name.clone().expect("name");
-        crds.patch(
-            &name,
-            &PatchParams::apply("redpilot-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        support::operator::wait_established(&crds, &name, Duration::from_secs(30)).await;
-    }
+    support::operator::install_crd_files(&client, &files).await;
     // The Issuer the Redis names, as a user writes it (checked by the
     // CRD's schema; no controller acts on it here).
     let issuers: Api<DynamicObject> =

@@ -100,6 +100,24 @@ pub async fn install_crds(client: &Client) {
     }
 }
 
+/// Installs (server-side applies) third-party CRD files, such as the
+/// prometheus-operator's or cert-manager's, and waits until each is
+/// Established.
+pub async fn install_crd_files(client: &Client, files: &[std::path::PathBuf]) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).unwrap_or_else(|e| panic!("reading {}: {e}", f.display()));
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", f.display()));
+        let name = crd.metadata.name.clone().expect("CRD has a name");
+        api.patch(&name, &ssa(), &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("installing {name}: {e}"));
+        wait_established(&api, &name, Duration::from_secs(30)).await;
+    }
+}
+
 /// Waits until the CRD `name` is Established (its type is served).
 pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str, within: Duration) {
     wait_for(&format!("CRD {name} to be Established"), within, || async {
