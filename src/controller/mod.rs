@@ -15,6 +15,7 @@ pub mod monitor;
 pub mod queue;
 pub mod redis;
 pub mod schedule;
+pub mod served;
 pub mod trust;
 
 use std::collections::HashMap;
@@ -159,7 +160,7 @@ pub struct Context {
     /// The monitoring CRDs and the PodMonitors and PrometheusRules written.
     pub insights: insights::objects::Insights,
     /// Whether the cluster serves cert-manager's Certificate.
-    pub cert_manager: redis::certmanager::Discovery,
+    pub cert_manager: served::Served,
     /// The monitor's reconcile requests, taken once by the controller.
     triggers: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Redis>>>>,
     /// Consecutive failures per object, for exponential backoff.
@@ -194,7 +195,7 @@ impl Context {
             stores,
             monitor,
             insights: Default::default(),
-            cert_manager: Default::default(),
+            cert_manager: redis::certmanager::discovery(),
             triggers: Mutex::new(Some(triggers)),
             failures: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -19,6 +19,7 @@ use super::rules::{self, Scope};
 use super::sidecar;
 use crate::api::v1alpha1::Redis;
 use crate::controller::redis::build;
+use crate::controller::served::Served;
 use crate::controller::{Error, FIELD_MANAGER};
 
 const GROUP_VERSION: &str = "monitoring.coreos.com/v1";
@@ -37,40 +38,31 @@ const KINDS: [(&str, &str); 2] = [
     ("PrometheusRule", "prometheusrules"),
 ];
 
+/// The plurals of [`KINDS`], which must all be served.
+const PLURALS: [&str; 2] = [KINDS[0].1, KINDS[1].1];
+
 /// What the operator knows of the cluster's monitoring CRDs, and what it
 /// last did with each object read by name (the PodMonitor, the
 /// PrometheusRule, the NetworkPolicy): per Redis and kind, the hash it
 /// wrote, or `None` once it deleted it.
-#[derive(Default)]
 pub struct Insights {
-    served: Mutex<Option<(Instant, bool)>>,
+    served: Served,
     written: Mutex<HashMap<Written, Option<String>>>,
+}
+
+impl Default for Insights {
+    fn default() -> Self {
+        Self {
+            served: Served::new(GROUP_VERSION, &PLURALS, RECHECK),
+            written: Mutex::default(),
+        }
+    }
 }
 
 /// A Redis and a kind.
 type Written = (ObjectRef<Redis>, &'static str);
 
 impl Insights {
-    /// Whether PodMonitor and PrometheusRule are served (cached [`RECHECK`]).
-    async fn served(&self, client: &Client) -> bool {
-        if let Ok(s) = self.served.lock()
-            && let Some((at, yes)) = *s
-            && at.elapsed() < RECHECK
-        {
-            return yes;
-        }
-        let yes = match client.list_api_group_resources(GROUP_VERSION).await {
-            Ok(list) => KINDS
-                .iter()
-                .all(|(_, plural)| list.resources.iter().any(|r| r.name == *plural)),
-            Err(_) => false,
-        };
-        if let Ok(mut s) = self.served.lock() {
-            *s = Some((Instant::now(), yes));
-        }
-        yes
-    }
-
     pub(crate) fn written(
         &self,
         redis: &ObjectRef<Redis>,
@@ -166,7 +158,7 @@ pub async fn reconcile(
     metrics: &crate::telemetry::Metrics,
     redis: &Redis,
 ) -> Result<bool, Error> {
-    if !insights.served(client).await {
+    if !insights.served.check(client).await {
         return Ok(false);
     }
     let ns = redis.namespace().unwrap_or_default();

@@ -12,19 +12,19 @@
 //! the Certificate's own condition as the message); an issuance
 //! cert-manager reports failed is a Degraded reason.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::Reconciler;
 use super::build;
 use super::children::controlled_by;
 use crate::api::v1alpha1::{IssuerRef, Redis};
+use crate::controller::served::Served;
 use crate::controller::{Error, FIELD_MANAGER};
 
 /// The API group and version of cert-manager's `Certificate`.
@@ -40,30 +40,10 @@ fn resource() -> ApiResource {
     )
 }
 
-/// Whether the cluster serves cert-manager's `Certificate` (cached for
-/// [`RECHECK`]).
-#[derive(Default)]
-pub struct Discovery {
-    served: Mutex<Option<(Instant, bool)>>,
-}
-
-impl Discovery {
-    async fn served(&self, client: &Client) -> bool {
-        if let Ok(s) = self.served.lock()
-            && let Some((at, yes)) = *s
-            && at.elapsed() < RECHECK
-        {
-            return yes;
-        }
-        let yes = match client.list_api_group_resources(GROUP_VERSION).await {
-            Ok(list) => list.resources.iter().any(|r| r.name == "certificates"),
-            Err(_) => false,
-        };
-        if let Ok(mut s) = self.served.lock() {
-            *s = Some((Instant::now(), yes));
-        }
-        yes
-    }
+/// Whether the cluster serves cert-manager's `Certificate` (looked up
+/// again after [`RECHECK`]), for the operator's context.
+pub fn discovery() -> Served {
+    Served::new(GROUP_VERSION, &["certificates"], RECHECK)
 }
 
 /// The `Certificate` of `redis` for `issuer`, owned by it and stamped with
@@ -138,7 +118,7 @@ pub fn issuance(cert: Option<&DynamicObject>, name: &str) -> Result<String, Stri
 pub enum Issued {
     /// The Secret to serve (it holds files; [`super::tls::read`] checks
     /// them).
-    Secret(Box<Option<Secret>>),
+    Secret(Box<Secret>),
     /// Not yet: what the pass is waiting for.
     Waiting(String),
 }
@@ -151,7 +131,7 @@ impl Reconciler {
         issuer: &IssuerRef,
         paused: bool,
     ) -> Result<Issued, Error> {
-        if !self.ctx.cert_manager.served(&self.ctx.client).await {
+        if !self.ctx.cert_manager.check(&self.ctx.client).await {
             return Err(Error::Certificate(format!(
                 "{FIELD}: the cluster does not serve cert-manager's Certificate ({GROUP_VERSION}); install cert-manager, or leave issuerRef out to have the operator issue the certificate"
             )));
@@ -179,12 +159,11 @@ impl Reconciler {
         }
         let secret_name = self.names.certificate_secret();
         let secret: Option<Secret> = self.fetch(&secret_name).await?;
-        let filled = secret.as_ref().is_some_and(|s| {
-            super::tls::file(s, super::tls::CERT_FILE).is_some()
-                && super::tls::file(s, super::tls::KEY_FILE).is_some()
-        });
-        if filled {
-            return Ok(Issued::Secret(Box::new(secret)));
+        if let Some(s) = secret
+            && super::tls::file(&s, super::tls::CERT_FILE).is_some()
+            && super::tls::file(&s, super::tls::KEY_FILE).is_some()
+        {
+            return Ok(Issued::Secret(Box::new(s)));
         }
         match issuance(live.as_ref(), &name) {
             Ok(waiting) => Ok(Issued::Waiting(waiting)),

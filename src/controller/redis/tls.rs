@@ -150,7 +150,7 @@ impl Reconciler {
             (None, Some(issuer)) => match self.ensure_certificate(&issuer, paused).await {
                 Ok(super::certmanager::Issued::Secret(secret)) => (
                     self.names.certificate_secret(),
-                    *secret,
+                    Some(*secret),
                     super::certmanager::FIELD,
                 ),
                 Ok(super::certmanager::Issued::Waiting(what)) => {
