@@ -8,7 +8,13 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::runtime::watcher;
+use redpilot::api::v1alpha1::{Redis, RedisStatus};
+use tokio::task::JoinHandle;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -62,6 +68,11 @@ async fn deleted_primary_is_replaced_by_the_replica_furthest_ahead() {
         .expect("primary pod")
         .metadata
         .uid;
+    // Every status written from here on: none may name a primary beside
+    // an instance list that calls another instance primary, or be Ready
+    // while its instances disagree with it.
+    let statuses = record_statuses(redis_api(&client, &ns.name));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let t = Instant::now();
     let at_once = DeleteParams {
         grace_period_seconds: Some(0),
@@ -103,6 +114,9 @@ async fn deleted_primary_is_replaced_by_the_replica_furthest_ahead() {
     }
     let events = recent_events(&client, &ns.name, 30).await;
     assert!(events.contains("FailedOver"), "{events}");
+    statuses.1.abort();
+    let seen = statuses.0.lock().map(|v| v.clone()).unwrap_or_default();
+    check_statuses(&seen, &old_primary, &new_primary);
 
     // Every key is on the new primary and, via replication, on the
     // recreated pod that came back empty.
@@ -126,4 +140,80 @@ async fn deleted_primary_is_replaced_by_the_replica_furthest_ahead() {
         .query("SET", redis::cmd("SET").arg("after").arg("1"))
         .await
         .expect("the new primary takes writes");
+}
+
+/// Watches the Redis `cache` and keeps every status it shows in the
+/// list returned, until the task is aborted.
+fn record_statuses(api: Api<Redis>) -> (Arc<Mutex<Vec<RedisStatus>>>, JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let stream = watcher(
+            api,
+            watcher::Config::default().fields("metadata.name=cache"),
+        );
+        let mut stream = stream.boxed();
+        while let Ok(Some(event)) = stream.try_next().await {
+            if let watcher::Event::Apply(r) | watcher::Event::InitApply(r) = event
+                && let Some(s) = r.status
+                && let Ok(mut v) = sink.lock()
+            {
+                v.push(s);
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Every status seen is consistent: the instance called primary (if any)
+/// is `status.primary`, and a Ready status lists every instance with the
+/// role it has under that primary. The move itself was seen.
+fn check_statuses(seen: &[RedisStatus], old: &str, new: &str) {
+    let moved: Vec<&RedisStatus> = seen
+        .iter()
+        .filter(|s| s.primary.as_deref() == Some(new))
+        .collect();
+    assert!(
+        !moved.is_empty(),
+        "the watch saw the primary move to {new} ({} statuses seen)",
+        seen.len()
+    );
+    assert!(
+        seen.iter().any(|s| s.primary.as_deref() == Some(old)),
+        "the watch saw the status before the move"
+    );
+    for s in seen {
+        let primaries: Vec<&str> = s
+            .instances
+            .iter()
+            .filter(|i| i.role == "primary")
+            .map(|i| i.name.as_str())
+            .collect();
+        assert!(
+            primaries.iter().all(|p| Some(*p) == s.primary.as_deref()),
+            "status.primary {:?} beside instances {primaries:?} called primary: {s:?}",
+            s.primary
+        );
+        let ready = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if ready {
+            assert_eq!(primaries, [s.primary.as_deref().unwrap_or("-")], "{s:?}");
+        }
+    }
+    // The first status naming the new primary is not Ready: the replicas
+    // still had to follow it.
+    let first = moved[0];
+    assert!(
+        !first
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "Ready in the write that moved the primary: {first:?}"
+    );
+    println!(
+        "{} statuses seen during the failover, each consistent",
+        seen.len()
+    );
 }

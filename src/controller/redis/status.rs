@@ -509,6 +509,86 @@ impl Reconciler {
     }
 }
 
+/// The instance list and conditions written with a new `status.primary`
+/// (the rest of the status is written at the end of the pass): the new
+/// primary is the only instance with the primary role (the one it replaced
+/// is `unknown` until it is seen again), and a Ready condition that was
+/// true becomes false (phase `Updating`), since the others still have to
+/// follow the new primary.
+pub(super) fn primary_moved(
+    old: &RedisStatus,
+    primary: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> PrimaryMoved {
+    let instances = old
+        .instances
+        .iter()
+        .map(|i| {
+            let mut i = i.clone();
+            if i.name == primary {
+                i.role = "primary".to_string();
+                i.lag_bytes = None;
+                i.link_up = None;
+            } else if i.role == "primary" {
+                i.role = "unknown".to_string();
+            }
+            i
+        })
+        .collect();
+    let was_ready = old
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if !was_ready {
+        return PrimaryMoved {
+            instances,
+            conditions: None,
+        };
+    }
+    let moving = Cond::new(
+        "Ready",
+        false,
+        "PrimaryMoved",
+        format!("the primary moved to {primary}; the other instances follow it next"),
+    );
+    let conditions = old
+        .conditions
+        .iter()
+        .map(|c| {
+            if c.type_ == "Ready" {
+                merge(
+                    std::slice::from_ref(c),
+                    std::slice::from_ref(&moving),
+                    generation,
+                    now,
+                )
+                .pop()
+                .unwrap_or_else(|| c.clone())
+            } else {
+                c.clone()
+            }
+        })
+        .collect();
+    PrimaryMoved {
+        instances,
+        conditions: Some((conditions, Phase::Updating)),
+    }
+}
+
+/// What [`primary_moved`] writes beside `status.primary`.
+#[derive(Debug)]
+pub(super) struct PrimaryMoved {
+    /// The instances with their roles as they are after the move.
+    pub instances: Vec<InstanceStatus>,
+    /// The conditions with Ready false, and the phase (`Updating`), when
+    /// the Redis was Ready before the move; `None`: left as they are.
+    pub conditions: Option<(
+        Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+        Phase,
+    )>,
+}
+
 /// The Ready condition of a Redis that is not ready: Degraded, or waiting
 /// for instances (`ready` of `desired`).
 pub(super) fn not_ready_cond(degraded: bool, ready: i32, desired: i32) -> Cond {
@@ -742,6 +822,91 @@ mod tests {
         };
         assert_eq!(same["primary"], "cache-0");
         assert_eq!(same["instances"][0]["name"], "cache-1");
+    }
+
+    fn instance(name: &str, role: &str) -> InstanceStatus {
+        InstanceStatus {
+            name: name.into(),
+            role: role.into(),
+            ready: true,
+            offset: Some(84),
+            lag_bytes: (role == "replica").then_some(0),
+            link_up: (role == "replica").then_some(true),
+        }
+    }
+
+    fn ready_status() -> RedisStatus {
+        let then = Timestamp::from_second(1_000).unwrap_or(Timestamp::UNIX_EPOCH);
+        RedisStatus {
+            primary: Some("cache-0".into()),
+            phase: Some(Phase::Ready),
+            instances: vec![
+                instance("cache-0", "primary"),
+                instance("cache-1", "replica"),
+                instance("cache-2", "replica"),
+            ],
+            conditions: merge(
+                &[],
+                &[
+                    Cond::new("Ready", true, "AllInstancesReady", "3/3"),
+                    Cond::new("Degraded", false, "AsExpected", "none"),
+                ],
+                Some(1),
+                then,
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_moved_primary_is_the_only_primary_and_ready_drops() {
+        let old = ready_status();
+        let now = Timestamp::from_second(2_000).unwrap_or(Timestamp::UNIX_EPOCH);
+        let moved = primary_moved(&old, "cache-1", Some(1), now);
+        let roles: Vec<(&str, &str)> = moved
+            .instances
+            .iter()
+            .map(|i| (i.name.as_str(), i.role.as_str()))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("cache-0", "unknown"),
+                ("cache-1", "primary"),
+                ("cache-2", "replica")
+            ]
+        );
+        assert_eq!(moved.instances[1].link_up, None, "a primary has no link");
+        let Some((conds, phase)) = moved.conditions else {
+            panic!("a Ready Redis whose primary moved is not Ready");
+        };
+        assert_eq!(phase, Phase::Updating);
+        let ready = conds.iter().find(|c| c.type_ == "Ready");
+        assert_eq!(
+            ready.map(|c| (
+                c.status.as_str(),
+                c.reason.as_str(),
+                c.last_transition_time.0
+            )),
+            Some(("False", "PrimaryMoved", now))
+        );
+        // The others are kept as they were, times included.
+        assert_eq!(conds[1], old.conditions[1]);
+    }
+
+    #[test]
+    fn a_primary_moved_while_not_ready_leaves_the_conditions() {
+        let mut old = ready_status();
+        old.conditions = merge(
+            &[],
+            &[Cond::new("Ready", false, "NotAllInstancesReady", "2/3")],
+            Some(1),
+            Timestamp::UNIX_EPOCH,
+        );
+        let moved = primary_moved(&old, "cache-2", Some(1), Timestamp::UNIX_EPOCH);
+        assert!(moved.conditions.is_none());
+        assert_eq!(moved.instances[2].role, "primary");
+        assert_eq!(moved.instances[0].role, "unknown");
     }
 
     #[test]

@@ -216,12 +216,46 @@ impl Reconciler {
         primary: &str,
         mut extra: serde_json::Value,
     ) -> Result<(), Error> {
+        let old = self.redis.status.clone().unwrap_or_default();
+        let moved = super::status::primary_moved(
+            &old,
+            primary,
+            self.redis.metadata.generation,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
         if let Some(m) = extra.as_object_mut() {
             m.insert("primary".into(), primary.into());
             m.insert("targetPrimary".into(), serde_json::Value::Null);
+            // The roles and the Ready condition move in the same write: a
+            // reader never sees the new primary beside an instance list
+            // that still names the old one, or a Ready left over from
+            // before the move.
+            if old.primary.as_deref() != Some(primary) {
+                let value = serde_json::to_value(&moved.instances)
+                    .map_err(|e| Error::Serialize("status", e))?;
+                m.insert("instances".into(), value);
+                if let Some((conditions, phase)) = moved.conditions {
+                    let value = serde_json::to_value(&conditions)
+                        .map_err(|e| Error::Serialize("status", e))?;
+                    m.insert("conditions".into(), value);
+                    let value =
+                        serde_json::to_value(phase).map_err(|e| Error::Serialize("status", e))?;
+                    m.insert("phase".into(), value);
+                }
+            }
         }
+        let phase_moved = extra.get("phase").is_some();
         self.patch_status(extra).await?;
         self.moved_primary = Some(primary.to_string());
+        if phase_moved {
+            self.event(
+                EventType::Normal,
+                "Updating",
+                "Reconcile",
+                "phase Updating".to_string(),
+            )
+            .await;
+        }
         Ok(())
     }
 
