@@ -13,7 +13,9 @@
 //!
 //! Printed: CPU per Redis per idle minute, RSS with 0, 1 and N Redis, and
 //! the RSS slope per Redis. `IDLE_TUNING_SECS` sets the tuning look's
-//! interval (0 turns it off) to tell its share from the reconcile's.
+//! interval (0 turns it off) to tell its share from the reconcile's;
+//! `IDLE_OPERATOR_BIN` runs another build of the operator (to compare
+//! builds or releases on the same machine and cluster).
 
 // The percentiles the other benches share are not needed here.
 #[allow(dead_code)]
@@ -124,6 +126,13 @@ async fn main() {
         println!("tuning looks every {secs} s (0: off)");
         opts.env
             .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), secs));
+    }
+    // IDLE_OPERATOR_BIN: another build to measure (an earlier release, or
+    // the same tree built another way); this tree's release build when
+    // unset.
+    if let Ok(bin) = std::env::var("IDLE_OPERATOR_BIN") {
+        println!("operator binary: {bin}");
+        opts.binary = Some(bin.into());
     }
     let op = start_operator(&client, opts).await;
 

@@ -400,6 +400,9 @@ pub struct OperatorOptions {
     /// Deployment's pod is restarted in a cluster). Any other exit is left
     /// for the test to see.
     pub restart_on_lost_lease: bool,
+    /// Another build of the operator to run (a bench comparing builds);
+    /// `None`: the one under test ([`operator_binary`]).
+    pub binary: Option<PathBuf>,
 }
 
 impl OperatorOptions {
@@ -412,6 +415,7 @@ impl OperatorOptions {
             lease_name: unique_name("redpilot-leader"),
             env: Vec::new(),
             restart_on_lost_lease: true,
+            binary: None,
         }
     }
 
@@ -483,7 +487,7 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
     let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_loopback_port())
         .parse()
         .expect("socket addr");
-    let bin = operator_binary();
+    let bin = opts.binary.clone().unwrap_or_else(operator_binary);
     let command = {
         let (bin, kubeconfig, log_path, opts) = (
             bin.clone(),
