@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use crate::controller::queue::Next;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -514,13 +515,16 @@ impl Reconciler {
 /// primary is the only instance with the primary role (the one it replaced
 /// is `unknown` until it is seen again), and a Ready condition that was
 /// true becomes false (phase `Updating`), since the others still have to
-/// follow the new primary.
+/// follow the new primary. `None`: `primary` is already the recorded one.
 pub(super) fn primary_moved(
     old: &RedisStatus,
     primary: &str,
     generation: Option<i64>,
     now: Timestamp,
-) -> PrimaryMoved {
+) -> Option<PrimaryMoved> {
+    if old.primary.as_deref() == Some(primary) {
+        return None;
+    }
     let instances = old
         .instances
         .iter()
@@ -540,40 +544,31 @@ pub(super) fn primary_moved(
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    if !was_ready {
-        return PrimaryMoved {
-            instances,
-            conditions: None,
-        };
-    }
-    let moving = Cond::new(
-        "Ready",
-        false,
-        "PrimaryMoved",
-        format!("the primary moved to {primary}; the other instances follow it next"),
-    );
-    let conditions = old
-        .conditions
-        .iter()
-        .map(|c| {
-            if c.type_ == "Ready" {
-                merge(
-                    std::slice::from_ref(c),
-                    std::slice::from_ref(&moving),
-                    generation,
-                    now,
-                )
-                .pop()
-                .unwrap_or_else(|| c.clone())
-            } else {
-                c.clone()
-            }
-        })
-        .collect();
-    PrimaryMoved {
+    // Ready goes from true to false: a transition, at `now`.
+    let conditions = was_ready.then(|| {
+        let conditions = old
+            .conditions
+            .iter()
+            .cloned()
+            .map(|mut c| {
+                if c.type_ == "Ready" {
+                    c.status = "False".to_string();
+                    c.reason = "PrimaryMoved".to_string();
+                    c.message = format!(
+                        "the primary moved to {primary}; the other instances follow it next"
+                    );
+                    c.observed_generation = generation;
+                    c.last_transition_time = Time(now);
+                }
+                c
+            })
+            .collect();
+        (conditions, Phase::Updating)
+    });
+    Some(PrimaryMoved {
         instances,
-        conditions: Some((conditions, Phase::Updating)),
-    }
+        conditions,
+    })
 }
 
 /// What [`primary_moved`] writes beside `status.primary`.
@@ -862,7 +857,9 @@ mod tests {
     fn a_moved_primary_is_the_only_primary_and_ready_drops() {
         let old = ready_status();
         let now = Timestamp::from_second(2_000).unwrap_or(Timestamp::UNIX_EPOCH);
-        let moved = primary_moved(&old, "cache-1", Some(1), now);
+        let Some(moved) = primary_moved(&old, "cache-1", Some(1), now) else {
+            panic!("cache-1 is not the recorded primary");
+        };
         let roles: Vec<(&str, &str)> = moved
             .instances
             .iter()
@@ -903,10 +900,18 @@ mod tests {
             Some(1),
             Timestamp::UNIX_EPOCH,
         );
-        let moved = primary_moved(&old, "cache-2", Some(1), Timestamp::UNIX_EPOCH);
+        let Some(moved) = primary_moved(&old, "cache-2", Some(1), Timestamp::UNIX_EPOCH) else {
+            panic!("cache-2 is not the recorded primary");
+        };
         assert!(moved.conditions.is_none());
         assert_eq!(moved.instances[2].role, "primary");
         assert_eq!(moved.instances[0].role, "unknown");
+    }
+
+    #[test]
+    fn the_recorded_primary_recorded_again_moves_nothing() {
+        let old = ready_status();
+        assert!(primary_moved(&old, "cache-0", Some(1), Timestamp::UNIX_EPOCH).is_none());
     }
 
     #[test]

@@ -223,6 +223,7 @@ impl Reconciler {
             self.redis.metadata.generation,
             k8s_openapi::jiff::Timestamp::now(),
         );
+        let mut phase_moved = false;
         if let Some(m) = extra.as_object_mut() {
             m.insert("primary".into(), primary.into());
             m.insert("targetPrimary".into(), serde_json::Value::Null);
@@ -230,7 +231,7 @@ impl Reconciler {
             // reader never sees the new primary beside an instance list
             // that still names the old one, or a Ready left over from
             // before the move.
-            if old.primary.as_deref() != Some(primary) {
+            if let Some(moved) = moved {
                 let value = serde_json::to_value(&moved.instances)
                     .map_err(|e| Error::Serialize("status", e))?;
                 m.insert("instances".into(), value);
@@ -241,10 +242,10 @@ impl Reconciler {
                     let value =
                         serde_json::to_value(phase).map_err(|e| Error::Serialize("status", e))?;
                     m.insert("phase".into(), value);
+                    phase_moved = true;
                 }
             }
         }
-        let phase_moved = extra.get("phase").is_some();
         self.patch_status(extra).await?;
         self.moved_primary = Some(primary.to_string());
         if phase_moved {
