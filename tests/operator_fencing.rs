@@ -111,7 +111,9 @@ async fn a_fenced_primary_is_reported_as_refusing_writes() {
     )
     .await;
     let reported_after = t.elapsed();
-    let metrics = op.metrics().await.expect("operator metrics");
+    // The gauges are computed at each scrape from the operator's watch
+    // cache, which sees its own status write a watch event after the API
+    // does: they follow within seconds, not at the same instant.
     let fenced_line = format!(
         "redpilot_redis_primary_fenced{{namespace=\"{}\",redis=\"pair\"}} 1",
         ns.name
@@ -120,15 +122,27 @@ async fn a_fenced_primary_is_reported_as_refusing_writes() {
         "redpilot_redis_primary_available{{namespace=\"{}\",redis=\"pair\"}} 0",
         ns.name
     );
+    let gauges_at = Instant::now();
+    let mut last_page = String::new();
+    let mut gauges_follow = false;
+    while gauges_at.elapsed() < Duration::from_secs(10) {
+        last_page = op.metrics().await.expect("operator metrics");
+        if last_page.contains(&fenced_line) && last_page.contains(&unavailable_line) {
+            gauges_follow = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
-        metrics.contains(&fenced_line) && metrics.contains(&unavailable_line),
-        "{fenced_line} and {unavailable_line} in:\n{}",
-        metrics
+        gauges_follow,
+        "{fenced_line} and {unavailable_line} within 10 s of the condition, last page:\n{}",
+        last_page
             .lines()
             .filter(|l| l.contains("primary_"))
             .collect::<Vec<_>>()
             .join("\n")
     );
+    let gauges_lag = gauges_at.elapsed();
     // Still refusing while reported so: the report is not stale.
     assert!(
         write(&client, &ns.name, &primary, &pw, "still")
@@ -155,10 +169,11 @@ async fn a_fenced_primary_is_reported_as_refusing_writes() {
     )
     .await;
     println!(
-        "fence closed {:.1}s after the cut ({refused}); Fenced reported {:.1}s after the cut; \
-         writable and reported again {:.1}s after the heal",
+        "fence closed {:.1}s after the cut ({refused}); Fenced reported {:.1}s after the cut, \
+         the gauges {} ms after the condition; writable and reported again {:.1}s after the heal",
         closed.as_secs_f64(),
         reported_after.as_secs_f64(),
+        gauges_lag.as_millis(),
         t.elapsed().as_secs_f64()
     );
 }
