@@ -157,6 +157,25 @@ async fn connections_and_info(engine: Engine) {
         "{:?}",
         t.elapsed()
     );
+    // A longer bound for one command (a SAVE, a MIGRATE) holds past the
+    // connection's command timeout, and the next command gets the short
+    // one back.
+    let mut n = Node::connect(&ep, &short).await.unwrap();
+    let t = Instant::now();
+    let _: redis::Value = n
+        .query_within(
+            "DEBUG SLEEP",
+            redis::cmd("DEBUG").arg("SLEEP").arg("1"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{engine:?}: a 1 s command within a 10 s bound: {e}"));
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    let err = n
+        .query::<redis::Value>("DEBUG SLEEP", redis::cmd("DEBUG").arg("SLEEP").arg("1"))
+        .await
+        .expect_err("the command timeout is back after the longer bound");
+    assert_eq!(err.category(), ErrorCategory::Timeout, "{engine:?}: {err}");
     println!("{}: INFO/auth/ACL/timeouts ok", engine.name());
 }
 

@@ -435,15 +435,25 @@ impl Node {
     }
 
     /// Like [`Node::query`] with an explicit bound (for commands that may take
-    /// longer than usual, such as `DEBUG` or `FLUSHALL`).
+    /// longer than usual, such as `SAVE`, `MIGRATE` or `DEBUG`).
     pub async fn query_within<T: FromRedisValue>(
         &mut self,
         command: &'static str,
         cmd: &redis::Cmd,
         bound: Duration,
     ) -> Result<T> {
+        // The crate bounds every response by the connection's timeout:
+        // lift it for this command, or it would cut a longer bound short.
+        let lifted = bound != self.command_timeout;
+        if lifted {
+            self.conn.set_response_timeout(bound);
+        }
         let fut = cmd.query_async::<T>(&mut self.conn);
-        bounded(&self.label, command, bound, fut).await
+        let out = bounded(&self.label, command, bound, fut).await;
+        if lifted {
+            self.conn.set_response_timeout(self.command_timeout);
+        }
+        out
     }
 
     /// Sends `pipe` in one round trip within the command timeout; `command`
