@@ -15,7 +15,10 @@
 //! the RSS slope per Redis. `IDLE_TUNING_SECS` sets the tuning look's
 //! interval (0 turns it off) to tell its share from the reconcile's;
 //! `IDLE_OPERATOR_BIN` runs another build of the operator (to compare
-//! builds or releases on the same machine and cluster).
+//! builds or releases on the same machine and cluster). Each window also
+//! prints the reconcile passes and Kubernetes requests per minute, from
+//! the operator's counters; `IDLE_PERF=<dir>` records `perf` samples of
+//! the window with the most Redis there.
 
 // The percentiles the other benches share are not needed here.
 #[allow(dead_code)]
@@ -28,7 +31,9 @@ use std::time::{Duration, Instant};
 use common::knob;
 use futures::{StreamExt, stream};
 use serde_json::json;
-use support::operator::{OperatorOptions, apply_redis, cpu_seconds, start_operator, wait_ready};
+use support::operator::{
+    OperatorOptions, apply_redis, cpu_seconds, metric_sum, start_operator, wait_ready,
+};
 use support::{TestNamespace, client};
 
 struct Window {
@@ -40,6 +45,10 @@ struct Window {
     anon_mib: f64,
     file_mib: f64,
     threads: u64,
+    /// Reconcile passes and Kubernetes requests per minute (from the
+    /// operator's counters).
+    reconciles_per_min: f64,
+    kube_requests_per_min: f64,
 }
 
 /// A field of /proc/<pid>/status (`kB` values in KiB).
@@ -60,10 +69,41 @@ async fn window(
 ) -> Window {
     let pid = op.pid().expect("operator pid");
     tokio::time::sleep(settle).await;
+    let counters = || async {
+        let page = op.metrics().await.unwrap_or_default();
+        (
+            metric_sum(&page, "redpilot_reconciliations_total").unwrap_or(0.0),
+            metric_sum(&page, "redpilot_kube_requests_total").unwrap_or(0.0),
+        )
+    };
+    let (passes0, requests0) = counters().await;
     let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
+    // IDLE_PERF: a directory; `perf record` samples the operator over the
+    // window with the most Redis (perf must be installed).
+    let perf = std::env::var("IDLE_PERF")
+        .ok()
+        .filter(|_| redis > 1)
+        .map(|dir| {
+            let out = format!("{dir}/idle-{redis}.perf.data");
+            println!("perf samples of this window: {out}");
+            std::process::Command::new("perf")
+                // The release build keeps no frame pointers: stacks are
+                // unwound from its unwind tables.
+                .args(["record", "-F", "499", "--call-graph", "dwarf,16384"])
+                .args(["-o", &out, "-p", &pid.to_string()])
+                .args(["--", "sleep", &idle.as_secs().to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("perf record (install perf, or unset IDLE_PERF)")
+        });
     tokio::time::sleep(idle).await;
     let cpu = cpu_seconds(pid) - cpu0;
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
+    let (passes1, requests1) = counters().await;
+    if let Some(mut perf) = perf {
+        let _ = perf.wait();
+    }
     let rss_mib = op.rss_kib().expect("operator RSS") as f64 / 1024.0;
     let w = Window {
         redis,
@@ -72,10 +112,13 @@ async fn window(
         anon_mib: status_field(pid, "RssAnon") as f64 / 1024.0,
         file_mib: status_field(pid, "RssFile") as f64 / 1024.0,
         threads: status_field(pid, "Threads"),
+        reconciles_per_min: (passes1 - passes0) / minutes,
+        kube_requests_per_min: (requests1 - requests0) / minutes,
     };
     println!(
         "{redis:>3} Redis idle {:.1} min: operator CPU {:.0} ms/min{}, RSS {rss_mib:.1} MiB \
-         (anonymous {:.1}, file {:.1}), {} threads",
+         (anonymous {:.1}, file {:.1}), {} threads; {:.1} reconciles/min, \
+         {:.1} API requests/min",
         minutes,
         w.cpu_ms_per_min,
         if redis > 0 {
@@ -88,7 +131,9 @@ async fn window(
         },
         w.anon_mib,
         w.file_mib,
-        w.threads
+        w.threads,
+        w.reconciles_per_min,
+        w.kube_requests_per_min
     );
     w
 }
@@ -160,5 +205,10 @@ async fn main() {
     println!(
         "| RSS per Redis (from 1 to {n}) | {:.0} KiB |",
         slope * 1024.0
+    );
+    println!(
+        "| reconciles / API requests per Redis per idle minute ({n} Redis) | {:.2} / {:.2} |",
+        many.reconciles_per_min / n as f64,
+        many.kube_requests_per_min / n as f64
     );
 }

@@ -87,6 +87,16 @@ impl ProbeConn {
         self.within(r, "PING")
     }
 
+    /// Returns when the connection has something to read between probes:
+    /// the server closed it (a killed process's socket is closed by its
+    /// kernel at once), it failed, or bytes came unasked (a server sends
+    /// none to a client that has not asked). Either way the connection is
+    /// not to be used again. Cancel-safe: dropped at the next probe.
+    pub async fn until_closed(&mut self) {
+        use tokio::io::AsyncBufReadExt;
+        let _ = self.stream.fill_buf().await;
+    }
+
     /// Sends `request` and reads a simple reply.
     async fn exchange(&mut self, request: &[u8], command: &'static str) -> Result<()> {
         self.write(request).await?;
