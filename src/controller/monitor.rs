@@ -440,14 +440,20 @@ async fn probe_loop(
     let mut conn: Option<ProbeConn> = None;
     let mut told_silent = false;
     let mut first = true;
+    // At most one probe between two ticks comes from a closed connection,
+    // so a server that accepts and closes at once cannot spin the loop.
+    let mut watch_close = true;
     loop {
         if !std::mem::take(&mut first) {
             // Between probes the open connection is watched too: a server
             // that dies closes it, and the probe runs then instead of at
             // the next tick.
             tokio::select! {
-                _ = ticker.tick() => {}
-                _ = closed(&mut conn) => conn = None,
+                _ = ticker.tick() => watch_close = true,
+                _ = closed(&mut conn), if watch_close => {
+                    conn = None;
+                    watch_close = false;
+                }
             }
         }
         let probe = if target.authenticate {
@@ -672,6 +678,80 @@ mod tests {
             Probe::Silent => "silent",
         };
         (reader.await.expect("reader"), name)
+    }
+
+    /// A listener that answers `AUTH` and `ROLE` as a primary, then closes
+    /// the connection at once; how many connections it took in `window`,
+    /// and the verdict at the end.
+    async fn connections_to_a_closing_primary(window: Duration) -> (usize, Verdict) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 512];
+                    let mut seen = Vec::new();
+                    // AUTH, then ROLE: answer each, then hang up.
+                    while let Ok(n) = sock.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&seen).to_string();
+                        if text.contains("ROLE") {
+                            let _ = sock.write_all(b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n").await;
+                            return;
+                        }
+                        if text.contains("AUTH") && !text.contains("+") {
+                            let _ = sock.write_all(b"+OK\r\n").await;
+                            seen.push(b'+');
+                        }
+                    }
+                });
+            }
+        });
+        let (monitor, _rx) = Monitor::new();
+        let obj = ObjectRef::<Redis>::new("closing").within("ns");
+        monitor.watch(
+            &obj,
+            Target {
+                pod: "closing-0".into(),
+                ip: "127.0.0.1".into(),
+                port,
+                silence: Duration::from_secs(5),
+                password: "pw".into(),
+                authenticate: true,
+                tls_ca: None,
+            },
+        );
+        tokio::time::sleep(window).await;
+        let verdict = monitor.health(&obj).map(|h| h.verdict);
+        monitor.unwatch(&obj);
+        server.abort();
+        (
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            verdict.expect("watched"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_server_that_closes_every_connection_does_not_spin_the_probe() {
+        // 2 s: the first probe and 4 or 5 ticks, each followed by at most
+        // one probe for its connection being closed; a probe without a
+        // connection makes two (a bare TCP connect that tells "refused"
+        // from "silent", then the login): at most 24.
+        let (connections, verdict) = connections_to_a_closing_primary(Duration::from_secs(2)).await;
+        assert!(
+            (4..=24).contains(&connections),
+            "{connections} connections in 2 s"
+        );
+        assert_eq!(verdict, Verdict::Healthy, "it answers as primary each time");
     }
 
     #[tokio::test]
