@@ -455,9 +455,14 @@ pub fn free_loopback_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// The operator binary under test.
+/// The operator binary under test: this build's, or the one
+/// `REDPILOT_TEST_OPERATOR_BIN` names (the benches run the release build of
+/// the operator under test code built in the dev profile).
 pub fn operator_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_redpilot"))
+    match std::env::var_os("REDPILOT_TEST_OPERATOR_BIN") {
+        Some(bin) if !bin.is_empty() => PathBuf::from(bin),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_redpilot")),
+    }
 }
 
 /// Directory for operator logs (`$CARGO_TARGET_TMPDIR/operator-logs`).
@@ -952,11 +957,21 @@ pub async fn recent_events(client: &Client, ns: &str, n: usize) -> String {
         Ok(l) => l.items,
         Err(e) => return format!("(listing events: {e})"),
     };
+    // An event repeated (the same reason and text) is one Event whose
+    // series says when it was last seen: sort by that, or a failover
+    // reported as often before would count among the oldest.
     list.sort_by_key(|e| {
-        e.last_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        [
+            e.series
+                .as_ref()
+                .and_then(|s| s.last_observed_time.as_ref())
+                .map(|t| t.0),
+            e.last_timestamp.as_ref().map(|t| t.0),
+            e.event_time.as_ref().map(|t| t.0),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
     });
     list.iter()
         .rev()
