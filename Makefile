@@ -146,8 +146,12 @@ bench-idle: engines cluster-up
 # FAILOVER_RUNS runs of each fault (kill -9, pod deletion, partition) under
 # counted writers, printing P4 p50/p99 and the writes lost; and the cost of
 # failure detection with 1,000 watched primaries. `make test` runs one of each.
+# BENCH_OPERATOR_BIN runs that operator binary under the test code (e.g. the
+# release build, with BENCH_PROFILE=dev for the test code: its whole-program
+# release build takes long).
 FAILOVER_RUNS ?= 20
 bench-failover: engines cluster-up
+	REDPILOT_TEST_OPERATOR_BIN=$(BENCH_OPERATOR_BIN) \
 	REDPILOT_FAILOVER_RUNS=$(FAILOVER_RUNS) $(CARGO) test --profile $(BENCH_PROFILE) \
 		--test operator_failover -- --nocapture --test-threads=1 killed deleted partitioned
 	REDPILOT_MONITOR_TARGETS=1000 $(CARGO) test --profile $(BENCH_PROFILE) \

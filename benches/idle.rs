@@ -45,10 +45,38 @@ struct Window {
     anon_mib: f64,
     file_mib: f64,
     threads: u64,
+    /// Of the binary's resident pages, those touched during the window
+    /// (MiB; `Referenced` in /proc/<pid>/smaps after `clear_refs`).
+    binary_touched_mib: f64,
     /// Reconcile passes and Kubernetes requests per minute (from the
     /// operator's counters).
     reconciles_per_min: f64,
     kube_requests_per_min: f64,
+}
+
+/// Sums `field` (kB) over the mappings of the process's own binary in
+/// /proc/<pid>/smaps.
+fn binary_smaps_kib(pid: u32, field: &str) -> u64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let exe = exe.to_string_lossy();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut ours = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        // A mapping's header starts with its address range.
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            ours = line.ends_with(exe.as_ref());
+        } else if ours && let Some(v) = line.strip_prefix(field).and_then(|v| v.strip_prefix(':')) {
+            kib += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0);
+        }
+    }
+    kib
 }
 
 /// A field of /proc/<pid>/status (`kB` values in KiB).
@@ -77,6 +105,8 @@ async fn window(
         )
     };
     let (passes0, requests0) = counters().await;
+    // From here on, pages the operator touches are marked referenced again.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "1").expect("clear_refs");
     let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
     // IDLE_PERF: a directory; `perf record` samples the operator over the
     // window with the most Redis (perf must be installed).
@@ -112,13 +142,14 @@ async fn window(
         anon_mib: status_field(pid, "RssAnon") as f64 / 1024.0,
         file_mib: status_field(pid, "RssFile") as f64 / 1024.0,
         threads: status_field(pid, "Threads"),
+        binary_touched_mib: binary_smaps_kib(pid, "Referenced") as f64 / 1024.0,
         reconciles_per_min: (passes1 - passes0) / minutes,
         kube_requests_per_min: (requests1 - requests0) / minutes,
     };
     println!(
         "{redis:>3} Redis idle {:.1} min: operator CPU {:.0} ms/min{}, RSS {rss_mib:.1} MiB \
-         (anonymous {:.1}, file {:.1}), {} threads; {:.1} reconciles/min, \
-         {:.1} API requests/min",
+         (anonymous {:.1}, file {:.1}; of the binary's pages {:.1} touched in the window), \
+         {} threads; {:.1} reconciles/min, {:.1} API requests/min",
         minutes,
         w.cpu_ms_per_min,
         if redis > 0 {
@@ -131,6 +162,7 @@ async fn window(
         },
         w.anon_mib,
         w.file_mib,
+        w.binary_touched_mib,
         w.threads,
         w.reconciles_per_min,
         w.kube_requests_per_min
@@ -172,6 +204,17 @@ async fn main() {
         opts.env
             .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), secs));
     }
+    // IDLE_OPERATOR_ENV: `NAME=value` pairs, comma-separated, added to the
+    // operator's environment (to try a runtime setting).
+    if let Ok(pairs) = std::env::var("IDLE_OPERATOR_ENV") {
+        for pair in pairs.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .expect("IDLE_OPERATOR_ENV: NAME=value pairs");
+            println!("operator environment: {k}={v}");
+            opts.env.push((k.into(), v.into()));
+        }
+    }
     // IDLE_OPERATOR_BIN: another build to measure (an earlier release, or
     // the same tree built another way); this tree's release build when
     // unset.
@@ -205,6 +248,10 @@ async fn main() {
     println!(
         "| RSS per Redis (from 1 to {n}) | {:.0} KiB |",
         slope * 1024.0
+    );
+    println!(
+        "| of the binary's resident pages, touched in the idle window ({n} Redis) | {:.1} MiB |",
+        many.binary_touched_mib
     );
     println!(
         "| reconciles / API requests per Redis per idle minute ({n} Redis) | {:.2} / {:.2} |",
