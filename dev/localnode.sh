@@ -118,6 +118,9 @@ stop() {
 		ip link del "${prefix}node0" 2>/dev/null || true
 	fi
 	rm -rf "$state"/pods/*/run-* 2>/dev/null || true
+	# Images pulled from a loopback registry are unpacked per digest; a new
+	# node pulls them again (each test build's operator image is another).
+	rm -rf "$state/images" 2>/dev/null || true
 	# Sized volumes (a class with parameters.sized "true") are tmpfs mounts:
 	# unmounted, so the state directory can go.
 	local vols

@@ -71,6 +71,21 @@ pub struct ResolvedImage {
     pub binaries: BTreeMap<String, PathBuf>,
     pub default_config: Vec<String>,
     pub entrypoint_arg_suffixes: Vec<String>,
+    /// A real image pulled from a loopback registry (oci.rs): the container
+    /// runs in its root file system, not the host's.
+    pub oci: Option<crate::oci::OciImage>,
+}
+
+impl ResolvedImage {
+    pub fn from_oci(oci: crate::oci::OciImage) -> Self {
+        Self {
+            entrypoint: String::new(),
+            binaries: BTreeMap::new(),
+            default_config: Vec::new(),
+            entrypoint_arg_suffixes: Vec::new(),
+            oci: Some(oci),
+        }
+    }
 }
 
 /// Why an image cannot run here (shown as the container's waiting message).
@@ -93,6 +108,8 @@ pub enum ImageError {
         path: String,
         map: String,
     },
+    #[error("pulling image \"{image}\": {message}")]
+    Pull { image: String, message: String },
 }
 
 impl ImageMap {
@@ -150,6 +167,11 @@ impl ImageMap {
         Ok(file.images)
     }
 
+    /// The repository the mapping's `{repo}` stands for.
+    pub fn repo(&self) -> &Path {
+        &self.repo
+    }
+
     /// Resolves an image reference to local programs.
     pub fn resolve(&self, image: &str) -> Result<ResolvedImage, ImageError> {
         self.refresh();
@@ -202,6 +224,7 @@ impl ImageMap {
             binaries,
             default_config: entry.default_config.clone(),
             entrypoint_arg_suffixes: entry.entrypoint_arg_suffixes.clone(),
+            oci: None,
         })
     }
 }
@@ -377,6 +400,7 @@ mod tests {
             binaries,
             default_config: vec!["protected-mode no".into()],
             entrypoint_arg_suffixes: vec![".conf".into()],
+            oci: None,
         }
     }
 

@@ -55,6 +55,11 @@ pub struct LaunchSpec {
     /// The container's memory cgroup, joined before anything else runs.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// A real image's unpacked root file system (oci.rs): the container's
+    /// root is an overlay of it and a writable layer, instead of the host's
+    /// directories.
+    #[serde(default)]
+    pub rootfs: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -164,6 +169,9 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
     }
     let root = Path::new(ROOT);
     std::fs::create_dir_all(root).at(root)?;
+    if let Some(rootfs) = &spec.rootfs {
+        return prepare_image_root(&spec, rootfs, root);
+    }
 
     // Host directory entries to carry into the new root (read before /tmp is covered).
     let mut entries: Vec<OsString> = Vec::new();
@@ -241,10 +249,87 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
         top_dirs.push(name_s);
     }
 
+    finish(&spec, root, &top_dirs, false)
+}
+
+/// The root of a container of a real image: one overlay with the image's
+/// files as the read-only lower layer and the container's writable layer
+/// above, then /proc, /sys, /dev and a private /tmp as for any container.
+fn prepare_image_root(
+    spec: &LaunchSpec,
+    rootfs: &Path,
+    root: &Path,
+) -> Result<std::process::Command> {
+    let upper = spec.layer_dir.join("upper");
+    let work = spec.layer_dir.join("work");
+    std::fs::create_dir_all(&upper).at(&upper)?;
+    std::fs::create_dir_all(&work).at(&work)?;
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        rootfs.display(),
+        upper.display(),
+        work.display()
+    );
+    let opts =
+        std::ffi::CString::new(opts).map_err(|e| Error::Setup(format!("overlay options: {e}")))?;
+    rustix::mount::mount(
+        "overlay",
+        root,
+        "overlay",
+        MountFlags::empty(),
+        opts.as_c_str(),
+    )
+    .map_err(|e| mount_err("mount image overlay", root, e))?;
+    // A bind mount of itself, so that readOnlyRootFilesystem can remount it
+    // read-only for this container alone.
+    rustix::mount::mount_bind(root, root).map_err(|e| mount_err("bind image root", root, e))?;
+    for name in ["proc", "sys", "dev"] {
+        let inside = root.join(name);
+        std::fs::create_dir_all(&inside).at(&inside)?;
+        let host = Path::new("/").join(name);
+        rustix::mount::mount_bind_recursive(&host, &inside)
+            .map_err(|e| mount_err("bind host directory", &inside, e))?;
+        if name == "sys" && spec.cgroup.is_some() {
+            mount_memory_cgroup(&inside);
+        }
+    }
+    // The image's own /tmp (an image may ship files there) stays, in the
+    // container's writable layer like the rest of its root; one the image
+    // lacks is made world-writable, as a runtime would.
+    let tmp = root.join("tmp");
+    if !tmp.exists() {
+        std::fs::create_dir_all(&tmp).at(&tmp)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).at(&tmp)?;
+    }
+    // /etc/hosts is the pod's, as a kubelet mounts it into every container.
+    if spec.hosts_file.is_some() {
+        let etc = root.join("etc");
+        std::fs::create_dir_all(&etc).at(&etc)?;
+        let hosts = etc.join("hosts");
+        if !hosts.exists() {
+            std::fs::write(&hosts, b"").at(&hosts)?;
+        }
+    }
+    finish(spec, root, &[], true)
+}
+
+/// What every container's root gets once its directories are in place: the
+/// mapped image's programs, /etc/hosts, the volumes, the read-only root,
+/// the hostname; then the program to exec.
+fn finish(
+    spec: &LaunchSpec,
+    root: &Path,
+    top_dirs: &[String],
+    image_root: bool,
+) -> Result<std::process::Command> {
     // The image's programs: each executable bind-mounted as a file, so it
     // stays reachable whatever the volumes cover.
+    if !spec.image_bins.is_empty() {
+        let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
+        std::fs::create_dir_all(&bin).at(&bin)?;
+    }
     let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
-    std::fs::create_dir_all(&bin).at(&bin)?;
     for (name, host) in &spec.image_bins {
         let file = bin.join(name);
         std::fs::write(&file, b"").at(&file)?;
@@ -312,8 +397,11 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
         let _ = std::fs::remove_dir_all(STAGING);
     }
 
-    if spec.read_only_root {
-        for name in &top_dirs {
+    if spec.read_only_root && image_root {
+        rustix::mount::mount_remount("/", MountFlags::BIND | MountFlags::RDONLY, c"")
+            .map_err(|e| mount_err("remount root read-only", Path::new("/"), e))?;
+    } else if spec.read_only_root {
+        for name in top_dirs {
             let inside = Path::new("/").join(name);
             // A volume mounted right there (an emptyDir at /tmp) keeps its
             // own mode, as with a kubelet: only the root itself is read-only.

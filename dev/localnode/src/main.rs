@@ -14,6 +14,7 @@ mod launch;
 mod logs;
 mod net;
 mod node;
+mod oci;
 mod pod;
 mod probe;
 mod provisioner;

@@ -656,7 +656,13 @@ impl Worker {
 
     /// The container's environment in kubelet order: envFrom, then env,
     /// each value expanded against what came before.
-    async fn build_env(&self, c: &Container) -> Result<Vec<(String, String)>> {
+    /// The container's environment over the image's own (`image_env`), as
+    /// a kubelet merges them.
+    async fn build_env(
+        &self,
+        c: &Container,
+        image_env: &[(String, String)],
+    ) -> Result<Vec<(String, String)>> {
         let mut refs = Refs::new(self.ctx.client.clone(), &self.ns);
         let mut vars: BTreeMap<String, String> = BTreeMap::new();
         let mut order: Vec<String> = Vec::new();
@@ -666,6 +672,9 @@ impl Worker {
             }
             vars.insert(k, v);
         };
+        for (k, v) in image_env {
+            set(&mut vars, k.clone(), v.clone());
+        }
         let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
         for ef in c.env_from.as_deref().unwrap_or(&[]) {
             let prefix = ef.prefix.clone().unwrap_or_default();
@@ -776,7 +785,21 @@ impl Worker {
     }
 
     async fn start(&mut self, idx: usize) {
-        let image = self.ctx.images.resolve(&self.ctrs[idx].image_ref);
+        let image_ref = self.ctrs[idx].image_ref.clone();
+        let image = if crate::oci::is_registry_ref(&image_ref) {
+            let crane = std::env::var_os("LOCALNODE_CRANE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| self.ctx.images.repo().join("bin/crane"));
+            crate::oci::pull(&crane, &self.ctx.state_dir.join("images"), &image_ref)
+                .await
+                .map(ResolvedImage::from_oci)
+                .map_err(|message| ImageError::Pull {
+                    image: image_ref.clone(),
+                    message,
+                })
+        } else {
+            self.ctx.images.resolve(&image_ref)
+        };
         let image = match image {
             Ok(i) => i,
             Err(e) => {
@@ -791,7 +814,12 @@ impl Worker {
                 let delay = (FIRST_BACKOFF * c.image_attempts.min(30)).min(MAX_BACKOFF);
                 c.next_start = Instant::now() + delay;
                 let name = c.spec.name.clone();
-                if matches!(e, ImageError::Unmapped { .. } | ImageError::Missing { .. }) {
+                if matches!(
+                    e,
+                    ImageError::Unmapped { .. }
+                        | ImageError::Missing { .. }
+                        | ImageError::Pull { .. }
+                ) {
                     self.event("Warning", "Failed", &format!("container {name}: {e}"))
                         .await;
                 }
@@ -799,7 +827,12 @@ impl Worker {
             }
         };
         let c_spec = self.ctrs[idx].spec.clone();
-        let env = match self.build_env(&c_spec).await {
+        let image_env = image
+            .oci
+            .as_ref()
+            .map(|o| o.env.clone())
+            .unwrap_or_default();
+        let env = match self.build_env(&c_spec, &image_env).await {
             Ok(e) => e,
             Err(e) => {
                 let c = &mut self.ctrs[idx];
@@ -856,7 +889,28 @@ impl Worker {
             .iter()
             .map(|s| expand(s, &vars))
             .collect();
-        let mut inv = image.invocation(&command, &args);
+        let mut inv = match &image.oci {
+            Some(oci) => {
+                let argv = oci.argv(&command, &args);
+                let Some((first, rest)) = argv.split_first() else {
+                    return Err(Error::ContainerConfig(
+                        "no command: the pod gives none and the image has no entrypoint".into(),
+                    ));
+                };
+                let path = vars.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH);
+                let program = oci.locate(first, path).ok_or_else(|| {
+                    Error::ContainerConfig(format!(
+                        "exec: \"{first}\": executable file not found in $PATH ({path}) of the image"
+                    ))
+                })?;
+                crate::images::Invocation {
+                    arg0: first.clone(),
+                    program,
+                    args: rest.to_vec(),
+                }
+            }
+            None => image.invocation(&command, &args),
+        };
         if image.takes_default_config(&inv)
             && inv.args.first().is_none_or(|a| a.starts_with('-'))
             && !inv.args.iter().any(|a| a == "--sentinel")
@@ -919,7 +973,11 @@ impl Worker {
         }
         let fallback_to_logs =
             c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
-        let (uid, gid, read_only_root) = security(&self.pod, c)?;
+        let image_user = match &image.oci {
+            Some(oci) => oci.user_ids().map_err(Error::ContainerConfig)?,
+            None => (None, None),
+        };
+        let (uid, gid, read_only_root) = security(&self.pod, c, image_user)?;
         // A fresh writable layer for every start, like a new container.
         let layer_dir = self.run_dir.join("layers").join(&cname);
         if layer_dir.exists() {
@@ -945,7 +1003,11 @@ impl Worker {
             arg0: inv.arg0.clone(),
             args: inv.args.clone(),
             env: env.clone(),
-            workdir: c.working_dir.clone(),
+            workdir: c
+                .working_dir
+                .clone()
+                .or_else(|| image.oci.as_ref().and_then(|o| o.workdir.clone())),
+            rootfs: image.oci.as_ref().map(|o| o.rootfs.clone()),
             uid,
             gid,
             read_only_root,
@@ -1030,14 +1092,19 @@ impl Worker {
         if c.last.is_some() {
             c.restart_count += 1;
         }
-        c.image_id = format!(
-            "localnode://{}",
-            image
-                .binaries
-                .get(&image.entrypoint)
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
+        // A pulled image is identified by its digest, as a kubelet reports
+        // it; a mapped one by the program it runs.
+        c.image_id = match &image.oci {
+            Some(oci) => format!("{}@{}", crate::oci::repository(&c.image_ref), oci.digest),
+            None => format!(
+                "localnode://{}",
+                image
+                    .binaries
+                    .get(&image.entrypoint)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+        };
         c.waiting = (String::new(), None);
         c.ready = false;
         c.started = false;
@@ -2216,15 +2283,24 @@ fn spawn_main_probes(
 /// The effective user, group and read-only root of a container, from the
 /// pod's and the container's securityContext. The images this node maps
 /// run as root unless told otherwise, so runAsNonRoot needs a runAsUser.
-fn security(pod: &Pod, c: &Container) -> Result<(Option<u32>, Option<u32>, bool)> {
+/// The user and group a container runs as and whether its root is
+/// read-only; `image_user` is what the image says (a real image's `User`),
+/// used where the pod says nothing.
+fn security(
+    pod: &Pod,
+    c: &Container,
+    image_user: (Option<u32>, Option<u32>),
+) -> Result<(Option<u32>, Option<u32>, bool)> {
     let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let csc = c.security_context.as_ref();
     let uid = csc
         .and_then(|s| s.run_as_user)
-        .or(psc.and_then(|s| s.run_as_user));
+        .or(psc.and_then(|s| s.run_as_user))
+        .or(image_user.0.map(i64::from));
     let gid = csc
         .and_then(|s| s.run_as_group)
-        .or(psc.and_then(|s| s.run_as_group));
+        .or(psc.and_then(|s| s.run_as_group))
+        .or(image_user.1.map(i64::from));
     let non_root = csc
         .and_then(|s| s.run_as_non_root)
         .or(psc.and_then(|s| s.run_as_non_root))

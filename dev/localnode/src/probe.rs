@@ -124,6 +124,20 @@ pub async fn exec(command: &[String], t: &Target, timeout: Duration) -> Outcome 
 
 /// `nsenter` into a container's namespaces and root with its environment.
 pub fn exec_command(command: &[String], t: &Target) -> tokio::process::Command {
+    // A real image's root (oci.rs) may have no /usr/bin/env: nsenter then
+    // execs the command itself, with the container's environment (its PATH
+    // finds the program inside the root).
+    let root_env = format!("/proc/{}/root/usr/bin/env", t.pid);
+    if !std::path::Path::new(&root_env).exists() {
+        let mut cmd = tokio::process::Command::new(host_program("nsenter"));
+        cmd.arg("-t")
+            .arg(t.pid.to_string())
+            .args(["-m", "-u", "-n", "-r", "-w", "--"])
+            .args(command)
+            .env_clear()
+            .envs(t.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        return cmd;
+    }
     let mut cmd = tokio::process::Command::new("nsenter");
     cmd.arg("-t").arg(t.pid.to_string()).args([
         "-m",
@@ -144,6 +158,17 @@ pub fn exec_command(command: &[String], t: &Target) -> tokio::process::Command {
     }
     cmd.args(command);
     cmd
+}
+
+/// The host's `name` on this process's `PATH` (a command whose environment
+/// is the container's would otherwise look for it on the container's).
+fn host_program(name: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| std::path::PathBuf::from(name))
 }
 
 fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
