@@ -28,12 +28,12 @@ TOOL_GROUPS_INSIGHTS := prometheus jaeger prometheus-crds
 # Security: the cert-manager CRDs (spec.tls.issuerRef).
 TOOL_GROUPS_SECURITY := cert-manager-crds
 # Distribution: Helm (the chart suite).
-TOOL_GROUPS_DIST := helm image
+TOOL_GROUPS_DIST := helm image grpcprobe
 TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_SECURITY) $(TOOL_GROUPS_DIST)
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -271,6 +271,36 @@ install-yaml:
 image: tools-image
 	$(CARGO) build --release --bin redpilot
 	bash hack/image.sh
+
+# A registry for the images below: bin/crane registry serve on $(REGISTRY),
+# blobs in .dev/registry/ (manifests live in the process: a restarted
+# registry needs a new `make catalog-image`).
+REGISTRY ?= 127.0.0.1:5100
+registry: tools-image
+	@if curl -fsS -o /dev/null http://$(REGISTRY)/v2/ 2>/dev/null; then \
+		echo "registry: http://$(REGISTRY)/v2/ answers"; \
+	else \
+		mkdir -p .dev/registry; \
+		nohup bin/crane registry serve --address $(REGISTRY) --disk .dev/registry \
+			>.dev/registry.log 2>&1 & echo $$! >.dev/registry.pid; \
+		for i in $$(seq 50); do curl -fsS -o /dev/null http://$(REGISTRY)/v2/ 2>/dev/null && break; sleep 0.1; done; \
+		curl -fsS -o /dev/null http://$(REGISTRY)/v2/ || { echo "registry: did not start; see .dev/registry.log" >&2; exit 1; }; \
+		echo "registry: serving http://$(REGISTRY)/v2/ (pid $$(cat .dev/registry.pid), log .dev/registry.log)"; \
+	fi
+
+registry-down:
+	@if [ -f .dev/registry.pid ]; then kill $$(cat .dev/registry.pid) 2>/dev/null || true; rm -f .dev/registry.pid; fi
+
+# Publishing (hack/publish.sh) to $(REGISTRY): each release's operator image
+# and bundle image (its CSV naming the operator by digest), the catalog
+# image rendered from the pushed bundles by `opm alpha render-template
+# semver`, and the two helper images OLM unpacks bundles with. References
+# with digests in dist/publish/images.env.
+bundle-image: tools registry release-bins
+	$(CARGO) build --release --bin redpilot
+	REGISTRY=$(REGISTRY) bash hack/publish.sh
+
+catalog-image: bundle-image
 
 # The Helm chart deploy/helm/redpilot, from the same sources (a test checks).
 helm-chart:

@@ -2,8 +2,10 @@
 #
 #   make catalog && docker build -f catalog.Dockerfile -t quay.io/redpilot/redpilot-catalog:latest .
 #
-# Not built by `make test` (no container engine here); `make test` serves the
-# same directory with `bin/opm serve` and installs from it through OLM.
+# This image carries the checked-in catalog, whose bundles are embedded.
+# `make catalog-image` (hack/publish.sh) builds, without a container engine,
+# the published catalog image instead: rendered from pushed bundle images,
+# each named by digest; `make test` installs through it with OLM.
 # The opm version matches tools/opm/go.mod.
 FROM quay.io/operator-framework/opm:v1.73.0
 ENTRYPOINT ["/bin/opm"]
