@@ -15,8 +15,15 @@
 //!
 //! The first install is the previous release (catalog/releases.txt): its
 //! catalog and its operator built from its git commit (make release-bins).
-//! Then the CatalogSource is pointed at this tree's catalog, which adds this
-//! release; the Subscription upgrades, and the old CSV disappears. It stays
+//! Then the release is published as a release pipeline does
+//! (hack/publish.sh, to a registry on loopback): each release's operator
+//! image, bundle images naming it by digest, and a catalog image rendered by
+//! `opm alpha render-template semver` from the pushed bundles. The
+//! CatalogSource is pointed at the catalog image: OLM runs it as a pod,
+//! unpacks the new bundle image in a Job with the published helper images,
+//! and the new operator runs from its image, pulled and unpacked by the
+//! local node (a missing library or a wrong path would fail it). The
+//! Subscription upgrades, and the old CSV disappears. It stays
 //! on `stable`, the channel 0.1.0's catalog offered: this tree's catalog
 //! keeps it next to the semver template's `stable-v0`, with the same
 //! entries. A Replication Redis created before the upgrade, under a writer,
@@ -29,8 +36,8 @@ mod olm_cluster;
 mod olm_common;
 mod support;
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -220,6 +227,7 @@ async fn assert_installed_as_declared(
     csv_name: &str,
     version: &str,
     least_privilege: bool,
+    image: Option<&str>,
 ) {
     let csv = csv_api(client, ns)
         .get(csv_name)
@@ -280,14 +288,22 @@ async fn assert_installed_as_declared(
     );
     let pod_spec = dep.spec.template.spec.as_ref().expect("a pod template");
     let container = &pod_spec.containers[0];
-    assert!(
-        container
-            .image
-            .as_deref()
-            .is_some_and(|i| i.ends_with(&format!(":{version}"))),
-        "the Deployment runs {:?}, not the {version} image",
-        container.image
-    );
+    match image {
+        // Published: the CSV names the image by the digest pushed.
+        Some(want) => assert_eq!(
+            container.image.as_deref(),
+            Some(want),
+            "the Deployment runs another image than the published {version} one"
+        ),
+        None => assert!(
+            container
+                .image
+                .as_deref()
+                .is_some_and(|i| i.ends_with(&format!(":{version}"))),
+            "the Deployment runs {:?}, not the {version} image",
+            container.image
+        ),
+    }
     // The operator really runs: its ready pod is on the local node (which
     // runs pods as processes), not on a simulated kwok node.
     let selector = dep
@@ -324,16 +340,31 @@ async fn assert_installed_as_declared(
             .unwrap_or_default()
             .get("redpilot.io/localnode")
             .is_some_and(|v| v == "true");
-        if ready && local {
+        // A published image was pulled and run by its digest (the local
+        // node reports the digest it unpacked, as a kubelet does).
+        let image_id = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first())
+            .map(|c| c.image_id.clone())
+            .unwrap_or_default();
+        if ready && local && image.is_none_or(|want| image_id == want) {
             real_ready += 1;
         }
     }
     assert!(
         real_ready >= 1,
-        "no ready operator pod on the local node (pods: {:?})",
+        "no ready operator pod on the local node running {image:?} (pods: {:?})",
         pods.items
             .iter()
-            .map(|p| &p.metadata.name)
+            .map(|p| (
+                &p.metadata.name,
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .map(|cs| cs.iter().map(|c| c.image_id.clone()).collect::<Vec<_>>())
+            ))
             .collect::<Vec<_>>()
     );
     let annotations = dep
@@ -491,6 +522,145 @@ fn previous_release(version: &str) -> (String, PathBuf) {
     (prev, catalog)
 }
 
+/// A registry on a free loopback port (`bin/crane registry serve`, blobs
+/// under `dir`), once it answers.
+fn start_registry(logs: &Path, dir: &Path) -> (Proc, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    std::fs::create_dir_all(dir).expect("the registry's directory");
+    let mut proc = Proc::start(
+        "registry",
+        Command::new(tool("crane"))
+            .args(["registry", "serve", "--address", &addr, "--disk"])
+            .arg(dir),
+        logs,
+    );
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        proc.assert_running();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the registry did not listen on {addr}:\n{}",
+            proc.tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (proc, addr)
+}
+
+/// `hack/publish.sh` into `out` with this build's operator: every reference
+/// it pushed (its images.env), by name.
+fn publish(registry: &str, out: &Path) -> BTreeMap<String, String> {
+    let started = Instant::now();
+    run_ok(
+        Command::new("bash")
+            .arg(root().join("hack/publish.sh"))
+            .env("REGISTRY", registry)
+            .env("OUT", out)
+            .env("OPERATOR_BIN", env!("CARGO_BIN_EXE_redpilot")),
+    );
+    let env = std::fs::read_to_string(out.join("images.env")).expect("images.env");
+    let refs: BTreeMap<String, String> = env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    println!(
+        "published to {registry} in {:.1}s: {refs:#?}",
+        started.elapsed().as_secs_f64()
+    );
+    refs
+}
+
+/// The published catalog against the checked-in one: the same channels with
+/// the same entries, each bundle named by the digest pushed, and each
+/// bundle's related images holding its operator image by digest.
+fn assert_published_catalog(out: &Path, refs: &BTreeMap<String, String>) {
+    let text = std::fs::read_to_string(out.join("catalog/redpilot/catalog.json"))
+        .expect("the published catalog");
+    let docs: Vec<Value> = serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .map(|d| d.expect("catalog JSON"))
+        .collect();
+    let channels = |docs: &[Value]| -> BTreeMap<String, Value> {
+        docs.iter()
+            .filter(|d| d["schema"] == "olm.channel")
+            .map(|d| {
+                (
+                    d["name"].as_str().unwrap_or_default().to_string(),
+                    d["entries"].clone(),
+                )
+            })
+            .collect()
+    };
+    let checked_in = yaml_docs(&root().join("catalog/redpilot/channels.yaml"));
+    assert_eq!(
+        channels(&docs),
+        channels(&checked_in),
+        "the published catalog's channels differ from catalog/redpilot/channels.yaml"
+    );
+    let bundles: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["schema"] == "olm.bundle")
+        .collect();
+    assert!(!bundles.is_empty(), "no bundle in the published catalog");
+    for b in bundles {
+        let name = b["name"].as_str().expect("a bundle name");
+        let key = name.trim_start_matches("redpilot.v").replace('.', "_");
+        let want_bundle = &refs[&format!("BUNDLE_{key}")];
+        let want_operator = &refs[&format!("OPERATOR_{key}")];
+        assert_eq!(b["image"].as_str(), Some(want_bundle.as_str()), "{name}");
+        assert!(want_bundle.contains("@sha256:"), "{want_bundle}");
+        let related: Vec<&str> = b["relatedImages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["image"].as_str())
+            .collect();
+        assert!(
+            related.contains(&want_operator.as_str()),
+            "{name}: related images {related:?} lack the operator {want_operator}"
+        );
+    }
+}
+
+/// There is no cluster DNS nor kube-proxy here: OLM's catalog operator runs
+/// in a mount namespace of its own whose /etc/hosts is `hosts`, and this
+/// task maps the catalog Service's name (`<catalog source>.<ns>.svc`, the
+/// address OLM dials) to the registry pod's IP while it runs, as cluster
+/// DNS and the Service would route it.
+fn map_catalog_service(
+    client: &Client,
+    ns: &str,
+    source: &str,
+    hosts: PathBuf,
+    base: String,
+) -> tokio::task::JoinHandle<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let name = format!("{source}.{ns}.svc");
+    let selector = format!("olm.catalogSource={source}");
+    tokio::spawn(async move {
+        let mut mapped = String::new();
+        loop {
+            if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
+                let ip = list
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+                    .next_back();
+                if let Some(ip) = ip
+                    && ip != mapped
+                {
+                    // Written in place: the bind mount holds this inode.
+                    let _ = std::fs::write(&hosts, format!("{base}{ip}\t{name}\n"));
+                    mapped = ip;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscription_installs_then_upgrades_through_the_catalog() {
     let started = Instant::now();
@@ -504,11 +674,18 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     std::fs::create_dir_all(&logs).unwrap();
 
     // The previous release, as its users installed it: its own catalog
-    // and its operator built from its git commit. Then this tree's catalog,
-    // which adds this release.
+    // and its operator built from its git commit. Then this release as
+    // published: every release's operator and bundle image and the catalog
+    // image, pushed to a registry (hack/publish.sh).
     let next = bundle_version();
     let (version, prev_catalog) = previous_release(&next);
-    let next_catalog = root().join("catalog");
+    let (mut registry, registry_addr) = start_registry(&logs, &work.path().join("registry"));
+    let published_dir = work.path().join("publish");
+    let published = publish(&registry_addr, &published_dir);
+    let registry_log_at_publish = std::fs::metadata(&registry.log).map_or(0, |m| m.len());
+    assert_published_catalog(&published_dir, &published);
+    let next_key = next.replace('.', "_");
+    let next_operator = published[&format!("OPERATOR_{next_key}")].clone();
 
     // OLM.
     install_olm_crds(&client).await;
@@ -524,11 +701,24 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         ]),
         &logs,
     );
+    // The catalog operator unpacks bundle images with the published helper
+    // images, runs its workloads as UID 1001 (upstream OLM's setting, which
+    // the restricted profile needs), and sees the hosts file below.
+    let hosts = work.path().join("hosts");
+    let hosts_base = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    std::fs::write(&hosts, &hosts_base).expect("writing the hosts file");
     let mut catalog = Proc::start(
         "catalog",
-        Command::new(&catalog_bin)
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+            .arg(&hosts)
+            .arg(&catalog_bin)
             .env("KUBECONFIG", &kubeconfig)
-            .args(["--namespace", OLM_NAMESPACE, "--writeStatusName", ""]),
+            .args(["--namespace", OLM_NAMESPACE, "--writeStatusName", ""])
+            .arg(format!("--util-image={}", published["OLM_UTIL"]))
+            .arg(format!("--opmImage={}", published["OPM"]))
+            .arg("--set-workload-user-id=true"),
         &logs,
     );
     let (mut opm1, port1) = serve_catalog(&prev_catalog, "opm-serve-1", &logs);
@@ -599,7 +789,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     )
     .await;
     let install_secs = install_start.elapsed().as_secs_f64();
-    assert_installed_as_declared(&client, n, &csv1, &version, false).await;
+    assert_installed_as_declared(&client, n, &csv1, &version, false, None).await;
     println!("OLM: {csv1} Succeeded in {install_secs:.1}s");
 
     // A Redis the installed operator runs, written to and watched through
@@ -642,16 +832,22 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         (stop, task)
     };
 
-    // Upgrade: serve the next revision, point the CatalogSource at it.
-    let (mut opm2, port2) = serve_catalog(&next_catalog, "opm-serve-2", &logs);
+    // Upgrade: point the CatalogSource at the published catalog image. OLM
+    // runs it as a pod (opm serve from the image's /configs), unpacks the
+    // new bundle image with a Job, and the new operator runs from its image.
+    let mapping = map_catalog_service(&client, n, "redpilot", hosts.clone(), hosts_base.clone());
     catsrc
         .patch(
             "redpilot",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"address": format!("127.0.0.1:{port2}")}})),
+            &Patch::Merge(json!({"spec": {
+                "address": null,
+                "image": published["CATALOG"],
+                "grpcPodConfig": {"securityContextConfig": "restricted"}
+            }})),
         )
         .await
-        .expect("pointing the CatalogSource at the next revision");
+        .expect("pointing the CatalogSource at the catalog image");
     let csv2 = format!("redpilot.v{next}");
     let upgrade_start = Instant::now();
     wait_or_explain(
@@ -659,7 +855,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         Duration::from_secs(240),
         &client,
         n,
-        &mut [&mut olm, &mut catalog, &mut opm2],
+        &mut [&mut olm, &mut catalog, &mut registry],
         {
             let (c, ns, old_name, new_name, subs) = (
                 client.clone(),
@@ -690,7 +886,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     )
     .await;
     let upgrade_secs = upgrade_start.elapsed().as_secs_f64();
-    assert_installed_as_declared(&client, n, &csv2, &next, true).await;
+    assert_installed_as_declared(&client, n, &csv2, &next, true, Some(&next_operator)).await;
     let csv = csv_api(&client, n).get(&csv2).await.unwrap();
     assert_eq!(
         csv.data["spec"]["replaces"],
@@ -698,6 +894,34 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         "{csv2} replaces {csv1}"
     );
     drop(opm1);
+    mapping.abort();
+    // What the local node asked the registry for after publishing: the
+    // catalog image, the new bundle image (unpacked by OLM's Job with the
+    // helper images) and the new operator image, each by the digest
+    // published. A digest the node unpacked before (an earlier run of this
+    // test) is only resolved (HEAD), not downloaded again.
+    let log = std::fs::read(&registry.log).expect("the registry's log");
+    let pulled = String::from_utf8_lossy(&log[registry_log_at_publish as usize..]).into_owned();
+    for key in [
+        "CATALOG".to_string(),
+        format!("BUNDLE_{next_key}"),
+        format!("OPERATOR_{next_key}"),
+        "OLM_UTIL".to_string(),
+        "OPM".to_string(),
+    ] {
+        let (repo, digest) = published[&key]
+            .split_once('@')
+            .expect("a reference by digest");
+        let path = repo.split_once('/').map_or(repo, |(_, p)| p);
+        let want = format!(" /v2/{path}/manifests/{digest}");
+        assert!(
+            pulled
+                .lines()
+                .any(|l| l.ends_with(&want) && (l.contains(" GET /") || l.contains(" HEAD /"))),
+            "{key} was not asked of the registry (GET or HEAD{want}); the registry's log since publishing:\n{}",
+            pulled.lines().take(60).collect::<Vec<_>>().join("\n")
+        );
+    }
     println!("OLM: upgraded {csv1} -> {csv2} in {upgrade_secs:.1}s; {csv1} is gone");
 
     // The new operator has taken over (its lease, its first passes): the
@@ -707,7 +931,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         Duration::from_secs(120),
         &client,
         n,
-        &mut [&mut olm, &mut catalog, &mut opm2],
+        &mut [&mut olm, &mut catalog, &mut registry],
         {
             let (leases, old) = (leases.clone(), old_holder.clone());
             move || {
