@@ -23,7 +23,8 @@
 //! unpacks the new bundle image in a Job with the published helper images,
 //! and the new operator runs from its image, pulled and unpacked by the
 //! local node (a missing library or a wrong path would fail it). The
-//! Subscription upgrades, and the old CSV disappears. It stays
+//! Subscription upgrades, and the old CSV disappears. A backup taken after
+//! the upgrade runs its agent from the same image. It stays
 //! on `stable`, the channel 0.1.0's catalog offered: this tree's catalog
 //! keeps it next to the semver template's `stable-v0`, with the same
 //! entries. A Replication Redis created before the upgrade, under a writer,
@@ -991,6 +992,82 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
          writes acknowledged with no error; lease now held by {new_pod}",
         pods_after.len(),
         keys.len()
+    );
+    // The backup agent runs from the same published image: a backup to a
+    // volume completes, and the Job's pod ran the operator image by digest.
+    support::operator::create_claim(&client, n, "backups").await;
+    let backups: Api<redpilot::api::v1alpha1::RedisBackup> = Api::namespaced(client.clone(), n);
+    let backup = serde_json::from_value(json!({
+        "apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+        "metadata": {"name": "after-upgrade"},
+        "spec": {"redis": "cache", "target": {"volume": {"claimName": "backups"}}}
+    }))
+    .expect("a RedisBackup");
+    backups
+        .create(&kube::api::PostParams::default(), &backup)
+        .await
+        .expect("creating the RedisBackup");
+    let agent_images = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let backup_started = Instant::now();
+    let phase = wait_or_explain(
+        "the backup after the upgrade to end",
+        Duration::from_secs(120),
+        &client,
+        n,
+        &mut [&mut olm, &mut catalog, &mut registry],
+        {
+            let (backups, pods, seen) = (
+                backups.clone(),
+                Api::<Pod>::namespaced(client.clone(), n),
+                agent_images.clone(),
+            );
+            move || {
+                let (backups, pods, seen) = (backups.clone(), pods.clone(), seen.clone());
+                async move {
+                    // The agent's pods (owned by a Job), while they exist.
+                    for p in pods.list(&ListParams::default()).await.ok()?.items {
+                        let by_job = p
+                            .metadata
+                            .owner_references
+                            .iter()
+                            .flatten()
+                            .any(|o| o.kind == "Job");
+                        let ids = p
+                            .status
+                            .and_then(|s| s.container_statuses)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|c| c.image_id)
+                            .filter(|i| !i.is_empty());
+                        if by_job && let Ok(mut seen) = seen.lock() {
+                            seen.extend(ids);
+                        }
+                    }
+                    let phase = backups.get("after-upgrade").await.ok()?.status?.phase?;
+                    matches!(
+                        phase,
+                        redpilot::api::v1alpha1::BackupPhase::Completed
+                            | redpilot::api::v1alpha1::BackupPhase::Failed
+                    )
+                    .then_some(phase)
+                }
+            }
+        },
+    )
+    .await;
+    let seen = agent_images.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(
+        phase,
+        redpilot::api::v1alpha1::BackupPhase::Completed,
+        "the backup after the upgrade did not complete"
+    );
+    assert!(
+        seen.contains(&next_operator),
+        "the backup agent's pod did not run {next_operator}: image IDs seen {seen:?}"
+    );
+    println!(
+        "backup agent from {next_operator}: Completed in {:.1}s",
+        backup_started.elapsed().as_secs_f64()
     );
     println!(
         "OLM e2e: {:.1}s in all (install {install_secs:.1}s, upgrade {upgrade_secs:.1}s)",
