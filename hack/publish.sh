@@ -167,7 +167,12 @@ bin/opm validate "$out/catalog" || fail "opm validate rejected the rendered cata
 # 4. The catalog image: opm serving /configs, as OLM's grpc CatalogSource
 #    runs it (readiness by grpc_health_probe), with the serving cache built
 #    here, as `opm generate dockerfile`'s image builds it (opm serve checks
-#    the cache against the catalog before it serves).
+#    the cache against the catalog before it serves). opm's default cache
+#    backend (pogreb) differs from build to build; its json backend, which
+#    opm picks for a directory holding cache/ and digest, does not, so the
+#    image is reproducible. The placeholder digest makes opm rebuild it.
+mkdir -p "$out/cache/cache"
+echo none >"$out/cache/digest"
 bin/opm serve "$out/catalog" --cache-dir="$out/cache" --cache-only >"$out/cache.log" 2>&1 ||
 	fail "building the catalog's serving cache: $(tail -5 "$out/cache.log")"
 d=$(bin/redpilot-dirimage --push "$registry/redpilot/redpilot-catalog:latest" --created "$epoch" \

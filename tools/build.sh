@@ -147,12 +147,13 @@ operator-sdk | opm | olm | image)
 	# These wrappers may pin more than the main module (tools/operator-sdk
 	# pins a newer validator library), so their builds are keyed by go.mod
 	# and go.sum as well: a changed pin rebuilds. A module with programs of
-	# its own (tools/<dir>/cmd/) is keyed by their sources too: an edit
+	# its own (tools/<dir>/cmd/, and the packages they share in internal/)
+	# is keyed by their sources too: an edit
 	# rebuilds, and so is the list of packages built: a program added to a
 	# group builds.
 	own=()
 	if [[ -d $here/$dir/cmd ]]; then
-		mapfile -t own < <(cd "$here/$dir" && find cmd -type f -name '*.go' | LC_ALL=C sort)
+		mapfile -t own < <(cd "$here/$dir" && find cmd internal -type f -name '*.go' 2>/dev/null | LC_ALL=C sort)
 	fi
 	dest+=-$(
 		cd "$here/$dir"

@@ -9,27 +9,24 @@
 //	                  [--user U] [--env K=V]... [--created UNIX_SECONDS]
 //	                  [--chown UID:/DEST]... [--json FILE]
 //
-// --add copies a file, or a directory tree, to DEST in the image (file modes
-// are kept as executable or not; owners are 0, or UID for what --chown
-// names: a directory the image's user writes to). --link adds a symbolic link.
+// --add copies a file, or a directory tree, to DEST in the image (permission
+// bits as the files have them, which opm's serving cache checks; owners are
+// 0, or UID for what --chown names: a directory the image's user writes
+// to). --link adds a symbolic link.
 // The registry is reached over plain HTTP when it is a loopback address, as
 // go-containerregistry does for localhost. It prints the reference with its
 // digest; --json writes reference, digest and size as JSON too.
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -38,23 +35,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"redpilot.dev/tools/image/internal/tarlayer"
 )
 
 type list []string
 
 func (l *list) String() string     { return strings.Join(*l, ",") }
 func (l *list) Set(v string) error { *l = append(*l, v); return nil }
-
-type entry struct {
-	path string
-	data []byte
-	mode int64
-	dir  bool
-	link string
-	own  int
-}
 
 func main() {
 	if err := run(); err != nil {
@@ -87,11 +75,11 @@ func run() error {
 	}
 	when := time.Unix(*created, 0).UTC()
 
-	files := map[string]entry{}
+	files := map[string]tarlayer.Entry{}
 	addDirs := func(p string) {
 		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
 			if _, ok := files[d]; !ok {
-				files[d] = entry{path: d, dir: true, mode: 0o755}
+				files[d] = tarlayer.Entry{Path: d, Dir: true, Mode: 0o755}
 			}
 		}
 	}
@@ -110,24 +98,20 @@ func run() error {
 			}
 			in := path.Clean(path.Join(dest, filepath.ToSlash(rel)))
 			addDirs(in)
-			if d.IsDir() {
-				files[in] = entry{path: in, dir: true, mode: 0o755}
-				return nil
-			}
 			// Follow symbolic links: the image holds the file itself.
 			info, err := os.Stat(p)
 			if err != nil {
 				return err
 			}
+			if d.IsDir() {
+				files[in] = tarlayer.Entry{Path: in, Dir: true, Mode: int64(info.Mode().Perm())}
+				return nil
+			}
 			data, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
-			mode := int64(0o644)
-			if info.Mode()&0o111 != 0 {
-				mode = 0o755
-			}
-			files[in] = entry{path: in, data: data, mode: mode}
+			files[in] = tarlayer.Entry{Path: in, Data: data, Mode: int64(info.Mode().Perm())}
 			return nil
 		})
 		if err != nil {
@@ -140,9 +124,9 @@ func run() error {
 			return fmt.Errorf("--link %q: want /DEST:TARGET", l)
 		}
 		addDirs(dest)
-		files[dest] = entry{path: dest, link: target, mode: 0o777}
+		files[dest] = tarlayer.Entry{Path: dest, Link: target, Mode: 0o777}
 	}
-	ordered := make([]entry, 0, len(files))
+	ordered := make([]tarlayer.Entry, 0, len(files))
 	for _, f := range files {
 		for _, c := range chowns {
 			id, dest, ok := strings.Cut(c, ":")
@@ -150,14 +134,13 @@ func run() error {
 			if _, err := fmt.Sscanf(id, "%d", &uid); !ok || err != nil || !strings.HasPrefix(dest, "/") {
 				return fmt.Errorf("--chown %q: want UID:/DEST", c)
 			}
-			if f.path == dest || strings.HasPrefix(f.path, strings.TrimSuffix(dest, "/")+"/") {
-				f.own = uid
+			if f.Path == dest || strings.HasPrefix(f.Path, strings.TrimSuffix(dest, "/")+"/") {
+				f.Own = uid
 			}
 		}
 		ordered = append(ordered, f)
 	}
-	sort.Slice(ordered, func(i, j int) bool { return ordered[i].path < ordered[j].path })
-	lyr, err := layer(ordered, when)
+	lyr, err := tarlayer.Build(ordered, when)
 	if err != nil {
 		return err
 	}
@@ -222,43 +205,4 @@ func run() error {
 		return err
 	}
 	return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
-}
-
-func layer(files []entry, when time.Time) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, f := range files {
-		h := &tar.Header{
-			Name:    strings.TrimPrefix(f.path, "/"),
-			Mode:    f.mode,
-			Uid:     f.own,
-			Gid:     f.own,
-			ModTime: when,
-			Format:  tar.FormatPAX,
-		}
-		switch {
-		case f.dir:
-			h.Typeflag = tar.TypeDir
-			h.Name += "/"
-		case f.link != "":
-			h.Typeflag = tar.TypeSymlink
-			h.Linkname = f.link
-		default:
-			h.Typeflag = tar.TypeReg
-			h.Size = int64(len(f.data))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(f.data); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(b)), nil
-	}, tarball.WithMediaType(types.OCILayer))
 }

@@ -14,8 +14,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"debug/elf"
 	"encoding/json"
 	"errors"
@@ -37,6 +35,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"redpilot.dev/tools/image/internal/tarlayer"
 )
 
 // The user the image runs as (the bundle's Deployment says the same).
@@ -355,43 +354,11 @@ func debianPackages(files []string) ([]string, error) {
 
 // One layer of `files`, in path order, every time `when`.
 func layer(files []entry, when time.Time) (v1.Layer, error) {
-	sort.Slice(files, func(i, j int) bool { return files[i].path < files[j].path })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	es := make([]tarlayer.Entry, 0, len(files))
 	for _, f := range files {
-		h := &tar.Header{
-			Name:    strings.TrimPrefix(f.path, "/"),
-			Mode:    f.mode,
-			Uid:     f.own,
-			Gid:     f.own,
-			ModTime: when,
-			Format:  tar.FormatPAX,
-		}
-		switch {
-		case f.dir:
-			h.Typeflag = tar.TypeDir
-			h.Name += "/"
-		case f.link != "":
-			h.Typeflag = tar.TypeSymlink
-			h.Linkname = f.link
-		default:
-			h.Typeflag = tar.TypeReg
-			h.Size = int64(len(f.data))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(f.data); err != nil {
-			return nil, err
-		}
+		es = append(es, tarlayer.Entry{Path: f.path, Data: f.data, Mode: f.mode, Dir: f.dir, Own: f.own, Link: f.link})
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(b)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	return tarlayer.Build(es, when)
 }
 
 func report(img v1.Image, ref name.Tag, jsonOut string) error {
