@@ -1,5 +1,6 @@
 # The operator image for those with a container engine: the `redpilot`
-# binary (glibc, dynamically linked) on a distroless base that holds its
+# binary and the metrics sidecar's `redpilot-exporter` (glibc, dynamically
+# linked) on a distroless base that holds its
 # shared libraries, CA certificates and the nonroot user, run as UID 65532.
 #
 #   docker build -t quay.io/redpilot/redpilot:$(VERSION) .
@@ -19,14 +20,18 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY dev/localnode ./dev/localnode
-RUN cargo build --release --locked --bin redpilot \
+RUN cargo build --release --locked --bin redpilot --bin redpilot-exporter \
 	&& cp target/release/redpilot /redpilot \
+	&& cp target/release/redpilot-exporter /redpilot-exporter \
 	&& /redpilot version
 
 # --- run: no shell, no package manager; glibc, libgcc, CA certificates and
 # the nonroot user come with the base.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /redpilot /redpilot
+# The metrics sidecar the operator adds to every Redis pod runs
+# `redpilot-exporter`, looked up on the PATH.
+COPY --from=build /redpilot-exporter /usr/local/bin/redpilot-exporter
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/redpilot"]

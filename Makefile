@@ -269,7 +269,7 @@ install-yaml:
 # tools/image/): dist/image/oci (OCI layout) and dist/image/redpilot-VERSION.tar
 # (`docker load`); the same inputs give the same digest.
 image: tools-image
-	$(CARGO) build --release --bin redpilot
+	$(CARGO) build --release --bin redpilot --bin redpilot-exporter
 	bash hack/image.sh
 
 # A registry for the images below: bin/crane registry serve on $(REGISTRY),
@@ -297,7 +297,7 @@ registry-down:
 # semver`, and the two helper images OLM unpacks bundles with. References
 # with digests in dist/publish/images.env.
 bundle-image: tools registry release-bins
-	$(CARGO) build --release --bin redpilot
+	$(CARGO) build --release --bin redpilot --bin redpilot-exporter
 	REGISTRY=$(REGISTRY) bash hack/publish.sh
 
 catalog-image: bundle-image

@@ -17,6 +17,8 @@ use std::process::Command;
 use serde_json::Value;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_redpilot");
+/// The metrics sidecar every Redis pod runs from the operator's image.
+const EXPORTER: &str = env!("CARGO_BIN_EXE_redpilot-exporter");
 
 /// Runs `hack/image.sh` on the test binary into `out` with every time set
 /// to `epoch`; returns `out/image.json`.
@@ -31,6 +33,7 @@ fn build(out: &Path, epoch: u64) -> Value {
         .arg(support::repo_root().join("hack/image.sh"))
         .arg(BINARY)
         .arg(out)
+        .env("EXPORTER", EXPORTER)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
         .output()
         .expect("running hack/image.sh");
@@ -291,10 +294,15 @@ fn the_image_holds_only_what_the_binary_needs_and_runs_it_as_nonroot() {
     let root = tmp.path().join("rootfs");
     unpack(&tmp.path().join("img/oci"), &root);
 
-    // Exactly: the binary, each library ldd names (one copy of the loader,
-    // linked from /lib64 as the binary asks), CA certificates, the user.
+    // Exactly: the binary and the sidecar's (on the PATH), each library ldd
+    // names for them (one copy of the loader, linked from /lib64 as the
+    // binary asks), CA certificates, the user.
     let mut want: BTreeSet<String> = [
         "/redpilot",
+        "/usr/",
+        "/usr/local/",
+        "/usr/local/bin/",
+        "/usr/local/bin/redpilot-exporter",
         "/etc/",
         "/etc/group",
         "/etc/passwd",
@@ -313,7 +321,7 @@ fn the_image_holds_only_what_the_binary_needs_and_runs_it_as_nonroot() {
     .into_iter()
     .map(String::from)
     .collect();
-    for lib in ldd_names(BINARY) {
+    for lib in ldd_names(BINARY).into_iter().chain(ldd_names(EXPORTER)) {
         want.insert(format!("/lib/x86_64-linux-gnu/{lib}"));
     }
     assert_eq!(tree(&root), want);
@@ -343,6 +351,25 @@ fn the_image_holds_only_what_the_binary_needs_and_runs_it_as_nonroot() {
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("redpilot {}", version())
+    );
+    // The sidecar's command names `redpilot-exporter`: found on the image's
+    // PATH, it runs there too.
+    let o = Command::new("chroot")
+        .arg("--userspec=65532:65532")
+        .arg(&root)
+        .args(["redpilot-exporter", "--help"])
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .output()
+        .expect("chroot");
+    assert!(
+        o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("usage: redpilot-exporter"),
+        "the sidecar's binary did not run in the image: {:?} {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
     );
     // ...and only from them: without one of its libraries it cannot start.
     let lib = ldd_names(BINARY)

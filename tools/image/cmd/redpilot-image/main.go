@@ -5,7 +5,7 @@
 // reproducible: the same inputs give the same digest (fixed times, owners and
 // modes; entries in a fixed order).
 //
-//	redpilot-image --binary PATH --tag REF --layout DIR [--tar FILE]
+//	redpilot-image --binary PATH [--exporter PATH] --tag REF --layout DIR [--tar FILE]
 //	               [--created UNIX_SECONDS] [--label K=V]... [--json FILE]
 //
 // It writes an OCI image layout (DIR) and, with --tar, a tarball that
@@ -45,6 +45,9 @@ const (
 	port    = "8080/tcp"
 	caFile  = "/etc/ssl/certs/ca-certificates.crt"
 	binPath = "/redpilot"
+	// The metrics sidecar the operator puts in every Redis pod runs
+	// `redpilot-exporter`, found on the image's PATH.
+	exporterPath = "/usr/local/bin/redpilot-exporter"
 )
 
 // Where the dynamic loader of a Debian amd64 system looks for libraries.
@@ -89,6 +92,7 @@ func main() {
 
 func run() error {
 	bin := flag.String("binary", "", "the operator binary to put at "+binPath)
+	exporter := flag.String("exporter", "", "the metrics sidecar's binary to put at "+exporterPath+" (on PATH)")
 	tag := flag.String("tag", "", "the image's reference (e.g. quay.io/redpilot/redpilot:0.2.0)")
 	out := flag.String("layout", "", "directory to write the OCI image layout to (replaced)")
 	tarOut := flag.String("tar", "", "also write a `docker load` tarball here")
@@ -107,7 +111,11 @@ func run() error {
 	}
 	when := time.Unix(*created, 0).UTC()
 
-	base, pkgs, err := baseFiles(*bin)
+	bins := []string{*bin}
+	if *exporter != "" {
+		bins = append(bins, *exporter)
+	}
+	base, pkgs, err := baseFiles(bins)
 	if err != nil {
 		return err
 	}
@@ -120,7 +128,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	appLayer, err := layer([]entry{{path: binPath, data: app, mode: 0o755}}, when)
+	appFiles := []entry{{path: binPath, data: app, mode: 0o755}}
+	if *exporter != "" {
+		data, err := os.ReadFile(*exporter)
+		if err != nil {
+			return err
+		}
+		appFiles = append(appFiles,
+			entry{path: "/usr", dir: true, mode: 0o755},
+			entry{path: "/usr/local", dir: true, mode: 0o755},
+			entry{path: "/usr/local/bin", dir: true, mode: 0o755},
+			entry{path: exporterPath, data: data, mode: 0o755})
+	}
+	appLayer, err := layer(appFiles, when)
 	if err != nil {
 		return err
 	}
@@ -132,7 +152,7 @@ func run() error {
 			Created: v1.Time{Time: when}, CreatedBy: "redpilot-image: shared libraries, CA certificates, nonroot user",
 		}},
 		mutate.Addendum{Layer: appLayer, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: when}, CreatedBy: "redpilot-image: " + binPath,
+			Created: v1.Time{Time: when}, CreatedBy: "redpilot-image: " + binPath + " and the metrics sidecar",
 		}},
 	)
 	if err != nil {
@@ -182,10 +202,16 @@ func run() error {
 
 // The files of the base layer, and the Debian packages they came from
 // ("name=version", sorted).
-func baseFiles(bin string) ([]entry, []string, error) {
-	libs, err := sharedLibraries(bin)
-	if err != nil {
-		return nil, nil, err
+func baseFiles(bins []string) ([]entry, []string, error) {
+	libs := map[string]string{}
+	for _, bin := range bins {
+		l, err := sharedLibraries(bin)
+		if err != nil {
+			return nil, nil, err
+		}
+		for k, v := range l {
+			libs[k] = v
+		}
 	}
 	var files []entry
 	dirs := map[string]bool{}
