@@ -13,7 +13,8 @@
 #   REGISTRY      host:port of the registry (default 127.0.0.1:5100). A
 #                 loopback registry is spoken to over plain HTTP.
 #   OPERATOR_BIN  this release's operator binary (default: the release build,
-#                 which `make bundle-image` makes first)
+#                 which `make bundle-image` makes first); redpilot-exporter
+#                 is taken from beside it (hack/image.sh)
 #   OUT           where to write (default dist/publish):
 #                   OUT/images.env         every reference pushed, with digest
 #                   OUT/catalog/           the rendered catalog (the image's /configs)
@@ -79,7 +80,15 @@ for l in "${lines[@]}"; do
 	fi
 	[[ -f $bin ]] || fail "no operator binary for release $v at $bin (make release-bins builds earlier releases; make bundle-image this one)"
 	img=$out/operator-$v
-	SOURCE_DATE_EPOCH=$epoch VERSION=$v IMAGE_REPO=$registry/redpilot/redpilot \
+	# Releases from before the metrics sidecar had a binary of its own ship
+	# the operator alone.
+	no_exporter=0
+	if [[ $v != "$version" ]] && ! git cat-file -e "$commit:src/bin/redpilot-exporter.rs" 2>/dev/null; then
+		no_exporter=1
+	elif [[ $v != "$version" ]]; then
+		fail "release $v ships redpilot-exporter, which make release-bins does not build yet"
+	fi
+	SOURCE_DATE_EPOCH=$epoch VERSION=$v IMAGE_REPO=$registry/redpilot/redpilot NO_EXPORTER=$no_exporter \
 		bash hack/image.sh "$bin" "$img" >/dev/null
 	pushed=$(bin/crane push "$img/oci" "$registry/redpilot/redpilot:$v" 2>&1) ||
 		fail "pushing the operator image of $v: $pushed"
@@ -164,21 +173,9 @@ with open(sys.argv[2], "w") as f:
 PY
 bin/opm validate "$out/catalog" || fail "opm validate rejected the rendered catalog"
 
-# 4. The catalog image: opm serving /configs, as OLM's grpc CatalogSource
-#    runs it (readiness by grpc_health_probe), with the serving cache built
-#    here, as `opm generate dockerfile`'s image builds it (opm serve checks
-#    the cache against the catalog before it serves). opm's default cache
-#    backend (pogreb) differs from build to build; its json backend, which
-#    opm picks for a directory holding cache/ and digest, does not, so the
-#    image is reproducible. The placeholder digest makes opm rebuild it.
-mkdir -p "$out/cache/cache"
-echo none >"$out/cache/digest"
-bin/opm serve "$out/catalog" --cache-dir="$out/cache" --cache-only >"$out/cache.log" 2>&1 ||
-	fail "building the catalog's serving cache: $(tail -5 "$out/cache.log")"
-d=$(bin/redpilot-dirimage --push "$registry/redpilot/redpilot-catalog:latest" --created "$epoch" \
-	--add "$(readlink -f bin/opm):/bin/opm" --add "$(readlink -f bin/grpc_health_probe):/bin/grpc_health_probe" \
-	--add "$out/catalog:/configs" --add "$out/cache:/tmp/cache" --chown 1001:/tmp/cache --user 1001 --env PATH=/bin \
-	--label operators.operatorframework.io.index.configs.v1=/configs \
-	--entrypoint '["/bin/opm"]' --cmd '["serve","/configs","--cache-dir=/tmp/cache"]' | digest_of)
-record CATALOG "$registry/redpilot/redpilot-catalog@$d"
+# 4. The catalog image (hack/catalog-image.sh): opm serving /configs, as
+#    OLM's grpc CatalogSource runs it, with its serving cache prebuilt.
+catalog=$(bash hack/catalog-image.sh "$out/catalog" "$registry/redpilot/redpilot-catalog:latest") ||
+	fail "building the catalog image"
+record CATALOG "$catalog"
 echo "publish: catalog image and ${#lines[@]} release(s) pushed to $registry; references in $env_file"

@@ -14,7 +14,8 @@
 //! apiserver's authorizer answers SubjectAccessReviews.
 //!
 //! The first install is the previous release (catalog/releases.txt): its
-//! catalog and its operator built from its git commit (make release-bins).
+//! catalog, served from a catalog image of it (hack/catalog-image.sh), and
+//! its operator built from its git commit (make release-bins).
 //! Then the release is published as a release pipeline does
 //! (hack/publish.sh, to a registry on loopback): each release's operator
 //! image, bundle images naming it by digest, and a catalog image rendered by
@@ -24,7 +25,8 @@
 //! and the new operator runs from its image, pulled and unpacked by the
 //! local node (a missing library or a wrong path would fail it). The
 //! Subscription upgrades, and the old CSV disappears. A backup taken after
-//! the upgrade runs its agent from the same image. It stays
+//! the upgrade runs its agent from the same image, and a Redis made after it
+//! its metrics sidecar. It stays
 //! on `stable`, the channel 0.1.0's catalog offered: this tree's catalog
 //! keeps it next to the semver template's `stable-v0`, with the same
 //! entries. A Replication Redis created before the upgrade, under a writer,
@@ -548,6 +550,18 @@ fn start_registry(logs: &Path, dir: &Path) -> (Proc, String) {
     (proc, addr)
 }
 
+/// `hack/catalog-image.sh`: the catalog directory `dir` as an image pushed
+/// to `reference`; returns it by digest.
+fn catalog_image(dir: &Path, reference: &str) -> String {
+    let out = run_ok(
+        Command::new("bash")
+            .arg(root().join("hack/catalog-image.sh"))
+            .arg(dir)
+            .arg(reference),
+    );
+    out.lines().last().unwrap_or_default().trim().to_string()
+}
+
 /// `hack/publish.sh` into `out` with this build's operator: every reference
 /// it pushed (its images.env), by name.
 fn publish(registry: &str, out: &Path) -> BTreeMap<String, String> {
@@ -643,12 +657,29 @@ fn map_catalog_service(
         let mut mapped = String::new();
         loop {
             if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
-                let ip = list
+                // The newest ready pod (OLM replaces it when the image
+                // changes), else the newest with an address.
+                let mut live: Vec<&Pod> = list
                     .items
                     .iter()
                     .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
-                    .next_back();
+                    .filter(|p| p.status.as_ref().is_some_and(|s| s.pod_ip.is_some()))
+                    .collect();
+                live.sort_by_key(|p| p.metadata.creation_timestamp.clone());
+                let ready = |p: &&&Pod| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                };
+                let ip = live
+                    .iter()
+                    .rev()
+                    .find(ready)
+                    .or(live.last())
+                    .and_then(|p| p.status.as_ref()?.pod_ip.clone());
                 if let Some(ip) = ip
                     && ip != mapped
                 {
@@ -722,7 +753,12 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
             .arg("--set-workload-user-id=true"),
         &logs,
     );
-    let (mut opm1, port1) = serve_catalog(&prev_catalog, "opm-serve-1", &logs);
+    // The previous release's catalog as an image too, as its users would
+    // have had it published (its bundles embedded, so nothing to unpack).
+    let prev_catalog_image = catalog_image(
+        &prev_catalog,
+        &format!("{registry_addr}/redpilot/redpilot-catalog:{version}"),
+    );
 
     // The user's side: a namespace under the restricted Pod Security profile,
     // an OperatorGroup for it, the CatalogSource and a Subscription.
@@ -737,6 +773,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         namespace: ns.name.clone(),
     };
     let n = ns.name.as_str();
+    let mapping = map_catalog_service(&client, n, "redpilot", hosts.clone(), hosts_base.clone());
     create(
         &olm_api(&client, n, "v1", "OperatorGroup", "operatorgroups"),
         json!({
@@ -752,7 +789,8 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         json!({
             "apiVersion": "operators.coreos.com/v1alpha1", "kind": "CatalogSource",
             "metadata": {"name": "redpilot", "namespace": n},
-            "spec": {"sourceType": "grpc", "address": format!("127.0.0.1:{port1}"),
+            "spec": {"sourceType": "grpc", "image": prev_catalog_image,
+                     "grpcPodConfig": {"securityContextConfig": "restricted"},
                      "displayName": "Redpilot"}
         }),
     )
@@ -777,7 +815,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         Duration::from_secs(240),
         &client,
         n,
-        &mut [&mut olm, &mut catalog, &mut opm1],
+        &mut [&mut olm, &mut catalog, &mut registry],
         {
             let (c, ns, name) = (client.clone(), n.to_string(), csv1.clone());
             move || {
@@ -836,15 +874,12 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     // Upgrade: point the CatalogSource at the published catalog image. OLM
     // runs it as a pod (opm serve from the image's /configs), unpacks the
     // new bundle image with a Job, and the new operator runs from its image.
-    let mapping = map_catalog_service(&client, n, "redpilot", hosts.clone(), hosts_base.clone());
     catsrc
         .patch(
             "redpilot",
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {
-                "address": null,
-                "image": published["CATALOG"],
-                "grpcPodConfig": {"securityContextConfig": "restricted"}
+                "image": published["CATALOG"]
             }})),
         )
         .await
@@ -894,7 +929,6 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         json!(csv1),
         "{csv2} replaces {csv1}"
     );
-    drop(opm1);
     mapping.abort();
     // What the local node asked the registry for after publishing: the
     // catalog image, the new bundle image (unpacked by OLM's Job with the
@@ -1069,6 +1103,28 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         "backup agent from {next_operator}: Completed in {:.1}s",
         backup_started.elapsed().as_secs_f64()
     );
+
+    // A Redis made by the upgraded operator runs its metrics sidecar from
+    // the same image (the operator's own exporter); the pod is Ready only
+    // when the sidecar is.
+    apply_redis(&client, n, "fresh", json!({"mode": "Standalone"})).await;
+    wait_ready(&client, n, "fresh", op_ready).await;
+    let sidecars: Vec<(String, String)> = redis_pods(&client, n, "fresh")
+        .await
+        .into_values()
+        .flat_map(|p| {
+            p.status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default()
+        })
+        .filter(|c| c.name == "exporter")
+        .map(|c| (c.image.clone(), c.image_id.clone()))
+        .collect();
+    assert!(
+        !sidecars.is_empty() && sidecars.iter().all(|(_, id)| *id == next_operator),
+        "the new Redis's metrics sidecars (image, imageID) are not {next_operator}: {sidecars:?}"
+    );
+    println!("metrics sidecar of a new Redis from {next_operator}");
     println!(
         "OLM e2e: {:.1}s in all (install {install_secs:.1}s, upgrade {upgrade_secs:.1}s)",
         started.elapsed().as_secs_f64()
