@@ -42,7 +42,7 @@ fail() {
 	echo "publish: $*" >&2
 	exit 1
 }
-for t in crane redpilot-dirimage redpilot-image opm grpc_health_probe cpb; do
+for t in crane redpilot-dirimage redpilot-image opm catalog-semver grpc_health_probe cpb; do
 	[[ -x bin/$t ]] || fail "bin/$t is missing: run 'make tools' (make bundle-image does)"
 done
 [[ -x /bin/busybox || -x /usr/bin/busybox ]] ||
@@ -83,10 +83,10 @@ for l in "${lines[@]}"; do
 	# Releases from before the metrics sidecar had a binary of its own ship
 	# the operator alone.
 	no_exporter=0
-	if [[ $v != "$version" ]] && ! git cat-file -e "$commit:src/bin/redpilot-exporter.rs" 2>/dev/null; then
+	if [[ $v != "$version" ]]; then
+		git cat-file -e "$commit:src/bin/redpilot-exporter.rs" 2>/dev/null &&
+			fail "release $v ships redpilot-exporter, which make release-bins does not build yet"
 		no_exporter=1
-	elif [[ $v != "$version" ]]; then
-		fail "release $v ships redpilot-exporter, which make release-bins does not build yet"
 	fi
 	SOURCE_DATE_EPOCH=$epoch VERSION=$v IMAGE_REPO=$registry/redpilot/redpilot NO_EXPORTER=$no_exporter \
 		bash hack/image.sh "$bin" "$img" >/dev/null
@@ -147,34 +147,14 @@ echo '{"default": [{"type": "insecureAcceptAnything"}]}' >"$opm_home/.config/con
 HOME=$opm_home bin/opm alpha render-template semver --use-http -o json "$template" >"$rendered" 2>"$out/render.log" ||
 	fail "opm alpha render-template semver failed: $(tail -5 "$out/render.log")"
 # The template makes major-version channels (stable-v0); subscriptions made
-# before they existed name the plain archetype (stable). As `make catalog`
-# does, each archetype also gets the entries of its highest major channel.
-python3 - "$rendered" "$out/catalog/$pkg/catalog.json" <<'PY'
-import json, re, sys
-text = open(sys.argv[1]).read()
-dec, i, docs = json.JSONDecoder(), 0, []
-while i < len(text):
-    if text[i].isspace():
-        i += 1
-        continue
-    doc, i = dec.raw_decode(text, i)
-    docs.append(doc)
-best = {}
-for d in docs:
-    m = re.fullmatch(r"(candidate|fast|stable)-v([0-9]+)", d.get("name", ""))
-    if d.get("schema") == "olm.channel" and m:
-        if m.group(1) not in best or int(m.group(2)) > best[m.group(1)][0]:
-            best[m.group(1)] = (int(m.group(2)), d)
-for arch, (_, d) in sorted(best.items()):
-    docs.append(dict(d, name=arch))
-with open(sys.argv[2], "w") as f:
-    for d in docs:
-        f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
-PY
-bin/opm validate "$out/catalog" || fail "opm validate rejected the rendered catalog"
+# before they existed name the plain archetype (stable). bin/catalog-semver
+# adds them as `make catalog` does (and refuses a second major line).
+bin/catalog-semver -archetypes "$rendered" -out "$out/catalog/$pkg/catalog.json" ||
+	fail "adding the archetype channels to the rendered catalog"
 
-# 4. The catalog image (hack/catalog-image.sh): opm serving /configs, as
-#    OLM's grpc CatalogSource runs it, with its serving cache prebuilt.
+# 4. The catalog image (hack/catalog-image.sh, which validates the catalog
+#    first): opm serving /configs, as OLM's grpc CatalogSource runs it, with
+#    its serving cache prebuilt.
 catalog=$(bash hack/catalog-image.sh "$out/catalog" "$registry/redpilot/redpilot-catalog:latest") ||
 	fail "building the catalog image"
 record CATALOG "$catalog"

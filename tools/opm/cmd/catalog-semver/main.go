@@ -22,6 +22,12 @@
 // Written: OUT/channels.yaml (every channel) and OUT/package.yaml (the
 // template's olm.package and default channel, with -description and -icon),
 // each headed by -header. Bundles are not written.
+//
+//	catalog-semver -archetypes RENDERED -out FILE
+//
+// adds the same archetype channels to a catalog that `opm alpha
+// render-template semver` rendered from pushed bundle images (hack/publish.sh)
+// and writes it whole, as JSON, to FILE.
 package main
 
 import (
@@ -48,6 +54,7 @@ var archetypes = []string{"candidate", "fast", "stable"}
 var majorChannel = regexp.MustCompile(`^(candidate|fast|stable)-v([0-9]+)$`)
 
 type options struct {
+	archetypes  string
 	template    string
 	bundles     string
 	out         string
@@ -59,6 +66,7 @@ type options struct {
 
 func main() {
 	var o options
+	flag.StringVar(&o.archetypes, "archetypes", "", "a rendered catalog to add the archetype channels to (with -out FILE)")
 	flag.StringVar(&o.template, "template", "", "the olm.semver catalog template")
 	flag.StringVar(&o.bundles, "bundles", "", "directory of the rendered bundles, one or more per file")
 	flag.StringVar(&o.out, "out", "", "directory to write channels.yaml and package.yaml into")
@@ -67,8 +75,15 @@ func main() {
 	flag.StringVar(&o.icon, "icon", "", "the package's icon (.svg or .png)")
 	flag.StringVar(&o.header, "header", "", "comment line written at the top of each file")
 	flag.Parse()
+	if o.archetypes != "" && o.out != "" && flag.NArg() == 0 {
+		if err := addArchetypes(o.archetypes, o.out); err != nil {
+			fmt.Fprintf(os.Stderr, "catalog-semver: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if o.template == "" || o.bundles == "" || o.out == "" || o.bundleImage == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: catalog-semver -template FILE -bundles DIR -out DIR -bundle-image REPO [-description TEXT] [-icon FILE] [-header TEXT]")
+		fmt.Fprintln(os.Stderr, "usage: catalog-semver -template FILE -bundles DIR -out DIR -bundle-image REPO [-description TEXT] [-icon FILE] [-header TEXT]\n       catalog-semver -archetypes RENDERED -out FILE")
 		os.Exit(2)
 	}
 	if err := run(context.Background(), o); err != nil {
@@ -177,6 +192,32 @@ func (idx *bundleIndex) renderer(repo string) api.BundleRenderer {
 		b.Image = ref
 		return &declcfg.DeclarativeConfig{Bundles: []declcfg.Bundle{b}}, nil
 	}
+}
+
+// addArchetypes reads the catalog `in`, adds the archetype channels and
+// writes the whole catalog as JSON to `out`.
+func addArchetypes(in, out string) error {
+	f, err := os.Open(in)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cfg, err := declcfg.LoadReader(f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", in, err)
+	}
+	if cfg.Channels, err = withArchetypeChannels(cfg.Channels); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := declcfg.WriteJSON(*cfg, &buf); err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, out)
 }
 
 // withArchetypeChannels adds, for each archetype the template filled, a
