@@ -32,10 +32,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"redpilot.dev/tools/image/internal/tarlayer"
 )
 
@@ -145,21 +142,6 @@ func run() error {
 		return err
 	}
 
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, mutate.Addendum{Layer: lyr, MediaType: types.OCILayer,
-		History: v1.History{Created: v1.Time{Time: when}, CreatedBy: "redpilot-dirimage"}})
-	if err != nil {
-		return err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return err
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture = "amd64"
-	cf.OS = "linux"
-	cf.Created = v1.Time{Time: when}
 	labels := map[string]string{}
 	for _, l := range lbls {
 		k, v, ok := strings.Cut(l, "=")
@@ -168,18 +150,18 @@ func run() error {
 		}
 		labels[k] = v
 	}
-	cf.Config = v1.Config{Labels: labels, Env: envs, User: *user, WorkingDir: "/"}
+	config := v1.Config{Labels: labels, Env: envs, User: *user, WorkingDir: "/"}
 	if *entrypoint != "" {
-		if err := json.Unmarshal([]byte(*entrypoint), &cf.Config.Entrypoint); err != nil {
+		if err := json.Unmarshal([]byte(*entrypoint), &config.Entrypoint); err != nil {
 			return fmt.Errorf("--entrypoint: %w", err)
 		}
 	}
 	if *cmd != "" {
-		if err := json.Unmarshal([]byte(*cmd), &cf.Config.Cmd); err != nil {
+		if err := json.Unmarshal([]byte(*cmd), &config.Cmd); err != nil {
 			return fmt.Errorf("--cmd: %w", err)
 		}
 	}
-	img, err = mutate.ConfigFile(img, cf)
+	img, err := tarlayer.Image(when, config, tarlayer.Layer{Layer: lyr, CreatedBy: "redpilot-dirimage"})
 	if err != nil {
 		return err
 	}

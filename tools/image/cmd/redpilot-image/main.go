@@ -32,9 +32,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"redpilot.dev/tools/image/internal/tarlayer"
 )
 
@@ -145,28 +143,7 @@ func run() error {
 		return err
 	}
 
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img,
-		mutate.Addendum{Layer: baseLayer, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: when}, CreatedBy: "redpilot-image: shared libraries, CA certificates, nonroot user",
-		}},
-		mutate.Addendum{Layer: appLayer, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: when}, CreatedBy: "redpilot-image: " + binPath + " and the metrics sidecar",
-		}},
-	)
-	if err != nil {
-		return err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return err
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture = "amd64"
-	cf.OS = "linux"
-	cf.Created = v1.Time{Time: when}
-	cf.Config = v1.Config{
+	img, err := tarlayer.Image(when, v1.Config{
 		Entrypoint:   []string{binPath},
 		Cmd:          []string{"run"},
 		User:         fmt.Sprintf("%d:%d", uid, uid),
@@ -174,8 +151,10 @@ func run() error {
 		Env:          []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SSL_CERT_FILE=" + caFile},
 		ExposedPorts: map[string]struct{}{port: {}},
 		Labels:       lbls,
-	}
-	img, err = mutate.ConfigFile(img, cf)
+	},
+		tarlayer.Layer{Layer: baseLayer, CreatedBy: "redpilot-image: shared libraries, CA certificates, nonroot user"},
+		tarlayer.Layer{Layer: appLayer, CreatedBy: "redpilot-image: " + binPath + " and the metrics sidecar"},
+	)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,6 @@
-// Package tarlayer writes one reproducible image layer: entries in path
-// order, every time set to the image's creation time, owners and modes as
-// given, PAX headers.
+// Package tarlayer writes reproducible image layers (entries in path order,
+// every time set to the image's creation time, owners and modes as given,
+// PAX headers) and the image around them (image.go).
 package tarlayer
 
 import (
