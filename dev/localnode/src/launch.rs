@@ -254,7 +254,8 @@ fn prepare(spec_path: &Path) -> Result<std::process::Command> {
 
 /// The root of a container of a real image: one overlay with the image's
 /// files as the read-only lower layer and the container's writable layer
-/// above, then /proc, /sys, /dev and a private /tmp as for any container.
+/// above, then /proc, /sys and /dev as for any container; the image's own
+/// /tmp stays.
 fn prepare_image_root(
     spec: &LaunchSpec,
     rootfs: &Path,
@@ -325,11 +326,10 @@ fn finish(
 ) -> Result<std::process::Command> {
     // The image's programs: each executable bind-mounted as a file, so it
     // stays reachable whatever the volumes cover.
+    let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
     if !spec.image_bins.is_empty() {
-        let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
         std::fs::create_dir_all(&bin).at(&bin)?;
     }
-    let bin = root.join(crate::images::IMAGE_BIN.trim_start_matches('/'));
     for (name, host) in &spec.image_bins {
         let file = bin.join(name);
         std::fs::write(&file, b"").at(&file)?;

@@ -654,10 +654,9 @@ impl Worker {
         materialize(&ctx, &mut refs).await
     }
 
-    /// The container's environment in kubelet order: envFrom, then env,
-    /// each value expanded against what came before.
-    /// The container's environment over the image's own (`image_env`), as
-    /// a kubelet merges them.
+    /// The container's environment in kubelet order: the image's own
+    /// (`image_env`, a real image's), then envFrom, then env, each value
+    /// expanded against what came before.
     async fn build_env(
         &self,
         c: &Container,
@@ -2281,11 +2280,9 @@ fn spawn_main_probes(
 }
 
 /// The effective user, group and read-only root of a container, from the
-/// pod's and the container's securityContext. The images this node maps
-/// run as root unless told otherwise, so runAsNonRoot needs a runAsUser.
-/// The user and group a container runs as and whether its root is
-/// read-only; `image_user` is what the image says (a real image's `User`),
-/// used where the pod says nothing.
+/// pod's and the container's securityContext, else `image_user` (a real
+/// image's `User`). The images this node maps run as root unless told
+/// otherwise, so runAsNonRoot needs a runAsUser for them.
 fn security(
     pod: &Pod,
     c: &Container,
