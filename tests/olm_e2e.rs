@@ -528,7 +528,8 @@ fn previous_release(version: &str) -> (String, PathBuf) {
 /// A registry on a free loopback port (`bin/crane registry serve`, blobs
 /// under `dir`), once it answers.
 fn start_registry(logs: &Path, dir: &Path) -> (Proc, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
     std::fs::create_dir_all(dir).expect("the registry's directory");
     let mut proc = Proc::start(
         "registry",
@@ -537,16 +538,7 @@ fn start_registry(logs: &Path, dir: &Path) -> (Proc, String) {
             .arg(dir),
         logs,
     );
-    let start = Instant::now();
-    while std::net::TcpStream::connect(&addr).is_err() {
-        proc.assert_running();
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the registry did not listen on {addr}:\n{}",
-            proc.tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    proc.wait_listening(port, Duration::from_secs(30));
     (proc, addr)
 }
 

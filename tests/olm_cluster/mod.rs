@@ -65,6 +65,23 @@ impl Proc {
         )
     }
 
+    /// Waits until 127.0.0.1:`port` accepts connections; fails the test if
+    /// the process exits or `within` passes first.
+    pub fn wait_listening(&mut self, port: u16, within: Duration) {
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            self.assert_running();
+            assert!(
+                start.elapsed() < within,
+                "{} did not listen on 127.0.0.1:{port} within {}s:\n{}",
+                self.name,
+                within.as_secs(),
+                self.tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
             panic!("{} exited ({status}):\n{}", self.name, self.tail(40));
@@ -99,16 +116,7 @@ pub fn serve_catalog(dir: &Path, name: &str, logs: &Path) -> (Proc, u16) {
             .arg(logs.join(format!("{name}.termination-log"))),
         logs,
     );
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        proc.assert_running();
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "opm serve did not listen on 127.0.0.1:{port} within 60s:\n{}",
-            proc.tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    proc.wait_listening(port, Duration::from_secs(60));
     (proc, port)
 }
 
