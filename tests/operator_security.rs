@@ -1,5 +1,7 @@
-//! Security on the dev cluster: ACL users (`spec.users`, real servers) and
-//! the opt-in NetworkPolicy (`spec.networkPolicy`).
+//! Security on the dev cluster: ACL users (`spec.users`, real servers),
+//! TLS (`spec.tls`: Replication and Cluster mode, certificates of the
+//! user's, the operator's and cert-manager's) and the opt-in
+//! NetworkPolicy (`spec.networkPolicy`).
 //!
 //! The local node does not enforce NetworkPolicies, so the test checks the
 //! object the operator keeps (its selector, peers and ports), that the API
@@ -8,7 +10,11 @@
 //! API server refuses is reported as Degraded naming it, and that removing
 //! the field removes the policy.
 
+#[path = "support/cluster_writer.rs"]
+mod cluster_writer;
 mod support;
+// `crate::pace`, as cluster_writer asks for it.
+use support::pace;
 
 use std::time::{Duration, Instant};
 
@@ -773,6 +779,13 @@ async fn put_tls_secret(
 
 /// The certificate (DER) the server at `ip:6379` presents.
 async fn served_certificate(ip: &str, ca: &str) -> Vec<u8> {
+    served_certificate_at(ip, 6379, ca).await
+}
+
+/// The certificate (DER) presented at `ip:port`, the chain checked against
+/// `ca`; the handshake offers no client certificate (TLS 1.3 hands over
+/// the server's before a peer that wants one can refuse).
+async fn served_certificate_at(ip: &str, port: u16, ca: &str) -> Vec<u8> {
     use std::sync::Arc;
     let roots = redpilot::redis::certs::roots(ca.as_bytes()).expect("roots");
     let verifier = redpilot::redis::certs::ChainOnly::new(roots).expect("verifier");
@@ -784,7 +797,7 @@ async fn served_certificate(ip: &str, ca: &str) -> Vec<u8> {
     .dangerous()
     .with_custom_certificate_verifier(Arc::new(verifier))
     .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect((ip, 6379))
+    let tcp = tokio::net::TcpStream::connect((ip, port))
         .await
         .expect("tcp");
     let name = rustls::pki_types::ServerName::try_from(ip.to_string()).expect("name");
@@ -1666,5 +1679,277 @@ impl Issued {
         assert_eq!(uid, self.uid, "no restart");
         let events = support::operator::recent_events(client, ns, 60).await;
         assert!(events.contains("CertificateIssued"), "{events}");
+    }
+}
+
+/// A server certificate for servers only (extended key usage
+/// `serverAuth`): (tls.crt, tls.key).
+fn server_only_certificate(ca: &TestCa, names: &[String]) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(names.to_vec()).expect("params");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &ca.issuer).expect("server cert");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// The six nodes of the 3 x 2 Cluster Redis `name`, from the pods' IPs.
+async fn cluster_members(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Vec<redpilot::redis::cluster::Member> {
+    let mut out = Vec::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            let ip = support::operator::pod_ip(client, ns, &format!("{name}-s{s}-{j}")).await;
+            out.push(redpilot::redis::cluster::Member {
+                endpoint: Endpoint::new(ip, 6379),
+                bus_port: 16379,
+            });
+        }
+    }
+    out
+}
+
+/// `spec.tls` in Cluster mode (Redis 7.0, 3 shards x 2, a certificate the
+/// operator issues), under one writer per shard confirming each write with
+/// `WAIT 1` over TLS:
+/// - every node serves TLS only (a plain client is refused), the cluster
+///   bus is TLS (`tls-cluster yes`; the bus port presents the issued
+///   certificate) and the cluster formed over it; the sidecar scrapes over
+///   TLS;
+/// - shard 0's primary server `kill -9`ed: the cluster elects its replica
+///   over the TLS bus, and the restarted node, which asks its peers over
+///   TLS at boot, rejoins as a replica;
+/// - the certificate renewed (its Secret deleted, the operator issues
+///   another): every node reads it live, on the client port and the bus,
+///   no primary changes and no confirmed write is lost;
+/// - beside it, a Cluster Redis whose certificate is for servers only (the
+///   bus needs client authentication too) is Degraded naming the file and
+///   why, and gets no pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certificate_live() {
+    use cluster_writer::{Writers, first_write_elsewhere, longest_gap_at, missing};
+    use redpilot::redis::TlsOptions;
+    use redpilot::redis::cluster::spread;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls-cluster", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let ca = TestCa::new("servers-only CA");
+    let (cert, key) = server_only_certificate(&ca, &[format!("strict.{ns}.svc")]);
+    put_tls_secret(&client, ns, "strict-tls", &cert, &key, &ca.pem).await;
+    apply_redis(
+        &client,
+        ns,
+        "strict",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "version": "7.0",
+               "tls": {"secretName": "strict-tls"}}),
+    )
+    .await;
+    let t = Instant::now();
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "version": "7.0", "tls": {}}),
+    )
+    .await;
+    let (reason, message) = degraded_with(&client, ns, "strict", "clientAuth").await;
+    println!("a certificate for servers only: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(
+        message.contains("strict-tls") && message.contains("tls.crt"),
+        "{message}"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    assert!(
+        sts.get_opt("strict-s0").await.expect("get").is_none(),
+        "no pods for it"
+    );
+
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    println!(
+        "3 x 2 Cluster with TLS: created → Ready in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let st = r.status.clone().expect("status");
+    let c = st.cluster.clone().expect("status.cluster");
+    assert_eq!(
+        (c.state.as_str(), c.slots_ok, c.known_nodes),
+        ("ok", 16384, 6),
+        "{c:?}"
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let issued = secrets
+        .get("cache-tls")
+        .await
+        .expect("the issued certificate");
+    let ca_pem = secret_file(&issued, "ca.crt");
+    let leaf = leaf_of(&issued);
+    let pw = redis_password(&client, ns, "cache").await;
+    let tls = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1))
+        .with_tls(TlsOptions::servers_of_ca(ca_pem.clone().into_bytes()));
+    let plain = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    let ms = cluster_members(&client, ns, "cache").await;
+    for m in &ms {
+        let ip = m.endpoint.host();
+        Node::connect(&m.endpoint, &plain)
+            .await
+            .expect_err("a plain-text client is refused");
+        let mut n = Node::connect(&m.endpoint, &tls).await.expect("TLS client");
+        for (param, want) in [("tls-cluster", "yes"), ("port", "0")] {
+            let got: Vec<String> = n
+                .query("CONFIG GET", redis::cmd("CONFIG").arg("GET").arg(param))
+                .await
+                .expect("CONFIG GET");
+            assert_eq!(got, [param, want], "{ip}");
+        }
+        let nodes = redpilot::redis::cluster::nodes(&mut n)
+            .await
+            .expect("CLUSTER NODES");
+        assert_eq!(nodes.len(), 6, "{ip}: {nodes:?}");
+        assert!(nodes.iter().all(|k| !k.fail), "{ip}: {nodes:?}");
+        assert_eq!(
+            served_certificate_at(ip, 16379, &ca_pem).await,
+            leaf,
+            "{ip}: the cluster bus speaks TLS with the issued certificate"
+        );
+    }
+    let first_ip = ms[0].endpoint.host().to_string();
+    let page = http_get(
+        format!("{first_ip}:9121").parse().expect("addr"),
+        "/metrics",
+    )
+    .await
+    .expect("scrape");
+    assert!(page.contains("redis_up 1"), "the sidecar scrapes over TLS");
+
+    let want = spread(3);
+    let writers = Writers::start(&ms, &tls, &want);
+    let tallies = &writers.tallies;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (s, t) in tallies.iter().enumerate() {
+        assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
+    }
+
+    // 1. kill -9 of shard 0's primary server: it restarts in place.
+    let primary_of = |r: &redpilot::api::v1alpha1::Redis, shard: usize| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.shards.get(shard))
+            .and_then(|s| s.primary.clone())
+    };
+    let p0 = primary_of(&r, 0).expect("shard 0 primary");
+    let dead = Endpoint::new(support::operator::pod_ip(&client, ns, &p0).await, 6379);
+    let mut n = Node::connect(&dead, &tls).await.expect("shard 0's primary");
+    let pid = server_pid(&mut n).await;
+    drop(n);
+    let killed = Instant::now();
+    kill_9(pid);
+    let back = first_write_elsewhere(&tallies[0], killed, &dead, Duration::from_secs(30)).await;
+    println!(
+        "shard 0 primary kill -9 → writable again over TLS in {:.0} ms",
+        (back - killed).as_secs_f64() * 1000.0
+    );
+    let api = redis_api(&client, ns);
+    let r = wait_for(
+        "shard 0 healed with the killed node as replica",
+        READY,
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let s = r.status.as_ref()?.shards.first()?.clone();
+            (support::operator::is_ready(&r)
+                && s.primary.as_deref() != Some(p0.as_str())
+                && s.replicas == vec![p0.clone()])
+            .then_some(r)
+        },
+    )
+    .await;
+    println!(
+        "shard 0 Ready again, the killed node a replica, in {:.1} s",
+        killed.elapsed().as_secs_f64()
+    );
+    let log = std::fs::read_to_string(
+        support::repo_root()
+            .join(".dev/localnode/pods")
+            .join(format!("{ns}_{p0}"))
+            .join("redis.log"),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("the cluster moved this node's slots to a replica"),
+        "the restarted primary did not learn the takeover from its peers over TLS:\n{log}"
+    );
+
+    // 2. The certificate renewed: read live everywhere, no failover.
+    let primaries: Vec<Option<String>> = (0..3).map(|s| primary_of(&r, s)).collect();
+    secrets
+        .delete("cache-tls", &Default::default())
+        .await
+        .expect("delete the issued certificate");
+    let renewed_at = Instant::now();
+    poke(&client, ns, "cache", 1).await;
+    let renewed = wait_for(
+        "every node serving the renewed certificate, on both ports",
+        Duration::from_secs(150),
+        || async {
+            let s = secrets.get_opt("cache-tls").await.ok()??;
+            let new = leaf_of(&s);
+            if new == leaf {
+                return None;
+            }
+            for m in &ms {
+                let ip = m.endpoint.host();
+                if served_certificate_at(ip, 6379, &ca_pem).await != new
+                    || served_certificate_at(ip, 16379, &ca_pem).await != new
+                {
+                    return None;
+                }
+            }
+            Some(new)
+        },
+    )
+    .await;
+    assert_ne!(renewed, leaf);
+    println!(
+        "renewed certificate served by all 6 nodes (client port and bus) {:.1} s after the Secret was deleted",
+        renewed_at.elapsed().as_secs_f64()
+    );
+    let events = support::operator::recent_events(&client, ns, 80).await;
+    assert!(events.contains("CertificateReloaded"), "{events}");
+    // Let the writers run on the renewed certificate a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let until = Instant::now();
+    let tallies = writers.stop().await;
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    let after: Vec<Option<String>> = (0..3).map(|s| primary_of(&r, s)).collect();
+    assert_eq!(after, primaries, "no failover through the renewal");
+    for m in &ms {
+        let mut n = Node::connect(&m.endpoint, &tls).await.expect("TLS client");
+        let nodes = redpilot::redis::cluster::nodes(&mut n)
+            .await
+            .expect("CLUSTER NODES");
+        assert!(nodes.iter().all(|k| !k.fail), "{}: {nodes:?}", m.endpoint);
+    }
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &tls, want[s].start, &t).await;
+        let (at, gap) = longest_gap_at(&t.set_ok, renewed_at, until);
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost; \
+             longest gap through the renewal {gap:?} ({at:?} after it began)",
+            t.acked.len(),
+            t.failed
+        );
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+        assert!(
+            gap < Duration::from_secs(1),
+            "shard {s} took no write for {gap:?} through the renewal"
+        );
     }
 }

@@ -322,9 +322,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
         .optional_old_self(true)
         .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
         .field_path(".persistence"),
-    validation = Rule::new("!has(self.tls) || !has(self.mode) || self.mode != 'Cluster'")
-        .message("spec.tls: TLS in Cluster mode (the cluster bus, and the nodes' start-up checks of their peers) is not supported yet")
-        .field_path(".tls"),
     validation = Rule::new("has(self.tls) == has(oldSelf.tls)")
         .message("spec.tls is set at creation only: turning TLS on or off on a running Redis is not supported yet")
         .field_path(".tls"),
@@ -487,8 +484,9 @@ pub struct RedisSpec {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub users: Vec<UserSpec>,
 
-    /// TLS for clients and replication, with the certificate from a
-    /// Secret (see `TlsSpec`). Set at creation only; not in Cluster mode yet.
+    /// TLS for clients, replication and (Cluster mode) the cluster bus,
+    /// with the certificate from a Secret (see `TlsSpec`). Set at creation
+    /// only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 }

@@ -169,6 +169,41 @@ pub fn check_server_certificate(
         })
 }
 
+/// Checks that a server certificate (checked first with
+/// [`check_server_certificate`]) may also authenticate its holder as a
+/// client: the Cluster bus asks every node connecting to another for its
+/// certificate (`tls-cert-file`), whatever `tls-auth-clients` says, and
+/// the peer refuses one whose extended key usage lacks `clientAuth`.
+pub fn check_client_use(cert_pem: &[u8], ca_pem: &[u8], now: UnixTime) -> Result<(), CertProblem> {
+    let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| problem("tls.crt", format!("is not a PEM certificate ({e})")))?;
+    let Some((leaf, intermediates)) = chain.split_first() else {
+        return Err(problem("tls.crt", "holds no certificate"));
+    };
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| problem("ca.crt", e.to_string()))?;
+    verifier
+        .verify_client_cert(leaf, intermediates, now)
+        .map(|_| ())
+        .map_err(|e| match e {
+            rustls::Error::InvalidCertificate(
+                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
+            ) => problem(
+                "tls.crt",
+                "cannot authenticate a client (its extended key usage has no clientAuth), \
+                 which the Cluster bus asks of every node",
+            ),
+            other => problem(
+                "tls.crt",
+                format!("is not accepted from a client ({other})"),
+            ),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,6 +297,35 @@ mod tests {
             let p = got.expect_err(reason);
             assert_eq!((p.file, p.reason.as_str()), (file, reason));
         }
+    }
+
+    #[test]
+    fn a_certificate_for_servers_only_cannot_serve_the_cluster_bus() {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let a = ca("a");
+        let with = |usages: Vec<rcgen::ExtendedKeyUsagePurpose>| {
+            let key = KeyPair::generate().expect("key");
+            let mut params =
+                CertificateParams::new(vec!["cache.ns.svc".to_string()]).expect("params");
+            params.not_before =
+                time::OffsetDateTime::from_unix_timestamp(NOW as i64 - 3600).expect("from");
+            params.not_after =
+                time::OffsetDateTime::from_unix_timestamp(NOW as i64 + 3600).expect("to");
+            params.extended_key_usages = usages;
+            params.signed_by(&key, &a.issuer).expect("leaf").pem()
+        };
+        let client_use = |cert: &str| check_client_use(cert.as_bytes(), a.pem.as_bytes(), at(NOW));
+        // No extended key usage (the operator's own), or both.
+        assert_eq!(client_use(&with(vec![])), Ok(()));
+        assert_eq!(client_use(&with(vec![ServerAuth, ClientAuth])), Ok(()));
+        let p = client_use(&with(vec![ServerAuth])).expect_err("server only");
+        assert_eq!(p.file, "tls.crt");
+        assert!(p.reason.contains("no clientAuth"), "{p}");
+        // Another CA is still reported as such.
+        let b = ca("b");
+        let p = check_client_use(with(vec![]).as_bytes(), b.pem.as_bytes(), at(NOW))
+            .expect_err("another CA");
+        assert!(p.reason.contains("not accepted from a client"), "{p}");
     }
 
     #[test]

@@ -6,9 +6,12 @@ use serde::{Deserialize, Serialize};
 use super::DNS_SUBDOMAIN;
 
 /// TLS on every connection to the servers. The servers listen with TLS
-/// only, on the same port (6379); replication uses TLS too. Standalone
-/// and Replication modes (Cluster mode not yet). Everything the operator runs speaks TLS with
-/// it: its own connections, the readiness probe, the metrics sidecar and
+/// only, on the same port (6379); replication uses TLS too, and in
+/// Cluster mode so does the cluster bus (`tls-cluster yes`), on which
+/// the nodes authenticate each other with the same certificate: it must
+/// allow client authentication (no extended key usage, or one with
+/// `clientAuth`; the operator's and cert-manager's do). Everything the
+/// operator runs speaks TLS with it: its own connections, the readiness probe, the metrics sidecar and
 /// the backup agents. They check the server's certificate against
 /// `ca.crt` (the chain and the dates; not the name, since they reach pods
 /// by address).

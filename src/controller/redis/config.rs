@@ -73,13 +73,13 @@ fn base_config(redis: &Redis) -> Vec<String> {
 }
 
 /// The listening port: plain, or with `spec.tls` TLS only on the same
-/// port (`port 0`), with replication over TLS too.
+/// port (`port 0`), with replication and the cluster bus over TLS too.
 fn port_lines(redis: &Redis) -> Vec<String> {
     if redis.spec.tls.is_none() {
         return vec![format!("port {}", build::REDIS_PORT)];
     }
     let dir = build::TLS_DIR;
-    vec![
+    let mut lines = vec![
         "port 0".to_string(),
         format!("tls-port {}", build::REDIS_PORT),
         format!("tls-cert-file {dir}/{}", super::tls::CERT_FILE),
@@ -89,7 +89,14 @@ fn port_lines(redis: &Redis) -> Vec<String> {
         // a password or an ACL user.
         "tls-auth-clients no".to_string(),
         "tls-replication yes".to_string(),
-    ]
+    ];
+    // The cluster bus over TLS too. The nodes authenticate each other on
+    // it whatever `tls-auth-clients` says, each with its own certificate
+    // (`tls-cert-file`, checked against `tls-ca-cert-file`).
+    if redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
+        lines.push("tls-cluster yes".to_string());
+    }
+    lines
 }
 
 /// Quotes a redis.conf value when it has spaces or quotes.
@@ -384,6 +391,28 @@ mod tests {
             plain.lines().any(|l| l == "port 6379") && !plain.contains("tls"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn with_tls_in_cluster_mode_the_bus_uses_it_too() {
+        use crate::api::v1alpha1::{Mode, RedisSpec, TlsSpec};
+        let conf = |mode, tls: Option<TlsSpec>| {
+            redis_conf(&crate::controller::redis::build::test_redis(RedisSpec {
+                mode: Some(mode),
+                tls,
+                ..Default::default()
+            }))
+        };
+        let cluster = conf(Mode::Cluster, Some(TlsSpec::default()));
+        assert!(
+            cluster.lines().any(|l| l == "tls-cluster yes")
+                && cluster.lines().any(|l| l == "cluster-enabled yes"),
+            "{cluster}"
+        );
+        let replication = conf(Mode::Replication, Some(TlsSpec::default()));
+        assert!(!replication.contains("tls-cluster"), "{replication}");
+        let plain = conf(Mode::Cluster, None);
+        assert!(!plain.contains("tls"), "{plain}");
     }
 
     #[test]

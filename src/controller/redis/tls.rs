@@ -74,14 +74,16 @@ pub(super) fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
 
 /// Checks the Secret `name` holds a certificate, its key and the CA that
 /// signed it, valid now; `applied_ca` (the CA bundle of what the instances
-/// last served) is trusted too. The error names the Secret, the field
-/// (`field`: where the Secret comes from) and the file, never a key's
-/// bytes.
+/// last served) is trusted too. For the Cluster bus (`cluster`) the
+/// certificate must also authenticate its node to its peers. The error
+/// names the Secret, the field (`field`: where the Secret comes from) and
+/// the file, never a key's bytes.
 pub fn read(
     name: &str,
     secret: Option<&Secret>,
     applied_ca: Option<&str>,
     field: &str,
+    cluster: bool,
 ) -> Result<TlsMaterial, Error> {
     let fail = |reason: String| Error::Secret {
         name: name.to_string(),
@@ -100,6 +102,10 @@ pub fn read(
         rustls::pki_types::UnixTime::now(),
     )
     .map_err(|p| fail(format!("{p}")))?;
+    if cluster {
+        crate::redis::certs::check_client_use(cert, ca, rustls::pki_types::UnixTime::now())
+            .map_err(|p| fail(format!("{p}")))?;
+    }
     let ca_pem = String::from_utf8_lossy(ca).into_owned();
     let mut trusted = ca_pem.clone();
     if let Some(applied) = applied_ca.filter(|a| *a != ca_pem)
@@ -163,9 +169,16 @@ impl Reconciler {
                 Err(e) => return unusable(e),
             },
         };
-        Ok(read(&name, secret.as_ref(), auth.tls_ca.as_deref(), field)
-            .map(Some)
-            .map_err(Unready::Unusable))
+        let cluster = self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster;
+        Ok(read(
+            &name,
+            secret.as_ref(),
+            auth.tls_ca.as_deref(),
+            field,
+            cluster,
+        )
+        .map(Some)
+        .map_err(Unready::Unusable))
     }
 
     /// Live renewal: every reachable instance that serves another
@@ -284,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_missing_secret_or_file_names_the_field_and_the_file() {
-        let e = read("certs", None, None, "spec.tls.secretName").expect_err("absent");
+        let e = read("certs", None, None, "spec.tls.secretName", false).expect_err("absent");
         assert_eq!(
             e.to_string(),
             "secret certs: not found (spec.tls.secretName)"
@@ -294,6 +307,7 @@ mod tests {
             Some(&secret(&[("tls.crt", "x"), ("tls.key", "y")])),
             None,
             "spec.tls.secretName",
+            false,
         )
         .expect_err("no CA");
         assert_eq!(
@@ -302,7 +316,14 @@ mod tests {
         );
         let read_ca = |ca: &str| {
             let files = [("tls.crt", "x"), ("tls.key", "k3y-bytes"), ("ca.crt", ca)];
-            read("certs", Some(&secret(&files)), None, "spec.tls.secretName").expect_err(ca)
+            read(
+                "certs",
+                Some(&secret(&files)),
+                None,
+                "spec.tls.secretName",
+                false,
+            )
+            .expect_err(ca)
         };
         let e = read_ca("");
         assert_eq!(

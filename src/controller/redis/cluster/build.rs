@@ -79,10 +79,21 @@ pub fn config_lines() -> Vec<String> {
 /// restart at once, the node starts with what it has). A Redis waking from
 /// hibernation ([`WAKING_ENV`] set) skips the wait: every instance saved
 /// the same data with writes paused, so no replica holds newer writes.
-pub fn start_script(engine: Engine) -> String {
+///
+/// With `tls` (`spec.tls`) the peers are asked over TLS, their
+/// certificates checked against the mounted `ca.crt`.
+pub fn start_script(engine: Engine, tls: bool) -> String {
     let (server, cli) = match engine {
         Engine::Redis => ("redis-server", "redis-cli"),
         Engine::Valkey => ("valkey-server", "valkey-cli"),
+    };
+    let cli = if tls {
+        format!(
+            "{cli} --tls --cacert {}",
+            crate::controller::redis::tls::ca_path()
+        )
+    } else {
+        cli.to_string()
     };
     format!(
         r#"set -eu
@@ -201,7 +212,7 @@ pub fn shard_statefulset(
             c.command = Some(vec![
                 "sh".into(),
                 "-c".into(),
-                start_script(redis.spec.engine()),
+                start_script(redis.spec.engine(), redis.spec.tls.is_some()),
             ]);
             c.env
                 .get_or_insert_with(Vec::new)
@@ -330,6 +341,45 @@ mod tests {
     /// node that served slots with replicas waits (and gives up after the
     /// bound); one without replicas or without slots starts at once.
     #[test]
+    fn with_tls_the_boot_rule_asks_its_peers_over_tls() {
+        let tls = start_script(Engine::Valkey, true);
+        assert!(
+            tls.contains(
+                "timeout 2 valkey-cli --tls --cacert /etc/redis-tls/ca.crt $u -h \"${p%:*}\""
+            ),
+            "{tls}"
+        );
+        let plain = start_script(Engine::Valkey, false);
+        assert!(!plain.contains("--tls"), "{plain}");
+        // The mounted CA is where the TLS volume puts it.
+        let r = test_redis(RedisSpec {
+            mode: Some(Mode::Cluster),
+            tls: Some(crate::api::v1alpha1::TlsSpec::default()),
+            ..Default::default()
+        });
+        let sts = shard_statefulset(&r, &Names::new("cache"), 0, "s", "", "valkey", None);
+        let pod = sts.spec.template.spec.expect("pod");
+        let server = pod
+            .containers
+            .iter()
+            .find(|c| c.name == SERVER_CONTAINER)
+            .expect("server");
+        let script = server.command.clone().unwrap_or_default().join(" ");
+        assert!(
+            script.contains("--tls --cacert /etc/redis-tls/ca.crt"),
+            "{script}"
+        );
+        assert!(
+            server
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/etc/redis-tls"),
+            "{server:?}"
+        );
+    }
+
+    #[test]
     fn boot_rule_waits_only_for_a_primary_with_replicas() {
         let dir = std::env::temp_dir().join(format!("redpilot-boot-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -350,7 +400,7 @@ mod tests {
         let run_peers =
             |conf: &str, waking: &str, peers: Option<&str>| -> (String, std::time::Duration) {
                 std::fs::write(dir.join("nodes.conf"), conf).expect("write");
-                let script = start_script(Engine::Redis)
+                let script = start_script(Engine::Redis, false)
                     .replace(
                         "/data/nodes.conf",
                         &dir.join("nodes.conf").to_string_lossy(),

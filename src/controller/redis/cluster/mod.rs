@@ -209,6 +209,8 @@ impl Reconciler {
             }
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
+            // A renewed certificate is read live, on every node.
+            self.reload_certificates(&facts, &opts, &auth).await?;
             // Tuning advice, now and then, when every server answers (keys
             // are sampled in every shard: on a replica, else on the
             // primary while it is quiet).
