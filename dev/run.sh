@@ -76,13 +76,36 @@ kubectl get -n "$ns" redis "$name"
 primary=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.status.primary}')
 ip=$(kubectl get -n "$ns" pod "$primary" -o jsonpath='{.status.podIP}')
 secret=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.status.authSecret}')
+# With spec.tls: the CA of the certificate's Secret (and, when the servers
+# ask clients for one, a certificate; the servers' own here).
+tls_flags=
+tls_files=
+if [[ -n $(kubectl get -n "$ns" redis "$name" -o jsonpath='{.spec.tls}') ]]; then
+	tls_secret=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.spec.tls.secretName}')
+	if [[ -z $tls_secret ]]; then
+		if [[ -n $(kubectl get -n "$ns" redis "$name" -o jsonpath='{.spec.tls.issuerRef}') ]]; then
+			tls_secret=$name-server-tls
+		else
+			tls_secret=$name-tls
+		fi
+	fi
+	tls_files="  $bin/kubectl get secret -n $ns $tls_secret -o jsonpath='{.data.ca\.crt}' | base64 -d > ca.crt"
+	tls_flags=" --tls --cacert ca.crt"
+	auth=$(kubectl get -n "$ns" redis "$name" -o jsonpath='{.spec.tls.clientAuth}')
+	if [[ $auth == Required || $auth == Optional ]]; then
+		tls_files+=$'\n'"  $bin/kubectl get secret -n $ns $tls_secret -o jsonpath='{.data.tls\.crt}' | base64 -d > client.crt"
+		tls_files+=$'\n'"  $bin/kubectl get secret -n $ns $tls_secret -o jsonpath='{.data.tls\.key}' | base64 -d > client.key   # or a client certificate of your own from the same CA"
+		tls_flags+=" --cert client.crt --key client.key"
+	fi
+	tls_files+=$'\n'
+fi
 cat <<MSG
 
 Redis $ns/$name is Ready. Its primary is $primary at $ip:6379.
 Connect:
   export KUBECONFIG=$KUBECONFIG
   export REDISCLI_AUTH=\$($bin/kubectl get secret -n $ns $secret -o jsonpath='{.data.password}' | base64 -d)
-  redis-cli -h $ip -p 6379 ping
+${tls_files}  redis-cli$tls_flags -h $ip -p 6379 ping
 Inside the cluster the Services are $name (read-write, the primary) and $name-ro (replicas).
 Watch it:   $bin/kubectl get redis -n $ns -w
 Stop:       make run-stop   (the operator)   |   make cluster-down   (everything)

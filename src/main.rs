@@ -147,6 +147,11 @@ struct ExporterArgs {
     /// the pod's own loopback (the sidecar's), refused for any other host.
     #[arg(long)]
     tls_loopback: bool,
+    /// With `--tls-loopback`: a directory with `tls.crt` and `tls.key`,
+    /// presented to a server that asks clients for a certificate (read at
+    /// each connection).
+    #[arg(long, requires = "tls_loopback")]
+    tls_client_dir: Option<std::path::PathBuf>,
     /// Bound, in milliseconds, of the connection and of each command.
     #[arg(long, default_value_t = 2000)]
     timeout_ms: u64,
@@ -174,6 +179,13 @@ struct BackupArgs {
     /// is not checked: the server is reached by address).
     #[arg(long)]
     tls_ca_file: Option<std::path::PathBuf>,
+    /// With `--tls-ca-file`: present this certificate (PEM, with its
+    /// intermediates) to a server that asks clients for one.
+    #[arg(long, requires_all = ["tls_ca_file", "tls_key_file"])]
+    tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key of `--tls-cert-file`.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -369,7 +381,8 @@ fn command(cli: Cli) -> ExitCode {
                 args.password_dir,
                 std::time::Duration::from_millis(args.timeout_ms),
             )
-            .with_tls_loopback(args.tls_loopback);
+            .with_tls_loopback(args.tls_loopback)
+            .with_tls_client_dir(args.tls_client_dir);
             match redpilot::exporter::run(&args.listen, settings) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -504,7 +517,20 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
         let ca = std::fs::read(file).map_err(|e| {
             redpilot::backup::BackupError::Invalid(format!("--tls-ca-file {}: {e}", file.display()))
         })?;
-        options = options.with_tls(redpilot::redis::TlsOptions::servers_of_ca(ca));
+        let mut tls = redpilot::redis::TlsOptions::servers_of_ca(ca);
+        if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
+            let read = |flag: &str, file: &std::path::Path| {
+                std::fs::read(file).map_err(|e| {
+                    redpilot::backup::BackupError::Invalid(format!(
+                        "{flag} {}: {e}",
+                        file.display()
+                    ))
+                })
+            };
+            tls.client_cert_pem = Some(read("--tls-cert-file", cert)?);
+            tls.client_key_pem = Some(read("--tls-key-file", key)?);
+        }
+        options = options.with_tls(tls);
     }
     let source = Source {
         name: args.source_name.unwrap_or_else(|| endpoint.to_string()),

@@ -84,7 +84,7 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
                 silence: Duration::from_secs(5),
                 password: "pw".into(),
                 authenticate: true,
-                tls_ca: None,
+                tls: None,
             },
         );
     }

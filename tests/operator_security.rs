@@ -1953,3 +1953,183 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
         );
     }
 }
+
+/// `spec.tls.clientAuth: Required` on a Replication Redis (Redis 7.0, a
+/// Secret of the user's): a client without a certificate is refused and
+/// one with a certificate of the CA is served; the replica links with the
+/// servers' own certificate (`WAIT 1`); the readiness probe (the pods are
+/// Ready), the metrics sidecar, the failure monitor (no false failover
+/// while it probes; a primary `kill -9` failed over) and the backup agent
+/// all present the mounted certificate. A certificate for servers only is
+/// refused naming `spec.tls.clientAuth`. Back to `None`: the pods roll and
+/// a client without a certificate is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_certificates_are_required_of_every_client_the_operators_own_included() {
+    use redpilot::redis::TlsOptions;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "mtls", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let ca = TestCa::new("mtls CA");
+    let names = vec![format!("cache.{ns}.svc")];
+    let (cert, key, _) = ca.server(&names, -60, 86_400);
+    put_tls_secret(&client, ns, "cache-tls", &cert, &key, &ca.pem).await;
+    let (servers_only, servers_only_key) = server_only_certificate(&ca, &names);
+    put_tls_secret(
+        &client,
+        ns,
+        "strict-tls",
+        &servers_only,
+        &servers_only_key,
+        &ca.pem,
+    )
+    .await;
+    let spec = |secret: &str, auth: &str| {
+        json!({"mode": "Replication", "instances": 2, "version": "7.0",
+               "tls": {"secretName": secret, "clientAuth": auth}})
+    };
+    apply_redis(&client, ns, "strict", spec("strict-tls", "Required")).await;
+    apply_redis(&client, ns, "cache", spec("cache-tls", "Required")).await;
+    let (reason, message) = degraded_with(&client, ns, "strict", "clientAuth").await;
+    println!("a certificate for servers only: {reason}: {message}");
+    assert_eq!(reason, "InvalidCertificate");
+    assert!(
+        message.contains("strict-tls") && message.contains("spec.tls.clientAuth"),
+        "{message}"
+    );
+
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    let primary = r
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let pods = ips(&client, ns, "cache").await;
+    let primary_ip = pods
+        .iter()
+        .find(|(n, _)| *n == primary)
+        .map(|(_, ip)| ip.clone())
+        .expect("primary ip");
+    let ep = Endpoint::new(&primary_ip, 6379);
+    let pw = redis_password(&client, ns, "cache").await;
+    let without = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500))
+        .with_tls(TlsOptions::servers_of_ca(ca.pem.clone().into_bytes()));
+    let err = Node::connect(&ep, &without)
+        .await
+        .expect_err("a client without a certificate is refused");
+    println!("a client without a certificate: {err}");
+    // A client's own certificate from the same CA.
+    let (client_cert, client_key, _) = ca.server(&["app".to_string()], -60, 86_400);
+    let mut own = TlsOptions::servers_of_ca(ca.pem.clone().into_bytes());
+    own.client_cert_pem = Some(client_cert.into_bytes());
+    own.client_key_pem = Some(client_key.into_bytes());
+    let with = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_tls(own);
+    let mut node = Node::connect(&ep, &with).await.expect("served");
+    let auth: Vec<String> = node
+        .query(
+            "CONFIG GET",
+            redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
+        )
+        .await
+        .expect("CONFIG GET");
+    assert_eq!(auth, ["tls-auth-clients", "yes"]);
+    let _: () = node
+        .query("SET", redis::cmd("SET").arg("mtls").arg("1"))
+        .await
+        .expect("SET");
+    let acked: i64 = node
+        .query("WAIT", redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1, "the replica linked with its own certificate");
+    let page = http_get(
+        format!("{primary_ip}:9121").parse().expect("addr"),
+        "/metrics",
+    )
+    .await
+    .expect("scrape");
+    assert!(
+        page.contains("redis_up 1"),
+        "the sidecar presents the certificate"
+    );
+
+    // The backup agent presents it too.
+    support::operator::create_claim(&client, ns, "backups").await;
+    support::operator::create_backup(
+        &client,
+        ns,
+        "mtls-backup",
+        json!({"redis": "cache", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let done = support::operator::ended(&client, ns, "mtls-backup", Duration::from_secs(180))
+        .await
+        .status
+        .expect("status");
+    assert_eq!(
+        done.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{done:?}"
+    );
+    // The monitor has probed the primary all along (with the certificate:
+    // without it every probe fails and the primary would be replaced).
+    let api = redis_api(&client, ns);
+    let now = api.get("cache").await.expect("get");
+    assert_eq!(
+        now.status.as_ref().and_then(|s| s.primary.clone()),
+        Some(primary.clone()),
+        "no failover while nothing failed"
+    );
+    let pid = server_pid(&mut node).await;
+    drop(node);
+    let killed = Instant::now();
+    kill_9(pid);
+    let moved = wait_for("the killed primary replaced", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        let p = r.status.as_ref()?.primary.clone()?;
+        (p != primary).then_some(p)
+    })
+    .await;
+    println!(
+        "primary kill -9 → {moved} promoted in {:.1} s",
+        killed.elapsed().as_secs_f64()
+    );
+
+    // Back to None: the pods roll; a client without a certificate is
+    // served on every instance.
+    apply_redis(&client, ns, "cache", spec("cache-tls", "None")).await;
+    let rolled = Instant::now();
+    wait_for(
+        "every instance serving clients without a certificate",
+        READY,
+        || async {
+            let r = api.get("cache").await.ok()?;
+            if !support::operator::is_ready(&r) {
+                return None;
+            }
+            for (_, ip) in ips(&client, ns, "cache").await {
+                let mut n = Node::connect(&Endpoint::new(&ip, 6379), &without)
+                    .await
+                    .ok()?;
+                let auth: Vec<String> = n
+                    .query(
+                        "CONFIG GET",
+                        redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
+                    )
+                    .await
+                    .ok()?;
+                (auth == ["tls-auth-clients", "no"]).then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "clientAuth None: every instance serves clients without a certificate {:.1} s later",
+        rolled.elapsed().as_secs_f64()
+    );
+}

@@ -381,6 +381,7 @@ async fn exporter_scrapes_behind_a_stalled_server_stay_bounded() {
         password: None,
         timeout,
         tls_loopback: false,
+        tls_client_dir: None,
     }));
     let first = exporter.try_scrape().await.expect("not busy");
     assert!(first.contains("\nredis_up 1\n"), "{first}");

@@ -4,7 +4,7 @@
 //! the exporter, not the operator, the backup agent or the Kubernetes client.
 //!
 //!   redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT]
-//!                     [--password-dir DIR] [--tls-loopback] [--timeout-ms MS]
+//!                     [--password-dir DIR] [--tls-loopback [--tls-client-dir DIR]] [--timeout-ms MS]
 //!
 //! Without `--password-dir` the password comes from `REDIS_PASSWORD`.
 
@@ -19,6 +19,7 @@ struct Args {
     port: u16,
     password_dir: Option<std::path::PathBuf>,
     tls_loopback: bool,
+    tls_client_dir: Option<std::path::PathBuf>,
     timeout_ms: u64,
 }
 
@@ -29,6 +30,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         port: 6379,
         password_dir: None,
         tls_loopback: false,
+        tls_client_dir: None,
         timeout_ms: 2000,
     };
     while let Some(arg) = argv.next() {
@@ -56,6 +58,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|_| format!("--port: not a port: {value}"))?
             }
             "--password-dir" => a.password_dir = Some(value.into()),
+            "--tls-client-dir" => a.tls_client_dir = Some(value.into()),
             "--timeout-ms" => {
                 a.timeout_ms = value
                     .parse()
@@ -75,7 +78,7 @@ fn main() -> ExitCode {
                 eprintln!("redpilot-exporter: {e}");
             }
             eprintln!(
-                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--tls-loopback] [--timeout-ms MS]"
+                "usage: redpilot-exporter [--listen ADDR] [--host HOST] [--port PORT] [--password-dir DIR] [--tls-loopback [--tls-client-dir DIR]] [--timeout-ms MS]"
             );
             return if e.is_empty() {
                 ExitCode::SUCCESS
@@ -91,7 +94,8 @@ fn main() -> ExitCode {
         args.password_dir,
         Duration::from_millis(args.timeout_ms),
     )
-    .with_tls_loopback(args.tls_loopback);
+    .with_tls_loopback(args.tls_loopback)
+    .with_tls_client_dir(args.tls_client_dir);
     match redpilot::exporter::run(&args.listen, settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -148,9 +148,10 @@ pub struct Target {
     /// address may belong to another pod by now (of another tenant), so
     /// it is probed at the TCP level only and never sent the password.
     pub authenticate: bool,
-    /// With TLS, the CA bundle the primary's certificate is checked
-    /// against (chain and dates, not the name).
-    pub tls_ca: Option<Vec<u8>>,
+    /// With TLS, how: the CA bundle the primary's certificate is checked
+    /// against (chain and dates, not the name), and the certificate the
+    /// probe presents when the servers ask clients for one.
+    pub tls: Option<crate::redis::TlsOptions>,
 }
 
 /// What the probes found.
@@ -427,8 +428,8 @@ async fn probe_loop(
             target.password.clone(),
         )
         .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
-    let opts = match &target.tls_ca {
-        Some(ca) => opts.with_tls(crate::redis::TlsOptions::servers_of_ca(ca.clone())),
+    let opts = match &target.tls {
+        Some(tls) => opts.with_tls(tls.clone()),
         None => opts,
     };
     // Every watch probes on the same grid (see `grid_start`); a probe
@@ -727,7 +728,7 @@ mod tests {
                 silence: Duration::from_secs(5),
                 password: "pw".into(),
                 authenticate: true,
-                tls_ca: None,
+                tls: None,
             },
         );
         tokio::time::sleep(window).await;

@@ -36,6 +36,10 @@ pub struct Settings {
     /// TLS to the pod's own loopback without checking the certificate
     /// (the sidecar's case: see [`TlsOptions::unverified`]).
     pub tls_loopback: bool,
+    /// A directory with `tls.crt` and `tls.key`, presented to a server
+    /// that asks clients for a certificate; read at each connection, so a
+    /// renewed certificate is followed.
+    pub tls_client_dir: Option<PathBuf>,
 }
 
 impl Settings {
@@ -50,12 +54,19 @@ impl Settings {
                 .filter(|p| !p.is_empty()),
             timeout,
             tls_loopback: false,
+            tls_client_dir: None,
         }
     }
 
     /// Connects with TLS to the pod's own loopback, checking nothing.
     pub fn with_tls_loopback(mut self, on: bool) -> Self {
         self.tls_loopback = on;
+        self
+    }
+
+    /// Presents the certificate in `dir` (`tls.crt`, `tls.key`).
+    pub fn with_tls_client_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.tls_client_dir = dir;
         self
     }
 }
@@ -151,7 +162,19 @@ impl Exporter {
         if candidates.is_empty() {
             candidates.push((None, String::new()));
         }
-        let tls = self.settings.tls_loopback.then(TlsOptions::loopback);
+        let mut tls = self.settings.tls_loopback.then(TlsOptions::loopback);
+        if let (Some(tls), Some(dir)) = (tls.as_mut(), &self.settings.tls_client_dir) {
+            let read = |file: &str| {
+                std::fs::read(dir.join(file)).map_err(|e| {
+                    crate::redis::Error::Config(format!(
+                        "reading {}: {e}",
+                        dir.join(file).display()
+                    ))
+                })
+            };
+            tls.client_cert_pem = Some(read("tls.crt")?);
+            tls.client_key_pem = Some(read("tls.key")?);
+        }
         for (user, password) in candidates {
             let mut opts = ConnectOptions::default().with_timeouts(t, t);
             if let Some(tls) = &tls {

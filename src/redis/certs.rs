@@ -171,9 +171,10 @@ pub fn check_server_certificate(
 
 /// Checks that a server certificate (checked first with
 /// [`check_server_certificate`]) may also authenticate its holder as a
-/// client: the Cluster bus asks every node connecting to another for its
-/// certificate (`tls-cert-file`), whatever `tls-auth-clients` says, and
-/// the peer refuses one whose extended key usage lacks `clientAuth`.
+/// client, as the Cluster bus asks of every node (it presents its
+/// `tls-cert-file` to its peers whatever `tls-auth-clients` says) and
+/// `tls-auth-clients` of every client: a peer refuses a certificate
+/// whose extended key usage lacks `clientAuth`.
 pub fn check_client_use(cert_pem: &[u8], ca_pem: &[u8], now: UnixTime) -> Result<(), CertProblem> {
     let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
     let chain = CertificateDer::pem_slice_iter(cert_pem)
@@ -194,8 +195,7 @@ pub fn check_client_use(cert_pem: &[u8], ca_pem: &[u8], now: UnixTime) -> Result
                 CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
             ) => problem(
                 "tls.crt",
-                "cannot authenticate a client (its extended key usage has no clientAuth), \
-                 which the Cluster bus asks of every node",
+                "cannot authenticate a client (its extended key usage has no clientAuth)",
             ),
             other => problem(
                 "tls.crt",

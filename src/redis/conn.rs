@@ -110,7 +110,7 @@ impl From<String> for Secret {
 }
 
 /// TLS settings for connecting to a server's `tls-port`.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsOptions {
     /// PEM bundle of the CA(s) that sign the server certificate. When `None`,
     /// the platform trust store is used.
@@ -300,21 +300,25 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
                     "TLS without checking the certificate is for the pod's own loopback only, not {endpoint}"
                 )));
             }
-            Client::open(info).map_err(config_err)
+            match client_tls(tls)? {
+                None => Client::open(info).map_err(config_err),
+                // The certificate is presented; the server's is still not
+                // checked (the address is insecure), whatever roots build.
+                Some(client_tls) => Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates {
+                        client_tls: Some(client_tls),
+                        root_cert: tls.ca_pem.clone(),
+                    },
+                )
+                .map_err(|e| Error::Tls {
+                    endpoint: endpoint.to_string(),
+                    message: e.to_string(),
+                }),
+            }
         }
         Some(tls) => {
-            let client_tls = match (&tls.client_cert_pem, &tls.client_key_pem) {
-                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                    client_cert: cert.clone(),
-                    client_key: key.clone(),
-                }),
-                (None, None) => None,
-                _ => {
-                    return Err(Error::Config(
-                        "TLS client certificate and key must be given together".into(),
-                    ));
-                }
-            };
+            let client_tls = client_tls(tls)?;
             let certs = redis::TlsCertificates {
                 client_tls,
                 root_cert: tls.ca_pem.clone(),
@@ -334,6 +338,20 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
             addr.set_danger_accept_invalid_hostnames(true);
             Client::open(info.set_addr(addr)).map_err(tls_err)
         }
+    }
+}
+
+/// The certificate a client presents, when `tls` has one.
+fn client_tls(tls: &TlsOptions) -> Result<Option<redis::ClientTlsConfig>> {
+    match (&tls.client_cert_pem, &tls.client_key_pem) {
+        (Some(cert), Some(key)) => Ok(Some(redis::ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        })),
+        (None, None) => Ok(None),
+        _ => Err(Error::Config(
+            "TLS client certificate and key must be given together".into(),
+        )),
     }
 }
 

@@ -55,6 +55,57 @@ pub struct TlsSpec {
     /// the cluster: without them the Redis is Degraded and says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuer_ref: Option<IssuerRef>,
+
+    /// Whether clients must present a certificate (`tls-auth-clients`):
+    /// `None` (the default: clients authenticate with a password or an
+    /// ACL user only), `Optional` (a certificate presented must be signed
+    /// by a CA of `ca.crt`), or `Required` (every client presents one).
+    /// With `Optional` or `Required` the operator's own connections, the
+    /// readiness probe, the metrics sidecar and the backup agent present
+    /// the servers' certificate, which must then allow client
+    /// authentication (no extended key usage, or one with `clientAuth`).
+    /// A change rolls the pods (the ordered restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<ClientAuth>,
+}
+
+impl TlsSpec {
+    /// `clientAuth`, `None` when left out.
+    pub fn client_auth(&self) -> ClientAuth {
+        self.client_auth.unwrap_or_default()
+    }
+}
+
+/// `spec.tls.clientAuth`: whether the servers ask clients for a
+/// certificate.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum ClientAuth {
+    /// Clients are not asked for a certificate (`tls-auth-clients no`).
+    #[default]
+    None,
+    /// A certificate presented is checked (`tls-auth-clients optional`).
+    Optional,
+    /// Every client presents a certificate (`tls-auth-clients yes`).
+    Required,
+}
+
+impl ClientAuth {
+    /// The `tls-auth-clients` value.
+    pub fn config_value(self) -> &'static str {
+        match self {
+            ClientAuth::None => "no",
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "yes",
+        }
+    }
+
+    /// Whether the servers may ask the operator's processes for a
+    /// certificate.
+    pub fn asks(self) -> bool {
+        self != ClientAuth::None
+    }
 }
 
 /// The cert-manager issuer a `Certificate` names.

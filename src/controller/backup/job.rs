@@ -240,8 +240,12 @@ pub struct JobSource<'a> {
     /// In Cluster mode: the shard's index and its slots (`0-5460,…`).
     pub shard: Option<(i32, &'a str)>,
     /// The Redis's `spec.tls` Secret: the agent connects with TLS,
-    /// trusting its `ca.crt` (the only file it mounts).
+    /// trusting its `ca.crt` (the only file it mounts, unless
+    /// `tls_present`).
     pub tls_secret: Option<&'a str>,
+    /// `spec.tls.clientAuth` asks clients for a certificate: the agent
+    /// mounts the Secret's `tls.crt` and `tls.key` too and presents them.
+    pub tls_present: bool,
 }
 
 /// The Job `name` that runs `redpilot backup` against `from` and stores
@@ -280,6 +284,16 @@ pub fn job(
             "--tls-ca-file".to_string(),
             crate::controller::redis::tls::ca_path(),
         ]);
+        if from.tls_present {
+            use crate::controller::redis::tls::{CERT_FILE, KEY_FILE};
+            let dir = build::TLS_DIR;
+            args.extend([
+                "--tls-cert-file".to_string(),
+                format!("{dir}/{CERT_FILE}"),
+                "--tls-key-file".to_string(),
+                format!("{dir}/{KEY_FILE}"),
+            ]);
+        }
     }
     args.extend(target.args(key));
     // The agent's own user, which may only run the replication handshake
@@ -314,7 +328,7 @@ pub fn job(
     if let Some(spec) = j.spec.as_mut() {
         spec.active_deadline_seconds = Some(b.spec.timeout_seconds());
         if let (Some(secret), Some(pod)) = (from.tls_secret, spec.template.spec.as_mut()) {
-            add_ca_volume(pod, secret);
+            add_ca_volume(pod, secret, from.tls_present);
         }
     }
     j
@@ -322,14 +336,20 @@ pub fn job(
 
 /// Mounts `ca.crt` of the TLS Secret `secret` at [`build::TLS_DIR`] in
 /// the agent's container: the CA only (no key), readable by any user (the
-/// agent's user is the image's).
-fn add_ca_volume(pod: &mut PodSpec, secret: &str) {
+/// agent's user is the image's); with `present`, the certificate and its
+/// key too (the pod's only container reads them).
+fn add_ca_volume(pod: &mut PodSpec, secret: &str, present: bool) {
     use crate::controller::redis::statefulset::{tls_mount, tls_volume};
+    use crate::controller::redis::tls::{CA_FILE, CERT_FILE, KEY_FILE};
     const VOLUME: &str = "tls-ca";
-    let ca = [crate::controller::redis::tls::CA_FILE];
+    let files: &[&str] = if present {
+        &[CA_FILE, CERT_FILE, KEY_FILE]
+    } else {
+        &[CA_FILE]
+    };
     pod.volumes
         .get_or_insert_with(Vec::new)
-        .push(tls_volume(VOLUME, secret, &ca, 0o444));
+        .push(tls_volume(VOLUME, secret, files, 0o444));
     for c in &mut pod.containers {
         c.volume_mounts
             .get_or_insert_with(Vec::new)
@@ -737,6 +757,7 @@ mod tests {
                 host: "10.244.0.5",
                 shard: None,
                 tls_secret: None,
+                tls_present: false,
             },
             "ns/cache/b1-t.rdb",
             true,
@@ -800,5 +821,60 @@ mod tests {
             .unwrap_or_default();
         assert!(!pod_labels.contains_key(build::INSTANCE_LABEL));
         assert!(!pod_labels.contains_key(build::MANAGED_BY_LABEL));
+    }
+
+    #[test]
+    fn with_client_certificates_the_agent_mounts_and_presents_the_servers() {
+        let mut b: RedisBackup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+            "metadata": {"name": "b1", "namespace": "ns", "uid": "u1"},
+            "spec": {"redis": "cache", "target": {"s3": {"bucket": "bk", "credentials": {"secretName": "s3"}}}}
+        }))
+        .expect("backup");
+        b.metadata.namespace = Some("ns".into());
+        for present in [false, true] {
+            let target = Target::of(b.spec.target.s3.as_ref(), None).expect("target");
+            let j = job(
+                &b,
+                "b1-backup",
+                target,
+                &JobSource {
+                    pod: "cache-1",
+                    host: "10.244.0.5",
+                    shard: None,
+                    tls_secret: Some("cache-tls"),
+                    tls_present: present,
+                },
+                "k",
+                true,
+            );
+            let pod = j.spec.and_then(|s| s.template.spec).expect("pod");
+            let args = pod.containers[0].args.clone().unwrap_or_default().join(" ");
+            assert!(
+                args.contains("--tls-ca-file /etc/redis-tls/ca.crt"),
+                "{args}"
+            );
+            assert_eq!(
+                args.contains(
+                    "--tls-cert-file /etc/redis-tls/tls.crt --tls-key-file /etc/redis-tls/tls.key"
+                ),
+                present,
+                "{args}"
+            );
+            let files: Vec<String> = pod
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.secret.as_ref())
+                .filter(|s| s.secret_name.as_deref() == Some("cache-tls"))
+                .flat_map(|s| s.items.iter().flatten().map(|i| i.key.clone()))
+                .collect();
+            let want: &[&str] = if present {
+                &["ca.crt", "tls.crt", "tls.key"]
+            } else {
+                &["ca.crt"]
+            };
+            assert_eq!(files, want, "present: {present}");
+        }
     }
 }

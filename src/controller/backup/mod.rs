@@ -293,16 +293,23 @@ impl Pass {
     ) -> Result<Option<String>, Error> {
         let as_user = self.agent_user().await?.unwrap_or(true);
         // A Redis with TLS is read over TLS: the agent gets its CA.
-        let tls_secret = self
+        let redis = self
             .ctx
             .redis
-            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
-            .and_then(|r| crate::controller::redis::tls::secret_of(&r));
+            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns));
+        let tls_secret = redis
+            .as_deref()
+            .and_then(crate::controller::redis::tls::secret_of);
+        let tls_present = redis
+            .as_deref()
+            .and_then(|r| r.spec.tls.as_ref())
+            .is_some_and(|t| t.client_auth().asks());
         let from = job::JobSource {
             pod: source,
             host,
             shard,
             tls_secret: tls_secret.as_deref(),
+            tls_present,
         };
         let j = job::job(&self.b, name, self.target()?, &from, key, as_user);
         match self.apply(j).await {

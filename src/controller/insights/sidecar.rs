@@ -33,6 +33,8 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
+use crate::controller::redis::tls::{CERT_FILE, KEY_FILE};
+
 /// The sidecar and the volume it reads the password from, or `None` when
 /// `spec.monitoring.exporter` is false. `secret` is the server-auth Secret.
 pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
@@ -41,6 +43,11 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         return None;
     }
     let tls = redis.spec.tls.is_some();
+    let present = redis
+        .spec
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_auth().asks());
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its
         // own, `redpilot-exporter`), which follows a password rotation
@@ -58,6 +65,14 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 // may run ahead of the served certificate during a CA
                 // change, which must not blind the metrics).
                 .chain(tls.then(|| "--tls-loopback".to_string()))
+                // The servers ask clients for a certificate: the mounted
+                // one, read at each connection (a renewal is followed).
+                .chain(present.then(|| {
+                    format!(
+                        "--tls-client-dir={}",
+                        crate::controller::redis::build::TLS_DIR
+                    )
+                }))
                 .collect(),
             ),
             vec![],
@@ -96,6 +111,23 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 value: Some(crate::controller::redis::tls::ca_path()),
                 ..Default::default()
             }))
+            // The mounted certificate when the servers ask for one.
+            .chain(
+                [
+                    ("REDIS_EXPORTER_TLS_CLIENT_CERT_FILE", CERT_FILE),
+                    ("REDIS_EXPORTER_TLS_CLIENT_KEY_FILE", KEY_FILE),
+                ]
+                .into_iter()
+                .filter(|_| present)
+                .map(|(name, file)| EnvVar {
+                    name: name.into(),
+                    value: Some(format!(
+                        "{}/{file}",
+                        crate::controller::redis::build::TLS_DIR
+                    )),
+                    ..Default::default()
+                }),
+            )
             .collect(),
         ),
     };

@@ -85,9 +85,17 @@ fn port_lines(redis: &Redis) -> Vec<String> {
         format!("tls-cert-file {dir}/{}", super::tls::CERT_FILE),
         format!("tls-key-file {dir}/{}", super::tls::KEY_FILE),
         format!("tls-ca-cert-file {dir}/{}", super::tls::CA_FILE),
-        // Clients are not asked for a certificate: they authenticate with
-        // a password or an ACL user.
-        "tls-auth-clients no".to_string(),
+        // Clients authenticate with a password or an ACL user, and with a
+        // certificate when `spec.tls.clientAuth` asks for one.
+        format!(
+            "tls-auth-clients {}",
+            redis
+                .spec
+                .tls
+                .as_ref()
+                .map(|t| t.client_auth().config_value())
+                .unwrap_or("no")
+        ),
         "tls-replication yes".to_string(),
     ];
     // The cluster bus over TLS too. The nodes authenticate each other on
@@ -391,6 +399,32 @@ mod tests {
             plain.lines().any(|l| l == "port 6379") && !plain.contains("tls"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn client_auth_sets_tls_auth_clients() {
+        use crate::api::v1alpha1::{ClientAuth, RedisSpec, TlsSpec};
+        for (auth, line) in [
+            (None, "tls-auth-clients no"),
+            (Some(ClientAuth::None), "tls-auth-clients no"),
+            (Some(ClientAuth::Optional), "tls-auth-clients optional"),
+            (Some(ClientAuth::Required), "tls-auth-clients yes"),
+        ] {
+            let conf = redis_conf(&crate::controller::redis::build::test_redis(RedisSpec {
+                tls: Some(TlsSpec {
+                    client_auth: auth,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }));
+            assert_eq!(
+                conf.lines()
+                    .filter(|l| l.starts_with("tls-auth-clients"))
+                    .collect::<Vec<_>>(),
+                [line],
+                "{auth:?}"
+            );
+        }
     }
 
     #[test]

@@ -371,7 +371,7 @@ impl Reconciler {
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
                 authenticate,
-                tls_ca: self.tls_ca(),
+                tls: self.tls_options(),
             },
         );
     }
@@ -411,7 +411,7 @@ impl Reconciler {
                     silence: silence_bound(&spec.failover()),
                     password: password.to_string(),
                     authenticate: true,
-                    tls_ca: self.tls_ca(),
+                    tls: self.tls_options(),
                 },
             );
         }

@@ -161,14 +161,14 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// with a password that never rotates: its environment is resolved once,
 /// when the container starts, and must stay valid after a live password
 /// rotation. Without a password (auth off) it sends none.
-fn probe_script(cli: &str, tls: bool) -> String {
+fn probe_script(cli: &str, tls: &str) -> String {
     let user = super::build::PROBE_USER;
-    // With TLS the CLI checks nothing of the certificate: the server is
-    // the pod's own, on its loopback, and while a CA changes the mounted
-    // CA runs ahead of the certificate served until the operator has the
-    // server read its files again; a check would take every instance out
-    // of its Services for that time.
-    let tls = if tls { " --tls --insecure" } else { "" };
+    // With TLS (`tls`: the CLI's flags, `super::tls::cli_flags`) the CLI
+    // checks nothing of the certificate: the server is the pod's own, on
+    // its loopback, and while a CA changes the mounted CA runs ahead of
+    // the certificate served until the operator has the server read its
+    // files again; a check would take every instance out of its Services
+    // for that time.
     format!(
         r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
 i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u{tls} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
@@ -198,9 +198,8 @@ pub const HANDOVER_POLL_SECS: &str = "0.2";
 /// A replica, a primary without replicas, a server that does not answer,
 /// or an operator that does not come within [`HANDOVER_POLLS`] polls: the
 /// hook ends and the shutdown goes on as before.
-fn handover_script(cli: &str, tls: bool) -> String {
+fn handover_script(cli: &str, tls: &str) -> String {
     let user = super::build::PROBE_USER;
-    let tls = if tls { " --tls --insecure" } else { "" };
     format!(
         r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
 n=0
@@ -394,7 +393,7 @@ pub fn statefulset(
                 command: Some(vec![
                     "sh".into(),
                     "-c".into(),
-                    probe_script(cli, spec.tls.is_some()),
+                    probe_script(cli, &super::tls::cli_flags(redis, false)),
                 ]),
             }),
             period_seconds: Some(2),
@@ -420,7 +419,7 @@ pub fn statefulset(
                     command: Some(vec![
                         "sh".into(),
                         "-c".into(),
-                        handover_script(cli, spec.tls.is_some()),
+                        handover_script(cli, &super::tls::cli_flags(redis, false)),
                     ]),
                 }),
                 ..Default::default()
@@ -657,7 +656,38 @@ mod tests {
             .clone()
             .expect("exporter")
             .join(" ");
-        assert!(exporter.contains("--tls-loopback"), "{exporter}");
+        assert!(
+            exporter.contains("--tls-loopback") && !exporter.contains("--tls-client-dir"),
+            "{exporter}"
+        );
+        assert!(!probe.contains("--cert"), "{probe}");
+        // Clients must present a certificate: the probe, the handover hook
+        // and the sidecar present the mounted one.
+        let required = redis(RedisSpec {
+            mode: Some(crate::api::v1alpha1::Mode::Replication),
+            tls: Some(crate::api::v1alpha1::TlsSpec {
+                secret_name: Some("cache-tls".into()),
+                client_auth: Some(crate::api::v1alpha1::ClientAuth::Required),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let sts = statefulset(
+            &required,
+            &Names::new("cache"),
+            "cache-auth",
+            "h",
+            "redis:7.0",
+            None,
+        );
+        let pod = sts.spec.template.spec.expect("pod");
+        let text = serde_json::to_string(&pod.containers).expect("json");
+        let flags = "--tls --insecure --cert /etc/redis-tls/tls.crt --key /etc/redis-tls/tls.key -h 127.0.0.1";
+        assert_eq!(text.matches(flags).count(), 2, "probe and hook: {text}");
+        assert!(
+            text.contains("--tls-client-dir=/etc/redis-tls"),
+            "the sidecar: {text}"
+        );
         // Without TLS: none of it.
         let plain = statefulset(
             &redis(RedisSpec::default()),
@@ -908,7 +938,7 @@ mod tests {
             ),
         )
         .expect("write cli");
-        let script = handover_script(&format!("sh {}", cli.display()), false);
+        let script = handover_script(&format!("sh {}", cli.display()), "");
         let ok = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("REDPILOT_PROBE_PASSWORD", "")
@@ -944,7 +974,7 @@ mod tests {
         std::fs::write(&info_file, info.replace('\n', "\r\n")).expect("write info");
         let cli = dir.join("cli");
         std::fs::write(&cli, format!("cat {}\n", info_file.display())).expect("write cli");
-        let script = probe_script(&format!("sh {}", cli.display()), false);
+        let script = probe_script(&format!("sh {}", cli.display()), "");
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("REDPILOT_PROBE_PASSWORD", "")

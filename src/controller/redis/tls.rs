@@ -29,6 +29,27 @@ pub fn ca_path() -> String {
     format!("{}/{CA_FILE}", build::TLS_DIR)
 }
 
+/// The TLS flags of `redis-cli` in a container of the Redis's pods, with a
+/// leading space: none without `spec.tls`; `--tls`, then `--cacert` with
+/// the mounted CA (`check`) or `--insecure` (the pod's own loopback), and
+/// the mounted certificate and key when `spec.tls.clientAuth` asks
+/// clients for one.
+pub fn cli_flags(redis: &crate::api::v1alpha1::Redis, check: bool) -> String {
+    let Some(tls) = redis.spec.tls.as_ref() else {
+        return String::new();
+    };
+    let dir = build::TLS_DIR;
+    let mut out = if check {
+        format!(" --tls --cacert {dir}/{CA_FILE}")
+    } else {
+        " --tls --insecure".to_string()
+    };
+    if tls.client_auth().asks() {
+        out.push_str(&format!(" --cert {dir}/{CERT_FILE} --key {dir}/{KEY_FILE}"));
+    }
+    out
+}
+
 /// The Secret the servers of `redis` mount for `spec.tls`: the user's, the
 /// one cert-manager fills, or the one the operator issues.
 pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
@@ -74,16 +95,17 @@ pub(super) fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
 
 /// Checks the Secret `name` holds a certificate, its key and the CA that
 /// signed it, valid now; `applied_ca` (the CA bundle of what the instances
-/// last served) is trusted too. For the Cluster bus (`cluster`) the
-/// certificate must also authenticate its node to its peers. The error
-/// names the Secret, the field (`field`: where the Secret comes from) and
-/// the file, never a key's bytes.
+/// last served) is trusted too. For the Cluster bus, and when the
+/// servers ask clients for a certificate, it must also authenticate its
+/// holder as a client. When it can, the operator presents it on its own
+/// connections. The error names the Secret, the field (`field`: where the
+/// Secret comes from) and the file, never a key's bytes.
 pub fn read(
     name: &str,
     secret: Option<&Secret>,
     applied_ca: Option<&str>,
     field: &str,
-    cluster: bool,
+    uses: Uses,
 ) -> Result<TlsMaterial, Error> {
     let fail = |reason: String| Error::Secret {
         name: name.to_string(),
@@ -102,9 +124,20 @@ pub fn read(
         rustls::pki_types::UnixTime::now(),
     )
     .map_err(|p| fail(format!("{p}")))?;
-    if cluster {
-        crate::redis::certs::check_client_use(cert, ca, rustls::pki_types::UnixTime::now())
-            .map_err(|p| fail(format!("{p}")))?;
+    // The operator presents the certificate wherever it may, whatever
+    // `clientAuth` says: while a change of it rolls the pods, instances
+    // that still ask for one must keep answering the operator.
+    let client_use =
+        crate::redis::certs::check_client_use(cert, ca, rustls::pki_types::UnixTime::now());
+    if let Err(p) = &client_use
+        && (uses.bus || uses.client_auth)
+    {
+        let needs = if uses.client_auth {
+            "spec.tls.clientAuth has the operator's processes present it"
+        } else {
+            "the Cluster bus asks every node for it"
+        };
+        return Err(fail(format!("{p}: {needs}")));
     }
     let ca_pem = String::from_utf8_lossy(ca).into_owned();
     let mut trusted = ca_pem.clone();
@@ -114,11 +147,25 @@ pub fn read(
         trusted.push('\n');
         trusted.push_str(applied);
     }
+    let mut options = TlsOptions::servers_of_ca(trusted.into_bytes());
+    if client_use.is_ok() {
+        options.client_cert_pem = Some(cert.to_vec());
+        options.client_key_pem = Some(key.to_vec());
+    }
     Ok(TlsMaterial {
         leaf,
         ca_pem,
-        options: TlsOptions::servers_of_ca(trusted.into_bytes()),
+        options,
     })
+}
+
+/// What a certificate is used for besides serving clients.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Uses {
+    /// The Cluster bus: each node presents it to its peers.
+    pub bus: bool,
+    /// `spec.tls.clientAuth` asks clients for one.
+    pub client_auth: bool,
 }
 
 /// How soon an instance whose mounted files still hold the old certificate
@@ -126,9 +173,10 @@ pub fn read(
 const RELOAD_RECHECK: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Reconciler {
-    /// The CA bundle the operator trusts this pass, for the monitor.
-    pub(super) fn tls_ca(&self) -> Option<Vec<u8>> {
-        self.tls.as_ref().and_then(|t| t.options.ca_pem.clone())
+    /// How the operator's connections use TLS this pass (the CA bundle it
+    /// trusts, the certificate it presents), for the monitor.
+    pub(super) fn tls_options(&self) -> Option<TlsOptions> {
+        self.tls.as_ref().map(|t| t.options.clone())
     }
 
     /// Step 1b of every pass: the certificate Secret when `spec.tls` is
@@ -169,16 +217,15 @@ impl Reconciler {
                 Err(e) => return unusable(e),
             },
         };
-        let cluster = self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster;
-        Ok(read(
-            &name,
-            secret.as_ref(),
-            auth.tls_ca.as_deref(),
-            field,
-            cluster,
+        let uses = Uses {
+            bus: self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster,
+            client_auth: spec.client_auth.unwrap_or_default().asks(),
+        };
+        Ok(
+            read(&name, secret.as_ref(), auth.tls_ca.as_deref(), field, uses)
+                .map(Some)
+                .map_err(Unready::Unusable),
         )
-        .map(Some)
-        .map_err(Unready::Unusable))
     }
 
     /// Live renewal: every reachable instance that serves another
@@ -295,9 +342,68 @@ mod tests {
         }
     }
 
+    /// A CA and a certificate it signed, valid now, with `usages` as its
+    /// extended key usage: the Secret's three files.
+    fn files(usages: Vec<rcgen::ExtendedKeyUsagePurpose>) -> Secret {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let mut leaf = CertificateParams::new(vec!["cache.ns.svc".to_string()]).expect("params");
+        leaf.extended_key_usages = usages;
+        let cert = leaf.signed_by(&key, &issuer).expect("leaf").pem();
+        secret(&[
+            ("tls.crt", &cert),
+            ("tls.key", &key.serialize_pem()),
+            ("ca.crt", &ca_pem),
+        ])
+    }
+
+    #[test]
+    fn the_operator_presents_the_certificate_when_it_may_and_client_auth_needs_it_to() {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let field = "spec.tls.secretName";
+        let uses = |client_auth, bus| Uses { bus, client_auth };
+        // Any purpose, or both: presented, whatever clientAuth says.
+        for usages in [vec![], vec![ServerAuth, ClientAuth]] {
+            let s = files(usages);
+            for u in [uses(false, false), uses(true, false), uses(false, true)] {
+                let m = read("certs", Some(&s), None, field, u).expect("usable");
+                assert!(
+                    m.options.client_cert_pem.is_some() && m.options.client_key_pem.is_some(),
+                    "{u:?}"
+                );
+            }
+        }
+        // For servers only: served, never presented; refused where clients
+        // must present it.
+        let s = files(vec![ServerAuth]);
+        let m = read("certs", Some(&s), None, field, uses(false, false)).expect("usable");
+        assert!(m.options.client_cert_pem.is_none() && m.options.client_key_pem.is_none());
+        let e = read("certs", Some(&s), None, field, uses(true, false)).expect_err("clientAuth");
+        assert!(
+            e.to_string().contains("no clientAuth")
+                && e.to_string()
+                    .contains("spec.tls.clientAuth has the operator's processes present it"),
+            "{e}"
+        );
+        let e = read("certs", Some(&s), None, field, uses(false, true)).expect_err("bus");
+        assert!(
+            e.to_string()
+                .contains("the Cluster bus asks every node for it"),
+            "{e}"
+        );
+        // The key never shows in an error.
+        assert!(!e.to_string().contains("PRIVATE KEY"), "{e}");
+    }
+
     #[test]
     fn a_missing_secret_or_file_names_the_field_and_the_file() {
-        let e = read("certs", None, None, "spec.tls.secretName", false).expect_err("absent");
+        let e =
+            read("certs", None, None, "spec.tls.secretName", Uses::default()).expect_err("absent");
         assert_eq!(
             e.to_string(),
             "secret certs: not found (spec.tls.secretName)"
@@ -307,7 +413,7 @@ mod tests {
             Some(&secret(&[("tls.crt", "x"), ("tls.key", "y")])),
             None,
             "spec.tls.secretName",
-            false,
+            Uses::default(),
         )
         .expect_err("no CA");
         assert_eq!(
@@ -321,7 +427,7 @@ mod tests {
                 Some(&secret(&files)),
                 None,
                 "spec.tls.secretName",
-                false,
+                Uses::default(),
             )
             .expect_err(ca)
         };

@@ -80,21 +80,15 @@ pub fn config_lines() -> Vec<String> {
 /// hibernation ([`WAKING_ENV`] set) skips the wait: every instance saved
 /// the same data with writes paused, so no replica holds newer writes.
 ///
-/// With `tls` (`spec.tls`) the peers are asked over TLS, their
-/// certificates checked against the mounted `ca.crt`.
-pub fn start_script(engine: Engine, tls: bool) -> String {
+/// With `spec.tls` (`tls`: the CLI's flags, from
+/// [`crate::controller::redis::tls::cli_flags`]) the peers are asked over
+/// TLS, their certificates checked against the mounted `ca.crt`.
+pub fn start_script(engine: Engine, tls: &str) -> String {
     let (server, cli) = match engine {
         Engine::Redis => ("redis-server", "redis-cli"),
         Engine::Valkey => ("valkey-server", "valkey-cli"),
     };
-    let cli = if tls {
-        format!(
-            "{cli} --tls --cacert {}",
-            crate::controller::redis::tls::ca_path()
-        )
-    } else {
-        cli.to_string()
-    };
+    let cli = format!("{cli}{tls}");
     format!(
         r#"set -eu
 umask 077
@@ -212,7 +206,10 @@ pub fn shard_statefulset(
             c.command = Some(vec![
                 "sh".into(),
                 "-c".into(),
-                start_script(redis.spec.engine(), redis.spec.tls.is_some()),
+                start_script(
+                    redis.spec.engine(),
+                    &crate::controller::redis::tls::cli_flags(redis, true),
+                ),
             ]);
             c.env
                 .get_or_insert_with(Vec::new)
@@ -342,14 +339,14 @@ mod tests {
     /// bound); one without replicas or without slots starts at once.
     #[test]
     fn with_tls_the_boot_rule_asks_its_peers_over_tls() {
-        let tls = start_script(Engine::Valkey, true);
+        let tls = start_script(Engine::Valkey, " --tls --cacert /etc/redis-tls/ca.crt");
         assert!(
             tls.contains(
                 "timeout 2 valkey-cli --tls --cacert /etc/redis-tls/ca.crt $u -h \"${p%:*}\""
             ),
             "{tls}"
         );
-        let plain = start_script(Engine::Valkey, false);
+        let plain = start_script(Engine::Valkey, "");
         assert!(!plain.contains("--tls"), "{plain}");
         // The mounted CA is where the TLS volume puts it.
         let r = test_redis(RedisSpec {
@@ -366,7 +363,8 @@ mod tests {
             .expect("server");
         let script = server.command.clone().unwrap_or_default().join(" ");
         assert!(
-            script.contains("--tls --cacert /etc/redis-tls/ca.crt"),
+            script.contains("--tls --cacert /etc/redis-tls/ca.crt $u")
+                && !script.contains("--cert"),
             "{script}"
         );
         assert!(
@@ -376,6 +374,33 @@ mod tests {
                 .flatten()
                 .any(|m| m.mount_path == "/etc/redis-tls"),
             "{server:?}"
+        );
+    }
+
+    #[test]
+    fn when_clients_need_certificates_the_boot_rule_presents_its_own() {
+        let r = test_redis(RedisSpec {
+            mode: Some(Mode::Cluster),
+            tls: Some(crate::api::v1alpha1::TlsSpec {
+                client_auth: Some(crate::api::v1alpha1::ClientAuth::Required),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let sts = shard_statefulset(&r, &Names::new("cache"), 0, "s", "", "valkey", None);
+        let pod = sts.spec.template.spec.expect("pod");
+        let script = pod
+            .containers
+            .iter()
+            .find(|c| c.name == SERVER_CONTAINER)
+            .and_then(|c| c.command.clone())
+            .unwrap_or_default()
+            .join(" ");
+        assert!(
+            script.contains(
+                "--tls --cacert /etc/redis-tls/ca.crt --cert /etc/redis-tls/tls.crt --key /etc/redis-tls/tls.key $u"
+            ),
+            "{script}"
         );
     }
 
@@ -400,7 +425,7 @@ mod tests {
         let run_peers =
             |conf: &str, waking: &str, peers: Option<&str>| -> (String, std::time::Duration) {
                 std::fs::write(dir.join("nodes.conf"), conf).expect("write");
-                let script = start_script(Engine::Redis, false)
+                let script = start_script(Engine::Redis, "")
                     .replace(
                         "/data/nodes.conf",
                         &dir.join("nodes.conf").to_string_lossy(),
