@@ -169,6 +169,25 @@ pub(crate) async fn try_client() -> Option<Client> {
     Client::try_from(config).ok()
 }
 
+/// Polls `check` every 200 ms until it returns `Some`, for at most
+/// `timeout`: that value, or `None` when the time ran out.
+pub async fn try_wait_for<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if start.elapsed() >= timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Polls `check` every 200 ms until it returns `Some`, and returns that value.
 /// Fails the test after `timeout` with a message naming what was awaited.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
