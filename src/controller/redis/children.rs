@@ -308,6 +308,7 @@ impl Reconciler {
             .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())
             .await?;
         if sts_written && live_sts.is_some() {
+            self.template_changed = true;
             self.progressing.push("StatefulSet updated".into());
         }
         Ok(hold)

@@ -90,6 +90,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         hibernation: None,
         resharding: None,
         hibernating: false,
+        template_changed: false,
         upgrade: None,
         bootstrap: None,
         redis,
@@ -168,6 +169,10 @@ pub struct Reconciler {
     /// The data is saved and the pods are to go (children are applied with
     /// no replica and no published primary).
     hibernating: bool,
+    /// A StatefulSet's spec changed this pass: which pods run an outdated
+    /// template is known once its controller has seen it (the next pass,
+    /// which the write wakes), not from what this pass observed before.
+    template_changed: bool,
     /// The memory autopilot's condition for this pass.
     autopilot_cond: Option<facts::Cond>,
     /// `UpgradeFailed` when the spec cannot be served (in place of the

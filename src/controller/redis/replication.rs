@@ -206,7 +206,13 @@ impl Reconciler {
                 let moved = self.moved_primary.clone();
                 return self.finish(&facts, moved.as_deref(), desired, false).await;
             }
-            self.roll(&facts, p, desired, &opts).await?;
+            // Not in a pass that changed the template: which pods are
+            // outdated was observed against the revision before it (a
+            // version rolled back would restart the instances already
+            // back, after a switchover to one that is not).
+            if !self.template_changed {
+                self.roll(&facts, p, desired, &opts).await?;
+            }
         }
 
         // A switchover in step 9 moved the primary: report the new one.

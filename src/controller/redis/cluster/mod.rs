@@ -198,7 +198,9 @@ impl Reconciler {
             if plan.steps.is_empty() && !resharded {
                 self.autopilot_resize(&mut facts, &primaries, &opts).await?;
             }
-            if plan.steps.is_empty() && !resharded {
+            // Not in a pass that changed a template: the pods it would
+            // call outdated were judged against the revision before.
+            if plan.steps.is_empty() && !resharded && !self.template_changed {
                 // The status tells who serves each shard after this pass.
                 if let Some((shard, new, old)) = self
                     .cluster_roll(&plan, &members, &facts, &mut conns)
@@ -359,6 +361,7 @@ impl Reconciler {
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
             if wrote && live.is_some() {
+                self.template_changed = true;
                 self.progressing.push(format!("StatefulSet {name} updated"));
             }
         }
