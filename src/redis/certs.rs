@@ -120,6 +120,17 @@ fn problem(file: &'static str, reason: impl Into<String>) -> CertProblem {
     }
 }
 
+/// The certificates of `tls.crt`, the leaf first; never empty.
+fn chain_of(cert_pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertProblem> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| problem("tls.crt", format!("is not a PEM certificate ({e})")))?;
+    if chain.is_empty() {
+        return Err(problem("tls.crt", "holds no certificate"));
+    }
+    Ok(chain)
+}
+
 /// Checks what a server would load: `cert_pem` (the certificate, then its
 /// intermediates) parses, `key_pem` is its private key, and the chain leads
 /// to a CA of `ca_pem` and is valid at `now` (not expired, not yet valid,
@@ -132,12 +143,8 @@ pub fn check_server_certificate(
     now: UnixTime,
 ) -> Result<Vec<u8>, CertProblem> {
     let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| problem("tls.crt", format!("is not a PEM certificate ({e})")))?;
-    let Some((leaf, intermediates)) = chain.split_first() else {
-        return Err(problem("tls.crt", "holds no certificate"));
-    };
+    let chain = chain_of(cert_pem)?;
+    let (leaf, intermediates) = (&chain[0], &chain[1..]);
     let key = PrivateKeyDer::from_pem_slice(key_pem)
         .map_err(|_| problem("tls.key", "is not a PEM private key"))?;
     rustls::sign::CertifiedKey::from_der(chain.clone(), key, &provider()).map_err(|e| match e {
@@ -177,12 +184,8 @@ pub fn check_server_certificate(
 /// whose extended key usage lacks `clientAuth`.
 pub fn check_client_use(cert_pem: &[u8], ca_pem: &[u8], now: UnixTime) -> Result<(), CertProblem> {
     let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| problem("tls.crt", format!("is not a PEM certificate ({e})")))?;
-    let Some((leaf, intermediates)) = chain.split_first() else {
-        return Err(problem("tls.crt", "holds no certificate"));
-    };
+    let chain = chain_of(cert_pem)?;
+    let (leaf, intermediates) = (&chain[0], &chain[1..]);
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()

@@ -190,23 +190,17 @@ where
 
 /// Polls `check` every 200 ms until it returns `Some`, and returns that value.
 /// Fails the test after `timeout` with a message naming what was awaited.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if start.elapsed() >= timeout {
-            panic!(
-                "timed out after {:.1}s waiting for {what}{}",
-                timeout.as_secs_f64(),
-                diag::report().await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    match try_wait_for(timeout, check).await {
+        Some(v) => v,
+        None => panic!(
+            "timed out after {:.1}s waiting for {what}{}",
+            timeout.as_secs_f64(),
+            diag::report().await
+        ),
     }
 }

@@ -738,8 +738,8 @@ mod tests {
         assert_eq!(check(5, None, None), None);
     }
 
-    #[test]
-    fn the_job_is_owned_restricted_and_fails_fast_on_permanent_errors() {
+    /// RedisBackup `ns/b1` of Redis `cache` to S3 bucket `bk`.
+    fn s3_backup() -> RedisBackup {
         let mut b: RedisBackup = serde_json::from_value(serde_json::json!({
             "apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
             "metadata": {"name": "b1", "namespace": "ns", "uid": "u1"},
@@ -747,6 +747,12 @@ mod tests {
         }))
         .expect("backup");
         b.metadata.namespace = Some("ns".into());
+        b
+    }
+
+    #[test]
+    fn the_job_is_owned_restricted_and_fails_fast_on_permanent_errors() {
+        let b = s3_backup();
         let target = Target::of(b.spec.target.s3.as_ref(), None).expect("target");
         let j = job(
             &b,
@@ -825,13 +831,7 @@ mod tests {
 
     #[test]
     fn with_client_certificates_the_agent_mounts_and_presents_the_servers() {
-        let mut b: RedisBackup = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
-            "metadata": {"name": "b1", "namespace": "ns", "uid": "u1"},
-            "spec": {"redis": "cache", "target": {"s3": {"bucket": "bk", "credentials": {"secretName": "s3"}}}}
-        }))
-        .expect("backup");
-        b.metadata.namespace = Some("ns".into());
+        let b = s3_backup();
         for present in [false, true] {
             let target = Target::of(b.spec.target.s3.as_ref(), None).expect("target");
             let j = job(
