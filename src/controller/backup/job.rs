@@ -285,13 +285,12 @@ pub fn job(
             crate::controller::redis::tls::ca_path(),
         ]);
         if from.tls_present {
-            use crate::controller::redis::tls::{CERT_FILE, KEY_FILE};
-            let dir = build::TLS_DIR;
+            use crate::controller::redis::tls::{CERT_FILE, KEY_FILE, mounted};
             args.extend([
                 "--tls-cert-file".to_string(),
-                format!("{dir}/{CERT_FILE}"),
+                mounted(CERT_FILE),
                 "--tls-key-file".to_string(),
-                format!("{dir}/{KEY_FILE}"),
+                mounted(KEY_FILE),
             ]);
         }
     }

@@ -302,8 +302,7 @@ impl Pass {
             .and_then(crate::controller::redis::tls::secret_of);
         let tls_present = redis
             .as_deref()
-            .and_then(|r| r.spec.tls.as_ref())
-            .is_some_and(|t| t.client_auth().asks());
+            .is_some_and(crate::controller::redis::tls::asks_clients);
         let from = job::JobSource {
             pod: source,
             host,

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::v1alpha1::Redis;
 use crate::controller::redis::build::{PASSWORD_KEY, REDIS_PORT};
+use crate::controller::redis::tls::{CERT_FILE, KEY_FILE, asks_clients, ca_path, mounted};
 
 /// Name of the sidecar container.
 pub const CONTAINER: &str = "exporter";
@@ -33,8 +34,6 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
-use crate::controller::redis::tls::{CERT_FILE, KEY_FILE};
-
 /// The sidecar and the volume it reads the password from, or `None` when
 /// `spec.monitoring.exporter` is false. `secret` is the server-auth Secret.
 pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
@@ -43,11 +42,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         return None;
     }
     let tls = redis.spec.tls.is_some();
-    let present = redis
-        .spec
-        .tls
-        .as_ref()
-        .is_some_and(|t| t.client_auth().asks());
+    let present = asks_clients(redis);
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its
         // own, `redpilot-exporter`), which follows a password rotation
@@ -108,7 +103,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
             .into_iter()
             .chain(tls.then(|| EnvVar {
                 name: "REDIS_EXPORTER_TLS_CA_CERT_FILE".into(),
-                value: Some(crate::controller::redis::tls::ca_path()),
+                value: Some(ca_path()),
                 ..Default::default()
             }))
             // The mounted certificate when the servers ask for one.
@@ -121,10 +116,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 .filter(|_| present)
                 .map(|(name, file)| EnvVar {
                     name: name.into(),
-                    value: Some(format!(
-                        "{}/{file}",
-                        crate::controller::redis::build::TLS_DIR
-                    )),
+                    value: Some(mounted(file)),
                     ..Default::default()
                 }),
             )

@@ -75,9 +75,9 @@ fn base_config(redis: &Redis) -> Vec<String> {
 /// The listening port: plain, or with `spec.tls` TLS only on the same
 /// port (`port 0`), with replication and the cluster bus over TLS too.
 fn port_lines(redis: &Redis) -> Vec<String> {
-    if redis.spec.tls.is_none() {
+    let Some(tls) = redis.spec.tls.as_ref() else {
         return vec![format!("port {}", build::REDIS_PORT)];
-    }
+    };
     let dir = build::TLS_DIR;
     let mut lines = vec![
         "port 0".to_string(),
@@ -87,15 +87,7 @@ fn port_lines(redis: &Redis) -> Vec<String> {
         format!("tls-ca-cert-file {dir}/{}", super::tls::CA_FILE),
         // Clients authenticate with a password or an ACL user, and with a
         // certificate when `spec.tls.clientAuth` asks for one.
-        format!(
-            "tls-auth-clients {}",
-            redis
-                .spec
-                .tls
-                .as_ref()
-                .map(|t| t.client_auth().config_value())
-                .unwrap_or("no")
-        ),
+        format!("tls-auth-clients {}", tls.client_auth().config_value()),
         "tls-replication yes".to_string(),
     ];
     // The cluster bus over TLS too. The nodes authenticate each other on

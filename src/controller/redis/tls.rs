@@ -26,7 +26,23 @@ pub const CA_FILE: &str = "ca.crt";
 
 /// Where a container finds the CA bundle of `spec.tls`.
 pub fn ca_path() -> String {
-    format!("{}/{CA_FILE}", build::TLS_DIR)
+    mounted(CA_FILE)
+}
+
+/// Where a container finds `file` of the TLS volume.
+pub fn mounted(file: &str) -> String {
+    format!("{}/{file}", build::TLS_DIR)
+}
+
+/// Whether the servers of `redis` ask clients for a certificate
+/// (`spec.tls.clientAuth` `Optional` or `Required`): then the probe, the
+/// sidecar, the Cluster boot rule and the backup agent present theirs.
+pub fn asks_clients(redis: &crate::api::v1alpha1::Redis) -> bool {
+    redis
+        .spec
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_auth().asks())
 }
 
 /// The TLS flags of `redis-cli` in a container of the Redis's pods, with a
@@ -35,17 +51,20 @@ pub fn ca_path() -> String {
 /// the mounted certificate and key when `spec.tls.clientAuth` asks
 /// clients for one.
 pub fn cli_flags(redis: &crate::api::v1alpha1::Redis, check: bool) -> String {
-    let Some(tls) = redis.spec.tls.as_ref() else {
+    if redis.spec.tls.is_none() {
         return String::new();
-    };
-    let dir = build::TLS_DIR;
+    }
     let mut out = if check {
-        format!(" --tls --cacert {dir}/{CA_FILE}")
+        format!(" --tls --cacert {}", ca_path())
     } else {
         " --tls --insecure".to_string()
     };
-    if tls.client_auth().asks() {
-        out.push_str(&format!(" --cert {dir}/{CERT_FILE} --key {dir}/{KEY_FILE}"));
+    if asks_clients(redis) {
+        out.push_str(&format!(
+            " --cert {} --key {}",
+            mounted(CERT_FILE),
+            mounted(KEY_FILE)
+        ));
     }
     out
 }
@@ -219,7 +238,7 @@ impl Reconciler {
         };
         let uses = Uses {
             bus: self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster,
-            client_auth: spec.client_auth.unwrap_or_default().asks(),
+            client_auth: asks_clients(&self.redis),
         };
         Ok(
             read(&name, secret.as_ref(), auth.tls_ca.as_deref(), field, uses)

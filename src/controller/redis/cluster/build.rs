@@ -334,9 +334,16 @@ mod tests {
         assert_eq!(restart(&cluster()), restart(&four));
     }
 
-    /// The boot rule, run with a real shell on `nodes.conf` samples: a
-    /// node that served slots with replicas waits (and gives up after the
-    /// bound); one without replicas or without slots starts at once.
+    /// The server container of shard 0's StatefulSet.
+    fn server_container(r: &Redis) -> k8s_openapi::api::core::v1::Container {
+        let sts = shard_statefulset(r, &Names::new("cache"), 0, "s", "", "valkey", None);
+        let pod = sts.spec.template.spec.expect("pod");
+        pod.containers
+            .into_iter()
+            .find(|c| c.name == SERVER_CONTAINER)
+            .expect("server")
+    }
+
     #[test]
     fn with_tls_the_boot_rule_asks_its_peers_over_tls() {
         let tls = start_script(Engine::Valkey, " --tls --cacert /etc/redis-tls/ca.crt");
@@ -354,13 +361,7 @@ mod tests {
             tls: Some(crate::api::v1alpha1::TlsSpec::default()),
             ..Default::default()
         });
-        let sts = shard_statefulset(&r, &Names::new("cache"), 0, "s", "", "valkey", None);
-        let pod = sts.spec.template.spec.expect("pod");
-        let server = pod
-            .containers
-            .iter()
-            .find(|c| c.name == SERVER_CONTAINER)
-            .expect("server");
+        let server = server_container(&r);
         let script = server.command.clone().unwrap_or_default().join(" ");
         assert!(
             script.contains("--tls --cacert /etc/redis-tls/ca.crt $u")
@@ -387,15 +388,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let sts = shard_statefulset(&r, &Names::new("cache"), 0, "s", "", "valkey", None);
-        let pod = sts.spec.template.spec.expect("pod");
-        let script = pod
-            .containers
-            .iter()
-            .find(|c| c.name == SERVER_CONTAINER)
-            .and_then(|c| c.command.clone())
-            .unwrap_or_default()
-            .join(" ");
+        let script = server_container(&r).command.unwrap_or_default().join(" ");
         assert!(
             script.contains(
                 "--tls --cacert /etc/redis-tls/ca.crt --cert /etc/redis-tls/tls.crt --key /etc/redis-tls/tls.key $u"
@@ -404,6 +397,9 @@ mod tests {
         );
     }
 
+    /// The boot rule, run with a real shell on `nodes.conf` samples: a
+    /// node that served slots with replicas waits (and gives up after the
+    /// bound); one without replicas or without slots starts at once.
     #[test]
     fn boot_rule_waits_only_for_a_primary_with_replicas() {
         let dir = std::env::temp_dir().join(format!("redpilot-boot-{}", std::process::id()));
