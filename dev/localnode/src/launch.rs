@@ -48,6 +48,11 @@ pub struct LaunchSpec {
     pub uid: Option<u32>,
     #[serde(default)]
     pub gid: Option<u32>,
+    /// Supplementary groups: the pod's fsGroup and supplementalGroups, as
+    /// the kubelet gives every container process (a file of a volume owned
+    /// by fsGroup is readable through it whatever the user).
+    #[serde(default)]
+    pub groups: Vec<u32>,
     /// securityContext readOnlyRootFilesystem: everything but the volumes
     /// (and /proc, /sys, /dev) is read-only.
     #[serde(default)]
@@ -89,6 +94,30 @@ pub fn exec_container(spec_path: &Path) -> Error {
         Ok(mut cmd) => Error::Setup(format!("exec failed: {}", cmd.exec())),
         Err(e) => e,
     }
+}
+
+/// Takes on the container's groups and user before the exec. Here rather
+/// than through `Command::uid`, which drops every supplementary group when
+/// root changes user. This process is single-threaded (`exec-container`
+/// runs before any runtime starts), so the per-thread calls are the
+/// process's.
+fn drop_privileges(spec: &LaunchSpec) -> Result<()> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    let setup = |what: &str, e: rustix::io::Errno| Error::Setup(format!("{what}: {e}"));
+    if spec.uid.is_some() || !spec.groups.is_empty() {
+        let groups: Vec<Gid> = spec.groups.iter().map(|&g| Gid::from_raw(g)).collect();
+        set_thread_groups(&groups).map_err(|e| setup("setgroups", e))?;
+    }
+    if let Some(gid) = spec.gid.or(spec.uid.map(|_| 0)) {
+        let g = Gid::from_raw(gid);
+        set_thread_res_gid(g, g, g).map_err(|e| setup("setresgid", e))?;
+    }
+    if let Some(uid) = spec.uid {
+        let u = Uid::from_raw(uid);
+        set_thread_res_uid(u, u, u).map_err(|e| setup("setresuid", e))?;
+    }
+    Ok(())
 }
 
 /// Waits (up to 2 s) until this process is in the memory cgroup `dir`,
@@ -420,14 +449,9 @@ fn finish(
     let wd = spec.workdir.clone().unwrap_or_else(|| "/".into());
     std::env::set_current_dir(&wd).at(&wd)?;
 
+    drop_privileges(spec)?;
     let mut cmd = std::process::Command::new(&spec.program);
     cmd.arg0(&spec.arg0).args(&spec.args).env_clear();
-    if let Some(gid) = spec.gid.or(spec.uid.map(|_| 0)) {
-        cmd.gid(gid);
-    }
-    if let Some(uid) = spec.uid {
-        cmd.uid(uid);
-    }
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }

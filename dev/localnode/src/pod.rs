@@ -1009,6 +1009,7 @@ impl Worker {
             rootfs: image.oci.as_ref().map(|o| o.rootfs.clone()),
             uid,
             gid,
+            groups: supplementary_groups(&self.pod)?,
             read_only_root,
             cgroup: cgroup.clone(),
         };
@@ -2315,6 +2316,26 @@ fn security(
         .and_then(|s| s.read_only_root_filesystem)
         .unwrap_or(false);
     Ok((to_u32(uid, "runAsUser")?, to_u32(gid, "runAsGroup")?, ro))
+}
+
+/// The pod's fsGroup and supplementalGroups, each once: every container
+/// process has them as supplementary groups.
+fn supplementary_groups(pod: &Pod) -> Result<Vec<u32>> {
+    let Some(psc) = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for g in psc
+        .fs_group
+        .iter()
+        .chain(psc.supplemental_groups.iter().flatten())
+    {
+        let g = u32::try_from(*g).map_err(|_| Error::ContainerConfig(format!("bad group {g}")))?;
+        if !out.contains(&g) {
+            out.push(g);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
