@@ -336,7 +336,8 @@ pub fn job(
 /// Mounts `ca.crt` of the TLS Secret `secret` at [`build::TLS_DIR`] in
 /// the agent's container: the CA only (no key), readable by any user (the
 /// agent's user is the image's); with `present`, the certificate and its
-/// key too (the pod's only container reads them).
+/// key too, readable by the pod's group only ([`AGENT_KEY_GROUP`], which
+/// the kubelet gives the files and the agent's process, whatever its user).
 fn add_ca_volume(pod: &mut PodSpec, secret: &str, present: bool) {
     use crate::controller::redis::statefulset::{tls_mount, tls_volume};
     use crate::controller::redis::tls::{CA_FILE, CERT_FILE, KEY_FILE};
@@ -346,15 +347,27 @@ fn add_ca_volume(pod: &mut PodSpec, secret: &str, present: bool) {
     } else {
         &[CA_FILE]
     };
+    let mode = if present {
+        pod.security_context
+            .get_or_insert_with(Default::default)
+            .fs_group = Some(AGENT_KEY_GROUP);
+        0o440
+    } else {
+        0o444
+    };
     pod.volumes
         .get_or_insert_with(Vec::new)
-        .push(tls_volume(VOLUME, secret, files, 0o444));
+        .push(tls_volume(VOLUME, secret, files, mode));
     for c in &mut pod.containers {
         c.volume_mounts
             .get_or_insert_with(Vec::new)
             .push(tls_mount(VOLUME));
     }
 }
+
+/// The group that owns the backup agent's TLS key (`fsGroup`) when it
+/// presents a client certificate: the key is not readable by other users.
+const AGENT_KEY_GROUP: i64 = 999;
 
 /// The name of the Job that deletes a stored backup.
 pub fn delete_job_name(b: &RedisBackup) -> String {
@@ -874,6 +887,21 @@ mod tests {
                 &["ca.crt"]
             };
             assert_eq!(files, want, "present: {present}");
+            // The key readable by the pod's group, never by any user.
+            let mode = pod
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.secret.as_ref())
+                .find(|s| s.secret_name.as_deref() == Some("cache-tls"))
+                .and_then(|s| s.default_mode);
+            let group = pod.security_context.as_ref().and_then(|c| c.fs_group);
+            let expected = if present {
+                (Some(0o440), Some(AGENT_KEY_GROUP))
+            } else {
+                (Some(0o444), None)
+            };
+            assert_eq!((mode, group), expected, "present: {present}");
         }
     }
 }
