@@ -1017,6 +1017,11 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     wait_ready(&client, &ns.name, "tight", READY).await;
     let (primary, ips, pw) = topology(&client, &ns.name, "tight").await;
 
+    // The room on the node must hold still from here to the kill below:
+    // `make test` runs this test alone, and the pods of the suite before
+    // it must be gone first.
+    settle_node(&client).await;
+
     // Ballast: the node keeps 60Mi free next to its pods. A grow from 64Mi
     // adds 36–52Mi to a pod (the target depends on the measured rate): one
     // replica's fits, the other's is deferred; once the deferred replica
@@ -1140,6 +1145,29 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
         },
     )
     .await;
+    // The fault as meant: the resize still waits, the container still
+    // runs under the 64Mi it started with.
+    let p = pods.get(&other).await.expect("pod");
+    let status = p.status.unwrap_or_default();
+    let pending = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "PodResizePending")
+        .and_then(|c| c.reason);
+    let running_limit = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "redis")
+        .and_then(|c| c.resources?.limits?.get("memory").cloned())
+        .map(|q| q.0);
+    assert_eq!(
+        (pending.as_deref(), running_limit.as_deref()),
+        (Some("Deferred"), Some(START)),
+        "{other}'s resize still Deferred and its container at {START} after the kill \
+         (room appeared on the node: another suite ran beside this one)"
+    );
     let mut n = connect_pod(&client, &ns.name, &other, &pw)
         .await
         .expect("connect");
@@ -1189,22 +1217,6 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
         let p = pods.get(&deferred).await.ok()?;
         (p.metadata.uid != old_uid && p.status?.phase.as_deref() == Some("Running")).then_some(())
     };
-    let mut ballast_gone = false;
-    if support::try_wait_for(Duration::from_secs(30), running)
-        .await
-        .is_none()
-    {
-        // Suites of the other lane create pods too: one pending before
-        // this one may have taken the room its predecessor left. Its
-        // request was checked above; the ballast goes now.
-        println!(
-            "{deferred} still Pending after 30 s (another suite's pod took the room); the ballast goes early"
-        );
-        pods.delete("ballast", &DeleteParams::default())
-            .await
-            .expect("delete ballast");
-        ballast_gone = true;
-    }
     wait_for(
         &format!("{deferred} to be re-created and running"),
         Duration::from_secs(60),
@@ -1217,11 +1229,9 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     );
 
     // Room made: the deferred resizes complete, the target everywhere.
-    if !ballast_gone {
-        pods.delete("ballast", &DeleteParams::default())
-            .await
-            .expect("delete ballast");
-    }
+    pods.delete("ballast", &DeleteParams::default())
+        .await
+        .expect("delete ballast");
     let settled = wait_for(
         "every instance at the target",
         Duration::from_secs(120),
@@ -1233,6 +1243,30 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     .await;
     assert_eq!(settled, target);
     println!("ballast gone: every instance runs {settled}");
+}
+
+/// Waits until no namespace and no pod is terminating: the room on the
+/// node is what its running pods leave.
+async fn settle_node(client: &kube::Client) {
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let pods = Api::<Pod>::all(client.clone());
+    wait_for(
+        "the node to settle (no namespace or pod terminating)",
+        Duration::from_secs(180),
+        || async {
+            let ns = namespaces.list(&Default::default()).await.ok()?;
+            let p = pods.list(&Default::default()).await.ok()?;
+            let terminating = ns
+                .items
+                .iter()
+                .any(|n| n.metadata.deletion_timestamp.is_some())
+                || p.items
+                    .iter()
+                    .any(|p| p.metadata.deletion_timestamp.is_some());
+            (!terminating).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Every instance's IP by ordinal, now.
