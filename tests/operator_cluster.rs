@@ -64,7 +64,7 @@ const READY: Duration = Duration::from_secs(180);
 
 /// The cluster members, from the pods' IPs.
 async fn members(client: &kube::Client, ns: &str) -> Vec<Member> {
-    members_of(client, ns, "cache").await
+    support::operator::cluster_members(client, ns, "cache").await
 }
 
 fn shard_primary(r: &Redis, shard: usize) -> Option<String> {
@@ -1038,7 +1038,11 @@ async fn measured_upgrade(
         .with_password(redis_password(client, ns, name).await)
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
     let want = spread(3);
-    let writers = Writers::start(&members_of(client, ns, name).await, &copts, &want);
+    let writers = Writers::start(
+        &support::operator::cluster_members(client, ns, name).await,
+        &copts,
+        &want,
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let started = Instant::now();
     support::operator::patch_redis(
@@ -1064,7 +1068,7 @@ async fn measured_upgrade(
     let took = started.elapsed();
     let until = Instant::now();
     let tallies = writers.stop().await;
-    let ms = members_of(client, ns, name).await;
+    let ms = support::operator::cluster_members(client, ns, name).await;
     let mut out = Vec::new();
     for (s, t) in tallies.iter().enumerate() {
         let t = t.lock().await;
@@ -1235,21 +1239,6 @@ async fn the_memory_autopilot_grows_every_shard_in_place_without_oom() {
 /// The local node's bridge address: pods reach the host (the S3 server)
 /// there.
 const NODE_IP: &str = "10.244.0.1";
-
-/// The members of the 3 x 2 Cluster Redis `name`, from its pods' IPs.
-async fn members_of(client: &kube::Client, ns: &str, name: &str) -> Vec<Member> {
-    let mut out = Vec::new();
-    for s in 0..3 {
-        for j in 0..2 {
-            let ip = pod_ip(client, ns, &format!("{name}-s{s}-{j}")).await;
-            out.push(Member {
-                endpoint: Endpoint::new(ip, 6379),
-                bus_port: 16379,
-            });
-        }
-    }
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a_new_cluster() {
@@ -1444,7 +1433,7 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
     let copy_opts = ConnectOptions::default()
         .with_password(copy_pw)
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
-    let ms = members_of(&client, &ns.name, "copy").await;
+    let ms = support::operator::cluster_members(&client, &ns.name, "copy").await;
     let mut get_policy = redis::cmd("CONFIG");
     get_policy.arg("GET").arg("maxmemory-policy");
     for m in &ms {

@@ -1692,25 +1692,6 @@ fn server_only_certificate(ca: &TestCa, names: &[String]) -> (String, String) {
     (cert.pem(), key.serialize_pem())
 }
 
-/// The six nodes of the 3 x 2 Cluster Redis `name`, from the pods' IPs.
-async fn cluster_members(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-) -> Vec<redpilot::redis::cluster::Member> {
-    let mut out = Vec::new();
-    for s in 0..3 {
-        for j in 0..2 {
-            let ip = support::operator::pod_ip(client, ns, &format!("{name}-s{s}-{j}")).await;
-            out.push(redpilot::redis::cluster::Member {
-                endpoint: Endpoint::new(ip, 6379),
-                bus_port: 16379,
-            });
-        }
-    }
-    out
-}
-
 /// `spec.tls` in Cluster mode (Redis 7.0, 3 shards x 2, a certificate the
 /// operator issues), under one writer per shard confirming each write with
 /// `WAIT 1` over TLS:
@@ -1795,7 +1776,7 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
     let plain = ConnectOptions::default()
         .with_password(pw.clone())
         .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
-    let ms = cluster_members(&client, ns, "cache").await;
+    let ms = support::operator::cluster_members(&client, ns, "cache").await;
     for m in &ms {
         let ip = m.endpoint.host();
         Node::connect(&m.endpoint, &plain)

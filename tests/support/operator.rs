@@ -1024,6 +1024,26 @@ pub async fn pod_ip(client: &Client, ns: &str, pod: &str) -> String {
     .await
 }
 
+/// The members of the 3 x 2 Cluster Redis `name` (pods `<name>-s<shard>-<j>`),
+/// from its pods' IPs.
+pub async fn cluster_members(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Vec<redpilot::redis::cluster::Member> {
+    let mut out = Vec::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            let ip = pod_ip(client, ns, &format!("{name}-s{s}-{j}")).await;
+            out.push(redpilot::redis::cluster::Member {
+                endpoint: Endpoint::new(ip, 6379),
+                bus_port: 16379,
+            });
+        }
+    }
+    out
+}
+
 /// Connects to port 6379 of pod `pod` with `password`.
 pub async fn connect_pod(
     client: &Client,
