@@ -1245,25 +1245,35 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     println!("ballast gone: every instance runs {settled}");
 }
 
-/// Waits until no namespace and no pod is terminating: the room on the
-/// node is what its running pods leave.
+/// Waits until no pod is going away: none terminating, none in a
+/// namespace being deleted (its pods are marked a moment later). The room
+/// on the node is then what its running pods leave. A namespace held by a
+/// finalizer with no pods left does not count.
 async fn settle_node(client: &kube::Client) {
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
     let pods = Api::<Pod>::all(client.clone());
     wait_for(
-        "the node to settle (no namespace or pod terminating)",
+        "the node to settle (no pod terminating or in a namespace being deleted)",
         Duration::from_secs(180),
         || async {
-            let ns = namespaces.list(&Default::default()).await.ok()?;
-            let p = pods.list(&Default::default()).await.ok()?;
-            let terminating = ns
+            let going: std::collections::BTreeSet<String> = namespaces
+                .list(&Default::default())
+                .await
+                .ok()?
                 .items
-                .iter()
-                .any(|n| n.metadata.deletion_timestamp.is_some())
-                || p.items
-                    .iter()
-                    .any(|p| p.metadata.deletion_timestamp.is_some());
-            (!terminating).then_some(())
+                .into_iter()
+                .filter(|n| n.metadata.deletion_timestamp.is_some())
+                .filter_map(|n| n.metadata.name)
+                .collect();
+            let p = pods.list(&Default::default()).await.ok()?;
+            let leaving = p.items.iter().any(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.metadata
+                        .namespace
+                        .as_ref()
+                        .is_some_and(|n| going.contains(n))
+            });
+            (!leaving).then_some(())
         },
     )
     .await;
