@@ -76,6 +76,10 @@ prometheus)
 	dir=prometheus
 	mod=github.com/prometheus/prometheus
 	pkgs=(github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
+	# Service discovery: file, HTTP (always in) and Kubernetes (the suites'
+	# scrape configuration) only; the cloud providers' SDKs are most of a
+	# cold build.
+	tags=remove_all_sd,enable_kubernetes_sd
 	;;
 helm)
 	# Helm: the chart suite lints and renders deploy/helm/redpilot and
