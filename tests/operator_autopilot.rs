@@ -1074,12 +1074,7 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
             let list = pods.list(&Default::default()).await.ok()?;
             list.items.into_iter().find_map(|p| {
                 let name = p.metadata.name.clone()?;
-                let c = p
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "PodResizePending")?;
-                (name.starts_with("tight-") && c.reason.as_deref() == Some("Deferred"))
+                (name.starts_with("tight-") && resize_pending(&p).as_deref() == Some("Deferred"))
                     .then_some(name)
             })
         },
@@ -1147,21 +1142,12 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     .await;
     // The fault as meant: the resize still waits, the container still
     // runs under the 64Mi it started with.
-    let p = pods.get(&other).await.expect("pod");
-    let status = p.status.unwrap_or_default();
-    let pending = status
-        .conditions
-        .unwrap_or_default()
+    let pending = resize_pending(&pods.get(&other).await.expect("pod"));
+    let running_limit = pod_limits(&client, &ns.name, "tight")
+        .await
         .into_iter()
-        .find(|c| c.type_ == "PodResizePending")
-        .and_then(|c| c.reason);
-    let running_limit = status
-        .container_statuses
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.name == "redis")
-        .and_then(|c| c.resources?.limits?.get("memory").cloned())
-        .map(|q| q.0);
+        .find(|(n, ..)| *n == other)
+        .map(|(_, _, in_effect)| in_effect);
     assert_eq!(
         (pending.as_deref(), running_limit.as_deref()),
         (Some("Deferred"), Some(START)),
@@ -1213,14 +1199,14 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
         asked, START,
         "{deferred} re-created asking for the size the instances run"
     );
-    let running = || async {
-        let p = pods.get(&deferred).await.ok()?;
-        (p.metadata.uid != old_uid && p.status?.phase.as_deref() == Some("Running")).then_some(())
-    };
     wait_for(
         &format!("{deferred} to be re-created and running"),
         Duration::from_secs(60),
-        running,
+        || async {
+            let p = pods.get(&deferred).await.ok()?;
+            (p.metadata.uid != old_uid && p.status?.phase.as_deref() == Some("Running"))
+                .then_some(())
+        },
     )
     .await;
     println!(
@@ -1243,6 +1229,19 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
     .await;
     assert_eq!(settled, target);
     println!("ballast gone: every instance runs {settled}");
+}
+
+/// The reason of a pod's `PodResizePending` condition (`Deferred`,
+/// `Infeasible`), if it has one.
+fn resize_pending(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodResizePending")?
+        .reason
+        .clone()
 }
 
 /// Waits until no pod is going away: none terminating, none in a
