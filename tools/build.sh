@@ -263,11 +263,24 @@ if [[ $group == prometheus-crds || $group == cert-manager-crds ]]; then
 	esac
 	chmod -R u+w "$tmp/crds"
 fi
+# A group whose binaries take their packages' names builds in one `go build`
+# into the directory: the graph is loaded once and the binaries link side by
+# side (kube's four links were minutes one after another).
+same_names=1
+for i in "${!pkgs[@]}"; do
+	[[ ${names[$i]} == "${pkgs[$i]##*/}" ]] || same_names=0
+done
 (
 	cd "$here/$dir"
-	for i in "${!pkgs[@]}"; do
-		go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/${names[$i]}" "${pkgs[$i]}"
-	done
+	if ((${#pkgs[@]} == 0)); then
+		:
+	elif ((same_names)); then
+		go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
+	else
+		for i in "${!pkgs[@]}"; do
+			go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/${names[$i]}" "${pkgs[$i]}"
+		done
+	fi
 ) >>"$log" 2>&1 || failed
 touch "$tmp/.complete"
 rm -rf "$dest"
