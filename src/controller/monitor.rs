@@ -2,7 +2,8 @@
 //! with `PING` every [`PROBE_INTERVAL`], so a failed primary is noticed in
 //! well under a second without waiting for the next reconcile.
 //!
-//! Cost per Redis, flat in the number of Redis: one task, one connection
+//! Cost per Redis, flat in the number of Redis: one task (on the monitor's
+//! own thread, see [`probe_runtime`]), one connection
 //! (a [`ProbeConn`]: a `PING` is one write of fixed bytes and one read into
 //! a kept buffer, no allocation), two `PING`s a second. On a broken
 //! connection the probe reconnects at once, and classifies what it finds:
@@ -219,6 +220,42 @@ pub struct Monitor {
     trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
 }
 
+/// The probe loops' own thread, shared by every monitor of the process: a
+/// single-threaded runtime that does nothing but probe. A probe wakes a
+/// thread twice (its tick, its reply); on the operator's multi-threaded
+/// runtime each of those wake-ups also woke an idle worker to look for
+/// work to steal, which found none. Here a tick and the replies it brings
+/// are handled on one thread without waking another, the operator's
+/// workers sleep while nothing but probing happens, and a reconcile that
+/// keeps the workers busy does not delay a probe. `None` when the thread
+/// could not be started: the probe loops then run on the caller's runtime.
+fn probe_runtime() -> Option<&'static tokio::runtime::Handle> {
+    static PROBES: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
+    PROBES
+        .get_or_init(|| match start_probe_thread() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(
+                    "the failure monitor's thread did not start ({e}); probing on the \
+                     operator's runtime"
+                );
+                None
+            }
+        })
+        .as_ref()
+}
+
+fn start_probe_thread() -> std::io::Result<tokio::runtime::Handle> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("redpilot-monitor".into())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+    Ok(handle)
+}
+
 impl Monitor {
     /// A monitor that asks for reconciles on the returned stream.
     pub fn new() -> (Self, mpsc::UnboundedReceiver<ObjectRef<Redis>>) {
@@ -271,7 +308,7 @@ impl Monitor {
             new.low = old.low;
             new.lookahead = old.lookahead;
         }
-        let task = tokio::spawn(probe_loop(
+        let probing = probe_loop(
             key.0.clone(),
             target.clone(),
             Probed {
@@ -279,7 +316,11 @@ impl Monitor {
                 memory: memory.clone(),
             },
             self.trigger.clone(),
-        ));
+        );
+        let task = match probe_runtime() {
+            Some(runtime) => runtime.spawn(probing),
+            None => tokio::spawn(probing),
+        };
         w.insert(
             obj.clone(),
             Watch {
@@ -739,6 +780,81 @@ mod tests {
             accepted.load(std::sync::atomic::Ordering::SeqCst),
             verdict.expect("watched"),
         )
+    }
+
+    /// A primary on plain threads (no runtime of its own) that answers
+    /// `AUTH`, `ROLE` and `PING`, counting the `PING`s.
+    fn threaded_primary() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let pings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = pings.clone();
+        std::thread::spawn(move || {
+            for sock in listener.incoming() {
+                let Ok(mut sock) = sock else { return };
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 512];
+                    // One command per read: the probe waits for each reply.
+                    while let Ok(n) = sock.read(&mut buf) {
+                        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        let reply: &[u8] = if n == 0 {
+                            return;
+                        } else if text.contains("PING") {
+                            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            b"+PONG\r\n"
+                        } else if text.contains("ROLE") {
+                            b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n"
+                        } else {
+                            b"+OK\r\n"
+                        };
+                        if sock.write_all(reply).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, pings)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn probes_go_on_while_the_operators_runtime_is_busy() {
+        // The operator's runtime is this test's single thread. A reconcile
+        // that holds it (here: a blocking sleep) must not hold up failure
+        // detection: the probes run on the monitor's own thread.
+        let (port, pings) = threaded_primary();
+        let (monitor, _rx) = Monitor::new();
+        let obj = ObjectRef::<Redis>::new("busy").within("ns");
+        monitor.watch(
+            &obj,
+            Target {
+                pod: "busy-0".into(),
+                ip: "127.0.0.1".into(),
+                port,
+                silence: Duration::from_secs(5),
+                password: "pw".into(),
+                authenticate: true,
+                tls: None,
+            },
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pings.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the probe never sent PING");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = pings.load(std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(1600));
+        let during = pings.load(std::sync::atomic::Ordering::SeqCst) - before;
+        assert!(
+            during >= 2,
+            "{during} PINGs while the runtime was held for 1.6 s (one every {PROBE_INTERVAL:?})"
+        );
+        assert_eq!(
+            monitor.health(&obj).map(|h| h.verdict),
+            Some(Verdict::Healthy)
+        );
     }
 
     #[tokio::test]
