@@ -758,20 +758,7 @@ mod tests {
                 });
             }
         });
-        let (monitor, _rx) = Monitor::new();
-        let obj = ObjectRef::<Redis>::new("closing").within("ns");
-        monitor.watch(
-            &obj,
-            Target {
-                pod: "closing-0".into(),
-                ip: "127.0.0.1".into(),
-                port,
-                silence: Duration::from_secs(5),
-                password: "pw".into(),
-                authenticate: true,
-                tls: None,
-            },
-        );
+        let (monitor, obj, _rx) = watching_local("closing", port);
         tokio::time::sleep(window).await;
         let verdict = monitor.health(&obj).map(|h| h.verdict);
         monitor.unwatch(&obj);
@@ -780,6 +767,34 @@ mod tests {
             accepted.load(std::sync::atomic::Ordering::SeqCst),
             verdict.expect("watched"),
         )
+    }
+
+    /// A monitor watching the primary `<name>-0` on a local port.
+    /// The receiver of its reconcile requests is returned, so it lives as
+    /// long as the caller keeps it.
+    fn watching_local(
+        name: &str,
+        port: u16,
+    ) -> (
+        Monitor,
+        ObjectRef<Redis>,
+        mpsc::UnboundedReceiver<ObjectRef<Redis>>,
+    ) {
+        let (monitor, rx) = Monitor::new();
+        let obj = ObjectRef::<Redis>::new(name).within("ns");
+        monitor.watch(
+            &obj,
+            Target {
+                pod: format!("{name}-0"),
+                ip: "127.0.0.1".into(),
+                port,
+                silence: Duration::from_secs(5),
+                password: "pw".into(),
+                authenticate: true,
+                tls: None,
+            },
+        );
+        (monitor, obj, rx)
     }
 
     /// A primary on plain threads (no runtime of its own) that answers
@@ -825,20 +840,7 @@ mod tests {
         // that holds it (here: a blocking sleep) must not hold up failure
         // detection: the probes run on the monitor's own thread.
         let (port, pings) = threaded_primary();
-        let (monitor, _rx) = Monitor::new();
-        let obj = ObjectRef::<Redis>::new("busy").within("ns");
-        monitor.watch(
-            &obj,
-            Target {
-                pod: "busy-0".into(),
-                ip: "127.0.0.1".into(),
-                port,
-                silence: Duration::from_secs(5),
-                password: "pw".into(),
-                authenticate: true,
-                tls: None,
-            },
-        );
+        let (monitor, obj, _rx) = watching_local("busy", port);
         let deadline = Instant::now() + Duration::from_secs(5);
         while pings.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             assert!(Instant::now() < deadline, "the probe never sent PING");
