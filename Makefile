@@ -33,7 +33,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins prepare suites-build registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -110,7 +110,8 @@ WAITING_SUITES := operator_backup
 ALONE_SUITES := olm_e2e
 ALONE_TEST := operator_autopilot a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limits
 CLUSTER_SUITES := $(filter-out $(SIDE_SUITES) $(WAITING_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
-integration: engines suites-build
+integration: engines
+	$(CARGO) test --workspace --test "*" --no-run
 	@cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(ALONE_SUITES)) --no-fail-fast \
 		|| cluster=$$?; \
 	$(CARGO) test --workspace --test $(word 1,$(ALONE_TEST)) -- --exact $(word 2,$(ALONE_TEST)) \
@@ -129,23 +130,7 @@ integration: engines suites-build
 	[ "$$cluster" -eq 0 ] && [ "$$side" -eq 0 ]
 
 # The whole test run. The cluster comes down even when a step fails.
-# The Rust builds (lint, unit tests, the suites' binaries, the earlier
-# release) and the Go tools build side by side: each stream leaves a core
-# idle for long stretches (Go's links, the largest crates' front ends), so
-# on a cold machine the two together take less than one after the other.
-prepare:
-	@rc=$$(mktemp); \
-	( st=0; $(MAKE) --no-print-directory tools || st=$$?; echo $$st >"$$rc" ) & tools=$$!; \
-	rust=0; $(MAKE) --no-print-directory lint unit suites-build release-bins || rust=$$?; \
-	wait $$tools; go=$$(cat "$$rc"); rm -f "$$rc"; \
-	if [ "$$go" != 0 ]; then echo "make prepare: building the tools failed (above)" >&2; fi; \
-	if [ "$$rust" != 0 ]; then echo "make prepare: the Rust builds or checks failed (above)" >&2; fi; \
-	[ "$$go" = 0 ] && [ "$$rust" = 0 ]
-
-suites-build:
-	$(CARGO) test --workspace --test "*" --no-run
-
-test: setup prepare cluster-up
+test: setup lint unit tools release-bins cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	bash hack/stall-watch.sh report || true; \
 	$(MAKE) --no-print-directory cluster-down || true; \
