@@ -270,15 +270,14 @@ same_names=1
 for i in "${!pkgs[@]}"; do
 	[[ ${names[$i]} == "${pkgs[$i]##*/}" ]] || same_names=0
 done
+flags=(-trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags")
 (
 	cd "$here/$dir"
-	if ((${#pkgs[@]} == 0)); then
-		:
-	elif ((same_names)); then
-		go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
+	if ((${#pkgs[@]} && same_names)); then
+		go build "${flags[@]}" -o "$tmp/" "${pkgs[@]}"
 	else
 		for i in "${!pkgs[@]}"; do
-			go build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/${names[$i]}" "${pkgs[$i]}"
+			go build "${flags[@]}" -o "$tmp/${names[$i]}" "${pkgs[$i]}"
 		done
 	fi
 ) >>"$log" 2>&1 || failed
