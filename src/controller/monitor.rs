@@ -221,14 +221,12 @@ pub struct Monitor {
 }
 
 /// The probe loops' own thread, shared by every monitor of the process: a
-/// single-threaded runtime that does nothing but probe. A probe wakes a
-/// thread twice (its tick, its reply); on the operator's multi-threaded
-/// runtime each of those wake-ups also woke an idle worker to look for
-/// work to steal, which found none. Here a tick and the replies it brings
-/// are handled on one thread without waking another, the operator's
-/// workers sleep while nothing but probing happens, and a reconcile that
-/// keeps the workers busy does not delay a probe. `None` when the thread
-/// could not be started: the probe loops then run on the caller's runtime.
+/// single-threaded runtime that does nothing but probe, so a reconcile
+/// that keeps the operator's workers busy does not delay a probe. (It did
+/// not change an idle operator's CPU measurably: a probe's cost is its
+/// trip through the network stack, not the runtime.) `None` when the
+/// thread could not be started: the probe loops then run on the caller's
+/// runtime.
 fn probe_runtime() -> Option<&'static tokio::runtime::Handle> {
     static PROBES: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
     PROBES
