@@ -120,6 +120,27 @@ fn describe_redis(r: &Redis) -> String {
             c.type_, c.status, c.reason, c.message, c.last_transition_time.0
         );
     }
+    if let Some(c) = &s.cluster {
+        let _ = writeln!(
+            out,
+            "  cluster state {}, {} slots assigned, {} ok, {} nodes known",
+            c.state, c.slots_assigned, c.slots_ok, c.known_nodes
+        );
+    }
+    for sh in &s.shards {
+        let _ = writeln!(
+            out,
+            "  shard {} primary {} replicas [{}] slots {} ready {}",
+            sh.index,
+            sh.primary.as_deref().unwrap_or("-"),
+            sh.replicas.join(", "),
+            sh.slots.as_deref().unwrap_or("-"),
+            sh.ready
+        );
+    }
+    if let Some(r) = &s.resharding {
+        let _ = writeln!(out, "  resharding {r:?}");
+    }
     for i in &s.instances {
         let _ = writeln!(
             out,

@@ -595,7 +595,86 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
     });
     plan.healthy =
         all_answer && plan.steps.is_empty() && plan.problems.is_empty() && infos_ok && shards_whole;
+    // Not healthy, and nothing above says why: the checks that failed are
+    // named, so a pause or a Ready=False always explains itself.
+    if !plan.healthy && plan.steps.is_empty() && plan.problems.is_empty() && plan.waiting.is_empty()
+    {
+        plan.waiting = unsettled(members, &plan.shards, total, instances);
+    }
     plan
+}
+
+/// Why a cluster with no step to take and no problem is not yet healthy:
+/// pods that do not answer, nodes that do not see every slot served, shards
+/// short of a primary or of replicas.
+fn unsettled(members: &[Member], shards: &[Shard], total: usize, instances: i32) -> Vec<String> {
+    let mut why = Vec::new();
+    if members.len() != total {
+        why.push(format!("{} of {total} pods exist", members.len()));
+    }
+    for m in members {
+        if m.terminating {
+            why.push(format!("{} is being deleted", m.pod));
+        } else if !m.live() {
+            why.push(format!("{} does not answer as a cluster node", m.pod));
+        }
+    }
+    for m in members.iter().filter(|m| m.live()) {
+        let Some(v) = &m.view else { continue };
+        let i = &v.info;
+        if !i.ok || i.slots_ok != u32::from(SLOTS) {
+            why.push(format!(
+                "{} sees the cluster {}: {} of {SLOTS} slots ok ({} assigned, {} possibly \
+                 failing, {} failing)",
+                m.pod,
+                if i.ok { "ok" } else { "failing" },
+                i.slots_ok,
+                i.slots_assigned,
+                i.slots_pfail,
+                i.slots_fail
+            ));
+        }
+    }
+    let want = usize::try_from(instances - 1).unwrap_or(0);
+    for s in shards {
+        let Some(primary) = &s.primary else {
+            why.push(format!("shard {} has no primary", s.index));
+            continue;
+        };
+        if s.replicas.len() == want {
+            continue;
+        }
+        let others: Vec<String> = members
+            .iter()
+            .filter(|m| m.shard == s.index && &m.pod != primary && !s.replicas.contains(&m.pod))
+            .map(|m| match m.me() {
+                Some(n) => match n.replica_of.as_deref() {
+                    Some(o) => format!("{} follows node {}", m.pod, short(o)),
+                    None => format!("{} is a primary", m.pod),
+                },
+                None => format!("{} does not answer", m.pod),
+            })
+            .collect();
+        why.push(format!(
+            "shard {}: {} of {want} replica(s) follow {primary}{}",
+            s.index,
+            s.replicas.len(),
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", others.join(", "))
+            }
+        ));
+    }
+    if why.is_empty() {
+        why.push("the cluster is still being formed".into());
+    }
+    why
+}
+
+/// The first 8 characters of a node ID (as `CLUSTER NODES` readers show it).
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
 }
 
 /// Fills in a shard's pod counts and replicas (pods following its primary).
@@ -935,6 +1014,41 @@ mod tests {
         assert_eq!(plan.shards[1].primary.as_deref(), Some("r-s1-0"));
         assert_eq!(plan.shards[1].replicas, vec!["r-s1-1".to_string()]);
         assert_eq!(show(&plan.shards[2].slots), "10923-16383");
+    }
+
+    #[test]
+    fn an_unhealthy_cluster_with_nothing_to_do_says_why() {
+        // One node still counts a primary as possibly failing.
+        let mut members = formed();
+        if let Some(v) = members[3].view.as_mut() {
+            v.info.slots_ok = 16384 - 5462;
+            v.info.slots_pfail = 5462;
+            v.info.slots_assigned = 16384;
+        }
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty() && plan.problems.is_empty());
+        assert!(!plan.healthy);
+        assert_eq!(
+            plan.waiting,
+            vec![
+                "r-s1-1 sees the cluster ok: 10922 of 16384 slots ok (16384 assigned, 5462 \
+                 possibly failing, 0 failing)"
+                    .to_string()
+            ]
+        );
+
+        // A third instance per shard is asked for and not there yet.
+        let plan = decide(&formed(), 3, 3);
+        assert!(!plan.healthy);
+        assert_eq!(
+            plan.waiting,
+            vec![
+                "6 of 9 pods exist".to_string(),
+                "shard 0: 1 of 2 replica(s) follow r-s0-0".to_string(),
+                "shard 1: 1 of 2 replica(s) follow r-s1-0".to_string(),
+                "shard 2: 1 of 2 replica(s) follow r-s2-0".to_string(),
+            ]
+        );
     }
 
     #[test]
