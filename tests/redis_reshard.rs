@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster_client::{Client, Met};
-use cluster_servers::{Cluster, PASSWORD, start};
+use cluster_servers::{Cluster, PASSWORD, start_calm};
 use redis_server::Engine;
 use redpilot::redis::cluster::{self, Member, SlotRange};
 use redpilot::redis::reshard::{self, Classic, OpenSlot};
@@ -44,7 +44,7 @@ const WRITER_KEYS: usize = 5_000;
 /// spread, the fourth met as an empty primary; the node IDs in member
 /// order.
 async fn three_and_an_empty_fourth(engine: Engine) -> (Cluster, Vec<String>) {
-    let c = start(engine, 4);
+    let c = start_calm(engine, 4);
     let shards: Vec<Vec<Member>> = c.members[..3].iter().map(|m| vec![m.clone()]).collect();
     cluster::form(&shards, &c.opts, Duration::from_secs(30))
         .await
