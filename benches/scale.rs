@@ -132,10 +132,23 @@ async fn main() {
     let want_pods = fake / 2 + (fake - fake / 2) * 3;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &fake_ns.name);
     loop {
-        let list = pods
+        // Two thousand pods per list while the API server is busiest: a
+        // dropped response is retried, not the bench's end.
+        let list = match pods
             .list(&ListParams::default().labels("app.kubernetes.io/managed-by=redpilot"))
             .await
-            .expect("listing fake pods");
+        {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("listing fake pods (retried): {e}");
+                assert!(
+                    t.elapsed() < Duration::from_secs(1800),
+                    "listing fake pods: {e}"
+                );
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
+        };
         let running = list
             .items
             .iter()
