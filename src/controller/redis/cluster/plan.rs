@@ -518,10 +518,37 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
             continue; // reported above: two primaries in one shard
         }
         if !m.view.as_ref().is_some_and(|v| v.knows(primary_id)) {
-            plan.waiting.push(format!(
-                "{} has not yet learned of its shard's primary {primary}",
-                m.pod
-            ));
+            // Gossip usually tells it within a second. A node that neither
+            // knows its primary nor is joining it is introduced directly
+            // (a MEET of a node it already knows is harmless), so a lost
+            // handshake does not leave the replica waiting for ever.
+            let primary_ip = live
+                .iter()
+                .find(|p| &p.pod == primary)
+                .and_then(|p| p.ip.clone());
+            let joining = |ip: &str| {
+                m.view.as_ref().is_some_and(|v| {
+                    v.nodes
+                        .iter()
+                        .any(|n| n.handshake && n.addr.as_ref().is_some_and(|a| a.host() == ip))
+                })
+            };
+            // Only a node the cluster already holds (one the anchor does
+            // not know yet is met by the anchor above).
+            let inside = m
+                .id()
+                .is_some_and(|id| anchor_view.is_some_and(|v| v.knows(id)));
+            match primary_ip {
+                Some(ip) if inside && !joining(&ip) => plan.steps.push(Step::Meet {
+                    from: m.pod.clone(),
+                    to: primary.clone(),
+                    ip,
+                }),
+                _ => plan.waiting.push(format!(
+                    "{} has not yet learned of its shard's primary {primary}",
+                    m.pod
+                )),
+            }
             continue;
         }
         plan.steps.push(Step::Replicate {
@@ -565,10 +592,13 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
     let total = usize::try_from(width * instances).unwrap_or(0);
     let all_answer = live.len() == total && members.len() == total;
     if all_answer {
+        // A node in a handshake shows a made-up ID until the handshake
+        // completes: forgetting it would break the join under way.
         let known: BTreeSet<&str> = live
             .iter()
             .filter_map(|m| m.view.as_ref())
-            .flat_map(|v| v.nodes.iter().map(|n| n.id.as_str()))
+            .flat_map(|v| v.nodes.iter().filter(|n| !n.handshake))
+            .map(|n| n.id.as_str())
             .collect();
         for id in known {
             if by_id.contains_key(id) || !owned_by(id).is_empty() {
@@ -1014,6 +1044,69 @@ mod tests {
         assert_eq!(plan.shards[1].primary.as_deref(), Some("r-s1-0"));
         assert_eq!(plan.shards[1].replicas, vec!["r-s1-1".to_string()]);
         assert_eq!(show(&plan.shards[2].slots), "10923-16383");
+    }
+
+    #[test]
+    fn a_handshake_under_way_is_never_forgotten() {
+        // s1-1 is joining a node at 10.0.9.9 (gossip started it): the
+        // entry carries a made-up ID until the handshake completes.
+        let temp = "9999999999999999999999999999999999999999";
+        let mut members = formed();
+        let mut lines = formed_lines();
+        lines.push(format!(
+            "{temp} 10.0.9.9:6379@16379 handshake - 0 0 0 disconnected"
+        ));
+        members[3] = member(1, 1, IDS[3], &lines, true);
+        let plan = decide(&members, 3, 2);
+        assert!(
+            !plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::Forget { id } if id == temp)),
+            "{:?}",
+            plan.steps
+        );
+    }
+
+    #[test]
+    fn a_replica_that_does_not_know_its_primary_is_introduced_to_it() {
+        // s2-1 is an empty primary that knows every node but s2-0 (its
+        // shard's primary), and is not joining it.
+        let mut lines = formed_lines();
+        lines[5] = line(IDS[5], &ip(2, 1), "master", "-", 0, "");
+        let without: Vec<String> = lines
+            .iter()
+            .filter(|l| !l.starts_with(IDS[4]))
+            .cloned()
+            .collect();
+        let mut members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        members[5] = member(2, 1, IDS[5], &without, true);
+        let plan = decide(&members, 3, 2);
+        assert_eq!(
+            plan.steps,
+            vec![Step::Meet {
+                from: "r-s2-1".into(),
+                to: "r-s2-0".into(),
+                ip: ip(2, 0),
+            }]
+        );
+
+        // Joining it already: it waits for the handshake.
+        let mut joining = without.clone();
+        joining.push(format!(
+            "9999999999999999999999999999999999999999 {}:6379@16379 handshake - 0 0 0 \
+             disconnected",
+            ip(2, 0)
+        ));
+        members[5] = member(2, 1, IDS[5], &joining, true);
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        assert_eq!(
+            plan.waiting,
+            vec!["r-s2-1 has not yet learned of its shard's primary r-s2-0".to_string()]
+        );
     }
 
     #[test]
