@@ -58,6 +58,13 @@ impl View {
     pub fn knows(&self, id: &str) -> bool {
         self.nodes.iter().any(|n| n.id == id && !n.handshake)
     }
+
+    /// Whether the node is in a handshake with the node at `ip`.
+    pub fn joining(&self, ip: &str) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.handshake && n.addr.as_ref().is_some_and(|a| a.host() == ip))
+    }
 }
 
 impl Member {
@@ -310,12 +317,7 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
         {
             continue;
         }
-        let in_handshake = anchor_view.is_some_and(|v| {
-            v.nodes
-                .iter()
-                .any(|n| n.handshake && n.addr.as_ref().is_some_and(|a| a.host() == ip))
-        });
-        if in_handshake {
+        if anchor_view.is_some_and(|v| v.joining(ip)) {
             plan.waiting
                 .push(format!("{} is joining the cluster", m.pod));
             continue;
@@ -526,20 +528,11 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
                 .iter()
                 .find(|p| &p.pod == primary)
                 .and_then(|p| p.ip.clone());
-            let joining = |ip: &str| {
-                m.view.as_ref().is_some_and(|v| {
-                    v.nodes
-                        .iter()
-                        .any(|n| n.handshake && n.addr.as_ref().is_some_and(|a| a.host() == ip))
-                })
-            };
+            let joining = |ip: &str| m.view.as_ref().is_some_and(|v| v.joining(ip));
             // Only a node the cluster already holds (one the anchor does
             // not know yet is met by the anchor above).
-            let inside = m
-                .id()
-                .is_some_and(|id| anchor_view.is_some_and(|v| v.knows(id)));
             match primary_ip {
-                Some(ip) if inside && !joining(&ip) => plan.steps.push(Step::Meet {
+                Some(ip) if inside(m) && !joining(&ip) => plan.steps.push(Step::Meet {
                     from: m.pod.clone(),
                     to: primary.clone(),
                     ip,
@@ -777,6 +770,13 @@ mod tests {
                 open: crate::redis::reshard::open_slots(&text.join("\n")),
             }),
         }
+    }
+
+    /// A handshake under way with the node at `ip` (a made-up ID).
+    fn handshake_line(ip: &str) -> String {
+        format!(
+            "9999999999999999999999999999999999999999 {ip}:6379@16379 handshake - 0 0 0 disconnected"
+        )
     }
 
     fn ip(shard: i32, ord: i32) -> String {
@@ -1053,9 +1053,7 @@ mod tests {
         let temp = "9999999999999999999999999999999999999999";
         let mut members = formed();
         let mut lines = formed_lines();
-        lines.push(format!(
-            "{temp} 10.0.9.9:6379@16379 handshake - 0 0 0 disconnected"
-        ));
+        lines.push(handshake_line("10.0.9.9"));
         members[3] = member(1, 1, IDS[3], &lines, true);
         let plan = decide(&members, 3, 2);
         assert!(
@@ -1095,11 +1093,7 @@ mod tests {
 
         // Joining it already: it waits for the handshake.
         let mut joining = without.clone();
-        joining.push(format!(
-            "9999999999999999999999999999999999999999 {}:6379@16379 handshake - 0 0 0 \
-             disconnected",
-            ip(2, 0)
-        ));
+        joining.push(handshake_line(&ip(2, 0)));
         members[5] = member(2, 1, IDS[5], &joining, true);
         let plan = decide(&members, 3, 2);
         assert!(plan.steps.is_empty(), "{:?}", plan.steps);
