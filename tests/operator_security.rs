@@ -837,8 +837,8 @@ async fn degraded_with(
 /// then another CA) are read live, without a restart, under a writer
 /// confirming each write with `WAIT 1`, with no confirmed write lost and
 /// the new certificate served; an expired certificate is refused without
-/// touching the servers; a Redis whose Secret is missing gets no pods; TLS
-/// cannot be removed. Beside it, a Redis with `tls: {}` gets a certificate
+/// touching the servers; a Redis whose Secret is missing gets no pods.
+/// Beside it, a Redis with `tls: {}` gets a certificate
 /// the operator issues from the namespace's CA, renewed before it expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
@@ -1203,20 +1203,6 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     // The issued certificate is issued again before it expires (due 100 s
     // after it was made) and read live.
     issued.renewed(&client, ns).await;
-
-    // TLS cannot be turned off (yet): the API server refuses it.
-    let off = redis_api(&client, ns)
-        .patch(
-            "cache",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"tls": null}})),
-        )
-        .await
-        .expect_err("spec.tls removed");
-    assert!(
-        off.to_string().contains("spec.tls is set at creation only"),
-        "{off}"
-    );
 }
 
 /// The cert-manager CRDs of the pinned release (bin/cert-manager-crds), or
@@ -1933,6 +1919,218 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
             "shard {s} took no write for {gap:?} through the renewal"
         );
     }
+
+    // In Cluster mode TLS stays as created: the API server refuses its
+    // removal, naming the field and why.
+    let off = redis_api(&client, ns)
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"tls": null}})),
+        )
+        .await
+        .expect_err("spec.tls removed from a Cluster Redis");
+    assert!(
+        off.to_string()
+            .contains("spec.tls is set at creation in Cluster mode"),
+        "{off}"
+    );
+}
+
+/// How every instance of `name` listens, when all listen the same way:
+/// with TLS only (`Some(true)`: a plain client refused, port 0, replication
+/// over TLS) or in plain text only (`Some(false)`: no TLS port, no
+/// certificate files); each replica's link up. `None` while they differ
+/// or a replica's link is down.
+async fn all_listen(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    plain: &ConnectOptions,
+    tls: &ConnectOptions,
+) -> Option<bool> {
+    let pods = ips(client, ns, name).await;
+    let mut way = None;
+    for (_, ip) in &pods {
+        let ep = Endpoint::new(ip, 6379);
+        let (mut node, with_tls) = match Node::connect(&ep, plain).await {
+            Ok(n) => (n, false),
+            Err(_) => (Node::connect(&ep, tls).await.ok()?, true),
+        };
+        if *way.get_or_insert(with_tls) != with_tls {
+            return None;
+        }
+        let get = |k: &'static str| redis::cmd("CONFIG").arg("GET").arg(k).clone();
+        let port: Vec<String> = node.query("CONFIG GET", &get("port")).await.ok()?;
+        let tls_port: Vec<String> = node.query("CONFIG GET", &get("tls-port")).await.ok()?;
+        let repl: Vec<String> = node
+            .query("CONFIG GET", &get("tls-replication"))
+            .await
+            .ok()?;
+        let files: Vec<String> = node.query("CONFIG GET", &get("tls-cert-file")).await.ok()?;
+        let info: String = node
+            .query("INFO", redis::cmd("INFO").arg("replication"))
+            .await
+            .ok()?;
+        let replica = info.contains("role:slave");
+        if replica && !info.contains("master_link_status:up") {
+            return None;
+        }
+        let (ports, repl_want) = if with_tls {
+            (["0", "6379"], "yes")
+        } else {
+            (["6379", "0"], "no")
+        };
+        // A replica follows over TLS exactly when the servers listen with
+        // it (a primary's setting counts once it follows).
+        if [port.get(1)?.as_str(), tls_port.get(1)?.as_str()] != ports
+            || (replica && repl.get(1)?.as_str() != repl_want)
+            || files.get(1)?.is_empty() == with_tls
+        {
+            return None;
+        }
+    }
+    (pods.len() == 3).then_some(way?)
+}
+
+/// `spec.tls` added to and then removed from a running 3-instance
+/// Replication Redis (Redis 7.0, a Secret of the user's), under a writer
+/// through the read-write Service confirming each write with `WAIT 1` and
+/// reconnecting in plain text or with TLS, whichever the primary takes.
+/// On: the ordered restart brings every instance to TLS only (a plain
+/// client refused) with replication over TLS and every link up. Off: the
+/// instances listen in plain text again, the certificate files gone. The
+/// writer wrote both ways; no confirmed write is lost; the Redis is Ready
+/// at the end of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
+    use redpilot::redis::TlsOptions;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls-flip", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "flip",
+        json!({"mode": "Replication", "instances": 3, "version": "7.0"}),
+    )
+    .await;
+    wait_ready(&client, ns, "flip", READY).await;
+    let ca = TestCa::new("flip CA");
+    let names = vec!["flip".to_string(), format!("flip.{ns}.svc")];
+    let (cert, key, _) = ca.server(&names, -60, 86_400);
+    put_tls_secret(&client, ns, "flip-tls", &cert, &key, &ca.pem).await;
+    let pw = redis_password(&client, ns, "flip").await;
+    let plain = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let tls = plain
+        .clone()
+        .with_tls(TlsOptions::servers_of_ca(ca.pem.clone().into_bytes()));
+    assert_eq!(
+        all_listen(&client, ns, "flip", &plain, &tls).await,
+        Some(false),
+        "created in plain text"
+    );
+    let writer = support::faults::ServiceWriter::trying(
+        &client,
+        ns,
+        "flip",
+        vec![plain.clone(), tls.clone()],
+        "flip",
+        1,
+        Duration::from_millis(2),
+    );
+    wait_for("writes flowing", Duration::from_secs(30), || async {
+        (writer.acked() > 50).then_some(())
+    })
+    .await;
+
+    // On.
+    let t = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "flip",
+        json!({"spec": {"tls": {"secretName": "flip-tls"}}}),
+    )
+    .await;
+    wait_for(
+        "every instance listening with TLS only, links up",
+        Duration::from_secs(300),
+        || async {
+            (all_listen(&client, ns, "flip", &plain, &tls).await == Some(true)).then_some(())
+        },
+    )
+    .await;
+    wait_ready(&client, ns, "flip", READY).await;
+    let on_secs = t.elapsed().as_secs_f64();
+    let at_on = writer.acked();
+    wait_for("writes over TLS", Duration::from_secs(30), || async {
+        (writer.acked() > at_on + 50).then_some(())
+    })
+    .await;
+
+    // Off.
+    let t = Instant::now();
+    support::operator::patch_redis(&client, ns, "flip", json!({"spec": {"tls": null}})).await;
+    wait_for(
+        "every instance listening in plain text only, no certificate files, links up",
+        Duration::from_secs(400),
+        || async {
+            (all_listen(&client, ns, "flip", &plain, &tls).await == Some(false)).then_some(())
+        },
+    )
+    .await;
+    let r = wait_ready(&client, ns, "flip", READY).await;
+    let off_secs = t.elapsed().as_secs_f64();
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let template = sts.get("flip").await.expect("StatefulSet");
+    let volumes: Vec<String> = template
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.volumes)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert!(!volumes.iter().any(|v| v == "tls"), "{volumes:?}");
+    let at_off = writer.acked();
+    wait_for("writes in plain text", Duration::from_secs(30), || async {
+        (writer.acked() > at_off + 50).then_some(())
+    })
+    .await;
+    let tally = writer.stop().await;
+
+    let primary = r
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let ip = support::operator::pod_ip(&client, ns, &primary).await;
+    let mut n = Node::connect(&Endpoint::new(&ip, 6379), &plain)
+        .await
+        .expect("plain client");
+    let keys = tally.keys();
+    let lost = support::writer::missing_on(&mut n, &keys).await.len();
+    println!(
+        "TLS on in {on_secs:.1} s, off in {off_secs:.1} s; {} confirmed writes ({:?} by way: 0 plain, 1 TLS), \
+         {} failed, {} unconfirmed, {lost} lost, errors {:?}",
+        keys.len(),
+        tally.acks_by_way,
+        tally.failed,
+        tally.unreplicated,
+        tally.errors
+    );
+    assert!(
+        tally.acks_by_way.get(&0).is_some_and(|n| *n > 100)
+            && tally.acks_by_way.get(&1).is_some_and(|n| *n > 50),
+        "the writer wrote in plain text and over TLS: {:?}",
+        tally.acks_by_way
+    );
+    assert_eq!(lost, 0, "confirmed writes lost turning TLS on and off");
 }
 
 /// `spec.tls.clientAuth: Required` on a Replication Redis (Redis 7.0, a

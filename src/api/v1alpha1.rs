@@ -322,8 +322,8 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
         .optional_old_self(true)
         .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
         .field_path(".persistence"),
-    validation = Rule::new("has(self.tls) == has(oldSelf.tls)")
-        .message("spec.tls is set at creation only: turning TLS on or off on a running Redis is not supported yet")
+    validation = Rule::new("has(self.tls) == has(oldSelf.tls) || !has(self.mode) || self.mode != 'Cluster'")
+        .message("spec.tls is set at creation in Cluster mode: turning TLS on or off would split the cluster bus (Standalone and Replication Redis take it live, with the ordered restart)")
         .field_path(".tls"),
     validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
         .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
@@ -485,8 +485,8 @@ pub struct RedisSpec {
     pub users: Vec<UserSpec>,
 
     /// TLS for clients, replication and (Cluster mode) the cluster bus,
-    /// with the certificate from a Secret (see `TlsSpec`). Set at creation
-    /// only.
+    /// with the certificate from a Secret (see `TlsSpec`). Added or
+    /// removed with the ordered restart; set at creation in Cluster mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 }

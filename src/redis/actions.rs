@@ -73,14 +73,22 @@ pub async fn make_replica_of(
     opts: &ConnectOptions,
 ) -> Result<()> {
     let mut node = Node::connect(endpoint, opts).await?;
-    repoint(&mut node, primary).await
+    repoint(&mut node, primary, opts).await
 }
 
-async fn repoint(node: &mut Node, primary: &Endpoint) -> Result<()> {
+async fn repoint(node: &mut Node, primary: &Endpoint, opts: &ConnectOptions) -> Result<()> {
     if node.endpoint() == primary {
         return Err(Error::Config(format!(
             "{primary} cannot be a replica of itself"
         )));
+    }
+    if opts.listeners.is_some() {
+        // A server without TLS files refuses `yes`: it is about to restart
+        // with them, and follows once it has; that is logged, not an error.
+        let tls = opts.tls_for(primary.host()).is_some();
+        if let Err(e) = replicate_with_tls(node, tls).await {
+            tracing::info!(endpoint = %node.endpoint(), error = %e, tls, "tls-replication not set");
+        }
     }
     node.replicaof(Some(primary)).await?;
     let r = node.replication().await?;
@@ -93,6 +101,20 @@ async fn repoint(node: &mut Node, primary: &Endpoint) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Sets `tls-replication` on a server about to follow another, to how
+/// that one listens (the two differ while TLS is turned on or off).
+pub async fn replicate_with_tls(node: &mut Node, tls: bool) -> Result<()> {
+    let value = if tls { "yes" } else { "no" };
+    node.query::<()>(
+        "CONFIG SET",
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("tls-replication")
+            .arg(value),
+    )
+    .await
 }
 
 /// The outcome of waiting for a replica.
@@ -355,13 +377,13 @@ pub async fn switchover(
     let mut repointed = Vec::new();
     let mut repoint_failures = Vec::new();
     let retry_until = paused_at + sw.max_write_pause.mul_f64(0.8);
-    let mut demoted = repoint(&mut p, target).await;
+    let mut demoted = repoint(&mut p, target, opts).await;
     while demoted.is_err() && Instant::now() < retry_until {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let again = async {
             let mut fresh = Node::connect(&old, opts).await?;
             fresh.pause_writes(sw.max_write_pause).await?;
-            repoint(&mut fresh, target).await?;
+            repoint(&mut fresh, target, opts).await?;
             Ok::<Node, Error>(fresh)
         };
         demoted = match again.await {
@@ -634,7 +656,7 @@ pub async fn fence(
         (Some(Role::Primary), _) => FenceOutcome::Demoted,
         _ => FenceOutcome::Repointed,
     };
-    repoint(&mut node, primary).await?;
+    repoint(&mut node, primary, opts).await?;
     Ok(outcome)
 }
 

@@ -178,6 +178,16 @@ impl fmt::Debug for TlsOptions {
     }
 }
 
+/// Which servers listen with TLS while some do and some do not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listeners {
+    /// How to reach the servers that listen with TLS.
+    pub tls: TlsOptions,
+    /// The hosts (as [`Endpoint::host`] gives them) that listen with TLS;
+    /// every other listens in plain text.
+    pub tls_hosts: std::collections::BTreeSet<String>,
+}
+
 /// How to connect and authenticate, and the time bounds of network calls.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
@@ -187,6 +197,10 @@ pub struct ConnectOptions {
     pub password: Option<Secret>,
     /// TLS settings; `None` means plain TCP.
     pub tls: Option<TlsOptions>,
+    /// Servers that do not all listen the same way (TLS being turned on
+    /// or off, one instance after another): when set, it decides per host
+    /// in place of `tls`.
+    pub listeners: Option<std::sync::Arc<Listeners>>,
     /// Bound on establishing a connection (TCP, TLS and authentication).
     pub connect_timeout: Duration,
     /// Bound on each command's reply.
@@ -203,6 +217,7 @@ impl Default for ConnectOptions {
             password: None,
             default_fallback: false,
             tls: None,
+            listeners: None,
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(3),
         }
@@ -247,6 +262,15 @@ impl ConnectOptions {
         self
     }
 
+    /// The TLS settings for a server at `host`: per host while
+    /// [`Self::listeners`] is set, `tls` otherwise.
+    pub fn tls_for(&self, host: &str) -> Option<&TlsOptions> {
+        match &self.listeners {
+            Some(l) => l.tls_hosts.contains(host).then_some(&l.tls),
+            None => self.tls.as_ref(),
+        }
+    }
+
     /// Sets both time bounds.
     pub fn with_timeouts(mut self, connect: Duration, command: Duration) -> Self {
         self.connect_timeout = connect;
@@ -267,7 +291,8 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
     if let Some(user) = &opts.username {
         settings = settings.set_username(user);
     }
-    let addr = match &opts.tls {
+    let tls = opts.tls_for(&endpoint.host);
+    let addr = match tls {
         None => ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port),
         Some(tls) => {
             if tls.skip_name_check && tls.ca_pem.is_none() {
@@ -289,7 +314,7 @@ pub fn redis_client(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client
     let info = redis::IntoConnectionInfo::into_connection_info(addr)
         .map_err(config_err)?
         .set_redis_settings(settings);
-    match &opts.tls {
+    match tls {
         None => Client::open(info).map_err(config_err),
         Some(tls) if tls.unverified => {
             if !(endpoint.host == "127.0.0.1"
@@ -547,6 +572,34 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn while_listeners_differ_tls_is_decided_per_host() {
+        let ca = TlsOptions::servers_of_ca(b"ca".to_vec());
+        let steady = ConnectOptions::default().with_tls(ca.clone());
+        assert_eq!(steady.tls_for("10.0.0.1"), Some(&ca));
+        assert!(ConnectOptions::default().tls_for("10.0.0.1").is_none());
+        // Turning TLS on or off: only the hosts listed listen with TLS,
+        // whatever `tls` says.
+        for tls in [None, Some(ca.clone())] {
+            let opts = ConnectOptions {
+                tls,
+                listeners: Some(std::sync::Arc::new(Listeners {
+                    tls: ca.clone(),
+                    tls_hosts: ["10.0.0.2".to_string()].into(),
+                })),
+                ..ConnectOptions::default()
+            };
+            assert_eq!(opts.tls_for("10.0.0.2"), Some(&ca));
+            assert!(opts.tls_for("10.0.0.1").is_none());
+            // A plain-text host gets a plain client (no TLS parameters).
+            let c = redis_client(&Endpoint::new("10.0.0.1", 6379), &opts).expect("client");
+            assert!(matches!(
+                c.get_connection_info().addr(),
+                ConnectionAddr::Tcp(..)
+            ));
+        }
+    }
 
     #[test]
     fn endpoint_parse_and_canonical_form() {

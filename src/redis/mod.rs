@@ -21,5 +21,5 @@ pub mod reshard;
 pub mod topology;
 pub mod tuning;
 
-pub use conn::{ConnectOptions, Endpoint, Node, Secret, TlsOptions, redis_client};
+pub use conn::{ConnectOptions, Endpoint, Listeners, Node, Secret, TlsOptions, redis_client};
 pub use error::{Error, ErrorCategory, Result};

@@ -185,7 +185,7 @@ pub(crate) fn tls_client_config(
 /// sent after the handshake. How a reload of the certificate files is
 /// confirmed: the files a server was told to read may lag behind.
 pub async fn served_certificate(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Vec<u8>> {
-    let Some(tls) = &opts.tls else {
+    let Some(tls) = opts.tls_for(endpoint.host()) else {
         return Err(Error::Config(format!("{endpoint}: no TLS settings")));
     };
     let stream = handshake(endpoint, opts, tls, connect_tcp(endpoint, opts).await?).await?;
@@ -249,7 +249,7 @@ pub(super) async fn open_stream(
 ) -> Result<Box<dyn Stream>> {
     let tcp = connect_tcp(endpoint, opts).await?;
     let _ = tcp.set_nodelay(true);
-    match &opts.tls {
+    match opts.tls_for(endpoint.host()) {
         None => Ok(Box::new(tcp)),
         Some(tls) => Ok(Box::new(handshake(endpoint, opts, tls, tcp).await?)),
     }

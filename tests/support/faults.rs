@@ -43,6 +43,9 @@ pub struct Tally {
     pub failed: u64,
     /// Failures by kind (the server's error code, or the client's category).
     pub errors: std::collections::BTreeMap<String, u64>,
+    /// Acknowledged writes by the connection options they went through
+    /// (their index in [`ServiceWriter::trying`]'s list).
+    pub acks_by_way: std::collections::BTreeMap<usize, u64>,
 }
 
 fn error_kind(e: &redpilot::redis::Error) -> String {
@@ -109,6 +112,21 @@ impl ServiceWriter {
         wait: i64,
         pause: Duration,
     ) -> Self {
+        Self::trying(client, ns, svc, vec![opts], prefix, wait, pause)
+    }
+
+    /// As [`ServiceWriter::with_options`], each (re)connect trying the
+    /// options of `ways` in turn until one connects (plain text, then TLS,
+    /// as a client does while TLS is turned on or off).
+    pub fn trying(
+        client: &Client,
+        ns: &str,
+        svc: &str,
+        ways: Vec<ConnectOptions>,
+        prefix: &str,
+        wait: i64,
+        pause: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Mutex::new(Tally::default()));
         let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
@@ -117,15 +135,21 @@ impl ServiceWriter {
         let task = tokio::spawn(async move {
             let mut i = 0u64;
             let mut conn: Option<(Node, String)> = None;
+            let mut way = 0usize;
             let mut pace = super::pace::pacer();
             while !s.load(Ordering::SeqCst) {
                 pace.tick().await;
                 let Some((node, ip)) = conn.as_mut() else {
-                    if let Some(ip) = ready_endpoint(&slices, &svc).await
-                        && let Ok(n) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await
-                    {
-                        conn = Some((n, ip));
-                    } else {
+                    if let Some(ip) = ready_endpoint(&slices, &svc).await {
+                        for (n, opts) in ways.iter().enumerate() {
+                            if let Ok(c) = Node::connect(&Endpoint::new(&ip, 6379), opts).await {
+                                conn = Some((c, ip));
+                                way = n;
+                                break;
+                            }
+                        }
+                    }
+                    if conn.is_none() {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     continue;
@@ -152,6 +176,7 @@ impl ServiceWriter {
                 {
                     let Ok(mut tl) = t.lock() else { return };
                     if confirmed {
+                        *tl.acks_by_way.entry(way).or_default() += 1;
                         tl.acks.push(Ack {
                             key,
                             ip: ip.clone(),

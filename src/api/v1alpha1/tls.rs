@@ -24,7 +24,13 @@ use super::DNS_SUBDOMAIN;
 /// `redpilot-ca`) and issues `<name>-tls` for the Redis's Services,
 /// renewed before it expires.
 ///
-/// Set at creation: it cannot be added or removed later. A renewed
+/// Added to or removed from a running Standalone or Replication Redis, it
+/// is rolled out with the ordered restart (replicas first, the primary
+/// last after a switchover), losing no acknowledged write: a replica
+/// follows its primary the way the primary listens while the two differ,
+/// and when TLS is turned off the instances keep the certificate files
+/// until none listens with TLS, then restart once more without them. In
+/// Cluster mode it is set at creation (the bus would split). A renewed
 /// certificate in the Secret is read live (`CONFIG SET` of the file
 /// parameters, once the mounted files show it), without a restart, also
 /// when it comes from another CA; another Secret named here is rolled out
@@ -67,6 +73,15 @@ pub struct TlsSpec {
     /// A change rolls the pods (the ordered restart).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_auth: Option<ClientAuth>,
+
+    /// Not part of the API (not in the schema, so the API server drops it;
+    /// never set on what the operator writes): set by the operator on the
+    /// copy it builds children from while TLS is turned off, when the
+    /// servers listen in plain text and keep the files only to follow a
+    /// primary that still listens with TLS.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(skip)]
+    pub files_only: bool,
 }
 
 impl TlsSpec {

@@ -41,7 +41,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
     if !m.exporter {
         return None;
     }
-    let tls = redis.spec.tls.is_some();
+    let tls = crate::controller::redis::tls::listens(redis);
     let present = asks_clients(redis);
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use super::build::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use super::facts::PodFacts;
 use super::{Error, Reconciler, drift, kept, plan, statefulset};
+use crate::controller::cache::Frozen;
 use crate::controller::{FIELD_MANAGER, Stores};
 
 /// A namespaced child object the reconciler reads (from its watch cache)
@@ -37,13 +38,13 @@ pub trait Child:
 {
     /// The cache holding objects of this kind; none for Secrets, which are
     /// always read by name.
-    fn store(stores: &Stores) -> Option<&Store<Self>>;
+    fn store(stores: &Stores) -> Option<&Store<Frozen<Self>>>;
 }
 
 macro_rules! child {
     ($kind:ty, $field:ident) => {
         impl Child for $kind {
-            fn store(stores: &Stores) -> Option<&Store<Self>> {
+            fn store(stores: &Stores) -> Option<&Store<Frozen<Self>>> {
                 Some(&stores.$field)
             }
         }
@@ -56,7 +57,7 @@ child!(PodDisruptionBudget, pdbs);
 child!(Pod, pods);
 
 impl Child for Secret {
-    fn store(_: &Stores) -> Option<&Store<Self>> {
+    fn store(_: &Stores) -> Option<&Store<Frozen<Self>>> {
         None
     }
 }
@@ -230,8 +231,11 @@ impl Reconciler {
                 .and_then(|v| v.split_whitespace().next().map(String::from))
                 .filter(|_| !self.hibernating)
         });
+        // While TLS is turned off, a Replication Redis keeps its
+        // certificate files until no instance listens with TLS.
+        let view = self.children_view(facts);
         let cm = build::config_map(
-            &self.redis,
+            &view,
             &self.names,
             cm_primary.as_deref(),
             self.bootstrapped(),
@@ -245,7 +249,7 @@ impl Reconciler {
         let (restart, image) = self.template_inputs();
         let memory_limit = self.template_memory_limit(facts);
         let mut sts = statefulset::statefulset(
-            &self.redis,
+            &view,
             &self.names,
             secret_name,
             &restart,

@@ -79,6 +79,17 @@ fn port_lines(redis: &Redis) -> Vec<String> {
         return vec![format!("port {}", build::REDIS_PORT)];
     };
     let dir = build::TLS_DIR;
+    if tls.files_only {
+        // TLS being turned off: plain text on the port, the files kept to
+        // follow a primary that still listens with TLS (the operator sets
+        // `tls-replication` to how the primary listens).
+        return vec![
+            format!("port {}", build::REDIS_PORT),
+            format!("tls-cert-file {dir}/{}", super::tls::CERT_FILE),
+            format!("tls-key-file {dir}/{}", super::tls::KEY_FILE),
+            format!("tls-ca-cert-file {dir}/{}", super::tls::CA_FILE),
+        ];
+    }
     let mut lines = vec![
         "port 0".to_string(),
         format!("tls-port {}", build::REDIS_PORT),

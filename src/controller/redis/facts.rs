@@ -209,6 +209,10 @@ pub struct PodFacts {
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
     pub unready_secs: Option<i64>,
+    /// The pod's template has its server listen with TLS (its readiness
+    /// probe speaks TLS): pods of two templates differ while TLS is turned
+    /// on or off.
+    pub listens_tls: bool,
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
@@ -286,12 +290,26 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                         )
                     }),
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                listens_tls: server_spec.is_some_and(probes_tls),
                 ..Default::default()
             }
         })
         .collect();
     out.sort_by_key(|f| ordinal_of(&f.name).unwrap_or(i32::MAX));
     out
+}
+
+/// The flag of `redis-cli` in a readiness probe that speaks TLS.
+pub const TLS_PROBE_FLAG: &str = " --tls";
+
+/// Whether a server container's readiness probe speaks TLS (`--tls`): how
+/// the template it runs has the server listen.
+pub fn probes_tls(c: &k8s_openapi::api::core::v1::Container) -> bool {
+    c.readiness_probe
+        .as_ref()
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.as_ref())
+        .is_some_and(|cmd| cmd.iter().any(|a| a.contains(TLS_PROBE_FLAG)))
 }
 
 /// The memory limit (or, without one, the request) of a container.

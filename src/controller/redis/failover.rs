@@ -362,6 +362,7 @@ impl Reconciler {
                 None => return,
             },
         };
+        let tls = self.tls_options_for(&ip);
         monitor.watch(
             &self.oref,
             Target {
@@ -370,8 +371,8 @@ impl Reconciler {
                 port: build::REDIS_PORT,
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
+                tls,
                 authenticate,
-                tls: self.tls_options(),
             },
         );
     }
@@ -401,6 +402,7 @@ impl Reconciler {
             else {
                 continue;
             };
+            let tls = self.tls_options_for(&ip);
             monitor.watch_at(
                 &self.oref,
                 *shard,
@@ -410,8 +412,8 @@ impl Reconciler {
                     port: build::REDIS_PORT,
                     silence: silence_bound(&spec.failover()),
                     password: password.to_string(),
+                    tls,
                     authenticate: true,
-                    tls: self.tls_options(),
                 },
             );
         }

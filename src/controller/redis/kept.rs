@@ -16,7 +16,10 @@
 //! is kept. A spec change (a new generation) that changes the template
 //! clears the list, and every instance rolls, as before. A changed server
 //! image is never the operator's alone to skip: it always rolls (the
-//! upgrade module's switchover rules apply).
+//! upgrade module's switchover rules apply). Nor is a template that mounts
+//! the TLS files where the running one does not, or the other way round:
+//! turning TLS off ends with such a change in the same generation (the
+//! files are kept until no instance listens with TLS), and it must roll.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +64,16 @@ fn server_container(sts: &StatefulSet) -> Option<&k8s_openapi::api::core::v1::Co
         .containers
         .iter()
         .find(|c| c.name == build::SERVER_CONTAINER)
+}
+
+/// Whether the StatefulSet's template mounts the servers' TLS files.
+fn mounts_tls(sts: &StatefulSet) -> bool {
+    sts.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.name == super::statefulset::TLS_VOLUME))
 }
 
 /// The server container's image in the StatefulSet's template.
@@ -125,7 +138,8 @@ pub fn decide(
     let operators_change = generation.is_some()
         && built_for == generation
         && server_image(live).is_some()
-        && server_image(live) == server_image(desired);
+        && server_image(live) == server_image(desired)
+        && mounts_tls(live) == mounts_tls(desired);
     if !operators_change {
         return Kept::default();
     }
@@ -230,6 +244,21 @@ mod tests {
         assert_eq!(k.revisions, revs(&["r1"]));
         // The spec changed since that operator last saw it: everything rolls.
         let k = decide(Some(&old), &new, Some(4), Some(3), &revs(&["r1"]));
+        assert_eq!(k, Kept::default());
+    }
+
+    /// Turning TLS off drops the files in the same generation: that rolls.
+    #[test]
+    fn dropping_the_tls_files_is_never_the_operators_change() {
+        let mut old = live("redis:7.0", "probe", Some(3), "r1");
+        if let Some(p) = old.spec.template.spec.as_mut() {
+            p.volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+                name: super::super::statefulset::TLS_VOLUME.into(),
+                ..Default::default()
+            }]);
+        }
+        let new = sts("redis:7.0", "probe");
+        let k = decide(Some(&old), &new, Some(3), Some(3), &revs(&["r1"]));
         assert_eq!(k, Kept::default());
     }
 

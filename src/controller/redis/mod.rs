@@ -109,6 +109,8 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         upgrade_cond: None,
         autopilot_due: None,
         tls: None,
+        leaving_tls: None,
+        listeners: None,
         recheck_in: None,
         insights: None,
         tuning_status: None,
@@ -182,6 +184,12 @@ pub struct Reconciler {
     autopilot_due: Option<Duration>,
     /// The certificate Secret of `spec.tls`, checked this pass.
     tls: Option<tls::TlsMaterial>,
+    /// While TLS is turned off: the certificate Secret the instances that
+    /// still listen with TLS serve (the one their pods mount).
+    leaving_tls: Option<tls::TlsMaterial>,
+    /// Which servers listen with TLS while not all listen as `spec.tls`
+    /// says (see [`tls::Reconciler::listeners_of`]).
+    listeners: Option<Arc<crate::redis::Listeners>>,
     /// When a healthy Redis is to be looked at again sooner than the
     /// periodic pass (a certificate reload waiting for the kubelet).
     recheck_in: Option<Duration>,
@@ -214,8 +222,8 @@ impl Reconciler {
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
         let obj = self.redis.object_ref(&());
-        let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);
-        super::publish_event(recorder, metrics, &obj, type_, reason, action, note).await;
+        let (recorder, metrics) = (self.ctx.events.recorder(), &self.ctx.metrics);
+        super::publish_event(&recorder, metrics, &obj, type_, reason, action, note).await;
     }
 
     /// A data-plane action failed: Degraded with a reason by category, a
@@ -288,9 +296,11 @@ impl Reconciler {
     }
 
     fn connect_options(&self, password: &str) -> ConnectOptions {
-        let opts = ConnectOptions::default()
+        let mut opts = ConnectOptions::default()
             .with_user_or_default(build::OPERATOR_USER, password.to_string())
             .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+        // While TLS is turned on or off: per server, as observed this pass.
+        opts.listeners = self.listeners.clone();
         match &self.tls {
             Some(t) => opts.with_tls(t.options.clone()),
             None => opts,
@@ -353,8 +363,21 @@ impl Reconciler {
                 return Ok(Err(self.wait_status(what).await?));
             }
         };
-        let opts = self.connect_options(&auth.current);
-        let obs = self.observe_servers(&opts, !auth.current.is_empty()).await;
+        let mut opts = self.connect_options(&auth.current);
+        let obs = self
+            .observe_servers(&mut opts, !auth.current.is_empty(), auth.tls_ca.as_deref())
+            .await;
+        self.listeners = opts.listeners.clone();
+        if self.listeners.is_some() {
+            let on = self.redis.spec.tls.is_some();
+            let done = obs.facts.iter().filter(|f| f.listens_tls == on).count();
+            self.progressing.push(format!(
+                "turning TLS {}: {done} of {} instances listen {}",
+                if on { "on" } else { "off" },
+                obs.facts.len(),
+                if on { "with TLS" } else { "in plain text" },
+            ));
+        }
         self.servers_observed = obs.servers_observed;
         Ok(Ok(Begun {
             wanted,

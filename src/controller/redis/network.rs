@@ -26,7 +26,9 @@ use crate::controller::insights::sidecar;
 pub const KIND: &str = "NetworkPolicy";
 
 impl Child for NetworkPolicy {
-    fn store(_: &Stores) -> Option<&kube::runtime::reflector::Store<Self>> {
+    fn store(
+        _: &Stores,
+    ) -> Option<&kube::runtime::reflector::Store<crate::controller::cache::Frozen<Self>>> {
         None
     }
 }

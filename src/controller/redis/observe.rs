@@ -64,8 +64,8 @@ impl Reconciler {
     /// A child of this Redis from its watch cache.
     pub(super) fn cached<K: Child>(&self, name: &str) -> Option<K> {
         K::store(&self.ctx.stores)?
-            .get(&ObjectRef::new(name).within(&self.ns))
-            .map(|o| K::clone(&o))
+            .get(&ObjectRef::new(name).within(&self.ns))?
+            .thaw()
     }
 
     /// A child from its cache, or from the API when the cache has none.
@@ -216,7 +216,16 @@ impl Reconciler {
 
     /// Pods of this Redis from the cache, the StatefulSet's revision, and
     /// what the servers report.
-    pub(super) async fn observe_servers(&self, opts: &ConnectOptions, ask: bool) -> Observed {
+    /// `opts` learns which servers listen with TLS while they differ
+    /// (TLS being turned on or off).
+    /// `applied_ca`: the CA bundle the instances last served (to reach
+    /// those that still listen with TLS while it is turned off).
+    pub(super) async fn observe_servers(
+        &mut self,
+        opts: &mut ConnectOptions,
+        ask: bool,
+        applied_ca: Option<&str>,
+    ) -> Observed {
         let selector = build::selector_labels(&self.redis);
         let pods: Vec<Pod> = self
             .ctx
@@ -224,12 +233,14 @@ impl Reconciler {
             .pods
             .state()
             .into_iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(self.ns.as_str()))
+            .filter(|p| {
+                kube::Resource::meta(p.as_ref()).namespace.as_deref() == Some(self.ns.as_str())
+            })
             .filter(|p| {
                 let labels = p.labels();
                 selector.iter().all(|(k, v)| labels.get(k) == Some(v))
             })
-            .map(|p| Pod::clone(&p))
+            .filter_map(|p| p.thaw())
             .collect();
         let live_sts: Option<StatefulSet> = self.cached(&self.names.statefulset());
         let update_revision = live_sts
@@ -238,6 +249,19 @@ impl Reconciler {
             .and_then(|s| s.status.as_ref()?.update_revision.clone());
         let kept = super::kept::kept_revisions(live_sts.as_ref());
         let mut facts = pod_facts(&pods, update_revision.as_deref(), &kept);
+        // TLS turned off while an instance still listens with it: the
+        // Secret its pod mounts, to reach it.
+        if self.redis.spec.tls.is_none()
+            && self.redis.spec.mode() != crate::api::v1alpha1::Mode::Cluster
+            && let Some(name) = facts
+                .iter()
+                .filter(|f| f.listens_tls)
+                .filter_map(|f| pods.iter().find(|p| p.name_any() == f.name))
+                .find_map(super::tls::mounted_secret)
+        {
+            self.leaving_tls = self.leaving_material(&name, applied_ca).await;
+        }
+        opts.listeners = self.listeners_of(&facts).map(std::sync::Arc::new);
         // A primary the monitor has heard nothing from for a second is not
         // dialled: its connect timeout would only delay the failover pass.
         let silent = self

@@ -599,6 +599,102 @@ mod tests {
 
     use crate::controller::redis::build::test_redis as redis;
 
+    /// While TLS is turned off, the template the instances restart with
+    /// listens in plain text (probe, hook, sidecar and config) and keeps
+    /// the files for replication; a pod of each template tells how it
+    /// listens.
+    #[test]
+    fn turning_tls_off_keeps_the_files_and_pods_tell_how_they_listen() {
+        use crate::controller::redis::facts::pod_facts;
+        let tls = |files_only| {
+            redis(RedisSpec {
+                mode: Some(crate::api::v1alpha1::Mode::Replication),
+                tls: Some(crate::api::v1alpha1::TlsSpec {
+                    secret_name: Some("cache-tls".into()),
+                    client_auth: Some(crate::api::v1alpha1::ClientAuth::Required),
+                    files_only,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        };
+        let plain = redis(RedisSpec {
+            mode: Some(crate::api::v1alpha1::Mode::Replication),
+            ..Default::default()
+        });
+        let pod_of = |r: &crate::api::v1alpha1::Redis, name: &str| {
+            let sts = statefulset(
+                r,
+                &Names::new("cache"),
+                "cache-auth",
+                "h",
+                "redis:7.0",
+                None,
+            );
+            let t = sts.spec.template;
+            k8s_openapi::api::core::v1::Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                spec: t.spec,
+                ..Default::default()
+            }
+        };
+        let (on, leaving, off) = (tls(false), tls(true), plain);
+        let pods = [
+            pod_of(&on, "cache-0"),
+            pod_of(&leaving, "cache-1"),
+            pod_of(&off, "cache-2"),
+        ];
+        // As the pod cache keeps them: slimmed.
+        let slimmed: Vec<_> = pods
+            .iter()
+            .cloned()
+            .map(|mut p| {
+                crate::controller::cache::slim_pod(&mut p);
+                p
+            })
+            .collect();
+        let listens: Vec<bool> = pod_facts(&slimmed, None, &[])
+            .iter()
+            .map(|f| f.listens_tls)
+            .collect();
+        assert_eq!(listens, [true, false, false]);
+        let secrets: Vec<Option<String>> = slimmed
+            .iter()
+            .map(crate::controller::redis::tls::mounted_secret)
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                Some("cache-tls".to_string()),
+                Some("cache-tls".to_string()),
+                None
+            ],
+            "the slimmed pods still name the Secret they mount"
+        );
+        let spec = pods[1].spec.clone().expect("pod spec");
+        assert!(
+            spec.volumes.iter().flatten().any(|v| v.name == TLS_VOLUME),
+            "the files stay mounted"
+        );
+        let text = serde_json::to_string(&spec.containers).expect("json");
+        assert!(!text.contains("--tls"), "plain text everywhere: {text}");
+        let conf = crate::controller::redis::config::redis_conf(&leaving);
+        assert!(conf.contains("\nport 6379\n"), "{conf}");
+        assert!(
+            conf.contains("tls-cert-file /etc/redis-tls/tls.crt"),
+            "{conf}"
+        );
+        assert!(
+            !conf.contains("tls-port")
+                && !conf.contains("tls-replication")
+                && !conf.contains("tls-auth-clients"),
+            "{conf}"
+        );
+    }
+
     #[test]
     fn with_tls_every_container_gets_the_files_and_the_probe_and_sidecar_use_them() {
         let r = redis(RedisSpec {

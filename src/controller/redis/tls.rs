@@ -14,8 +14,9 @@ use super::Reconciler;
 use super::build;
 use super::credentials::ServerAuth;
 use super::facts::PodFacts;
+use crate::api::v1alpha1::Redis;
 use crate::controller::Error;
-use crate::redis::{ConnectOptions, Endpoint, TlsOptions};
+use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions};
 
 /// The server certificate file in the TLS volume.
 pub const CERT_FILE: &str = "tls.crt";
@@ -42,7 +43,13 @@ pub fn asks_clients(redis: &crate::api::v1alpha1::Redis) -> bool {
         .spec
         .tls
         .as_ref()
-        .is_some_and(|t| t.client_auth().asks())
+        .is_some_and(|t| !t.files_only && t.client_auth().asks())
+}
+
+/// Whether the servers of `redis` listen with TLS: `spec.tls` is set and
+/// is not being turned off (see `TlsSpec::files_only`).
+pub fn listens(redis: &crate::api::v1alpha1::Redis) -> bool {
+    redis.spec.tls.as_ref().is_some_and(|t| !t.files_only)
 }
 
 /// The TLS flags of `redis-cli` in a container of the Redis's pods, with a
@@ -51,7 +58,7 @@ pub fn asks_clients(redis: &crate::api::v1alpha1::Redis) -> bool {
 /// the mounted certificate and key when `spec.tls.clientAuth` asks
 /// clients for one.
 pub fn cli_flags(redis: &crate::api::v1alpha1::Redis, check: bool) -> String {
-    if redis.spec.tls.is_none() {
+    if !listens(redis) {
         return String::new();
     }
     let mut out = if check {
@@ -81,6 +88,20 @@ pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
     })
 }
 
+/// The Secret a pod mounts as its server's TLS files.
+pub(super) fn mounted_secret(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == super::statefulset::TLS_VOLUME)?
+        .secret
+        .as_ref()?
+        .secret_name
+        .clone()
+}
+
 /// Why a pass has no certificate to serve.
 pub enum Unready {
     /// The Secret cannot be used, or the certificate cannot be had: the
@@ -93,6 +114,8 @@ pub enum Unready {
 /// A usable certificate Secret.
 #[derive(Clone, Debug)]
 pub struct TlsMaterial {
+    /// The Secret's name.
+    pub secret: String,
     /// The server certificate (DER), as a handshake presents it.
     pub leaf: Vec<u8>,
     /// The Secret's CA bundle (PEM).
@@ -172,6 +195,7 @@ pub fn read(
         options.client_key_pem = Some(key.to_vec());
     }
     Ok(TlsMaterial {
+        secret: name.to_string(),
         leaf,
         ca_pem,
         options,
@@ -192,10 +216,147 @@ pub struct Uses {
 const RELOAD_RECHECK: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Reconciler {
-    /// How the operator's connections use TLS this pass (the CA bundle it
-    /// trusts, the certificate it presents), for the monitor.
-    pub(super) fn tls_options(&self) -> Option<TlsOptions> {
-        self.tls.as_ref().map(|t| t.options.clone())
+    /// How the operator's connections to the server at `ip` use TLS this
+    /// pass (the CA bundle it trusts, the certificate it presents), for
+    /// the monitor: per server while TLS is turned on or off.
+    pub(super) fn tls_options_for(&self, ip: &str) -> Option<TlsOptions> {
+        match &self.listeners {
+            Some(l) => {
+                let host = Endpoint::new(ip, build::REDIS_PORT);
+                l.tls_hosts.contains(host.host()).then(|| l.tls.clone())
+            }
+            None => self.tls.as_ref().map(|t| t.options.clone()),
+        }
+    }
+
+    /// While TLS is turned off (`spec.tls` removed, an instance still
+    /// listening with TLS): the certificate Secret its pod mounts, `name`,
+    /// read and checked, to reach the instances that still listen with
+    /// TLS. A Secret that cannot be used is reported as progress held up
+    /// (those instances cannot be reached without it).
+    pub(super) async fn leaving_material(
+        &mut self,
+        name: &str,
+        applied_ca: Option<&str>,
+    ) -> Option<TlsMaterial> {
+        let secret: Option<Secret> = match self.fetch(name).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.progressing
+                    .push(format!("turning TLS off: reading Secret {name}: {e}"));
+                return None;
+            }
+        };
+        let field = "the certificate Secret the instances mount while TLS is turned off";
+        match read(name, secret.as_ref(), applied_ca, field, Uses::default()) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                self.progressing.push(format!(
+                    "turning TLS off: {e}; instances that still listen with TLS cannot be reached without it"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Which servers listen with TLS, when not all listen the way
+    /// `spec.tls` says (pods of the template before the change): `None`
+    /// when they all do.
+    pub(super) fn listeners_of(&self, facts: &[PodFacts]) -> Option<Listeners> {
+        let wanted = self.redis.spec.tls.is_some();
+        // In Cluster mode `spec.tls` is set at creation.
+        if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster
+            || facts.iter().all(|f| f.listens_tls == wanted)
+        {
+            return None;
+        }
+        let tls = self.tls.as_ref().or(self.leaving_tls.as_ref())?;
+        let tls_hosts = facts
+            .iter()
+            .filter(|f| f.listens_tls)
+            .filter_map(|f| f.ip.as_deref())
+            .map(|ip| Endpoint::new(ip, build::REDIS_PORT).host().to_string())
+            .collect();
+        Some(Listeners {
+            tls: tls.options.clone(),
+            tls_hosts,
+        })
+    }
+
+    /// The Redis the children are built from: while TLS is turned off and
+    /// an instance still listens with TLS, a Replication Redis keeps the
+    /// certificate files (plain text on the port) so its restarted
+    /// replicas can follow a primary that listens with TLS; otherwise the
+    /// Redis as it is.
+    pub(super) fn children_view(&self, facts: &[PodFacts]) -> std::sync::Arc<Redis> {
+        let leaving = self
+            .leaving_tls
+            .as_ref()
+            .filter(|_| self.redis.spec.tls.is_none())
+            .filter(|_| self.redis.spec.mode() == crate::api::v1alpha1::Mode::Replication)
+            .filter(|_| facts.iter().any(|f| f.listens_tls));
+        let Some(m) = leaving else {
+            return self.redis.clone();
+        };
+        let mut view = (*self.redis).clone();
+        view.spec.tls = Some(crate::api::v1alpha1::TlsSpec {
+            secret_name: Some(m.secret.clone()),
+            files_only: true,
+            ..Default::default()
+        });
+        std::sync::Arc::new(view)
+    }
+
+    /// While the servers do not all listen the same way: a replica whose
+    /// link to its primary is down replicates the way the primary listens
+    /// (`tls-replication`), which a replica restarted with the other
+    /// template does not at boot; given the primary itself, it takes the
+    /// way it listens.
+    pub(super) async fn match_replication_tls(
+        &mut self,
+        f: &PodFacts,
+        ep: &Endpoint,
+        primary_ip: &str,
+        opts: &ConnectOptions,
+    ) {
+        let want = opts
+            .tls_for(Endpoint::new(primary_ip, build::REDIS_PORT).host())
+            .is_some();
+        let value = if want { "yes" } else { "no" };
+        let done = async {
+            let mut node = crate::redis::Node::connect(ep, opts).await?;
+            let now: Vec<String> = node
+                .query(
+                    "CONFIG GET",
+                    redis::cmd("CONFIG").arg("GET").arg("tls-replication"),
+                )
+                .await?;
+            if now.get(1).map(String::as_str) == Some(value) {
+                return Ok(false);
+            }
+            crate::redis::actions::replicate_with_tls(&mut node, want).await?;
+            Ok::<bool, crate::redis::Error>(true)
+        }
+        .await;
+        match done {
+            Ok(true) => {
+                self.progressing.push(format!(
+                    "{}: tls-replication {value}, as {primary_ip} listens while TLS is turned {}",
+                    f.name,
+                    if self.redis.spec.tls.is_some() {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                ));
+                self.recheck_within(RELOAD_RECHECK);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                self.data_plane_failed(format!("setting tls-replication on {}", f.name), &e)
+                    .await
+            }
+        }
     }
 
     /// Step 1b of every pass: the certificate Secret when `spec.tls` is
@@ -266,6 +427,12 @@ impl Reconciler {
                 continue;
             };
             let ep = Endpoint::new(ip, build::REDIS_PORT);
+            // One that still listens in plain text (TLS being turned on)
+            // serves no certificate yet.
+            if opts.tls_for(ep.host()).is_none() {
+                all = false;
+                continue;
+            }
             let served = crate::redis::rdb::served_certificate(&ep, opts).await;
             match served {
                 Ok(der) if der == t.leaf => continue,

@@ -54,6 +54,12 @@ impl Reconciler {
             ));
             return;
         }
+        // While TLS is turned on or off, a primary that listens the new
+        // way replicates that way too, should it follow another later (a
+        // replica promoted mid-roll kept the setting of its old primary).
+        if opts.listeners.is_some() && pf.listens_tls == self.redis.spec.tls.is_some() {
+            self.match_replication_tls(pf, &pep, &pip, opts).await;
+        }
         for f in facts {
             if f.name == primary || !f.reachable || f.terminating {
                 continue;
@@ -63,6 +69,13 @@ impl Reconciler {
                 f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
             let ep = Endpoint::new(ip, build::REDIS_PORT);
             if follows {
+                // While TLS is turned on or off, a replica restarted with
+                // the other template follows the primary the way the
+                // primary listens.
+                if opts.listeners.is_some() && f.link_up != Some(true) {
+                    self.match_replication_tls(f, &ep, &pip, opts).await;
+                    continue;
+                }
                 // The server retries a broken link every second; one still
                 // down after STUCK_LINK_SECS is repaired.
                 if f.link_up == Some(false)
