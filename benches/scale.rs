@@ -13,7 +13,8 @@
 //! the fake node are blackholed by dev/cluster.sh, so the operator's
 //! connection attempts never leave the machine.
 //!
-//! Knobs: BENCH_REAL (100), BENCH_FAKE (1000), BENCH_IDLE_SECS (300).
+//! Knobs: BENCH_REAL (100), BENCH_FAKE (1000), BENCH_IDLE_SECS (300),
+//! BENCH_VARIANTS and BENCH_VARIANT_SETTLE_SECS (see [`variants`]).
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -213,5 +214,79 @@ async fn main() {
             .or_default() += 1;
     }
     println!("idle requests by verb and resource: {verbs:?}");
+    let mut op = op;
+    let namespaces = [real_ns.name.as_str(), fake_ns.name.as_str()];
+    for variant in variants() {
+        op.terminate(Duration::from_secs(30));
+        op = spawn_variant(&client, &namespaces, &variant).await;
+    }
     drop(op);
+}
+
+/// Another operator build or allocator setting measured against the same
+/// Redis (`BENCH_VARIANTS`, `;`-separated `label|binary|ENV=V ENV=V`, the
+/// binary empty for the one under test): each started afresh after the
+/// previous one stopped, given `BENCH_VARIANT_SETTLE_SECS` (180) to list
+/// and reconcile everything, then its CPU over a minute and its RSS.
+struct Variant {
+    label: String,
+    binary: Option<std::path::PathBuf>,
+    env: Vec<(String, String)>,
+}
+
+fn variants() -> Vec<Variant> {
+    let spec = std::env::var("BENCH_VARIANTS").unwrap_or_default();
+    spec.split(';')
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            let mut parts = v.splitn(3, '|');
+            let label = parts.next().unwrap_or_default().trim().to_string();
+            let binary = parts
+                .next()
+                .map(str::trim)
+                .filter(|b| !b.is_empty())
+                .map(std::path::PathBuf::from);
+            let env = parts
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Variant { label, binary, env }
+        })
+        .collect()
+}
+
+async fn spawn_variant(
+    client: &Client,
+    namespaces: &[&str],
+    variant: &Variant,
+) -> support::operator::Operator {
+    let mut opts = OperatorOptions::watching(namespaces);
+    opts.binary = variant.binary.clone();
+    opts.env = variant.env.clone();
+    let op = support::operator::spawn_operator(client, opts).await;
+    let pid = op.pid().expect("operator pid");
+    tokio::time::sleep(Duration::from_secs(knob("BENCH_VARIANT_SETTLE_SECS", 180))).await;
+    let cpu0 = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let cpu = cpu_seconds(pid) - cpu0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    };
+    println!(
+        "| variant {} (started afresh) | RSS {:.1} MiB (anonymous {:.1}, file {:.1}), peak {:.1} MiB; {cpu:.2} s CPU/min |",
+        variant.label,
+        field("VmRSS:"),
+        field("RssAnon:"),
+        field("RssFile:"),
+        field("VmHWM:"),
+    );
+    op
 }

@@ -237,7 +237,9 @@ pub struct Metrics {
 /// The caches of one watched scope, read at each scrape.
 pub struct StateSource {
     /// The Redis.
-    pub redis: kube::runtime::reflector::Store<crate::api::v1alpha1::Redis>,
+    pub redis: kube::runtime::reflector::Store<
+        crate::controller::cache::Frozen<crate::api::v1alpha1::Redis>,
+    >,
     /// The RedisBackups.
     pub backups: kube::runtime::reflector::Store<crate::api::v1alpha1::RedisBackup>,
 }
@@ -414,7 +416,14 @@ impl Metrics {
         let (mut redis, mut backups) = (Vec::new(), Vec::new());
         if let Ok(sources) = self.sources.lock() {
             for s in sources.iter() {
-                redis.extend(s.redis.state());
+                // Decoded for the scrape only (the cache holds them frozen).
+                redis.extend(
+                    s.redis
+                        .state()
+                        .iter()
+                        .filter_map(|r| r.thaw())
+                        .map(std::sync::Arc::new),
+                );
                 backups.extend(s.backups.state());
             }
         }

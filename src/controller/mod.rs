@@ -445,8 +445,20 @@ pub fn watch_namespaces(value: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-fn error_policy(obj: Arc<Redis>, err: &Error, ctx: Arc<Context>) -> Action {
-    let oref = ObjectRef::from_obj(obj.as_ref());
+/// A Redis as the controller caches it (see [`cache::Frozen`]).
+type FrozenRedis = cache::Frozen<Redis>;
+
+/// The reference the per-Redis maps are keyed by.
+fn redis_ref(obj: &FrozenRedis) -> ObjectRef<Redis> {
+    let r = ObjectRef::new(obj.meta().name.as_deref().unwrap_or(""));
+    match obj.meta().namespace.as_deref() {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+fn error_policy(obj: Arc<FrozenRedis>, err: &Error, ctx: Arc<Context>) -> Action {
+    let oref = redis_ref(&obj);
     let wait = ctx.next_backoff(&oref);
     ctx.metrics
         .queue
@@ -465,12 +477,17 @@ fn error_policy(obj: Arc<Redis>, err: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(wait)
 }
 
-async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let oref = ObjectRef::from_obj(obj.as_ref());
+async fn reconcile(obj: Arc<FrozenRedis>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let oref = redis_ref(&obj);
     if let Some(waited) = ctx.metrics.queue.started(&oref, std::time::Instant::now()) {
         ctx.metrics.queue_wait.observe(waited.as_secs_f64());
     }
-    let result = reconcile_queued(obj, &oref, ctx.clone()).await;
+    let result = match thawed(&obj, &oref, &ctx).await {
+        Ok(Some(redis)) => reconcile_queued(Arc::new(redis), &oref, ctx.clone()).await,
+        // Deleted since it was cached: nothing to do.
+        Ok(None) => Ok(queue::Next::on_change()),
+        Err(e) => Err(e),
+    };
     // A failure's requeue is the error policy's (it records it).
     if let Ok(next) = &result {
         ctx.metrics
@@ -478,6 +495,25 @@ async fn reconcile(obj: Arc<Redis>, ctx: Arc<Context>) -> Result<Action, Error> 
             .finished(&oref, next.delay(), std::time::Instant::now());
     }
     result.map(Action::from)
+}
+
+/// The cached Redis decoded, or (never for an object this operator
+/// cached; logged by the cache) read from the API.
+async fn thawed(
+    obj: &FrozenRedis,
+    oref: &ObjectRef<Redis>,
+    ctx: &Context,
+) -> Result<Option<Redis>, Error> {
+    if let Some(r) = obj.thaw() {
+        return Ok(Some(r));
+    }
+    let ns = oref
+        .namespace
+        .as_deref()
+        .ok_or(Error::Incomplete("namespace"))?;
+    Ok(Api::<Redis>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&oref.name)
+        .await?)
 }
 
 async fn reconcile_queued(
@@ -529,12 +565,9 @@ async fn reconcile_queued(
 
 /// Records in the work-queue ledger that a Redis's own change reached the
 /// controller.
-fn queued_self(metrics: &Arc<Metrics>) -> impl FnMut(&Redis) + use<> {
+fn queued_self(metrics: &Arc<Metrics>) -> impl FnMut(&FrozenRedis) + use<> {
     let m = metrics.clone();
-    move |r: &Redis| {
-        m.queue
-            .triggered(&ObjectRef::from_obj(r), std::time::Instant::now())
-    }
+    move |r: &FrozenRedis| m.queue.triggered(&redis_ref(r), std::time::Instant::now())
 }
 
 /// Records in the work-queue ledger the Redis a child's change triggers:
@@ -581,7 +614,9 @@ pub async fn run_controllers(
                 watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
             fn keep<K>(_: &mut K) {}
             // Only the pods are picked by label from the whole cache.
-            use cache::Labels::{InBody, Typed};
+            use cache::Labels::InBody;
+            let pod_labels =
+                cache::Labels::Only(&["app.kubernetes.io/name", redis::build::INSTANCE_LABEL]);
             let (statefulsets, sts_changes) =
                 cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
             let (services, svc_changes) =
@@ -591,7 +626,7 @@ pub async fn run_controllers(
             let (pdbs, pdb_changes) =
                 cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
             let (pods, pod_changes) =
-                cached_watch::<Pod>(api(&client, &ns), managed, slim_pod, Typed);
+                cached_watch::<Pod>(api(&client, &ns), managed, slim_pod, pod_labels);
             let stores = Stores {
                 statefulsets,
                 services,
@@ -647,13 +682,23 @@ pub async fn run_controllers(
             // Deleted Redis leave nothing behind in the context's per-object
             // maps (a delete event, or a re-list that no longer has them).
             let (forget, listed) = (ctx.clone(), redis_store.clone());
+            // The Redis are cached frozen too (their typed spec and status
+            // took several kilobytes each); a reconcile thaws the one it runs.
+            let redis_dict = cache::Dictionary::default();
             let redis_changes = watcher(api::<Redis>(&client, &ns), watcher::Config::default())
                 .default_backoff()
-                .modify(|r: &mut Redis| r.metadata.managed_fields = None)
+                .map_ok(move |event| {
+                    cache::freeze_event(event, |mut r: Redis| {
+                        r.metadata.managed_fields = None;
+                        cache::Frozen::freeze(r, InBody, Some(&redis_dict))
+                    })
+                })
                 .reflect(redis_writer)
                 .inspect_ok(move |event| match event {
-                    watcher::Event::Delete(r) => forget.forget(&ObjectRef::from_obj(r)),
-                    watcher::Event::InitDone => forget.retain(|o| listed.get(o).is_some()),
+                    watcher::Event::Delete(r) => forget.forget(&redis_ref(r)),
+                    watcher::Event::InitDone => {
+                        forget.retain(|o| listed.get(&cache::same_ref(o)).is_some())
+                    }
                     _ => {}
                 })
                 .applied_objects()
@@ -663,6 +708,7 @@ pub async fn run_controllers(
                 .take_triggers()
                 .map(|t| {
                     t.inspect(move |o| queued.queue.triggered(o, std::time::Instant::now()))
+                        .map(|o| cache::same_ref(&o))
                         .boxed()
                 })
                 .unwrap_or_else(|| futures::stream::empty().boxed());
@@ -681,7 +727,7 @@ pub async fn run_controllers(
                     let ns = pod.namespace()?;
                     let o = ObjectRef::<Redis>::new(&name).within(&ns);
                     queued.queue.triggered(&o, std::time::Instant::now());
-                    Some(o)
+                    Some(cache::same_ref::<Redis, FrozenRedis>(&o))
                 })
                 // Bounded: a thousand Redis appearing at once must queue here,
                 // not as thousands of requests in flight at the API server.

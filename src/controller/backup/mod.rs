@@ -71,7 +71,7 @@ pub struct BackupContext {
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// The Redis the operator watches (read without an API call).
-    pub redis: Store<Redis>,
+    pub redis: Store<crate::controller::cache::Frozen<Redis>>,
     /// Operator-wide settings.
     pub settings: Arc<crate::controller::Settings>,
 }
@@ -195,7 +195,8 @@ impl Pass {
         let redis = self
             .ctx
             .redis
-            .get(&ObjectRef::new(&spec.redis).within(&self.ns));
+            .get(&ObjectRef::new(&spec.redis).within(&self.ns))
+            .and_then(|r| r.thaw());
         let Some(redis) = redis else {
             let msg = format!(
                 "spec.redis: Redis {} does not exist in namespace {}",
@@ -296,12 +297,13 @@ impl Pass {
         let redis = self
             .ctx
             .redis
-            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns));
+            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
+            .and_then(|r| r.thaw());
         let tls_secret = redis
-            .as_deref()
+            .as_ref()
             .and_then(crate::controller::redis::tls::secret_of);
         let tls_present = redis
-            .as_deref()
+            .as_ref()
             .is_some_and(crate::controller::redis::tls::asks_clients);
         let from = job::JobSource {
             pod: source,
