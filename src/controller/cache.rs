@@ -423,8 +423,14 @@ where
     A: Resource<DynamicType = ()>,
     B: Resource<DynamicType = ()>,
 {
-    let r = ObjectRef::new(&o.name);
-    match &o.namespace {
+    named(&o.name, o.namespace.as_deref())
+}
+
+/// The reference to the object `name` in `namespace` (`None`: cluster
+/// scope).
+pub fn named<K: Resource<DynamicType = ()>>(name: &str, namespace: Option<&str>) -> ObjectRef<K> {
+    let r = ObjectRef::new(name);
+    match namespace {
         Some(ns) => r.within(ns),
         None => r,
     }

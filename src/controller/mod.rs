@@ -450,11 +450,8 @@ type FrozenRedis = cache::Frozen<Redis>;
 
 /// The reference the per-Redis maps are keyed by.
 fn redis_ref(obj: &FrozenRedis) -> ObjectRef<Redis> {
-    let r = ObjectRef::new(obj.meta().name.as_deref().unwrap_or(""));
-    match obj.meta().namespace.as_deref() {
-        Some(ns) => r.within(ns),
-        None => r,
-    }
+    let m = obj.meta();
+    cache::named(m.name.as_deref().unwrap_or(""), m.namespace.as_deref())
 }
 
 fn error_policy(obj: Arc<FrozenRedis>, err: &Error, ctx: Arc<Context>) -> Action {

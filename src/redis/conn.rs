@@ -188,6 +188,13 @@ pub struct Listeners {
     pub tls_hosts: std::collections::BTreeSet<String>,
 }
 
+impl Listeners {
+    /// The TLS settings for the server at `host`; `None`: plain text.
+    pub fn tls_for(&self, host: &str) -> Option<&TlsOptions> {
+        self.tls_hosts.contains(host).then_some(&self.tls)
+    }
+}
+
 /// How to connect and authenticate, and the time bounds of network calls.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
@@ -266,7 +273,7 @@ impl ConnectOptions {
     /// [`Self::listeners`] is set, `tls` otherwise.
     pub fn tls_for(&self, host: &str) -> Option<&TlsOptions> {
         match &self.listeners {
-            Some(l) => l.tls_hosts.contains(host).then_some(&l.tls),
+            Some(l) => l.tls_for(host),
             None => self.tls.as_ref(),
         }
     }

@@ -221,10 +221,9 @@ impl Reconciler {
     /// the monitor: per server while TLS is turned on or off.
     pub(super) fn tls_options_for(&self, ip: &str) -> Option<TlsOptions> {
         match &self.listeners {
-            Some(l) => {
-                let host = Endpoint::new(ip, build::REDIS_PORT);
-                l.tls_hosts.contains(host.host()).then(|| l.tls.clone())
-            }
+            Some(l) => l
+                .tls_for(Endpoint::new(ip, build::REDIS_PORT).host())
+                .cloned(),
             None => self.tls.as_ref().map(|t| t.options.clone()),
         }
     }
