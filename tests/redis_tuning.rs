@@ -426,8 +426,21 @@ async fn away_and_back(primary: &mut Node, replica: &RedisServer, bytes: usize) 
     let syncs =
         |s: &Sample| s.num("sync_full").unwrap_or(0.0) + s.num("sync_partial_ok").unwrap_or(0.0);
     let before = syncs(&look(primary).await);
-    let _: i64 = cmd(primary, &["CLIENT", "KILL", "TYPE", "replica"]).await;
-    fill(primary, "w", bytes / 1000, 1000).await;
+    // The cut and the writes in one transaction: the replica cannot come
+    // back halfway through them, so how it resyncs depends only on whether
+    // the backlog holds what it missed.
+    let value = "x".repeat(1000);
+    let mut p = redis::pipe();
+    p.atomic();
+    p.cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .ignore();
+    for i in 0..bytes / 1000 {
+        p.cmd("SET").arg(format!("w:{i}")).arg(&value).ignore();
+    }
+    let _: () = primary.pipeline("TEST", &p).await.expect("cut and write");
     let deadline = Instant::now() + Duration::from_secs(20);
     while syncs(&look(primary).await) < before + 1.0 {
         assert!(Instant::now() < deadline, "the replica never came back");
@@ -446,22 +459,13 @@ async fn a_small_backlog_forces_full_resyncs() {
     );
     let mut n = node(&servers[0]).await;
     let base = look(&mut n).await;
-    // A replica that happens to reconnect before the writes end resyncs
-    // partially: go on until three full ones.
-    let full = |s: &Sample| s.num("sync_full").unwrap_or(0.0);
-    let mut cycles = 0;
-    let cur = loop {
+    // Three outages, each missing 200 kB against a 16 kB backlog.
+    for _ in 0..3 {
         away_and_back(&mut n, &servers[1], 200_000).await;
-        cycles += 1;
-        let cur = look(&mut n).await;
-        if full(&cur) - full(&base) >= 3.0 || cycles == 10 {
-            break cur;
-        }
-    };
-    println!(
-        "{cycles} outages, {} full resyncs",
-        full(&cur) - full(&base)
-    );
+    }
+    let cur = look(&mut n).await;
+    let full = |s: &Sample| s.num("sync_full").unwrap_or(0.0);
+    assert_eq!(full(&cur) - full(&base), 3.0, "full resyncs");
     let a = fired(&cur, Some(&base), &t, "full-resyncs");
     assert!(
         a.evidence.starts_with("3 full resynchronisations"),
