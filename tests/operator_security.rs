@@ -1919,22 +1919,6 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
             "shard {s} took no write for {gap:?} through the renewal"
         );
     }
-
-    // In Cluster mode TLS stays as created: the API server refuses its
-    // removal, naming the field and why.
-    let off = redis_api(&client, ns)
-        .patch(
-            "cache",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"tls": null}})),
-        )
-        .await
-        .expect_err("spec.tls removed from a Cluster Redis");
-    assert!(
-        off.to_string()
-            .contains("spec.tls is set at creation in Cluster mode"),
-        "{off}"
-    );
 }
 
 /// How every instance of `name` listens, when all listen the same way:
@@ -1991,6 +1975,269 @@ async fn all_listen(
         }
     }
     (pods.len() == 3).then_some(way?)
+}
+
+/// How every node of Cluster Redis `name` listens, when all listen the
+/// same way: with TLS only (`Some(true)`: port 0, `tls-port` 6379, the bus
+/// and replication over TLS) or in plain text only (`Some(false)`: no TLS
+/// port, bus or replication, no certificate files); every replica's link
+/// up and all `nodes` nodes there. `None` otherwise.
+async fn cluster_listens(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    nodes: usize,
+    plain: &ConnectOptions,
+    tls: &ConnectOptions,
+) -> Option<bool> {
+    let pods = ips(client, ns, name).await;
+    let mut way = None;
+    for (_, ip) in &pods {
+        let ep = Endpoint::new(ip, 6379);
+        let (mut node, with_tls) = match Node::connect(&ep, plain).await {
+            Ok(n) => (n, false),
+            Err(_) => (Node::connect(&ep, tls).await.ok()?, true),
+        };
+        if *way.get_or_insert(with_tls) != with_tls {
+            return None;
+        }
+        let mut got = Vec::new();
+        for k in ["port", "tls-port", "tls-cluster", "tls-replication"] {
+            let v: Vec<String> = node
+                .query("CONFIG GET", redis::cmd("CONFIG").arg("GET").arg(k))
+                .await
+                .ok()?;
+            got.push(v.get(1)?.clone());
+        }
+        let want = if with_tls {
+            ["0", "6379", "yes", "yes"]
+        } else {
+            ["6379", "0", "no", "no"]
+        };
+        let files: Vec<String> = node
+            .query(
+                "CONFIG GET",
+                redis::cmd("CONFIG").arg("GET").arg("tls-cert-file"),
+            )
+            .await
+            .ok()?;
+        let info: String = node
+            .query("INFO", redis::cmd("INFO").arg("replication"))
+            .await
+            .ok()?;
+        if got != want
+            || files.get(1)?.is_empty() == with_tls
+            || (info.contains("role:slave") && !info.contains("master_link_status:up"))
+        {
+            return None;
+        }
+        let known = redpilot::redis::cluster::nodes(&mut node).await.ok()?;
+        if known.len() != nodes || known.iter().any(|k| k.fail || k.handshake) {
+            return None;
+        }
+    }
+    (pods.len() == nodes).then_some(way?)
+}
+
+/// Whether the pod's readiness probe is a Cluster TLS flip's (answers
+/// plain text or TLS).
+fn probe_answers_either_way(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.spec.iter().flat_map(|s| &s.containers).any(|c| {
+        c.readiness_probe
+            .as_ref()
+            .and_then(|r| r.exec.as_ref())
+            .and_then(|e| e.command.as_ref())
+            .is_some_and(|cmd| cmd.iter().any(|a| a.contains("# either way")))
+    })
+}
+
+/// `spec.tls` added to and then removed from a running 3 x 2 Cluster
+/// Redis (Redis 7.0, a Secret of the user's), under one writer per shard
+/// confirming each write with `WAIT 1` and reconnecting in plain text or
+/// with TLS, whichever the node takes. Nodes that speak TLS on the cluster
+/// bus cannot talk to nodes that do not, so the nodes first roll onto a
+/// template that starts them as before with the files mounted, are
+/// switched live all at once (event `TlsSwitched`), then roll onto the new
+/// way's template. On: every node TLS only (a plain client refused), its
+/// bus serving the certificate, replication over TLS, all 6 nodes known
+/// and none failing. Off: plain text again, no certificate files, no TLS
+/// volume. The writers wrote both ways; no confirmed write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
+    use cluster_writer::{Writers, missing};
+    use redpilot::redis::TlsOptions;
+    use redpilot::redis::cluster::spread;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls-cflip", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "cflip",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "version": "7.0"}),
+    )
+    .await;
+    wait_ready(&client, ns, "cflip", READY).await;
+    let ca = TestCa::new("cflip CA");
+    let (cert, key, _) = ca.server(&[format!("cflip.{ns}.svc")], -60, 86_400);
+    put_tls_secret(&client, ns, "cflip-tls", &cert, &key, &ca.pem).await;
+    let pw = redis_password(&client, ns, "cflip").await;
+    let plain = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let tls = plain
+        .clone()
+        .with_tls(TlsOptions::servers_of_ca(ca.pem.clone().into_bytes()));
+    assert_eq!(
+        cluster_listens(&client, ns, "cflip", 6, &plain, &tls).await,
+        Some(false),
+        "created in plain text"
+    );
+    let ms = support::operator::cluster_members(&client, ns, "cflip").await;
+    let want = spread(3);
+    let ways = [plain.clone(), tls.clone()];
+    let writers = Writers::start_trying(&ms, &ways, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (s, t) in writers.tallies.iter().enumerate() {
+        assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
+    }
+
+    // On.
+    let t = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "cflip",
+        json!({"spec": {"tls": {"secretName": "cflip-tls"}}}),
+    )
+    .await;
+    wait_for(
+        "every node listening with TLS only, bus and replication too, links up",
+        Duration::from_secs(600),
+        || async {
+            (cluster_listens(&client, ns, "cflip", 6, &plain, &tls).await == Some(true))
+                .then_some(())
+        },
+    )
+    .await;
+    // The last roll: every node onto the template that starts it with TLS.
+    let r = wait_for(
+        "every pod on the template that starts TLS, the Redis Ready",
+        Duration::from_secs(600),
+        || async {
+            let r = redis_api(&client, ns).get("cflip").await.ok()?;
+            let pods = redis_pods(&client, ns, "cflip").await;
+            (support::operator::is_ready(&r)
+                && pods.len() == 6
+                && pods.iter().all(|(_, p)| !probe_answers_either_way(p)))
+            .then_some(r)
+        },
+    )
+    .await;
+    let on_secs = t.elapsed().as_secs_f64();
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| s.cluster.clone())
+        .expect("status.cluster");
+    assert_eq!((c.state.as_str(), c.slots_ok), ("ok", 16384), "{c:?}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let leaf = leaf_of(&secrets.get("cflip-tls").await.expect("the Secret"));
+    for (pod, ip) in ips(&client, ns, "cflip").await {
+        assert_eq!(
+            served_certificate_at(&ip, 16379, &ca.pem).await,
+            leaf,
+            "{pod}: the cluster bus speaks TLS with the Secret's certificate"
+        );
+        Node::connect(&Endpoint::new(&ip, 6379), &plain)
+            .await
+            .expect_err("a plain-text client is refused");
+    }
+    let events = support::operator::recent_events(&client, ns, 200).await;
+    assert!(events.contains("turned TLS on live"), "{events}");
+    let acked_on = |tallies: &[std::sync::Arc<tokio::sync::Mutex<cluster_writer::Tally>>]| {
+        let tallies = tallies.to_vec();
+        async move {
+            let mut n = 0;
+            for t in &tallies {
+                n += t.lock().await.acked.len();
+            }
+            n
+        }
+    };
+    let at_on = acked_on(&writers.tallies).await;
+    wait_for("writes over TLS", Duration::from_secs(30), || async {
+        (acked_on(&writers.tallies).await > at_on + 50).then_some(())
+    })
+    .await;
+
+    // Off.
+    let t = Instant::now();
+    support::operator::patch_redis(&client, ns, "cflip", json!({"spec": {"tls": null}})).await;
+    wait_for(
+        "every node listening in plain text only, no certificate files, links up",
+        Duration::from_secs(900),
+        || async {
+            (cluster_listens(&client, ns, "cflip", 6, &plain, &tls).await == Some(false))
+                .then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "every pod on the plain-text template, the Redis Ready",
+        Duration::from_secs(600),
+        || async {
+            let r = redis_api(&client, ns).get("cflip").await.ok()?;
+            let pods = redis_pods(&client, ns, "cflip").await;
+            (support::operator::is_ready(&r)
+                && pods.len() == 6
+                && pods.iter().all(|(_, p)| !probe_answers_either_way(p)))
+            .then_some(())
+        },
+    )
+    .await;
+    let off_secs = t.elapsed().as_secs_f64();
+    let events = support::operator::recent_events(&client, ns, 200).await;
+    assert!(events.contains("turned TLS off live"), "{events}");
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    for shard in 0..3 {
+        let s = sts
+            .get(&format!("cflip-s{shard}"))
+            .await
+            .expect("StatefulSet");
+        let volumes: Vec<String> = s
+            .spec
+            .template
+            .spec
+            .and_then(|s| s.volumes)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert!(
+            !volumes.iter().any(|v| v == "tls"),
+            "shard {shard}: {volumes:?}"
+        );
+    }
+    let at_off = acked_on(&writers.tallies).await;
+    wait_for("writes in plain text", Duration::from_secs(30), || async {
+        (acked_on(&writers.tallies).await > at_off + 50).then_some(())
+    })
+    .await;
+    let tallies = writers.stop().await;
+    let ms = support::operator::cluster_members(&client, ns, "cflip").await;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &plain, want[s].start, &t).await;
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost",
+            t.acked.len(),
+            t.failed
+        );
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+    }
+    println!("Cluster TLS on in {on_secs:.1} s, off in {off_secs:.1} s");
 }
 
 /// `spec.tls` added to and then removed from a running 3-instance

@@ -142,7 +142,7 @@ async fn a_killed_shard_primary_is_replaced_by_the_cluster_losing_no_confirmed_w
             .map(|s| {
                 writer(
                     c.members.clone(),
-                    c.opts.clone(),
+                    vec![c.opts.clone()],
                     tag_in(&formed.slots[s], s),
                     stop.clone(),
                     tallies[s].clone(),

@@ -322,9 +322,6 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
         .optional_old_self(true)
         .message("spec.persistence.aof: a Redis bootstrapped from a backup is created with AOF Disabled (a server with AOF on ignores the restored RDB file); enable AOF once it is Ready")
         .field_path(".persistence"),
-    validation = Rule::new("has(self.tls) == has(oldSelf.tls) || !has(self.mode) || self.mode != 'Cluster'")
-        .message("spec.tls is set at creation in Cluster mode: turning TLS on or off would split the cluster bus (Standalone and Replication Redis take it live, with the ordered restart)")
-        .field_path(".tls"),
     validation = Rule::new("!has(self.hibernate) || !self.hibernate || has(self.storage)")
         .message("spec.hibernate needs spec.storage: without a volume the data would be lost with the pods")
         .field_path(".hibernate"),
@@ -486,7 +483,8 @@ pub struct RedisSpec {
 
     /// TLS for clients, replication and (Cluster mode) the cluster bus,
     /// with the certificate from a Secret (see `TlsSpec`). Added or
-    /// removed with the ordered restart; set at creation in Cluster mode.
+    /// removed with the ordered restart (in Cluster mode with a live switch
+    /// of every node between two rolls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 }

@@ -308,9 +308,11 @@ impl Stores {
 /// container its name and image, restart count, why it waits and how its
 /// last run ended (an upgrade judges the upgraded instances by them); of
 /// the readiness probe only whether it speaks TLS (its `--tls` flag, how
-/// the server listens), and of the volumes the TLS one (its Secret).
+/// the server listens) or answers either way, and of the volumes the TLS one (its Secret).
 pub(crate) fn slim_pod(pod: &mut Pod) {
-    use crate::controller::redis::facts::{TLS_PROBE_FLAG, probes_tls};
+    use crate::controller::redis::facts::{
+        EITHER_STARTS_PLAIN, EITHER_STARTS_TLS, TLS_PROBE_FLAG, probes_either, probes_tls,
+    };
     if let Some(spec) = pod.spec.take() {
         let tls_volume = spec
             .volumes
@@ -331,12 +333,20 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
                 .containers
                 .into_iter()
                 .map(|c| Container {
-                    readiness_probe: probes_tls(&c).then(|| Probe {
-                        exec: Some(ExecAction {
-                            command: Some(vec![TLS_PROBE_FLAG.to_string()]),
-                        }),
-                        ..Default::default()
-                    }),
+                    readiness_probe: {
+                        let mark = match (probes_either(&c), probes_tls(&c)) {
+                            (true, true) => Some(EITHER_STARTS_TLS),
+                            (true, false) => Some(EITHER_STARTS_PLAIN),
+                            (false, true) => Some(TLS_PROBE_FLAG),
+                            (false, false) => None,
+                        };
+                        mark.map(|m| Probe {
+                            exec: Some(ExecAction {
+                                command: Some(vec![m.to_string()]),
+                            }),
+                            ..Default::default()
+                        })
+                    },
                     name: c.name,
                     image: c.image,
                     // The memory autopilot compares them with its target.

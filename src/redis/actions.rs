@@ -117,6 +117,17 @@ pub async fn replicate_with_tls(node: &mut Node, tls: bool) -> Result<()> {
     .await
 }
 
+/// `CONFIG SET` of several parameters in one command: the server applies
+/// them all or none (Redis 7.0+, Valkey).
+pub async fn config_set_all(node: &mut Node, params: &[(&str, String)]) -> Result<()> {
+    let mut c = redis::cmd("CONFIG");
+    c.arg("SET");
+    for (k, v) in params {
+        c.arg(*k).arg(v);
+    }
+    node.query::<()>("CONFIG SET", &c).await
+}
+
 /// The outcome of waiting for a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaughtUp {

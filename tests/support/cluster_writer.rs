@@ -59,7 +59,7 @@ pub struct Tally {
 /// roll would otherwise know only addresses the restarted pods gave up.
 pub fn writer(
     members: Vec<Member>,
-    opts: ConnectOptions,
+    ways: Vec<ConnectOptions>,
     tag: String,
     stop: Arc<AtomicBool>,
     tally: Arc<Mutex<Tally>>,
@@ -95,8 +95,8 @@ pub fn writer(
                 }
             }
             let Some(node) = conn.as_mut() else {
-                if let Some((ep, mut known)) = discover(&members, &opts, slot).await {
-                    conn = Node::connect(&ep, &opts).await.ok();
+                if let Some((ep, mut known)) = discover_any(&members, &ways, slot).await {
+                    conn = connect_any(&ep, &ways).await;
                     // What the node knows first; the rest after (a node
                     // asked early may not know every member yet).
                     for m in members.drain(..) {
@@ -150,6 +150,17 @@ pub struct Writers {
 impl Writers {
     /// Starts them on `members`.
     pub fn start(members: &[Member], opts: &ConnectOptions, ranges: &[SlotRange]) -> Writers {
+        Writers::start_trying(members, std::slice::from_ref(opts), ranges)
+    }
+
+    /// Starts them on `members`, each connecting every way of `ways` in
+    /// turn until one is served (plain text or TLS, while a Redis turns
+    /// TLS on or off).
+    pub fn start_trying(
+        members: &[Member],
+        ways: &[ConnectOptions],
+        ranges: &[SlotRange],
+    ) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let tallies: Vec<Arc<Mutex<Tally>>> = ranges.iter().map(|_| Arc::default()).collect();
         let tasks = ranges
@@ -158,7 +169,7 @@ impl Writers {
             .map(|(s, r)| {
                 writer(
                     members.to_vec(),
-                    opts.clone(),
+                    ways.to_vec(),
                     tag_in(r, s),
                     stop.clone(),
                     tallies[s].clone(),
@@ -213,6 +224,30 @@ pub fn longest_gap_at(
 
 /// Like [`primary_for`], and also every node the answering member knows
 /// (not failing), so a client follows pods that came back with new IPs.
+/// A connection to `ep` the first way of `ways` it serves.
+pub async fn connect_any(ep: &Endpoint, ways: &[ConnectOptions]) -> Option<Node> {
+    for opts in ways {
+        if let Ok(n) = Node::connect(ep, opts).await {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// [`discover`], each way of `ways` in turn.
+pub async fn discover_any(
+    members: &[Member],
+    ways: &[ConnectOptions],
+    slot: u16,
+) -> Option<(Endpoint, Vec<Member>)> {
+    for opts in ways {
+        if let Some(found) = discover(members, opts, slot).await {
+            return Some(found);
+        }
+    }
+    None
+}
+
 pub async fn discover(
     members: &[Member],
     opts: &ConnectOptions,

@@ -29,8 +29,13 @@ use super::DNS_SUBDOMAIN;
 /// last after a switchover), losing no acknowledged write: a replica
 /// follows its primary the way the primary listens while the two differ,
 /// and when TLS is turned off the instances keep the certificate files
-/// until none listens with TLS, then restart once more without them. In
-/// Cluster mode it is set at creation (the bus would split). A renewed
+/// until none listens with TLS, then restart once more without them. A
+/// Cluster Redis cannot have nodes that speak TLS on the cluster bus
+/// beside nodes that do not: its nodes first roll onto a template that
+/// starts them as before (with the certificate files, a readiness probe
+/// that answers either way), then the operator switches every node live at
+/// once (`CONFIG SET` of the port, `tls-cluster`, `tls-replication`), then
+/// they roll onto the template that starts them the new way. A renewed
 /// certificate in the Secret is read live (`CONFIG SET` of the file
 /// parameters, once the mounted files show it), without a restart, also
 /// when it comes from another CA; another Secret named here is rolled out
@@ -82,6 +87,16 @@ pub struct TlsSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schemars(skip)]
     pub files_only: bool,
+
+    /// Not part of the API either: set by the operator on the copy it
+    /// builds a Cluster Redis's children from while TLS is turned on or
+    /// off there. The servers start as the rest of the spec says, the
+    /// operator switches them all live at once (`CONFIG SET` of the ports,
+    /// `tls-cluster` and `tls-replication`), and the readiness probe
+    /// answers whichever way the server listens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(skip)]
+    pub either: bool,
 }
 
 impl TlsSpec {

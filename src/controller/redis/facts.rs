@@ -209,10 +209,15 @@ pub struct PodFacts {
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
     pub unready_secs: Option<i64>,
-    /// The pod's template has its server listen with TLS (its readiness
-    /// probe speaks TLS): pods of two templates differ while TLS is turned
-    /// on or off.
+    /// The pod's server listens with TLS: as its template starts it (its
+    /// readiness probe speaks TLS; pods of two templates differ while TLS
+    /// is turned on or off), or, for a template of a Cluster Redis turning
+    /// TLS on or off (`either`), as a handshake showed.
     pub listens_tls: bool,
+    /// The pod's template is one of a Cluster Redis turning TLS on or off:
+    /// the operator switches its server live (port, bus, replication), and
+    /// its readiness probe answers either way.
+    pub either: bool,
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
@@ -291,6 +296,7 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                     }),
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
                 listens_tls: server_spec.is_some_and(probes_tls),
+                either: server_spec.is_some_and(probes_either),
                 ..Default::default()
             }
         })
@@ -302,14 +308,38 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
 /// The flag of `redis-cli` in a readiness probe that speaks TLS.
 pub const TLS_PROBE_FLAG: &str = " --tls";
 
-/// Whether a server container's readiness probe speaks TLS (`--tls`): how
-/// the template it runs has the server listen.
-pub fn probes_tls(c: &k8s_openapi::api::core::v1::Container) -> bool {
+/// The line of a readiness probe that answers whichever way its server
+/// listens (a Cluster Redis turning TLS on or off, switched live), when
+/// the server starts in plain text.
+pub const EITHER_STARTS_PLAIN: &str = "# either way; starts in plain text";
+/// The same, when the server starts with TLS.
+pub const EITHER_STARTS_TLS: &str = "# either way; starts with TLS";
+
+fn probe_command(c: &k8s_openapi::api::core::v1::Container) -> &[String] {
     c.readiness_probe
         .as_ref()
         .and_then(|p| p.exec.as_ref())
-        .and_then(|e| e.command.as_ref())
-        .is_some_and(|cmd| cmd.iter().any(|a| a.contains(TLS_PROBE_FLAG)))
+        .and_then(|e| e.command.as_deref())
+        .unwrap_or_default()
+}
+
+/// Whether a server container's readiness probe speaks TLS (`--tls`), or
+/// first tries TLS: how the template it runs has the server start.
+pub fn probes_tls(c: &k8s_openapi::api::core::v1::Container) -> bool {
+    let cmd = probe_command(c);
+    if cmd.iter().any(|a| a.contains(EITHER_STARTS_PLAIN)) {
+        return false;
+    }
+    cmd.iter()
+        .any(|a| a.contains(TLS_PROBE_FLAG) || a.contains(EITHER_STARTS_TLS))
+}
+
+/// Whether a server container's readiness probe answers either way: its
+/// server may listen otherwise than it started, switched live.
+pub fn probes_either(c: &k8s_openapi::api::core::v1::Container) -> bool {
+    probe_command(c)
+        .iter()
+        .any(|a| a.contains(EITHER_STARTS_PLAIN) || a.contains(EITHER_STARTS_TLS))
 }
 
 /// The memory limit (or, without one, the request) of a container.

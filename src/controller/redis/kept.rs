@@ -20,6 +20,8 @@
 //! the TLS files where the running one does not, or the other way round:
 //! turning TLS off ends with such a change in the same generation (the
 //! files are kept until no instance listens with TLS), and it must roll.
+//! Nor one whose server starts listening otherwise (a Cluster Redis that
+//! turned TLS on or off live rolls onto the template that starts it so).
 
 use std::collections::BTreeMap;
 
@@ -74,6 +76,14 @@ fn mounts_tls(sts: &StatefulSet) -> bool {
         .as_ref()
         .and_then(|p| p.volumes.as_ref())
         .is_some_and(|vs| vs.iter().any(|v| v.name == super::statefulset::TLS_VOLUME))
+}
+
+/// How the template's server starts listening (TLS or not), and whether
+/// its probe answers either way (a Cluster Redis turning TLS on or off).
+fn listens_as(sts: &StatefulSet) -> (bool, bool) {
+    server_container(sts).map_or((false, false), |c| {
+        (super::facts::probes_tls(c), super::facts::probes_either(c))
+    })
 }
 
 /// The server container's image in the StatefulSet's template.
@@ -139,7 +149,8 @@ pub fn decide(
         && built_for == generation
         && server_image(live).is_some()
         && server_image(live) == server_image(desired)
-        && mounts_tls(live) == mounts_tls(desired);
+        && mounts_tls(live) == mounts_tls(desired)
+        && listens_as(live) == listens_as(desired);
     if !operators_change {
         return Kept::default();
     }

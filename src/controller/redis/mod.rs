@@ -110,6 +110,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         autopilot_due: None,
         tls: None,
         leaving_tls: None,
+        leaving_secret: None,
         listeners: None,
         recheck_in: None,
         insights: None,
@@ -187,6 +188,9 @@ pub struct Reconciler {
     /// While TLS is turned off: the certificate Secret the instances that
     /// still listen with TLS serve (the one their pods mount).
     leaving_tls: Option<tls::TlsMaterial>,
+    /// While TLS is turned off: the name of the Secret a pod that still
+    /// listens with TLS mounts (known even when it cannot be read).
+    leaving_secret: Option<String>,
     /// Which servers listen with TLS while not all listen as `spec.tls`
     /// says (see [`tls::Reconciler::listeners_of`]).
     listeners: Option<Arc<crate::redis::Listeners>>,

@@ -252,15 +252,18 @@ impl Reconciler {
         // TLS turned off while an instance still listens with it: the
         // Secret its pod mounts, to reach it.
         if self.redis.spec.tls.is_none()
-            && self.redis.spec.mode() != crate::api::v1alpha1::Mode::Cluster
             && let Some(name) = facts
                 .iter()
-                .filter(|f| f.listens_tls)
+                .filter(|f| f.listens_tls || f.either)
                 .filter_map(|f| pods.iter().find(|p| p.name_any() == f.name))
                 .find_map(super::tls::mounted_secret)
         {
             self.leaving_tls = self.leaving_material(&name, applied_ca).await;
+            self.leaving_secret = Some(name);
         }
+        // A Cluster Redis turning TLS on or off: how each node of the
+        // flip's template listens now (it may have been switched live).
+        self.handshake_either(&mut facts, opts).await;
         opts.listeners = self.listeners_of(&facts).map(std::sync::Arc::new);
         // A primary the monitor has heard nothing from for a second is not
         // dialled: its connect timeout would only delay the failover pass.

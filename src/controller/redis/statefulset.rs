@@ -161,7 +161,7 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// with a password that never rotates: its environment is resolved once,
 /// when the container starts, and must stay valid after a live password
 /// rotation. Without a password (auth off) it sends none.
-fn probe_script(cli: &str, tls: &str) -> String {
+fn probe_script(cli: &str, tls: &str, either: Option<&str>) -> String {
     let user = super::build::PROBE_USER;
     // With TLS (`tls`: the CLI's flags, `super::tls::cli_flags`) the CLI
     // checks nothing of the certificate: the server is the pod's own, on
@@ -169,9 +169,30 @@ fn probe_script(cli: &str, tls: &str) -> String {
     // the certificate served until the operator has the server read its
     // files again; a check would take every instance out of its Services
     // for that time.
+    // While a Cluster Redis turns TLS on or off (`either`: the other
+    // way's flags), the server may listen the other way than it started:
+    // the probe asks that way when the first gets no answer.
+    let ask = |flags: &str| {
+        format!(
+            r#"i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u{flags} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')"#
+        )
+    };
+    // Plain text first: a plain-text ask of a TLS port is refused at once,
+    // while a TLS handshake sent to a plain-text port can wait for an
+    // answer that never comes (the server reads it as an unfinished
+    // command).
+    let mut asks = ask(tls);
+    if let Some(other) = either {
+        let (mark, first, then) = if tls.is_empty() {
+            (super::facts::EITHER_STARTS_PLAIN, tls, other)
+        } else {
+            (super::facts::EITHER_STARTS_TLS, other, tls)
+        };
+        asks = format!("{mark}\n{}\n[ -n \"$i\" ] || {}", ask(first), ask(then));
+    }
     format!(
         r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
-i=$(REDISCLI_AUTH="$REDPILOT_PROBE_PASSWORD" VALKEYCLI_AUTH="$REDPILOT_PROBE_PASSWORD" {cli} $u{tls} -h 127.0.0.1 -p {REDIS_PORT} info 2>/dev/null | tr -d '\r')
+{asks}
 echo "$i" | grep -qx 'loading:0' || exit 1
 echo "$i" | grep -Eqx 'role:(slave|replica)' || exit 0
 echo "$i" | grep -Eqx '(master|primary)_link_status:up' || exit 1
@@ -393,7 +414,11 @@ pub fn statefulset(
                 command: Some(vec![
                     "sh".into(),
                     "-c".into(),
-                    probe_script(cli, &super::tls::cli_flags(redis, false)),
+                    probe_script(
+                        cli,
+                        &super::tls::cli_flags(redis, false),
+                        super::tls::either_flags(redis).as_deref(),
+                    ),
                 ]),
             }),
             period_seconds: Some(2),
@@ -1070,7 +1095,7 @@ mod tests {
         std::fs::write(&info_file, info.replace('\n', "\r\n")).expect("write info");
         let cli = dir.join("cli");
         std::fs::write(&cli, format!("cat {}\n", info_file.display())).expect("write cli");
-        let script = probe_script(&format!("sh {}", cli.display()), "");
+        let script = probe_script(&format!("sh {}", cli.display()), "", None);
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("REDPILOT_PROBE_PASSWORD", "")
@@ -1101,5 +1126,137 @@ mod tests {
         assert!(!probe_passes(
             "loading:0\nrole:replica\nprimary_link_status:down\nprimary_sync_in_progress:0\n"
         ));
+    }
+
+    /// A Cluster TLS flip's probe against a fake client that answers only
+    /// when asked with (`tls_server`) or without `--tls`: it passes either
+    /// way, whichever way the template starts the server; a plain probe
+    /// fails against a server that listens with TLS.
+    #[test]
+    fn a_cluster_flip_probe_answers_either_way() {
+        let run = |tls: &str, either: Option<&str>, tls_server: bool| {
+            let dir = std::env::temp_dir().join(format!(
+                "redpilot-either-{}-{}",
+                std::process::id(),
+                crate::controller::redis::build::stable_hash(&[
+                    tls,
+                    either.unwrap_or("-"),
+                    &tls_server.to_string()
+                ])
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let cli = dir.join("cli");
+            let (with, without) = if tls_server {
+                ("printf 'loading:0\\r\\nrole:master\\r\\n'", "exit 1")
+            } else {
+                ("exit 1", "printf 'loading:0\\r\\nrole:master\\r\\n'")
+            };
+            std::fs::write(
+                &cli,
+                format!("case \"$*\" in *--tls*) {with};; *) {without};; esac\n"),
+            )
+            .expect("write cli");
+            let script = probe_script(&format!("sh {}", cli.display()), tls, either);
+            std::process::Command::new("sh")
+                .args(["-c", &script])
+                .env("REDPILOT_PROBE_PASSWORD", "")
+                .output()
+                .expect("run sh")
+                .status
+                .success()
+        };
+        let tls = " --tls --insecure";
+        for server_tls in [false, true] {
+            assert!(run("", Some(tls), server_tls), "starts plain, {server_tls}");
+            assert!(run(tls, Some(""), server_tls), "starts TLS, {server_tls}");
+        }
+        assert!(!run("", None, true), "a plain probe, a TLS server");
+        assert!(!run(tls, None, false), "a TLS probe, a plain server");
+    }
+
+    /// The templates of a Cluster TLS flip: the files mounted, a probe that
+    /// answers either way, and pods of them tell how they start (the
+    /// slimmed cache keeps it); the operator's change between them rolls.
+    #[test]
+    fn a_cluster_flip_template_says_how_it_starts() {
+        use crate::controller::redis::facts::pod_facts;
+        let flip = |files_only| {
+            redis(RedisSpec {
+                mode: Some(crate::api::v1alpha1::Mode::Cluster),
+                tls: Some(crate::api::v1alpha1::TlsSpec {
+                    secret_name: Some("cache-tls".into()),
+                    files_only,
+                    either: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        };
+        let sts_of = |r: &crate::api::v1alpha1::Redis| {
+            statefulset(
+                r,
+                &Names::new("cache"),
+                "cache-auth",
+                "h",
+                "redis:7.0",
+                None,
+            )
+        };
+        let mut last = None;
+        for (files_only, starts_tls) in [(true, false), (false, true)] {
+            let sts = sts_of(&flip(files_only));
+            let mut pod = k8s_openapi::api::core::v1::Pod {
+                metadata: ObjectMeta {
+                    name: Some("cache-0".into()),
+                    ..Default::default()
+                },
+                spec: sts.spec.template.spec.clone(),
+                ..Default::default()
+            };
+            crate::controller::cache::slim_pod(&mut pod);
+            let f = pod_facts(&[pod], None, &[]).remove(0);
+            assert!(f.either, "{files_only}");
+            assert_eq!(f.listens_tls, starts_tls, "{files_only}");
+            assert!(
+                sts.spec
+                    .template
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.volumes.iter().flatten())
+                    .any(|v| v.name == TLS_VOLUME),
+                "the files are mounted"
+            );
+            let conf = crate::controller::redis::config::redis_conf(&flip(files_only));
+            assert_eq!(conf.contains("tls-cluster yes"), starts_tls, "{conf}");
+            last = Some(sts);
+        }
+        // From the flip's template to the one that starts TLS: a roll even
+        // in the same generation (both mount the files).
+        use crate::controller::redis::kept::{Kept, annotate, decide};
+        let mut live = last.expect("template");
+        annotate(&mut live, Some(1), &Kept::default());
+        live.metadata.generation = Some(4);
+        live.status = Some(k8s_openapi::api::apps::v1::StatefulSetStatus {
+            observed_generation: Some(4),
+            update_revision: Some("r1".into()),
+            ..Default::default()
+        });
+        let in_use = ["r1".to_string()];
+        // Another change of the operator's to the flip's template: kept.
+        let mut other = sts_of(&flip(false));
+        other
+            .spec
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("example".into(), "changed".into());
+        let kept = decide(Some(&live), &other, Some(1), None, &in_use);
+        assert_eq!(kept.revisions, in_use);
+        let mut on = flip(false);
+        on.spec.tls.as_mut().expect("tls").either = false;
+        let kept = decide(Some(&live), &sts_of(&on), Some(1), None, &in_use);
+        assert_eq!(kept, Kept::default(), "onto the template that starts TLS");
     }
 }

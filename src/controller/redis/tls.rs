@@ -76,6 +76,49 @@ pub fn cli_flags(redis: &crate::api::v1alpha1::Redis, check: bool) -> String {
     out
 }
 
+/// While a Cluster Redis turns TLS on or off (`TlsSpec::either`): the
+/// `redis-cli` flags of the other way than its servers start, with a
+/// leading space (none for plain text); `None` otherwise.
+pub fn either_flags(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
+    let tls = redis.spec.tls.as_ref().filter(|t| t.either)?;
+    if !tls.files_only {
+        return Some(String::new());
+    }
+    let mut out = " --tls --insecure".to_string();
+    if tls.client_auth().asks() {
+        out.push_str(&format!(
+            " --cert {} --key {}",
+            mounted(CERT_FILE),
+            mounted(KEY_FILE)
+        ));
+    }
+    Some(out)
+}
+
+/// What a Cluster Redis's servers are told live to turn TLS on (`on`,
+/// with `spec.tls.clientAuth`'s setting) or off: the one port switches
+/// between plain text and TLS, and the cluster bus and replication follow.
+/// One `CONFIG SET`, applied by the server as a whole.
+pub fn switch_params(on: bool, client_auth: &str) -> Vec<(&'static str, String)> {
+    let port = build::REDIS_PORT.to_string();
+    if on {
+        vec![
+            ("port", "0".into()),
+            ("tls-port", port),
+            ("tls-cluster", "yes".into()),
+            ("tls-replication", "yes".into()),
+            ("tls-auth-clients", client_auth.into()),
+        ]
+    } else {
+        vec![
+            ("tls-port", "0".into()),
+            ("port", port),
+            ("tls-cluster", "no".into()),
+            ("tls-replication", "no".into()),
+        ]
+    }
+}
+
 /// The Secret the servers of `redis` mount for `spec.tls`: the user's, the
 /// one cert-manager fills, or the one the operator issues.
 pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
@@ -263,10 +306,7 @@ impl Reconciler {
     /// when they all do.
     pub(super) fn listeners_of(&self, facts: &[PodFacts]) -> Option<Listeners> {
         let wanted = self.redis.spec.tls.is_some();
-        // In Cluster mode `spec.tls` is set at creation.
-        if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster
-            || facts.iter().all(|f| f.listens_tls == wanted)
-        {
+        if facts.iter().all(|f| f.listens_tls == wanted) {
             return None;
         }
         let tls = self.tls.as_ref().or(self.leaving_tls.as_ref())?;
@@ -288,6 +328,9 @@ impl Reconciler {
     /// replicas can follow a primary that listens with TLS; otherwise the
     /// Redis as it is.
     pub(super) fn children_view(&self, facts: &[PodFacts]) -> std::sync::Arc<Redis> {
+        if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
+            return self.cluster_view(facts);
+        }
         let leaving = self
             .leaving_tls
             .as_ref()
@@ -304,6 +347,165 @@ impl Reconciler {
             ..Default::default()
         });
         std::sync::Arc::new(view)
+    }
+
+    /// A Cluster Redis turning TLS on or off. Restarting its nodes one by
+    /// one onto the other way would split the cluster bus (a node that
+    /// speaks TLS on it and one that does not cannot talk), so:
+    /// 1. the nodes roll (the ordered restart) onto a template that starts
+    ///    them as before, with the certificate files mounted and a
+    ///    readiness probe that answers either way (`TlsSpec::either`);
+    /// 2. the operator switches every node live at once
+    ///    ([`Self::switch_cluster_tls`]: the port, the bus, replication);
+    /// 3. the nodes roll onto the template that starts them the new way.
+    ///
+    /// The children are built from the flip's view from when a node runs a
+    /// template of the other way or of the flip, until a node runs the new
+    /// way's template or every node listens the new way; the Redis as it is
+    /// otherwise (so the view never goes back once the last roll began).
+    fn cluster_view(&self, facts: &[PodFacts]) -> std::sync::Arc<Redis> {
+        let wanted = self.redis.spec.tls.is_some();
+        let behind = facts.iter().any(|f| f.either || f.listens_tls != wanted);
+        let arrived = facts.iter().any(|f| !f.either && f.listens_tls == wanted);
+        let switched = facts.iter().all(|f| f.listens_tls == wanted);
+        if !behind || arrived || switched {
+            return self.redis.clone();
+        }
+        let tls = match (&self.redis.spec.tls, &self.leaving_secret) {
+            (Some(t), _) => crate::api::v1alpha1::TlsSpec {
+                files_only: true,
+                either: true,
+                ..t.clone()
+            },
+            (None, Some(secret)) => crate::api::v1alpha1::TlsSpec {
+                secret_name: Some(secret.clone()),
+                either: true,
+                ..Default::default()
+            },
+            // Turning TLS off, and no pod names its Secret: nothing to
+            // keep the bus whole with (cannot happen while a node listens
+            // with TLS: its pod mounts one).
+            (None, None) => return self.redis.clone(),
+        };
+        let mut view = (*self.redis).clone();
+        view.spec.tls = Some(tls);
+        std::sync::Arc::new(view)
+    }
+
+    /// For every pod of a Cluster TLS flip's template (`either`): whether
+    /// its server listens with TLS, by a TLS handshake (bounded by the
+    /// connect timeout); one that does not complete one listens in plain
+    /// text, or is down.
+    pub(super) async fn handshake_either(&self, facts: &mut [PodFacts], opts: &ConnectOptions) {
+        let Some(tls) = self.tls.as_ref().or(self.leaving_tls.as_ref()) else {
+            return;
+        };
+        let mut with_tls = opts.clone().with_tls(tls.options.clone());
+        with_tls.listeners = None;
+        let asks = facts
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.either)
+            .filter_map(|(i, f)| Some((i, f.ip.clone()?)))
+            .map(|(i, ip)| {
+                let with_tls = &with_tls;
+                async move {
+                    let ep = Endpoint::new(&ip, build::REDIS_PORT);
+                    let shook = crate::redis::rdb::served_certificate(&ep, with_tls)
+                        .await
+                        .is_ok();
+                    (i, shook)
+                }
+            });
+        for (i, shook) in futures::future::join_all(asks).await {
+            if let Some(f) = facts.get_mut(i) {
+                f.listens_tls = shook;
+            }
+        }
+    }
+
+    /// Step 2 of turning TLS on or off on a Cluster Redis (see
+    /// [`Self::cluster_view`]): once every node runs the flip's template,
+    /// Ready, and the cluster is `healthy`, every node that still listens
+    /// the old way is switched live, all at once (the bus is split between
+    /// the first and the last switched node for about a round trip; its
+    /// links reconnect the new way). Later, a node of the flip's template
+    /// found listening the old way (restarted before its last roll) is
+    /// switched alone. Whether it switched any (the rest of the pass then
+    /// waits: its connections went the old way).
+    pub(super) async fn switch_cluster_tls(
+        &mut self,
+        facts: &[PodFacts],
+        opts: &ConnectOptions,
+        healthy: bool,
+    ) -> bool {
+        let on = self.redis.spec.tls.is_some();
+        let todo: Vec<(String, String)> = facts
+            .iter()
+            .filter(|f| f.either && f.listens_tls != on && f.reachable && !f.terminating)
+            .filter_map(|f| Some((f.name.clone(), f.ip.clone()?)))
+            .collect();
+        if todo.is_empty() {
+            return false;
+        }
+        let way = if on { "on" } else { "off" };
+        let first = self
+            .children_view(facts)
+            .spec
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.either);
+        if first && !(healthy && facts.iter().all(|f| f.either && !f.outdated && f.ready)) {
+            self.progressing.push(format!(
+                "turning TLS {way}: every node restarts onto a template that answers either way, then all are switched live at once"
+            ));
+            return false;
+        }
+        let client_auth = self
+            .redis
+            .spec
+            .tls
+            .as_ref()
+            .map(|t| t.client_auth().config_value())
+            .unwrap_or("no");
+        let params = switch_params(on, client_auth);
+        let switched = futures::future::join_all(todo.iter().map(|(pod, ip)| {
+            let params = &params;
+            async move {
+                let ep = Endpoint::new(ip, build::REDIS_PORT);
+                let r = async {
+                    let mut node = crate::redis::Node::connect(&ep, opts).await?;
+                    crate::redis::actions::config_set_all(&mut node, params).await
+                }
+                .await;
+                (pod.clone(), r)
+            }
+        }))
+        .await;
+        let mut done = Vec::new();
+        for (pod, r) in switched {
+            match r {
+                Ok(()) => done.push(pod),
+                Err(e) => {
+                    self.data_plane_failed(format!("turning TLS {way} live on {pod}"), &e)
+                        .await
+                }
+            }
+        }
+        if !done.is_empty() {
+            let note = format!(
+                "turned TLS {way} live on {} (client port, replication and cluster bus); the nodes now roll onto the template that starts them so",
+                done.join(", ")
+            );
+            self.progressing.push(note.clone());
+            // One action each way: the event recorder folds repeats of one
+            // (reason, action) into the first event's series.
+            let action = if on { "SwitchTlsOn" } else { "SwitchTlsOff" };
+            self.event(EventType::Normal, "TlsSwitched", action, note)
+                .await;
+        }
+        self.recheck_within(RELOAD_RECHECK);
+        true
     }
 
     /// While the servers do not all listen the same way: a replica whose

@@ -209,6 +209,14 @@ impl Reconciler {
                     roll::after_failover(&mut plan, shard, &new, &old);
                 }
             }
+            // TLS turned on or off: every node switched live at once.
+            let healthy = plan.healthy && members.iter().all(|m| m.ready && !m.terminating);
+            if plan.steps.is_empty()
+                && !resharded
+                && self.switch_cluster_tls(&facts, &opts, healthy).await
+            {
+                return self.cluster_finish(&facts, &members, &plan, false).await;
+            }
             let (engine, _) = self.engine_version();
             self.apply_live_config(&facts, &opts, engine).await;
             // A renewed certificate is read live, on every node.
@@ -301,7 +309,9 @@ impl Reconciler {
 
     /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
     async fn apply_cluster_children(&mut self, facts: &[PodFacts]) -> Result<(), Error> {
-        let mut cm = super::build::config_map(&self.redis, &self.names, None, self.bootstrapped());
+        // While TLS is turned on or off: the flip's templates.
+        let view = self.children_view(facts);
+        let mut cm = super::build::config_map(&view, &self.names, None, self.bootstrapped());
         // Saved for hibernation: the nodes that start next (on waking) skip
         // the boot rule's wait; cleared once the Redis is Ready again.
         if let Some(saved) = self.hibernation.as_ref().and_then(|h| h.saved_at.clone()) {
@@ -326,7 +336,7 @@ impl Reconciler {
                 .collect();
             let memory_limit = self.template_memory_limit(&mine);
             let sts = build::shard_statefulset(
-                &self.redis,
+                &view,
                 &self.names,
                 shard,
                 &secret,
@@ -339,14 +349,7 @@ impl Reconciler {
                 && let Some(file) = bs.shards.iter().find(|f| f.index == shard)
             {
                 let first = build::first_of_shard(&self.names, shard);
-                super::bootstrap::add_restore(
-                    &mut sts,
-                    bs,
-                    &file.key,
-                    &first,
-                    &self.names,
-                    &self.redis,
-                );
+                super::bootstrap::add_restore(&mut sts, bs, &file.key, &first, &self.names, &view);
             }
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;
