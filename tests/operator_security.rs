@@ -1933,60 +1933,32 @@ async fn all_listen(
     plain: &ConnectOptions,
     tls: &ConnectOptions,
 ) -> Option<bool> {
-    let pods = ips(client, ns, name).await;
-    let mut way = None;
-    for (_, ip) in &pods {
-        let ep = Endpoint::new(ip, 6379);
-        let (mut node, with_tls) = match Node::connect(&ep, plain).await {
-            Ok(n) => (n, false),
-            Err(_) => (Node::connect(&ep, tls).await.ok()?, true),
-        };
-        if *way.get_or_insert(with_tls) != with_tls {
-            return None;
-        }
-        let get = |k: &'static str| redis::cmd("CONFIG").arg("GET").arg(k).clone();
-        let port: Vec<String> = node.query("CONFIG GET", &get("port")).await.ok()?;
-        let tls_port: Vec<String> = node.query("CONFIG GET", &get("tls-port")).await.ok()?;
-        let repl: Vec<String> = node
-            .query("CONFIG GET", &get("tls-replication"))
-            .await
-            .ok()?;
-        let files: Vec<String> = node.query("CONFIG GET", &get("tls-cert-file")).await.ok()?;
-        let info: String = node
-            .query("INFO", redis::cmd("INFO").arg("replication"))
-            .await
-            .ok()?;
-        let replica = info.contains("role:slave");
-        if replica && !info.contains("master_link_status:up") {
-            return None;
-        }
-        let (ports, repl_want) = if with_tls {
-            (["0", "6379"], "yes")
-        } else {
-            (["6379", "0"], "no")
-        };
-        // A replica follows over TLS exactly when the servers listen with
-        // it (a primary's setting counts once it follows).
-        if [port.get(1)?.as_str(), tls_port.get(1)?.as_str()] != ports
-            || (replica && repl.get(1)?.as_str() != repl_want)
-            || files.get(1)?.is_empty() == with_tls
-        {
-            return None;
-        }
-    }
-    (pods.len() == 3).then_some(way?)
+    instances_listen(client, ns, name, 3, None, plain, tls).await
 }
 
-/// How every node of Cluster Redis `name` listens, when all listen the
-/// same way: with TLS only (`Some(true)`: port 0, `tls-port` 6379, the bus
-/// and replication over TLS) or in plain text only (`Some(false)`: no TLS
-/// port, bus or replication, no certificate files); every replica's link
-/// up and all `nodes` nodes there. `None` otherwise.
+/// How every node of Cluster Redis `name` listens, as [`all_listen`] says
+/// for a Replication Redis, and also: the bus (`tls-cluster`) and every
+/// node's replication setting the same way, all `nodes` nodes known to
+/// each and none failing.
 async fn cluster_listens(
     client: &kube::Client,
     ns: &str,
     name: &str,
     nodes: usize,
+    plain: &ConnectOptions,
+    tls: &ConnectOptions,
+) -> Option<bool> {
+    instances_listen(client, ns, name, nodes, Some(nodes), plain, tls).await
+}
+
+/// The check of [`all_listen`] and [`cluster_listens`]: `count` pods;
+/// `cluster`: the number of nodes each must know.
+async fn instances_listen(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    count: usize,
+    cluster: Option<usize>,
     plain: &ConnectOptions,
     tls: &ConnectOptions,
 ) -> Option<bool> {
@@ -2001,42 +1973,52 @@ async fn cluster_listens(
         if *way.get_or_insert(with_tls) != with_tls {
             return None;
         }
-        let mut got = Vec::new();
-        for k in ["port", "tls-port", "tls-cluster", "tls-replication"] {
+        let mut got = std::collections::BTreeMap::new();
+        for k in [
+            "port",
+            "tls-port",
+            "tls-replication",
+            "tls-cluster",
+            "tls-cert-file",
+        ] {
             let v: Vec<String> = node
                 .query("CONFIG GET", redis::cmd("CONFIG").arg("GET").arg(k))
                 .await
                 .ok()?;
-            got.push(v.get(1)?.clone());
+            got.insert(k, v.get(1)?.clone());
         }
-        let want = if with_tls {
-            ["0", "6379", "yes", "yes"]
-        } else {
-            ["6379", "0", "no", "no"]
-        };
-        let files: Vec<String> = node
-            .query(
-                "CONFIG GET",
-                redis::cmd("CONFIG").arg("GET").arg("tls-cert-file"),
-            )
-            .await
-            .ok()?;
         let info: String = node
             .query("INFO", redis::cmd("INFO").arg("replication"))
             .await
             .ok()?;
-        if got != want
-            || files.get(1)?.is_empty() == with_tls
-            || (info.contains("role:slave") && !info.contains("master_link_status:up"))
+        let replica = info.contains("role:slave");
+        if replica && !info.contains("master_link_status:up") {
+            return None;
+        }
+        let yes_no = if with_tls { "yes" } else { "no" };
+        let ports = if with_tls {
+            ["0", "6379"]
+        } else {
+            ["6379", "0"]
+        };
+        // A replica follows over TLS exactly when the servers listen with
+        // it (a primary's setting counts once it follows); a Cluster node
+        // is switched as a whole.
+        if [got["port"].as_str(), got["tls-port"].as_str()] != ports
+            || ((replica || cluster.is_some()) && got["tls-replication"] != yes_no)
+            || (cluster.is_some() && got["tls-cluster"] != yes_no)
+            || got["tls-cert-file"].is_empty() == with_tls
         {
             return None;
         }
-        let known = redpilot::redis::cluster::nodes(&mut node).await.ok()?;
-        if known.len() != nodes || known.iter().any(|k| k.fail || k.handshake) {
-            return None;
+        if let Some(n) = cluster {
+            let known = redpilot::redis::cluster::nodes(&mut node).await.ok()?;
+            if known.len() != n || known.iter().any(|k| k.fail || k.handshake) {
+                return None;
+            }
         }
     }
-    (pods.len() == nodes).then_some(way?)
+    (pods.len() == count).then_some(way?)
 }
 
 /// Whether the pod's readiness probe is a Cluster TLS flip's (answers
