@@ -2043,7 +2043,10 @@ fn probe_answers_either_way(p: &k8s_openapi::api::core::v1::Pod) -> bool {
 /// way's template. On: every node TLS only (a plain client refused), its
 /// bus serving the certificate, replication over TLS, all 6 nodes known
 /// and none failing. Off: plain text again, no certificate files, no TLS
-/// volume. The writers wrote both ways; no confirmed write is lost.
+/// volume. The writers wrote both ways; no confirmed write is lost. As the
+/// last roll onto TLS begins, a replica is stopped for 10 s: the operator
+/// cannot tell how it listens, and the ConfigMap never goes back to the
+/// flip's (a node started from it would listen otherwise than its probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
     use cluster_writer::{Writers, missing};
@@ -2085,6 +2088,89 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
         assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
     }
 
+    // The fault: a node that answers nothing for a while (stopped here;
+    // a node starved of CPU on a loaded machine looks the same) just as
+    // the last roll begins, when no node runs the new way's template yet.
+    // The operator cannot tell how it listens then, and must not take the
+    // ConfigMap and the templates back to the flip's: a node started from
+    // them the other way than its template says never becomes Ready.
+    let stop_watch = {
+        let client = client.clone();
+        let ns = ns.to_string();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(client.clone(), &ns);
+            let tls_conf = |cm: &k8s_openapi::api::core::v1::ConfigMap| {
+                cm.data
+                    .iter()
+                    .flat_map(|d| d.values())
+                    .any(|v| v.contains("tls-port 6379"))
+            };
+            // The moment shard 0's template starts the server with TLS.
+            let since = Instant::now();
+            loop {
+                assert!(
+                    since.elapsed() < Duration::from_secs(600),
+                    "shard 0's template never started the server with TLS"
+                );
+                let s = sts.get("cflip-s0").await.ok();
+                let tpl_tls = s
+                    .as_ref()
+                    .and_then(|s| s.spec.template.spec.as_ref())
+                    .is_some_and(|p| {
+                        let text = serde_json::to_string(&p.containers).unwrap_or_default();
+                        text.contains(" --tls") && !text.contains("# either way")
+                    });
+                if tpl_tls {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // A replica of shard 2 (rolled last), switched to TLS by now.
+            let mut silent = None;
+            for (pod, ip) in ips(&client, &ns, "cflip").await {
+                if !pod.starts_with("cflip-s2-") {
+                    continue;
+                }
+                let Ok(mut node) = Node::connect(&Endpoint::new(&ip, 6379), &tls).await else {
+                    continue;
+                };
+                let role = node.replication().await.ok().and_then(|r| r.role);
+                if role == Some(redpilot::redis::info::Role::Replica) {
+                    silent = Some((pod, ip, support::operator::server_pid(&mut node).await));
+                }
+            }
+            let (silent_pod, silent_ip, silent_pid) =
+                silent.expect("shard 2 has a replica that speaks TLS");
+            support::operator::signal(silent_pid, "-STOP");
+            let stopped_at = Instant::now();
+            let mut reads = 0;
+            let mut back_to_flip = 0;
+            while stopped_at.elapsed() < Duration::from_secs(10) {
+                if let Ok(cm) = cms.get("cflip-config").await {
+                    reads += 1;
+                    if !tls_conf(&cm) {
+                        back_to_flip += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // The fault happened: the node answered nothing while stopped.
+            let probe = redpilot::redis::rdb::answers_plain(
+                &Endpoint::new(&silent_ip, 6379),
+                &ConnectOptions::default()
+                    .with_timeouts(Duration::from_secs(1), Duration::from_secs(1)),
+            )
+            .await;
+            let stat =
+                std::fs::read_to_string(format!("/proc/{silent_pid}/stat")).unwrap_or_default();
+            support::operator::signal(silent_pid, "-CONT");
+            (silent_pod, reads, back_to_flip, probe, stat)
+        })
+    };
+
     // On.
     let t = Instant::now();
     support::operator::patch_redis(
@@ -2094,6 +2180,27 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
         json!({"spec": {"tls": {"secretName": "cflip-tls"}}}),
     )
     .await;
+    let (silent_pod, reads, back_to_flip, answered, stat) =
+        stop_watch.await.expect("the stop watch");
+    let state = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "{silent_pod} stopped 10 s as the last roll began (state {state}, answered a PING: {answered}); \
+         ConfigMap read {reads} times, {back_to_flip} of them back to the flip's"
+    );
+    assert_eq!(state, "T", "{silent_pod} was stopped: {stat}");
+    assert!(!answered, "{silent_pod} answered nothing while stopped");
+    assert!(reads > 20, "the ConfigMap was watched: {reads} reads");
+    assert_eq!(
+        back_to_flip, 0,
+        "once a template starts the server with TLS, the ConfigMap never goes back"
+    );
     wait_for(
         "every node listening with TLS only, bus and replication too, links up",
         Duration::from_secs(600),

@@ -291,3 +291,68 @@ async fn servers_reached_by_address_are_checked_by_chain_not_name() {
         .expect_err("a snapshot stream always checks");
     assert!(err.to_string().contains("always checks"), "{err}");
 }
+
+/// How the operator tells the way a node of a Cluster Redis turning TLS on
+/// or off listens now (its template answers either way): a plain-text
+/// `PING` is answered by a plain-text server (`NOAUTH` before the
+/// password) and by no TLS server, which refuses it at once; the TLS
+/// handshake then confirms TLS. A stopped server answers neither, within
+/// the connect timeout: the operator then leaves the node out of its
+/// decisions rather than take it for the other way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_ping_tells_a_plain_server_from_a_tls_one_at_once() {
+    use redpilot::redis::rdb::{answers_plain, served_certificate};
+    let dir = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::generate(&dir.path().join("ca"));
+    let with_tls = try_tls_server(
+        Engine::Redis70,
+        &tls,
+        ServerConfig::default().password("tls-pw"),
+    )
+    .expect("Redis 7.0 is built with TLS");
+    let plain = RedisServer::start(Engine::Redis70, ServerConfig::default().password("pw"));
+    let opts = ConnectOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    }
+    .with_tls(TlsOptions::servers_of_ca(tls.ca_pem.clone()));
+
+    let t = std::time::Instant::now();
+    assert!(
+        answers_plain(&plain.endpoint(), &opts).await,
+        "a plain server answers"
+    );
+    assert!(
+        !answers_plain(&with_tls.endpoint(), &opts).await,
+        "a TLS server does not"
+    );
+    let both = t.elapsed();
+    assert!(
+        both < Duration::from_millis(500),
+        "both told at once, not by a timeout: {both:?}"
+    );
+    served_certificate(&with_tls.endpoint(), &opts)
+        .await
+        .expect("the TLS server completes a handshake");
+
+    // A stopped server: no answer either way, bounded by the timeout.
+    let pid = plain.pid().expect("pid");
+    let stop = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    stop("-STOP");
+    let t = std::time::Instant::now();
+    let answered = answers_plain(&plain.endpoint(), &opts).await;
+    let waited = t.elapsed();
+    stop("-CONT");
+    assert!(!answered, "a stopped server answers nothing");
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(4),
+        "bounded by the connect timeout: {waited:?}"
+    );
+}

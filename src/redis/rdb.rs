@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::net::TcpStream;
 
 use super::conn::{ConnectOptions, Endpoint, TlsOptions};
@@ -197,6 +199,25 @@ pub async fn served_certificate(endpoint: &Endpoint, opts: &ConnectOptions) -> R
             endpoint: endpoint.to_string(),
             message: "the server presented no certificate".into(),
         })
+}
+
+/// Whether the server at `endpoint` answers a plain-text `PING` (with a
+/// reply or an error such as `NOAUTH`) within `opts.connect_timeout`:
+/// it listens in plain text. A TLS port takes the bytes for a broken
+/// handshake and answers none of that. Nothing else is sent.
+pub async fn answers_plain(endpoint: &Endpoint, opts: &ConnectOptions) -> bool {
+    let ask = async {
+        let mut stream = connect_tcp(endpoint, opts).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first).await.ok()?;
+        Some(matches!(first[0], b'+' | b'-'))
+    };
+    tokio::time::timeout(opts.connect_timeout, ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 fn connect_timeout(endpoint: &Endpoint, opts: &ConnectOptions, operation: &'static str) -> Error {

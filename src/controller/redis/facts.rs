@@ -218,6 +218,11 @@ pub struct PodFacts {
     /// the operator switches its server live (port, bus, replication), and
     /// its readiness probe answers either way.
     pub either: bool,
+    /// For a pod of that template (`either`): neither a TLS handshake nor
+    /// a plain-text `PING` got an answer (down, or too slow to tell), so
+    /// `listens_tls` is only how it started; decisions that depend on how
+    /// it listens now leave it out.
+    pub listen_unknown: bool,
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted

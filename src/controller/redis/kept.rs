@@ -80,7 +80,7 @@ fn mounts_tls(sts: &StatefulSet) -> bool {
 
 /// How the template's server starts listening (TLS or not), and whether
 /// its probe answers either way (a Cluster Redis turning TLS on or off).
-fn listens_as(sts: &StatefulSet) -> (bool, bool) {
+pub(super) fn listens_as(sts: &StatefulSet) -> (bool, bool) {
     server_container(sts).map_or((false, false), |c| {
         (super::facts::probes_tls(c), super::facts::probes_either(c))
     })

@@ -119,6 +119,21 @@ pub fn switch_params(on: bool, client_auth: &str) -> Vec<(&'static str, String)>
     }
 }
 
+/// Whether a Cluster Redis is turning TLS on (`wanted`) or off and its
+/// children are built from the flip's view (see `Reconciler::cluster_view`):
+/// a node runs a template of the other way or of the flip, no node runs
+/// the new way's template, not every node is known to listen the new way
+/// yet (switched live), and no shard's StatefulSet has the new way's
+/// template (`final_template`). Nodes whose way could not be told
+/// (`listen_unknown`) count for neither side.
+pub(super) fn flip_in_progress(facts: &[PodFacts], wanted: bool, final_template: bool) -> bool {
+    let behind = facts.iter().any(|f| f.either || f.listens_tls != wanted);
+    let arrived = facts.iter().any(|f| !f.either && f.listens_tls == wanted);
+    let mut known = facts.iter().filter(|f| !f.listen_unknown).peekable();
+    let switched = known.peek().is_some() && known.all(|f| f.listens_tls == wanted);
+    behind && !arrived && !switched && !final_template
+}
+
 /// The Secret the servers of `redis` mount for `spec.tls`: the user's, the
 /// one cert-manager fills, or the one the operator issues.
 pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
@@ -359,16 +374,16 @@ impl Reconciler {
     ///    ([`Self::switch_cluster_tls`]: the port, the bus, replication);
     /// 3. the nodes roll onto the template that starts them the new way.
     ///
-    /// The children are built from the flip's view from when a node runs a
-    /// template of the other way or of the flip, until a node runs the new
-    /// way's template or every node listens the new way; the Redis as it is
-    /// otherwise (so the view never goes back once the last roll began).
+    /// The children are built from the flip's view while
+    /// [`flip_in_progress`] says so: the Redis as it is otherwise, and
+    /// always once a shard's StatefulSet has the new way's template (the
+    /// last roll began: a pass that cannot tell how a node listens never
+    /// takes the ConfigMap and the templates back to the flip's, which
+    /// would start a node the other way than its template says).
     fn cluster_view(&self, facts: &[PodFacts]) -> std::sync::Arc<Redis> {
         let wanted = self.redis.spec.tls.is_some();
-        let behind = facts.iter().any(|f| f.either || f.listens_tls != wanted);
-        let arrived = facts.iter().any(|f| !f.either && f.listens_tls == wanted);
-        let switched = facts.iter().all(|f| f.listens_tls == wanted);
-        if !behind || arrived || switched {
+        // (The StatefulSets are read only while the pods say a flip runs.)
+        if !flip_in_progress(facts, wanted, false) || self.final_template_applied(wanted) {
             return self.redis.clone();
         }
         let tls = match (&self.redis.spec.tls, &self.leaving_secret) {
@@ -392,12 +407,25 @@ impl Reconciler {
         std::sync::Arc::new(view)
     }
 
+    /// Whether a shard's StatefulSet (from the cache) has the template
+    /// that starts the server the `wanted` way, not the flip's.
+    fn final_template_applied(&self, wanted: bool) -> bool {
+        (0..crate::api::v1alpha1::MAX_SHARDS)
+            .map(|shard| super::cluster::build::shard_statefulset_name(&self.names, shard))
+            .map_while(|name| self.cached::<k8s_openapi::api::apps::v1::StatefulSet>(&name))
+            .any(|sts| super::kept::listens_as(&sts) == (wanted, false))
+    }
+
     /// For every pod of a Cluster TLS flip's template (`either`): whether
-    /// its server listens with TLS, by a TLS handshake (bounded by the
-    /// connect timeout); one that does not complete one listens in plain
-    /// text, or is down.
+    /// its server listens in plain text now, by a plain `PING`, or with
+    /// TLS, by a handshake (each bounded by the connect timeout); one that
+    /// answers neither is marked `listen_unknown`.
     pub(super) async fn handshake_either(&self, facts: &mut [PodFacts], opts: &ConnectOptions) {
         let Some(tls) = self.tls.as_ref().or(self.leaving_tls.as_ref()) else {
+            // No TLS settings to try with (the Secret unreadable this pass).
+            for f in facts.iter_mut().filter(|f| f.either) {
+                f.listen_unknown = true;
+            }
             return;
         };
         let mut with_tls = opts.clone().with_tls(tls.options.clone());
@@ -411,15 +439,27 @@ impl Reconciler {
                 let with_tls = &with_tls;
                 async move {
                     let ep = Endpoint::new(&ip, build::REDIS_PORT);
-                    let shook = crate::redis::rdb::served_certificate(&ep, with_tls)
+                    // Plain text first: a TLS port refuses it at once,
+                    // while a handshake sent to a plain-text port waits.
+                    let way = if crate::redis::rdb::answers_plain(&ep, with_tls).await {
+                        Some(false)
+                    } else if crate::redis::rdb::served_certificate(&ep, with_tls)
                         .await
-                        .is_ok();
-                    (i, shook)
+                        .is_ok()
+                    {
+                        Some(true)
+                    } else {
+                        None
+                    };
+                    (i, way)
                 }
             });
-        for (i, shook) in futures::future::join_all(asks).await {
+        for (i, way) in futures::future::join_all(asks).await {
             if let Some(f) = facts.get_mut(i) {
-                f.listens_tls = shook;
+                match way {
+                    Some(tls) => f.listens_tls = tls,
+                    None => f.listen_unknown = true,
+                }
             }
         }
     }
@@ -442,7 +482,8 @@ impl Reconciler {
         let on = self.redis.spec.tls.is_some();
         let todo: Vec<(String, String)> = facts
             .iter()
-            .filter(|f| f.either && f.listens_tls != on && f.reachable && !f.terminating)
+            .filter(|f| f.either && !f.listen_unknown && f.listens_tls != on)
+            .filter(|f| f.reachable && !f.terminating)
             .filter_map(|f| Some((f.name.clone(), f.ip.clone()?)))
             .collect();
         if todo.is_empty() {
@@ -716,6 +757,89 @@ mod tests {
     use super::*;
     use k8s_openapi::ByteString;
     use std::collections::BTreeMap;
+
+    /// A node of a Cluster Redis: `either` (the flip's template),
+    /// `tls` (how it listens), `unknown` (its way could not be told).
+    fn node(either: bool, tls: bool, unknown: bool) -> PodFacts {
+        PodFacts {
+            either,
+            listens_tls: tls,
+            listen_unknown: unknown,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_flip_view_holds_until_every_node_listens_the_new_way_and_never_comes_back() {
+        let on = true;
+        // Turning TLS on: nodes on the plain template, then some on the
+        // flip's (still plain): the flip's view.
+        assert!(flip_in_progress(
+            &vec![node(false, false, false); 3],
+            on,
+            false
+        ));
+        let rolling = [
+            node(true, false, false),
+            node(false, false, false),
+            node(false, false, false),
+        ];
+        assert!(flip_in_progress(&rolling, on, false));
+        // All on the flip's template, not yet switched; one unanswered:
+        // still the flip's view.
+        let before = [
+            node(true, false, false),
+            node(true, false, true),
+            node(true, false, false),
+        ];
+        assert!(flip_in_progress(&before, on, false));
+        // Switched live: the new way's templates.
+        assert!(!flip_in_progress(
+            &vec![node(true, true, false); 3],
+            on,
+            false
+        ));
+        // Switched, and one node did not answer this pass (down, or too
+        // slow under load): it counts for neither side, the view stays.
+        let one_silent = [
+            node(true, true, false),
+            node(true, false, true),
+            node(true, true, false),
+        ];
+        assert!(!flip_in_progress(&one_silent, on, false));
+        // None answered: nothing known, not switched.
+        assert!(flip_in_progress(
+            &vec![node(true, false, true); 3],
+            on,
+            false
+        ));
+        // The last roll began (a node runs the new way's template): final.
+        let arrived = [
+            node(false, true, false),
+            node(true, true, false),
+            node(true, false, true),
+        ];
+        assert!(!flip_in_progress(&arrived, on, false));
+        // The rolled node's pod is being recreated (not among the facts)
+        // and another node reads as the old way: a shard's StatefulSet
+        // already has the new way's template, so the view never goes back.
+        let gap = [node(true, false, false), node(true, true, false)];
+        assert!(flip_in_progress(&gap, on, false));
+        assert!(!flip_in_progress(&gap, on, true));
+        // Turning TLS off mirrors it.
+        assert!(flip_in_progress(
+            &vec![node(false, true, false); 3],
+            false,
+            false
+        ));
+        assert!(!flip_in_progress(
+            &vec![node(true, false, false); 3],
+            false,
+            false
+        ));
+        // No nodes, no flip.
+        assert!(!flip_in_progress(&[], on, false));
+    }
 
     fn secret(files: &[(&str, &str)]) -> Secret {
         Secret {
