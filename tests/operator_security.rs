@@ -2023,6 +2023,19 @@ async fn instances_listen(
 
 /// Whether the pod's readiness probe is a Cluster TLS flip's (answers
 /// plain text or TLS).
+/// Whether the pod's server container's readiness probe speaks TLS only.
+fn probe_speaks_tls(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    !probe_answers_either_way(p)
+        && p.spec.iter().flat_map(|s| &s.containers).any(|c| {
+            c.name == "redis"
+                && c.readiness_probe
+                    .as_ref()
+                    .and_then(|r| r.exec.as_ref())
+                    .and_then(|e| e.command.as_ref())
+                    .is_some_and(|cmd| cmd.iter().any(|a| a.contains(" --tls")))
+        })
+}
+
 fn probe_answers_either_way(p: &k8s_openapi::api::core::v1::Pod) -> bool {
     p.spec.iter().flat_map(|s| &s.containers).any(|c| {
         c.readiness_probe
@@ -2337,7 +2350,9 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
 /// client refused) with replication over TLS and every link up. Off: the
 /// instances listen in plain text again, the certificate files gone. The
 /// writer wrote both ways; no confirmed write is lost; the Redis is Ready
-/// at the end of each.
+/// at the end of each. A backup asked for half way through turning TLS on
+/// (the instances on two templates) completes: it waits for a source that
+/// listens as its agent speaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
     use redpilot::redis::TlsOptions;
@@ -2383,6 +2398,8 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
     })
     .await;
 
+    support::operator::create_claim(&client, ns, "backups").await;
+
     // On.
     let t = Instant::now();
     support::operator::patch_redis(
@@ -2392,6 +2409,72 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
         json!({"spec": {"tls": {"secretName": "flip-tls"}}}),
     )
     .await;
+    // A backup asked for half way through the ordered restart, while the
+    // instances listen two ways: it waits for a source that listens as its
+    // agent speaks (TLS) rather than fail. First the state is proven.
+    let templates = |pods: &std::collections::BTreeMap<String, Pod>| {
+        let with_tls = pods.values().filter(|p| probe_speaks_tls(p)).count();
+        (with_tls, pods.len() - with_tls)
+    };
+    wait_for(
+        "the instances on two templates (TLS and plain text)",
+        Duration::from_secs(180),
+        || async {
+            let (with_tls, plain_n) = templates(&redis_pods(&client, ns, "flip").await);
+            (with_tls > 0 && plain_n > 0).then_some(())
+        },
+    )
+    .await;
+    support::operator::create_backup(
+        &client,
+        ns,
+        "mid-flip",
+        json!({"redis": "flip", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let (with_tls, plain_n) = templates(&redis_pods(&client, ns, "flip").await);
+    assert!(
+        with_tls > 0 && plain_n > 0,
+        "the backup was asked for while the instances listened two ways: {with_tls} TLS, {plain_n} plain"
+    );
+    let backups: Api<redpilot::api::v1alpha1::RedisBackup> = Api::namespaced(client.clone(), ns);
+    let waited = std::sync::Mutex::new(Vec::<String>::new());
+    let b = wait_for(
+        "the mid-roll backup ended",
+        Duration::from_secs(400),
+        || async {
+            let b = backups.get("mid-flip").await.ok()?;
+            let st = b.status.clone().unwrap_or_default();
+            if let Some(m) = st
+                .message
+                .as_ref()
+                .filter(|m| m.contains("TLS is being turned on"))
+            {
+                let mut w = waited.lock().unwrap_or_else(|e| e.into_inner());
+                if !w.contains(m) {
+                    w.push(m.clone());
+                }
+            }
+            matches!(
+                st.phase,
+                Some(redpilot::api::v1alpha1::BackupPhase::Completed)
+                    | Some(redpilot::api::v1alpha1::BackupPhase::Failed)
+            )
+            .then_some(b)
+        },
+    )
+    .await;
+    let st = b.status.clone().expect("status");
+    let waited = waited.into_inner().unwrap_or_default();
+    println!(
+        "backup asked for with {with_tls} instance(s) on TLS and {plain_n} in plain text: {:?} from {:?}; waited: {waited:?}",
+        st.phase, st.source
+    );
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "a backup asked for while TLS is turned on completes: {st:?}"
+    );
     wait_for(
         "every instance listening with TLS only, links up",
         Duration::from_secs(300),

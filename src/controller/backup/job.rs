@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    EnvVar, EnvVarSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
     SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -27,6 +27,38 @@ pub const EXIT_PERMANENT: i32 = 3;
 /// Attempts after a failure worth retrying (the Job controller backs off
 /// 10 s, 20 s, … between them).
 pub const RETRIES: i32 = 2;
+
+/// Why the backup agent, speaking TLS (`tls`: the Redis has `spec.tls`) or
+/// plain text, cannot read the server of `pod` now: its template has the
+/// server listen the other way (TLS being turned on or off, the ordered
+/// restart has not reached it yet), or either way (a Cluster Redis between
+/// its two rolls, switched live). `None` when it can, or when the pod says
+/// nothing of it (no server container).
+pub fn listens_otherwise(pod: &Pod, tls: bool) -> Option<String> {
+    use crate::controller::redis::facts::{probes_either, probes_tls};
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let c = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == crate::controller::redis::names::SERVER_CONTAINER)?;
+    if probes_either(c) {
+        return Some(format!(
+            "TLS is being turned {} on the cluster: {name} may listen either way until its last restart",
+            if tls { "on" } else { "off" }
+        ));
+    }
+    match (probes_tls(c), tls) {
+        (false, true) => Some(format!(
+            "TLS is being turned on: {name} still listens in plain text (the agent speaks TLS)"
+        )),
+        (true, false) => Some(format!(
+            "TLS is being turned off: {name} still listens with TLS (the agent speaks plain text)"
+        )),
+        _ => None,
+    }
+}
 
 /// The instance to back up, from the Redis's status: the ready replica with
 /// a live link furthest ahead (never forking the primary when a replica can
@@ -476,6 +508,55 @@ fn agent_job(
 mod tests {
     use super::*;
     use crate::api::v1alpha1::{InstanceStatus, RedisStatus};
+
+    /// A pod of a Redis whose server's readiness probe runs `probe`.
+    fn server_pod(probe: &str) -> Pod {
+        use k8s_openapi::api::core::v1::{Container, ExecAction, Probe};
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("cache-1".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: crate::controller::redis::names::SERVER_CONTAINER.into(),
+                    readiness_probe: Some(Probe {
+                        exec: Some(ExecAction {
+                            command: Some(vec!["sh".into(), "-c".into(), probe.into()]),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_backup_waits_for_a_source_that_listens_as_the_agent_speaks() {
+        use crate::controller::redis::facts::{EITHER_STARTS_PLAIN, TLS_PROBE_FLAG};
+        let plain = server_pod("redis-cli -h 127.0.0.1 -p 6379 info");
+        let tls = server_pod(&format!(
+            "redis-cli{TLS_PROBE_FLAG} --insecure -h 127.0.0.1 info"
+        ));
+        let either = server_pod(&format!(
+            "{EITHER_STARTS_PLAIN}\nredis-cli info\nredis-cli{TLS_PROBE_FLAG} info"
+        ));
+        assert_eq!(listens_otherwise(&plain, false), None);
+        assert_eq!(listens_otherwise(&tls, true), None);
+        let on = listens_otherwise(&plain, true).expect("TLS on, not yet restarted");
+        assert!(on.contains("turned on") && on.contains("cache-1"), "{on}");
+        let off = listens_otherwise(&tls, false).expect("TLS off, not yet restarted");
+        assert!(off.contains("turned off"), "{off}");
+        for way in [true, false] {
+            let e = listens_otherwise(&either, way).expect("either way: unknown");
+            assert!(e.contains("either way"), "{e}");
+        }
+        // No server container: nothing to tell by.
+        assert_eq!(listens_otherwise(&Pod::default(), true), None);
+    }
 
     fn inst(
         name: &str,

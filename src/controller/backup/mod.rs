@@ -237,10 +237,9 @@ impl Pass {
                 ))
                 .await;
         };
-        let Some(host) = self.pod_ip(&source).await? else {
-            return self
-                .pending(format!("waiting for {source} to have an address"))
-                .await;
+        let host = match self.source_address(&redis, &source).await? {
+            Ok(host) => host,
+            Err(wait) => return self.pending(wait).await,
         };
         let now = chrono::Utc::now();
         let key = self.object_key(now);
@@ -639,6 +638,31 @@ impl Pass {
         } else {
             None
         })
+    }
+
+    /// The address the agent reads `pod` (an instance of `redis`) at, or
+    /// what the backup waits for: the pod's address, or the pod to listen
+    /// the way the agent speaks ([`job::listens_otherwise`]; a backup
+    /// started while TLS is turned on or off waits for the ordered restart
+    /// rather than fail).
+    async fn source_address(
+        &self,
+        redis: &Redis,
+        pod: &str,
+    ) -> Result<std::result::Result<String, String>, Error> {
+        self.ctx.metrics.kube("get_pod");
+        let p: Option<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(pod)
+            .await?;
+        let tls = crate::controller::redis::tls::secret_of(redis).is_some();
+        if let Some(why) = p.as_ref().and_then(|p| job::listens_otherwise(p, tls)) {
+            return Ok(Err(format!(
+                "waiting for the source to listen as the agent speaks: {why}"
+            )));
+        }
+        Ok(p.and_then(|p| p.status)
+            .and_then(|s| s.pod_ip)
+            .ok_or_else(|| format!("waiting for {pod} to have an address")))
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {

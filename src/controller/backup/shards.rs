@@ -51,10 +51,9 @@ impl Pass {
                     ))
                     .await;
             };
-            let Some(host) = self.pod_ip(&source).await? else {
-                return self
-                    .pending(format!("waiting for {source} to have an address"))
-                    .await;
+            let host = match self.source_address(redis, &source).await? {
+                Ok(host) => host,
+                Err(wait) => return self.pending(wait).await,
             };
             sources.push((index, slots, source, host));
         }
