@@ -214,6 +214,22 @@ async fn main() {
             .or_default() += 1;
     }
     println!("idle requests by verb and resource: {verbs:?}");
+    // Writes in the idle window by object (a status that changes with time
+    // shows as one object written again and again; the last catching up
+    // after a slow start as many objects written once or twice).
+    let mut written: BTreeMap<String, usize> = BTreeMap::new();
+    for r in requests.iter().filter(|r| r.is_write()) {
+        *written
+            .entry(format!("{}/{}", r.namespace, r.describe()))
+            .or_default() += 1;
+    }
+    let mut most: Vec<(&String, &usize)> = written.iter().collect();
+    most.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    println!(
+        "idle writes: {writes} to {} objects; most written: {:?}",
+        written.len(),
+        most.iter().take(10).collect::<Vec<_>>()
+    );
     let mut op = op;
     let namespaces = [real_ns.name.as_str(), fake_ns.name.as_str()];
     for variant in variants() {
