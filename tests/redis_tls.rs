@@ -336,20 +336,11 @@ async fn a_plain_ping_tells_a_plain_server_from_a_tls_one_at_once() {
         .expect("the TLS server completes a handshake");
 
     // A stopped server: no answer either way, bounded by the timeout.
-    let pid = plain.pid().expect("pid");
-    let stop = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    stop("-STOP");
+    plain.signal("-STOP");
     let t = std::time::Instant::now();
     let answered = answers_plain(&plain.endpoint(), &opts).await;
     let waited = t.elapsed();
-    stop("-CONT");
+    plain.signal("-CONT");
     assert!(!answered, "a stopped server answers nothing");
     assert!(
         waited >= Duration::from_millis(1900) && waited < Duration::from_secs(4),

@@ -418,6 +418,18 @@ impl RedisServer {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// Sends `sig` (`-STOP`, `-CONT`) to the running server.
+    #[allow(dead_code)]
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("the server runs");
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         self.child
