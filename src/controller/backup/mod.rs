@@ -650,10 +650,7 @@ impl Pass {
         redis: &Redis,
         pod: &str,
     ) -> Result<std::result::Result<String, String>, Error> {
-        self.ctx.metrics.kube("get_pod");
-        let p: Option<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns)
-            .get_opt(pod)
-            .await?;
+        let p = self.pod(pod).await?;
         let tls = crate::controller::redis::tls::secret_of(redis).is_some();
         if let Some(why) = p.as_ref().and_then(|p| job::listens_otherwise(p, tls)) {
             return Ok(Err(format!(
@@ -666,11 +663,19 @@ impl Pass {
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {
+        Ok(self
+            .pod(pod)
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip))
+    }
+
+    /// The pod `pod` of this namespace, read from the API.
+    async fn pod(&self, pod: &str) -> Result<Option<Pod>, Error> {
         self.ctx.metrics.kube("get_pod");
-        let p: Option<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+        Ok(Api::namespaced(self.ctx.client.clone(), &self.ns)
             .get_opt(pod)
-            .await?;
-        Ok(p.and_then(|p| p.status).and_then(|s| s.pod_ip))
+            .await?)
     }
 
     async fn claim_exists(&self, claim: &str) -> Result<bool, Error> {
