@@ -160,15 +160,6 @@ async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
     );
 }
 
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_look_tells_a_paused_primary_from_a_running_one() {
     let mut group =
@@ -180,11 +171,11 @@ async fn the_last_look_tells_a_paused_primary_from_a_running_one() {
     assert!(!answers_as_primary(&group[1].endpoint(), &opts, within).await);
     // Stopped: no answer, and the look gives up within its bound.
     let pid = group[0].pid().expect("running");
-    signal(pid, "-STOP");
+    redis_server::signal(pid, "-STOP");
     let t = Instant::now();
     let seen = answers_as_primary(&group[0].endpoint(), &opts, within).await;
     let took = t.elapsed();
-    signal(pid, "-CONT");
+    redis_server::signal(pid, "-CONT");
     assert!(!seen, "a stopped server does not answer");
     assert!(took < Duration::from_millis(1500), "the look took {took:?}");
     // Running again: it answers at once.

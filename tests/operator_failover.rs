@@ -34,7 +34,7 @@ use serde_json::json;
 use support::faults::{InsideWriter, Partition, ServiceWriter, Tally, missing, percentiles};
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, http_get, kill_9, metric_sum, patch_redis, pod_ip,
-    recent_events, redis_api, redis_password, server_pid, start_operator, wait_ready,
+    recent_events, redis_api, redis_password, server_pid, signal, start_operator, wait_ready,
 };
 use support::writer::assert_everywhere;
 use support::{TestNamespace, client, wait_for};
@@ -665,18 +665,10 @@ async fn a_slow_primary_is_not_failed_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(writer.acked() > before, "writes flow after the script");
     // A stopped process (a CPU stall): 3 s.
-    let stop = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
     let stopped = Instant::now();
-    stop("-STOP");
+    signal(pid, "-STOP");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop("-CONT");
+    signal(pid, "-CONT");
     let resumed = Instant::now();
     println!(
         "the primary's process was stopped for {:.2}s",

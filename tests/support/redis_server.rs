@@ -421,13 +421,7 @@ impl RedisServer {
     /// Sends `sig` (`-STOP`, `-CONT`) to the running server.
     #[allow(dead_code)]
     pub fn signal(&self, sig: &str) {
-        let pid = self.pid().expect("the server runs");
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill {sig} {pid}");
+        signal(self.pid().expect("the server runs"), sig);
     }
 
     /// Whether the process is running.
@@ -578,4 +572,16 @@ pub fn median_max(v: &[Duration]) -> (Duration, Duration) {
         (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2
     };
     (med, s.last().copied().unwrap_or_default())
+}
+
+/// `kill <sig> pid` (e.g. `-STOP`, `-CONT`) for a test crate that includes
+/// this file without `support` (which has its own, `support::operator::signal`).
+#[allow(dead_code)]
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
 }
