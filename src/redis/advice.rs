@@ -693,28 +693,75 @@ fn full_resyncs(s: &Subject) -> Verdict {
     let rate = written / secs.max(1) as f64;
     // Room for a minute of writes, and at least four times the present size.
     const MIB: u64 = 1024 * 1024;
-    let want = ((rate * 60.0) as u64).max(backlog * 4).div_ceil(MIB) * MIB;
+    let wanted = ((rate * 60.0) as u64).max(backlog * 4).div_ceil(MIB) * MIB;
     let holds = if rate > 0.0 {
         format!(", which holds {:.0} s of writes", backlog as f64 / rate)
+    } else {
+        String::new()
+    };
+    let evidence = format!(
+        "{full:.0} full resynchronisations in the last {} ({refused:.0} partial ones \
+         refused); backlog {}{holds}",
+        span(secs),
+        bytes(backlog)
+    );
+    // The backlog lives outside maxmemory: it may take at most what the
+    // container's memory limit leaves beside the data (see `backlog_cap`).
+    let cap = backlog_cap(s);
+    let want = cap.map_or(wanted, |c| wanted.min(c));
+    if want <= backlog {
+        return fires(
+            "full-resyncs",
+            Severity::Warning,
+            evidence,
+            format!(
+                "a replica that reconnects copies the whole dataset when the backlog no longer \
+                 holds what it missed; a larger backlog ({}) does not fit: the memory limit \
+                 {} leaves no more room beside the data. Raise the memory limit \
+                 (spec.resources) or lower maxmemory",
+                bytes(wanted),
+                bytes(s.cur.memory_limit.unwrap_or(0)),
+            ),
+            None,
+        );
+    }
+    let capped = if want < wanted {
+        format!(
+            "; capped from {} by the memory limit {} (half of what it leaves beside \
+             maxmemory {} and the server's own memory)",
+            bytes(wanted),
+            bytes(s.cur.memory_limit.unwrap_or(0)),
+            bytes(s.cur.setting("maxmemory").unwrap_or(0)),
+        )
     } else {
         String::new()
     };
     fires(
         "full-resyncs",
         Severity::Warning,
-        format!(
-            "{full:.0} full resynchronisations in the last {} ({refused:.0} partial ones \
-             refused); backlog {}{holds}",
-            span(secs),
-            bytes(backlog)
-        ),
+        evidence,
         format!(
             "a replica that reconnects copies the whole dataset when the backlog no longer \
-             holds what it missed: repl-backlog-size {want} ({})",
+             holds what it missed: repl-backlog-size {want} ({}){capped}",
             bytes(want)
         ),
         Some(("repl-backlog-size", want.to_string())),
     )
+}
+
+/// The largest replication backlog the container's memory limit allows,
+/// whole MiB: half of what the limit leaves beside the larger of
+/// `maxmemory` and the memory in use (the other half for client buffers
+/// and a fork's copied pages). `None` when the limit is not known.
+fn backlog_cap(s: &Subject) -> Option<u64> {
+    const MIB: u64 = 1024 * 1024;
+    let limit = s.cur.memory_limit?;
+    // The backlog in use is inside `used_memory`: it is room for the new one.
+    let backlog = s.cur.setting("repl-backlog-size").unwrap_or(0);
+    let used = (s.cur.num("used_memory").unwrap_or(0.0) as u64).saturating_sub(backlog);
+    let data = s.cur.setting("maxmemory").unwrap_or(0).max(used);
+    let room = limit.saturating_sub(data);
+    Some(room / 2 / MIB * MIB)
 }
 
 fn big_keys(s: &Subject) -> Verdict {

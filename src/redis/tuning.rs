@@ -106,6 +106,10 @@ pub struct Sample {
     pub big_keys: Vec<KeySize>,
     /// Keys whose size this sweep estimated.
     pub keys_sized: u64,
+    /// The server container's memory limit (bytes), when the caller knows
+    /// it (the pod's, in the operator): what a setting that takes memory
+    /// outside `maxmemory` must stay within.
+    pub memory_limit: Option<u64>,
 }
 
 impl Sample {

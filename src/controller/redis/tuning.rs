@@ -436,7 +436,11 @@ impl Reconciler {
             let server = memory.servers.entry(l.pod.clone()).or_default();
             server.scan = l.scan;
             match l.sample {
-                Ok(cur) => {
+                Ok(mut cur) => {
+                    cur.memory_limit = facts
+                        .iter()
+                        .find(|f| f.name == l.pod)
+                        .and_then(|f| f.mem_limit_applied.or(f.mem_limit));
                     if current.is_empty() || Some(l.pod.as_str()) == primary {
                         current = cur.config.clone();
                     }

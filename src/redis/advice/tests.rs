@@ -414,6 +414,49 @@ fn full_resyncs_size_the_backlog_from_the_write_rate() {
 }
 
 #[test]
+fn full_resyncs_never_size_the_backlog_past_the_memory_limit() {
+    // 3.6 GB written in an hour: 1 MB/s, a minute of it 60 MB.
+    let settings = [("repl-backlog-size", "1048576"), ("maxmemory", "200000000")];
+    let base = sample(
+        "role:master\nsync_full:1\nsync_partial_err:0\nmaster_repl_offset:0\n",
+        &settings,
+    );
+    let mut cur = sample(
+        "role:master\nsync_full:4\nsync_partial_err:3\nmaster_repl_offset:3600000000\nused_memory:150000000\n",
+        &settings,
+    );
+    cur.info
+        .fields
+        .insert("uptime_in_seconds".into(), "13600".into());
+    // No limit known: a minute of writes.
+    let a = fired("full-resyncs", &cur, Some(&base));
+    assert_eq!(
+        a.config,
+        Some(("repl-backlog-size", (58 * MIB).to_string()))
+    );
+    // A 256 MiB limit beside maxmemory 200 MB leaves 68.4 MB; half of it,
+    // whole MiB: 32 MiB.
+    cur.memory_limit = Some(256 * MIB);
+    let a = fired("full-resyncs", &cur, Some(&base));
+    assert_eq!(
+        a.config,
+        Some(("repl-backlog-size", (32 * MIB).to_string()))
+    );
+    assert!(
+        a.advice
+            .contains("capped from 58 MiB by the memory limit 256 MiB"),
+        "{}",
+        a.advice
+    );
+    // A limit that leaves no room for more than the present backlog:
+    // nothing to set, and the advice says why.
+    cur.memory_limit = Some(200_000_000 + 2 * MIB);
+    let a = fired("full-resyncs", &cur, Some(&base));
+    assert_eq!(a.config, None);
+    assert!(a.advice.contains("does not fit"), "{}", a.advice);
+}
+
+#[test]
 fn big_keys_from_the_sample() {
     let mut s = sample("", &[("lazyfree-lazy-user-del", "no")]);
     assert_eq!(verdict("big-keys", &s, None), Verdict::Unknown);
