@@ -97,6 +97,27 @@ async fn checked_in_crd_applies_with_kubectl() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // The API server warns of what it does not know (an integer format
+    // other than int32/int64 once printed `unrecognized format "uint64"`
+    // on every install): a user sees none.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.to_lowercase().contains("warning"),
+        "installing the CRDs prints warnings:\n{stderr}"
+    );
+    // The plain `kubectl apply -f` of a first install, too.
+    let out = kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.to_lowercase().contains("warning"),
+        "`kubectl apply -f crds/redis.yaml` prints warnings:\n{stderr}"
+    );
 }
 
 #[tokio::test]

@@ -986,10 +986,15 @@ pub struct ClusterStatus {
     /// `ok` or `fail`, as the nodes report it (`fail` when any says so).
     pub state: String,
     /// Slots with an owner, out of 16,384.
+    // The API server knows the integer formats int32 and int64 only; the
+    // unsigned ones schemars writes print a warning on every install.
+    #[schemars(extend("format" = "int64"))]
     pub slots_assigned: u32,
     /// Slots whose owner is not failing.
+    #[schemars(extend("format" = "int64"))]
     pub slots_ok: u32,
     /// Nodes the cluster knows (the most any node reports).
+    #[schemars(extend("format" = "int64"))]
     pub known_nodes: u32,
 }
 
@@ -1217,20 +1222,25 @@ pub struct FailoverTimeline {
     /// failing verdict (none when the loss was seen another way, e.g. its
     /// pod gone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // int64, not uint64: see `ClusterStatus`.
+    #[schemars(extend("format" = "int64"))]
     pub noticed_ms: Option<u64>,
     /// From the lost primary's last answer to the promotion's start (the
     /// verdict, the reconcile it triggered, that reconcile's reads); none
     /// when the monitor never heard it (e.g. its pod made anew elsewhere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int64"))]
     pub silent_ms: Option<u64>,
     /// From the promotion's start to the new primary's answer
     /// (`REPLICAOF NO ONE` with its fencing settings; for a handover, the
     /// whole switchover: writes paused, the replica caught up, promoted,
     /// the old primary following it).
+    #[schemars(extend("format" = "int64"))]
     pub promote_ms: u64,
     /// From the promotion's start to the role labels written (the
     /// read-write Service selects the new primary from then on); `time`
     /// is this moment.
+    #[schemars(extend("format" = "int64"))]
     pub labels_ms: u64,
 }
 
