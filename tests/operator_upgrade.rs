@@ -476,6 +476,11 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
         "RELATED_IMAGE_REDIS_7_0".into(),
         "mirror.invalid/redis:7.0".into(),
     ));
+    // The test's broken images are allowed as `spec.image` here.
+    opts.env.push((
+        "REDPILOT_ALLOWED_IMAGES".into(),
+        "redis,valkey/valkey,redpilot-test/*".into(),
+    ));
     let _op = start_operator(&client, opts).await;
     let pw = replication_62(
         &client,

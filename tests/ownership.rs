@@ -250,3 +250,166 @@ async fn paused_redis_leaves_children_alone_and_keeps_status_fresh() {
         "unpausing applies the change:\n{conf}"
     );
 }
+
+/// Secrets of a Redis's names that someone else made (an ingress
+/// certificate `web-tls`, a Secret `api-server-auth`) are never taken
+/// over: the Redis is Degraded naming the Secret and its owner, the
+/// Secret keeps its data and gains no owner, and nothing else of the Redis
+/// is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_of_a_redis_name_made_by_someone_else_are_never_taken_over() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "own-secret", &[]).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    let cert = "-----BEGIN CERTIFICATE-----\nnot-ours\n-----END CERTIFICATE-----\n";
+    let key = "-----BEGIN PRIVATE KEY-----\nnot-ours\n-----END PRIVATE KEY-----\n";
+    let ingress: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "web-tls", "labels": {"team": "web"}},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert, "tls.key": key}
+    }))
+    .expect("secret json");
+    let server_auth: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "api-server-auth"},
+        "stringData": {"token": "someone-elses"}
+    }))
+    .expect("secret json");
+    let mut made = Vec::new();
+    for s in [ingress, server_auth] {
+        made.push(
+            secrets
+                .create(&PostParams::default(), &s)
+                .await
+                .expect("create the foreign Secret"),
+        );
+    }
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let mut web = standalone();
+    web["tls"] = json!({});
+    apply_redis(&client, &ns.name, "web", web).await;
+    apply_redis(&client, &ns.name, "api", standalone()).await;
+
+    let api = redis_api(&client, &ns.name);
+    for (redis, secret) in [("web", "web-tls"), ("api", "api-server-auth")] {
+        let degraded = wait_for("the Redis to report Degraded", READY, || async {
+            let r = api.get(redis).await.ok()?;
+            r.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+        })
+        .await;
+        assert_eq!(degraded.reason, "Conflict", "{degraded:?}");
+        assert!(
+            degraded
+                .message
+                .contains(&format!("Secret {secret} already exists"))
+                && degraded.message.contains("no owner"),
+            "the condition names the Secret and its owner: {}",
+            degraded.message
+        );
+        println!("{redis}: {}", degraded.message);
+    }
+    // Let a few more passes run (each would write, if any did).
+    poke(&client, &ns.name, "web", 3).await;
+    poke(&client, &ns.name, "api", 3).await;
+    for before in &made {
+        let name = before.name_any();
+        let after = secrets.get(&name).await.expect("the foreign Secret");
+        assert_eq!(
+            after.resource_version(),
+            before.resource_version(),
+            "Secret {name} was not written"
+        );
+        assert!(
+            after
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .is_empty(),
+            "Secret {name} gained no owner"
+        );
+        assert_eq!(after.data, before.data, "Secret {name} keeps its data");
+    }
+    // Nothing else of either Redis was written.
+    for name in ["web-server-auth", "web-auth", "api-auth", "api-tls"] {
+        assert!(
+            secrets.get_opt(name).await.expect("get").is_none(),
+            "Secret {name} was not made"
+        );
+    }
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    for redis in ["web", "api"] {
+        assert!(sts.get_opt(redis).await.expect("get").is_none(), "{redis}");
+        assert!(
+            cms.get_opt(&format!("{redis}-config"))
+                .await
+                .expect("get")
+                .is_none(),
+            "{redis}"
+        );
+    }
+    // Deleting the Redis leaves the Secrets as they were.
+    api.delete("web", &DeleteParams::default())
+        .await
+        .expect("delete web");
+    wait_for("web gone", READY, || async {
+        api.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        secrets.get_opt("web-tls").await.expect("get").is_some(),
+        "the ingress certificate outlives the Redis"
+    );
+}
+
+/// `spec.image` runs only from an allowed repository: the server
+/// container would hold the password and the TLS key, so an image someone
+/// who may create a Redis (but not read Secrets) chose could read them.
+/// Refused: Degraded naming the field, and no pod, StatefulSet or Secret of
+/// the Redis exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_image_from_a_repository_not_allowed_never_reaches_a_pod() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "own-image", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let mut spec = standalone();
+    spec["image"] = json!("evil.example/reads-secrets:7.0");
+    spec["tls"] = json!({});
+    apply_redis(&client, &ns.name, "stolen", spec).await;
+    let api = redis_api(&client, &ns.name);
+    let degraded = wait_for("the Redis to report Degraded", READY, || async {
+        let r = api.get("stolen").await.ok()?;
+        r.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    })
+    .await;
+    assert_eq!(degraded.reason, "ImageNotAllowed", "{degraded:?}");
+    assert!(
+        degraded.message.starts_with(
+            "spec.image: evil.example/reads-secrets:7.0 is not from an allowed repository"
+        ),
+        "{}",
+        degraded.message
+    );
+    poke(&client, &ns.name, "stolen", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        redis_pods(&client, &ns.name, "stolen").await.is_empty(),
+        "no pod runs the image"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
+    assert!(sts.get_opt("stolen").await.expect("get").is_none());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    for name in ["stolen-auth", "stolen-server-auth", "stolen-tls"] {
+        assert!(
+            secrets.get_opt(name).await.expect("get").is_none(),
+            "Secret {name} was not made"
+        );
+    }
+    println!("refused: {}", degraded.message);
+}

@@ -7,6 +7,16 @@
 //! `REDIS` or `VALKEY`, `V` the version with `.` and `-` written as `_`, e.g.
 //! `RELATED_IMAGE_REDIS_7_0` for `version: "7.0"`), and only without such a
 //! variable the public image (`redis:<V>`, `valkey/valkey:<V>`).
+//!
+//! The server container holds the Redis's password (in its environment)
+//! and its TLS key (mounted): whoever chooses its image can read both. So a
+//! `spec.image` runs only from an allowed repository ([`Images::allows`]):
+//! those of `REDPILOT_ALLOWED_IMAGES` (comma-separated; a trailing `*`
+//! allows a whole prefix), by default the official engine repositories
+//! `redis` and `valkey/valkey`, and always those of the `RELATED_IMAGE_*`
+//! variables (the mirrors OLM rewrites them to). Someone who may create a
+//! Redis but not read Secrets cannot then read them through an image of
+//! their own.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +24,13 @@ use crate::api::v1alpha1::{Engine, RedisSpec};
 
 /// Prefix of the variables read.
 pub const PREFIX: &str = "RELATED_IMAGE_";
+
+/// The variable listing the repositories `spec.image` may name.
+pub const ALLOWED_VAR: &str = "REDPILOT_ALLOWED_IMAGES";
+
+/// The repositories `spec.image` may name when [`ALLOWED_VAR`] is unset:
+/// the official engine images.
+pub const DEFAULT_ALLOWED: &[&str] = &["redis", "valkey/valkey"];
 
 /// A `RELATED_IMAGE_*` variable that cannot be an image reference.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,6 +46,9 @@ pub struct InvalidImage {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Images {
     by_name: BTreeMap<String, String>,
+    /// Repositories (or prefixes ending in `*`) `spec.image` may name,
+    /// normalised ([`repository`]); `None`: [`DEFAULT_ALLOWED`].
+    allowed: Option<Vec<String>>,
 }
 
 impl Images {
@@ -45,7 +65,19 @@ impl Images {
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, InvalidImage> {
         let mut by_name = BTreeMap::new();
+        let mut allowed = None;
         for (name, value) in vars {
+            if name == ALLOWED_VAR {
+                allowed = Some(
+                    value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(repository)
+                        .collect(),
+                );
+                continue;
+            }
             if !name.starts_with(PREFIX) {
                 continue;
             }
@@ -64,7 +96,34 @@ impl Images {
             }
             by_name.insert(name, value);
         }
-        Ok(Images { by_name })
+        Ok(Images { by_name, allowed })
+    }
+
+    /// Whether `spec.image` (when set) names an allowed repository; the
+    /// refusal names the field, the image and how to allow it.
+    pub fn allows(&self, spec: &RedisSpec) -> Result<(), String> {
+        let Some(image) = &spec.image else {
+            return Ok(());
+        };
+        let repo = repository(image);
+        let listed: Vec<String> = match &self.allowed {
+            Some(a) => a.clone(),
+            None => DEFAULT_ALLOWED.iter().map(|r| r.to_string()).collect(),
+        };
+        let related = self.by_name.values().map(|v| repository(v));
+        let ok = listed.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => repo.starts_with(prefix),
+            None => *p == repo,
+        }) || related.into_iter().any(|r| r == repo);
+        if ok {
+            return Ok(());
+        }
+        Err(format!(
+            "spec.image: {image} is not from an allowed repository ({}, and the operator's \
+             RELATED_IMAGE_* images); the server container holds the Redis's password and TLS \
+             key, so it runs only images the operator's installer allowed ({ALLOWED_VAR})",
+            listed.join(", ")
+        ))
     }
 
     /// The variable that names the image of `engine` at `version`.
@@ -106,9 +165,65 @@ impl Images {
     }
 }
 
+/// The repository of an image reference, without tag or digest and with
+/// Docker Hub's implied names folded (`docker.io/library/redis:7.0` and
+/// `redis` are both `redis`).
+pub fn repository(image: &str) -> String {
+    let no_digest = image.split('@').next().unwrap_or(image);
+    let name = match no_digest.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => name,
+        _ => no_digest,
+    };
+    let name = name
+        .strip_prefix("docker.io/")
+        .or_else(|| name.strip_prefix("index.docker.io/"))
+        .unwrap_or(name);
+    name.strip_prefix("library/").unwrap_or(name).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spec_image_runs_only_from_an_allowed_repository() {
+        let images = Images::default();
+        let ok = |i: &Images, image: &str| i.allows(&spec(Engine::Redis, "7.0", Some(image)));
+        assert_eq!(images.allows(&spec(Engine::Redis, "7.0", None)), Ok(()));
+        for image in [
+            "redis:7.0",
+            "docker.io/library/redis:7.0",
+            "docker.io/redis@sha256:abc",
+            "valkey/valkey:8.1",
+            "docker.io/valkey/valkey:9.0",
+        ] {
+            assert_eq!(ok(&images, image), Ok(()), "{image}");
+        }
+        for image in [
+            "evil.example/redis:7.0",
+            "redis-stealer:1",
+            "valkey/valkey-fork:8.1",
+            "registry.example:5000/redis:7.0",
+        ] {
+            let e = ok(&images, image).expect_err(image);
+            assert!(e.starts_with(&format!("spec.image: {image} is not")), "{e}");
+            assert!(e.contains("REDPILOT_ALLOWED_IMAGES"), "{e}");
+        }
+        // The installer's list replaces the default; a trailing * allows a
+        // prefix; the related images (a mirror) are always allowed.
+        let images = Images::from_vars(vars(&[
+            (
+                ALLOWED_VAR,
+                "registry.example:5000/redis, mirror.example/engines/*",
+            ),
+            ("RELATED_IMAGE_REDIS_7_0", "quay.example/mirror/redis:7.0"),
+        ]))
+        .expect("vars");
+        assert_eq!(ok(&images, "registry.example:5000/redis:7.2"), Ok(()));
+        assert_eq!(ok(&images, "mirror.example/engines/valkey:8.1"), Ok(()));
+        assert_eq!(ok(&images, "quay.example/mirror/redis:7.2"), Ok(()));
+        assert!(ok(&images, "redis:7.0").is_err());
+    }
 
     fn spec(engine: Engine, version: &str, image: Option<&str>) -> RedisSpec {
         RedisSpec {

@@ -75,14 +75,20 @@ pub enum Error {
     Redis(#[from] crate::redis::Error),
     /// An object we would create exists and belongs to someone else.
     #[error(
-        "{kind} {name} already exists and is not managed by this Redis; refusing to overwrite it"
+        "{kind} {name} already exists and belongs to {owner}, not this Redis; nothing was written to it (rename the Redis, or remove or rename the {kind})"
     )]
     Conflict {
         /// Kind of the object.
         kind: &'static str,
         /// Its name.
         name: String,
+        /// Who holds it ([`holder`]).
+        owner: String,
     },
+    /// `spec.image` names a repository the operator may not run (see
+    /// [`images::Images::allows`]).
+    #[error("{0}")]
+    ImageNotAllowed(String),
     /// The auth Secret named by the spec is missing or lacks its key.
     #[error("secret {name}: {reason}")]
     Secret {
@@ -113,6 +119,20 @@ pub enum Error {
     },
 }
 
+/// Who holds an object this operator will not write: its controller
+/// (`Kind name`), else its first owner, else that it has none.
+pub fn holder(meta: &kube::api::ObjectMeta) -> String {
+    let refs = meta.owner_references.as_deref().unwrap_or_default();
+    match refs
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or(refs.first())
+    {
+        Some(o) => format!("{} {}", o.kind, o.name),
+        None => "no owner (made by hand or by another tool)".into(),
+    }
+}
+
 impl Error {
     /// A bounded, stable category for metrics and events.
     pub fn category(&self) -> &'static str {
@@ -120,6 +140,7 @@ impl Error {
             Error::Kube(_) => "kubernetes",
             Error::Redis(e) => redis_category(e),
             Error::Conflict { .. } => "conflict",
+            Error::ImageNotAllowed(_) => "image",
             Error::Secret { .. } => "secret",
             Error::Serialize(..) => "internal",
             Error::Random(_) => "internal",

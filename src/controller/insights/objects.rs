@@ -169,6 +169,10 @@ pub async fn reconcile(
     } else {
         Vec::new()
     };
+    let uid = redis.metadata.uid.clone().unwrap_or_default();
+    let ours = |meta: &kube::api::ObjectMeta| {
+        crate::controller::redis::children::controlled_by(meta, &uid)
+    };
     let mut wrote = false;
     for (kind, plural) in KINDS {
         let api: Api<DynamicObject> =
@@ -184,6 +188,16 @@ pub async fn reconcile(
                 if known.is_none() {
                     metrics.kube("get");
                     let live = api.get_opt(&name).await.map_err(Error::Kube)?;
+                    // Someone else's object of this name is never written.
+                    if let Some(l) = &live
+                        && !ours(&l.metadata)
+                    {
+                        return Err(Error::Conflict {
+                            kind,
+                            name: name.clone(),
+                            owner: crate::controller::holder(&l.metadata),
+                        });
+                    }
                     if live.as_ref().and_then(build::stamped_hash) == h.as_deref() {
                         insights.remember(&oref, kind, h);
                         continue;
@@ -204,8 +218,27 @@ pub async fn reconcile(
                 if known == Some(None) {
                     continue;
                 }
+                // Only an object this Redis controls is removed (the
+                // precondition holds the delete to the object read).
+                metrics.kube("get");
+                let live = api.get_opt(&name).await.map_err(Error::Kube)?;
+                let Some(uid) = live
+                    .as_ref()
+                    .filter(|l| ours(&l.metadata))
+                    .and_then(|l| l.metadata.uid.clone())
+                else {
+                    insights.remember(&oref, kind, None);
+                    continue;
+                };
                 metrics.kube("delete");
-                match api.delete(&name, &DeleteParams::default()).await {
+                let dp = DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&name, &dp).await {
                     Ok(_) => wrote = true,
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
                     Err(e) => return Err(Error::Kube(e)),

@@ -108,7 +108,11 @@ impl Reconciler {
             let meta = live.meta();
             let ours = controlled_by(meta, self.uid());
             if !ours && !adoptable(meta, &self.redis.name_any()) {
-                return Err(Error::Conflict { kind, name });
+                return Err(Error::Conflict {
+                    kind,
+                    name,
+                    owner: crate::controller::holder(meta),
+                });
             }
             if ours && in_sync(live, desired)? {
                 return Ok(false);
@@ -145,9 +149,10 @@ impl Reconciler {
         Ok(true)
     }
 
-    /// Applies a child; a conflict with a foreign object, or an object the API
-    /// server refuses as invalid, becomes a Degraded note and an event instead
-    /// of an error (retrying would not help).
+    /// Applies a child; an object the API server refuses as invalid becomes
+    /// a Degraded note and an event instead of an error (retrying would not
+    /// help). A conflict with a foreign object ends the pass
+    /// ([`Error::Conflict`]).
     pub(super) async fn apply_or_degrade<K: Child>(
         &mut self,
         kind: &'static str,
@@ -156,7 +161,9 @@ impl Reconciler {
     ) -> Result<bool, Error> {
         let (reason, msg) = match self.apply(kind, desired, live).await {
             Ok(w) => return Ok(w),
-            Err(e @ Error::Conflict { .. }) => ("Conflict", e.to_string()),
+            // A name someone else holds stops the pass: nothing more is
+            // written, and the Redis is Degraded naming it (`run`).
+            Err(e @ Error::Conflict { .. }) => return Err(e),
             // The API server refuses the object as invalid (e.g. a change to
             // a field it keeps immutable): retrying cannot help, so say so.
             Err(Error::Kube(kube::Error::Api(s))) if s.code == 422 => {

@@ -273,6 +273,9 @@ impl Reconciler {
     pub(super) async fn ensure_issued(&mut self, paused: bool) -> Result<Option<Secret>, Error> {
         let secret_name = self.names.issued_tls();
         let live: Option<Secret> = self.fetch(&secret_name).await?;
+        if let Some(e) = self.foreign("Secret", live.as_ref().map(|s| &s.metadata)) {
+            return Err(e);
+        }
         let (ca_cert, ca_key, ca_name) = self.namespace_ca().await?;
         let ca_hash = build::stable_hash(&[&ca_cert]);
         let policy = self.ctx.settings.certs;

@@ -299,6 +299,21 @@ impl Reconciler {
         }
     }
 
+    /// The conflict when an object of `kind` this pass would write
+    /// exists (`meta`) and is neither controlled by this Redis nor left
+    /// for it by an earlier install ([`children::adoptable`]).
+    fn foreign(&self, kind: &'static str, meta: Option<&kube::api::ObjectMeta>) -> Option<Error> {
+        let meta = meta?;
+        let name = meta.name.clone().unwrap_or_default();
+        (!children::controlled_by(meta, self.uid())
+            && !children::adoptable(meta, &self.redis.name_any()))
+        .then(|| Error::Conflict {
+            kind,
+            name,
+            owner: super::holder(meta),
+        })
+    }
+
     fn connect_options(&self, password: &str) -> ConnectOptions {
         let mut opts = ConnectOptions::default()
             .with_user_or_default(build::OPERATOR_USER, password.to_string())
@@ -335,6 +350,20 @@ impl Reconciler {
     ) -> Result<Result<(String, credentials::ServerAuth), Error>, Error> {
         let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
             self.lookup(&self.names.server_auth()).await?;
+        // Secrets of this Redis's names that someone else holds are never
+        // written: the server-auth Secret, and on a new Redis (nothing
+        // written yet) the certificate Secret the operator would issue, so
+        // a refused name leaves nothing behind.
+        if let Some(e) = self.foreign("Secret", server_auth.as_ref().map(|s| &s.metadata)) {
+            return Ok(Err(e));
+        }
+        if server_auth.is_none() && tls::issues_own(&self.redis) {
+            let tls: Option<k8s_openapi::api::core::v1::Secret> =
+                self.fetch(&self.names.issued_tls()).await?;
+            if let Some(e) = self.foreign("Secret", tls.as_ref().map(|s| &s.metadata)) {
+                return Ok(Err(e));
+            }
+        }
         let running = server_auth
             .as_ref()
             .and_then(credentials::read_server_auth)
@@ -356,10 +385,16 @@ impl Reconciler {
     async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Next>, Error> {
         let (wanted, auth) = match self.passwords(paused).await? {
             Ok(p) => p,
+            Err(e @ Error::Conflict { .. }) => {
+                return Ok(Err(self.fail_status("Conflict", e).await?));
+            }
             Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
         };
         self.tls = match self.tls_material(&auth, paused).await? {
             Ok(t) => t,
+            Err(tls::Unready::Unusable(e @ Error::Conflict { .. })) => {
+                return Ok(Err(self.fail_status("Conflict", e).await?));
+            }
             Err(tls::Unready::Unusable(e)) => {
                 return Ok(Err(self.fail_status("InvalidCertificate", e).await?));
             }
@@ -408,13 +443,27 @@ impl Reconciler {
             return Ok(Next::on_change());
         }
         self.carry_records();
+        // An image the operator may not run never reaches a pod (it would
+        // hold the password and the TLS key): Degraded, nothing written.
+        if let Err(why) = self.ctx.images.allows(&self.redis.spec) {
+            return self
+                .fail_status("ImageNotAllowed", Error::ImageNotAllowed(why))
+                .await;
+        }
         // One seam per topology: how instances are wired, how a primary is
         // chosen and replaced and what healthy means differ by mode; the
         // steps each pass shares (password, observation, children, live
         // config, status) are methods both passes call.
-        match self.redis.spec.mode() {
+        let out = match self.redis.spec.mode() {
             Mode::Cluster => self.run_cluster().await,
             Mode::Standalone | Mode::Replication => self.run_replication().await,
+        };
+        match out {
+            // A child's name is held by an object this Redis does not
+            // control: the pass stopped before writing it; Degraded, naming
+            // the object and its owner.
+            Err(e @ Error::Conflict { .. }) => self.fail_status("Conflict", e).await,
+            other => other,
         }
     }
 }

@@ -174,6 +174,7 @@ impl Reconciler {
                     return Ok(Auth::Failed(Error::Conflict {
                         kind: "Secret",
                         name,
+                        owner: crate::controller::holder(meta),
                     }));
                 }
                 let pw = match read_password(&s, &name) {

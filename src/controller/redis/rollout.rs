@@ -18,6 +18,28 @@ use crate::redis::{ConnectOptions, Endpoint};
 /// waits for `spec.allowDataLossOnRestart`.
 pub const RESTART_WOULD_LOSE_DATA: &str = "RestartWouldLoseData";
 
+/// The replica to restart although not every instance is ready: one of an
+/// outdated template that runs an older server version than the primary
+/// and is not linked to it (it cannot be: an older server refuses a newer
+/// one's snapshot), highest ordinal first; none while a pod is being
+/// deleted (one restart at a time).
+pub fn stranded(facts: &[PodFacts], primary: &str, names: &build::Names) -> Option<String> {
+    use crate::redis::info::Version;
+    let version = |f: &PodFacts| f.version.as_deref().and_then(|v| v.parse::<Version>().ok());
+    let p = facts.iter().find(|f| f.name == primary)?;
+    let newer = version(p)?;
+    if facts.iter().any(|f| f.terminating) {
+        return None;
+    }
+    facts
+        .iter()
+        .filter(|f| f.outdated && f.name != primary)
+        .filter(|f| f.link_up != Some(true) || f.syncing)
+        .filter(|f| version(f).is_some_and(|v| (v.major, v.minor) < (newer.major, newer.minor)))
+        .max_by_key(|f| ordinal(&f.name, names).unwrap_or(0))
+        .map(|f| f.name.clone())
+}
+
 impl Reconciler {
     /// Restarts pods running an outdated template, one at a time: replicas
     /// first (highest ordinal first), then the primary after a switchover to
@@ -43,6 +65,23 @@ impl Reconciler {
             facts.len()
         ));
         if !all_ready {
+            // A replica that cannot follow the primary because the primary
+            // runs a newer server (a failover mid-upgrade promoted an
+            // upgraded replica; an older server cannot load a newer one's
+            // snapshot) is never ready on its template: it restarts next,
+            // onto the new one, or the roll would wait for ever.
+            if let Some(name) = stranded(facts, primary, &self.names) {
+                self.restart_pod(&name).await?;
+                self.event(
+                    EventType::Normal,
+                    "RollingRestart",
+                    "Restart",
+                    format!(
+                        "restarted {name}: it runs an older server than the primary {primary} and cannot follow it"
+                    ),
+                )
+                .await;
+            }
             return Ok(());
         }
         let victim = match plan::next_to_restart(facts, primary, &self.names) {
@@ -249,5 +288,54 @@ impl Reconciler {
                 .push(format!("recording new primary {to}: {e}"));
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(i: i32, version: &str, role: Role, link: Option<bool>, outdated: bool) -> PodFacts {
+        PodFacts {
+            name: format!("cache-{i}"),
+            ready: link != Some(false),
+            reachable: true,
+            role: Some(role),
+            link_up: link,
+            version: Some(version.into()),
+            outdated,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_replica_older_than_a_promoted_primary_restarts_although_not_ready() {
+        let names = build::Names::new("cache");
+        // Mid-upgrade 6.2 -> 7.0, the primary lost: cache-2 (7.0) was
+        // promoted, the 6.2 instances cannot follow it; a second change
+        // made every template outdated.
+        let mut facts = vec![
+            pod(0, "6.2.14", Role::Replica, Some(false), true),
+            pod(1, "6.2.14", Role::Replica, Some(false), true),
+            pod(2, "7.0.15", Role::Primary, None, true),
+        ];
+        assert_eq!(stranded(&facts, "cache-2", &names), Some("cache-1".into()));
+        // One at a time.
+        facts[1].terminating = true;
+        assert_eq!(stranded(&facts, "cache-2", &names), None);
+        facts[1] = pod(1, "7.0.15", Role::Replica, Some(true), false);
+        assert_eq!(stranded(&facts, "cache-2", &names), Some("cache-0".into()));
+        // A replica of the same version that is only slow is waited for.
+        let same = vec![
+            pod(0, "7.0.15", Role::Replica, Some(false), true),
+            pod(2, "7.0.15", Role::Primary, None, true),
+        ];
+        assert_eq!(stranded(&same, "cache-2", &names), None);
+        // An older replica that follows (an older primary) is not stranded.
+        let linked = vec![
+            pod(0, "6.2.14", Role::Replica, Some(true), true),
+            pod(2, "7.0.15", Role::Primary, None, true),
+        ];
+        assert_eq!(stranded(&linked, "cache-2", &names), None);
     }
 }

@@ -146,6 +146,17 @@ pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
     })
 }
 
+/// Whether the operator issues `redis`'s certificate itself (`spec.tls`
+/// with neither `secretName` nor `issuerRef`): it then writes
+/// `<name>-tls`.
+pub fn issues_own(redis: &crate::api::v1alpha1::Redis) -> bool {
+    redis
+        .spec
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.secret_name.is_none() && t.issuer_ref.is_none())
+}
+
 /// The Secret a pod mounts as its server's TLS files.
 pub(super) fn mounted_secret(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
     pod.spec

@@ -78,7 +78,13 @@ pub fn config_lines() -> Vec<String> {
 /// [`TAKEOVER_WAIT_SECS`] (when no replica can take over, e.g. all nodes
 /// restart at once, the node starts with what it has). A Redis waking from
 /// hibernation ([`WAKING_ENV`] set) skips the wait: every instance saved
-/// the same data with writes paused, so no replica holds newer writes.
+/// the same data with writes paused, so no replica holds newer writes. The
+/// exemption holds once per node and wake (a marker beside `nodes.conf`
+/// records the wake it started for): a node that restarts later in the
+/// same wake (its peers woke, took writes and replicated them while
+/// another pod still waited to be scheduled) follows the rule again, or it
+/// would come back as primary with the hibernation-time data and its
+/// replica would resync from it.
 ///
 /// With `spec.tls` (`tls`: the CLI's flags, from
 /// [`crate::controller::redis::tls::cli_flags`]) the peers are asked over
@@ -99,7 +105,9 @@ if [ -s "$conf" ]; then
   me=$(awk '$3 ~ /myself/ {{print $1; exit}}' "$conf")
   served=$(awk '$3 ~ /myself/ && $3 ~ /master/ && NF > 8 {{print "yes"; exit}}' "$conf")
   followers=$(awk -v me="$me" '$4 == me {{n++}} END {{print n+0}}' "$conf")
-  if [ -n "${{{WAKING_ENV}:-}}" ]; then
+  woke="${{conf%/*}}/redpilot-woke"
+  if [ -n "${{{WAKING_ENV}:-}}" ] && [ "$(cat "$woke" 2>/dev/null)" != "${{{WAKING_ENV}}}" ]; then
+    printf '%s' "${{{WAKING_ENV}}}" > "$woke"
     echo "redpilot: waking from hibernation (saved ${{{WAKING_ENV}}}): every instance saved the same data; starting at once" >&2
   elif [ -n "$me" ] && [ "$served" = yes ] && [ "$followers" -gt 0 ]; then
     peers=$(awk '$3 !~ /myself/ && $3 !~ /noaddr/ {{split($2, a, "@"); print a[1]}}' "$conf")
@@ -460,6 +468,14 @@ mod tests {
         assert!(out.contains("waking from hibernation"), "{out}");
         assert!(!out.contains("waiting") && out.contains("started"), "{out}");
         assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        // The same node restarting later in the same wake: the rule again.
+        let (out, took) = run_with(&primary_with_replica, "2026-11-28T16:00:00Z");
+        assert!(!out.contains("waking from hibernation"), "{out}");
+        assert!(out.contains("waiting until the cluster hands"), "{out}");
+        assert!(took >= std::time::Duration::from_secs(2), "{took:?}");
+        // The next wake exempts it once more.
+        let (out, _) = run_with(&primary_with_replica, "2026-12-01T08:00:00Z");
+        assert!(out.contains("waking from hibernation"), "{out}");
         let (out, took) = run(&primary_with_replica);
         assert!(out.contains("waiting until the cluster hands"), "{out}");
         assert!(!out.contains("waking from hibernation"), "{out}");
