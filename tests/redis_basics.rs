@@ -473,3 +473,122 @@ async fn wait_up(exporter: &redpilot::exporter::Exporter) -> String {
     }
     panic!("the exporter never saw the server again");
 }
+
+/// A snapshot taken the way hibernation takes it (`BGSAVE`, waited for)
+/// never blocks the server: a client pinging throughout sees no stall like
+/// the one a foreground `SAVE` of the same data causes; the file is on
+/// disk when it returns.
+async fn background_save_never_blocks(engine: Engine) {
+    let server = RedisServer::start(engine, ServerConfig::default());
+    let opts = server.connect_options();
+    let mut node = Node::connect(&server.endpoint(), &opts)
+        .await
+        .expect("connect");
+    // 96 MiB in 384 values of 256 KiB, incompressible (the RDB file
+    // compresses values).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let value: String = (0..256 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'!' + (x % 90) as u8)
+        })
+        .collect();
+    for chunk in 0..12 {
+        let mut pipe = redis::pipe();
+        for i in 0..32 {
+            pipe.cmd("SET")
+                .arg(format!("big:{chunk}:{i}"))
+                .arg(&value)
+                .ignore();
+        }
+        let _: () = node.pipeline("SET", &pipe).await.expect("fill");
+    }
+    // The longest a PING waits while `run` saves.
+    async fn stall_during<F: std::future::Future<Output = ()>>(
+        ep: &Endpoint,
+        opts: &ConnectOptions,
+        run: F,
+    ) -> Duration {
+        let mut pinger = Node::connect(ep, opts).await.expect("connect");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = done.clone();
+        let ping = async move {
+            let mut longest = Duration::ZERO;
+            while !d.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                pinger.ping().await.expect("PING");
+                longest = longest.max(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            longest
+        };
+        let save = async move {
+            run.await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        let (longest, ()) = tokio::join!(ping, save);
+        longest
+    }
+    let ep = server.endpoint();
+    let mut saver = Node::connect(&ep, &opts).await.expect("connect");
+    let before: i64 = saver
+        .query("LASTSAVE", &redis::cmd("LASTSAVE"))
+        .await
+        .expect("LASTSAVE");
+    let t = Instant::now();
+    let background = stall_during(&ep, &opts, async {
+        saver
+            .save_in_background(Duration::from_secs(60))
+            .await
+            .expect("background save");
+    })
+    .await;
+    let took = t.elapsed();
+    let after: i64 = saver
+        .query("LASTSAVE", &redis::cmd("LASTSAVE"))
+        .await
+        .expect("LASTSAVE");
+    assert!(after > before, "a new snapshot: {before} -> {after}");
+    let dump = server.dir().join("dump.rdb");
+    let size = std::fs::metadata(&dump).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        size > 90 * 1024 * 1024,
+        "{} holds {size} bytes",
+        dump.display()
+    );
+    let mut blocker = Node::connect(&ep, &opts).await.expect("connect");
+    let foreground = stall_during(&ep, &opts, async {
+        let _: redis::Value = blocker
+            .query_within("SAVE", &redis::cmd("SAVE"), Duration::from_secs(60))
+            .await
+            .expect("SAVE");
+    })
+    .await;
+    println!(
+        "{}: background save of 96 MiB in {:.0} ms, longest PING {:.1} ms; a foreground SAVE stalled PING {:.1} ms",
+        engine.name(),
+        took.as_secs_f64() * 1000.0,
+        background.as_secs_f64() * 1000.0,
+        foreground.as_secs_f64() * 1000.0
+    );
+    assert!(
+        foreground > background * 3 && foreground > Duration::from_millis(50),
+        "the foreground SAVE is the stall the background one avoids: {foreground:?} vs {background:?}"
+    );
+    assert!(
+        background < Duration::from_millis(150),
+        "the background save blocked the server {background:?}"
+    );
+}
+
+#[tokio::test]
+async fn redis_62_background_save_never_blocks() {
+    background_save_never_blocks(Engine::Redis62).await;
+}
+
+#[tokio::test]
+async fn valkey_81_background_save_never_blocks() {
+    background_save_never_blocks(Engine::Valkey81).await;
+}

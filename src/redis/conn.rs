@@ -411,6 +411,9 @@ pub struct Node {
     label: String,
     conn: MultiplexedConnection,
     command_timeout: Duration,
+    /// The ACL user this connection logged in as (`None`: the default
+    /// user, or no authentication).
+    user: Option<String>,
 }
 
 impl fmt::Debug for Node {
@@ -462,6 +465,11 @@ impl Node {
             label,
             conn,
             command_timeout: opts.command_timeout,
+            user: opts
+                .password
+                .as_ref()
+                .and(opts.username.clone())
+                .filter(|u| u != "default"),
         };
         // The crate applies the response timeout given at connect time; keep
         // the handshake bound there and use the command bound from now on.
@@ -472,6 +480,15 @@ impl Node {
     /// The server this node talks to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
+    }
+
+    /// The ACL user this connection logged in as; `None` for the default
+    /// user (also after [`ConnectOptions::with_user_or_default`] fell back
+    /// to it) or no authentication. A command that logs in to another
+    /// server on the operator's behalf (`MIGRATE ... AUTH2`) uses it, so
+    /// it works where the default user is off.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     /// Runs `cmd` within the command timeout. `command` names it in errors;
@@ -535,6 +552,72 @@ impl Node {
     pub async fn info_section(&mut self, section: &str) -> Result<Info> {
         let text: String = self.query("INFO", redis::cmd("INFO").arg(section)).await?;
         Ok(Info::parse(&text))
+    }
+
+    /// Writes a snapshot with `BGSAVE` (scheduled after an AOF rewrite
+    /// that runs) and waits, within `within`, until it is on disk: unlike
+    /// `SAVE`, the server's event loop never blocks, so a Cluster node
+    /// answers its peers throughout (a foreground save of a large dataset
+    /// would outlast `cluster-node-timeout` and get it failed over).
+    pub async fn save_in_background(&mut self, within: Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        let before = self.lastsave().await?;
+        // LASTSAVE counts seconds: a save in this same second would not
+        // show as a new one.
+        let now: Vec<String> = self.query("TIME", &redis::cmd("TIME")).await?;
+        if now.first().and_then(|t| t.parse::<i64>().ok()) <= Some(before) {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        loop {
+            let r: Result<redis::Value> = self
+                .query("BGSAVE", redis::cmd("BGSAVE").arg("SCHEDULE"))
+                .await;
+            match r {
+                Ok(_) => break,
+                // One already runs (a replica's sync, an earlier request):
+                // wait for it, then ask for ours.
+                Err(Error::Server { message, .. })
+                    if message.contains("already in progress") && started.elapsed() < within =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        loop {
+            let p = self.info_section("persistence").await?;
+            let field = |k: &str| p.fields.get(k).map(|v| v.trim().to_string());
+            let running = field("rdb_bgsave_in_progress").as_deref() == Some("1")
+                || field("aof_rewrite_in_progress").as_deref() == Some("1");
+            if !running && self.lastsave().await? > before {
+                return match field("rdb_last_bgsave_status").as_deref() {
+                    Some("ok") | None => Ok(()),
+                    Some(other) => Err(Error::State(format!(
+                        "{}: the background save ended {other}",
+                        self.label
+                    ))),
+                };
+            }
+            if !running && field("rdb_last_bgsave_status").as_deref() == Some("err") {
+                return Err(Error::State(format!(
+                    "{}: the background save failed (rdb_last_bgsave_status:err)",
+                    self.label
+                )));
+            }
+            if started.elapsed() >= within {
+                return Err(Error::Timeout {
+                    endpoint: self.label.clone(),
+                    operation: "BGSAVE",
+                    after: within,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `LASTSAVE`: when the last snapshot was written (Unix seconds).
+    pub async fn lastsave(&mut self) -> Result<i64> {
+        self.query("LASTSAVE", &redis::cmd("LASTSAVE")).await
     }
 
     /// `INFO replication`, parsed.

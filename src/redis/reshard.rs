@@ -148,8 +148,19 @@ pub fn open_slots(nodes_text: &str) -> Vec<OpenSlot> {
 /// How a classic move sends keys.
 #[derive(Debug, Clone)]
 pub struct Classic {
-    /// Keys per `MIGRATE` (bounds how long the source blocks on one call).
+    /// Keys asked for per `CLUSTER GETKEYSINSLOT` (the most one `MIGRATE`
+    /// carries).
     pub batch: usize,
+    /// Bytes one `MIGRATE` carries at most, by `MEMORY USAGE` (a key larger
+    /// than this goes alone). `MIGRATE` blocks the source's event loop
+    /// while it serialises and sends: with a few large values in one batch
+    /// it could block past `cluster-node-timeout` and its peers would
+    /// fail the source over mid-move.
+    pub max_bytes: u64,
+    /// How long one `MIGRATE` should block the source at most: a batch
+    /// that took longer halves the byte bound for the next (down to one
+    /// key), a quick one lets it grow back.
+    pub target_block: Duration,
     /// `MIGRATE`'s timeout for one transfer to the target.
     pub timeout: Duration,
     /// The password the target requires, when it requires one.
@@ -159,22 +170,58 @@ pub struct Classic {
 impl Default for Classic {
     fn default() -> Self {
         Classic {
-            batch: 100,
+            batch: 500,
+            max_bytes: 4 << 20,
+            target_block: Duration::from_millis(100),
             timeout: Duration::from_secs(5),
             password: None,
         }
     }
 }
 
+/// Splits `sizes` (each key's bytes, in order) into consecutive batches of
+/// at most `max_bytes` each; a key larger than that is a batch alone.
+/// Returns the batches' lengths.
+pub fn byte_batches(sizes: &[u64], max_bytes: u64) -> Vec<usize> {
+    let mut out = Vec::new();
+    let (mut n, mut bytes) = (0usize, 0u64);
+    for &size in sizes {
+        if n > 0 && bytes.saturating_add(size) > max_bytes {
+            out.push(n);
+            (n, bytes) = (0, 0);
+        }
+        n += 1;
+        bytes = bytes.saturating_add(size);
+    }
+    if n > 0 {
+        out.push(n);
+    }
+    out
+}
+
+/// What one classic slot move did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Keys sent.
+    pub keys: u64,
+    /// Bytes sent, by `MEMORY USAGE`.
+    pub bytes: u64,
+    /// `MIGRATE` calls.
+    pub batches: u64,
+    /// The longest one `MIGRATE` blocked the source, in milliseconds.
+    pub longest_ms: u64,
+}
+
 /// Moves `slot` from the primary `source` (node ID `source_id`) to the
 /// primary `target` (`target_id`, which the source reaches at `target_at`)
 /// with the importing/migrating protocol: the target imports, the source
 /// migrates, the keys go over in batches of `MIGRATE ... REPLACE KEYS`
-/// (clients meanwhile follow `ASK` to the target for keys already moved),
-/// then the target and the source take the new owner. Safe to run again on
-/// a slot a stopped run left open: the states are set again, the keys left
-/// go over (`REPLACE`: while the slot migrates, the source's copy is the
-/// one clients see), and the owner is set. Returns the keys moved.
+/// bounded by count, bytes and time (see [`Classic`]; clients meanwhile
+/// follow `ASK` to the target for keys already moved), then the target and
+/// the source take the new owner. Safe to run again on a slot a stopped
+/// run left open: the states are set again, the keys left go over
+/// (`REPLACE`: while the slot migrates, the source's copy is the one
+/// clients see), and the owner is set.
 #[tracing::instrument(name = "redis.cluster_move_slot", skip_all, fields(source = %source.endpoint(), target = %target.endpoint(), slot))]
 pub async fn move_slot(
     source: &mut Node,
@@ -183,13 +230,14 @@ pub async fn move_slot(
     target_at: &Endpoint,
     slot: u16,
     how: &Classic,
-) -> Result<u64> {
+) -> Result<Moved> {
     setslot(target, slot, "IMPORTING", source_id).await?;
     setslot(source, slot, "MIGRATING", target_id).await?;
     // Tests stop the operator at each step of a move (`REDPILOT_FAILPOINTS`).
     crate::failpoint::hit("reshard-after-open");
-    let mut moved = 0u64;
+    let mut moved = Moved::default();
     let timeout_ms = u64::try_from(how.timeout.as_millis()).unwrap_or(u64::MAX);
+    let mut max_bytes = how.max_bytes.max(1);
     loop {
         let keys: Vec<Vec<u8>> = source
             .query(
@@ -203,25 +251,63 @@ pub async fn move_slot(
         if keys.is_empty() {
             break;
         }
-        let mut cmd = redis::cmd("MIGRATE");
-        cmd.arg(target_at.host())
-            .arg(target_at.port())
-            .arg("")
-            .arg(0)
-            .arg(timeout_ms)
-            .arg("REPLACE");
-        if let Some(pw) = &how.password {
-            cmd.arg("AUTH").arg(pw);
-        }
-        cmd.arg("KEYS");
+        // Each key's size in one round trip (an estimate for collections:
+        // `MEMORY USAGE` samples them; a key gone meanwhile counts 0).
+        let mut sizes_pipe = redis::pipe();
         for k in &keys {
-            cmd.arg(k.as_slice());
+            sizes_pipe.cmd("MEMORY").arg("USAGE").arg(k.as_slice());
         }
-        // A transfer may take the whole timeout on top of the command's own.
-        let within = how.timeout + Duration::from_secs(5);
-        let _: redis::Value = source.query_within("MIGRATE", &cmd, within).await?;
-        moved += keys.len() as u64;
-        crate::failpoint::hit("reshard-after-batch");
+        let sizes: Vec<Option<u64>> = source.pipeline("MEMORY USAGE", &sizes_pipe).await?;
+        let sizes: Vec<u64> = sizes.into_iter().map(Option::unwrap_or_default).collect();
+        let mut at = 0usize;
+        while at < keys.len() {
+            let n = byte_batches(&sizes[at..], max_bytes)
+                .first()
+                .copied()
+                .unwrap_or(1);
+            let batch = &keys[at..at + n];
+            let bytes: u64 = sizes[at..at + n].iter().sum();
+            at += n;
+            let mut cmd = redis::cmd("MIGRATE");
+            cmd.arg(target_at.host())
+                .arg(target_at.port())
+                .arg("")
+                .arg(0)
+                .arg(timeout_ms)
+                .arg("REPLACE");
+            // As the user the operator logged in to the source as: the
+            // target has the same users, and its default user may be off.
+            match (&how.password, source.user()) {
+                (Some(pw), Some(user)) => {
+                    cmd.arg("AUTH2").arg(user).arg(pw);
+                }
+                (Some(pw), None) => {
+                    cmd.arg("AUTH").arg(pw);
+                }
+                (None, _) => {}
+            }
+            cmd.arg("KEYS");
+            for k in batch {
+                cmd.arg(k.as_slice());
+            }
+            // A transfer may take the whole timeout on top of the command's own.
+            let within = how.timeout + Duration::from_secs(5);
+            let started = std::time::Instant::now();
+            let _: redis::Value = source.query_within("MIGRATE", &cmd, within).await?;
+            let took = started.elapsed();
+            moved.keys += batch.len() as u64;
+            moved.bytes += bytes;
+            moved.batches += 1;
+            moved.longest_ms = moved
+                .longest_ms
+                .max(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+            if took > how.target_block {
+                max_bytes = (bytes / 2).max(1);
+            } else if took * 4 < how.target_block {
+                max_bytes = max_bytes.saturating_mul(2).min(how.max_bytes.max(1));
+            }
+            crate::failpoint::hit("reshard-after-batch");
+        }
     }
     setslot(target, slot, "NODE", target_id).await?;
     crate::failpoint::hit("reshard-after-owner");
@@ -415,6 +501,24 @@ mod tests {
 
     fn r(start: u16, end: u16) -> SlotRange {
         SlotRange { start, end }
+    }
+
+    #[test]
+    fn batches_are_bounded_by_bytes_and_a_large_key_goes_alone() {
+        const MB: u64 = 1 << 20;
+        // 1 KiB keys: all in one batch under 4 MiB.
+        assert_eq!(byte_batches(&[1024; 100], 4 * MB), vec![100]);
+        // 5 MB values against a 4 MiB bound: one a batch.
+        assert_eq!(byte_batches(&[5 * MB; 3], 4 * MB), vec![1, 1, 1]);
+        // Mixed: small keys gather until the next would pass the bound.
+        assert_eq!(
+            byte_batches(&[MB, MB, MB, 2 * MB, 100, 5 * MB, 1], 4 * MB),
+            vec![3, 2, 1, 1]
+        );
+        assert!(byte_batches(&[], MB).is_empty());
+        // Every key is in exactly one batch.
+        let sizes: Vec<u64> = (0..1000).map(|i| (i * 7919) % (3 * MB)).collect();
+        assert_eq!(byte_batches(&sizes, 4 * MB).iter().sum::<usize>(), 1000);
     }
 
     /// Each shard's slots after the moves, as sorted slot lists.

@@ -9,7 +9,8 @@ use kube::runtime::events::EventType;
 
 use super::{Part, Pass, job};
 use crate::api::v1alpha1::{
-    BackupOrigin, BackupPhase, BackupShardStatus, Redis, RedisBackupStatus,
+    BackupOrigin, BackupPhase, BackupShardStatus, Redis, RedisBackupStatus, ReshardingPhase,
+    ReshardingStatus,
 };
 use crate::controller::Error;
 
@@ -20,6 +21,18 @@ impl Pass {
     /// exists, so a pass after a crash re-creates the same Jobs.
     pub(super) async fn start_shards(&mut self, redis: &Redis) -> Result<Action, Error> {
         let spec = self.b.spec.clone();
+        // Slots moving between shards: each shard's file would be read at
+        // its own moment, so a key could be in two files or in none. The
+        // backup waits for the resharding (which in turn never starts a
+        // move while a backup runs: `Reconciler::backup_running`).
+        if let Some(r) = moving(redis) {
+            return self
+                .pending(format!(
+                    "waiting for the resharding of Redis {} to {} shards to finish ({:?}: {} of {} slots moved); a backup taken while slots move could hold a key twice or not at all",
+                    spec.redis, r.to_shards, r.phase, r.slots_moved, r.slots_total
+                ))
+                .await;
+        }
         let wanted = redis.spec.desired_shards();
         let serving: Vec<(i32, String)> = redis
             .status
@@ -172,6 +185,20 @@ impl Pass {
         st: RedisBackupStatus,
         manifests: Vec<crate::backup::Manifest>,
     ) -> Result<Action, Error> {
+        // A resharding that moved slots after this backup started (one
+        // asked for in the moment between the backup's check and its
+        // status): the files are no consistent cut.
+        let redis = self
+            .ctx
+            .redis
+            .get(&kube::runtime::reflector::ObjectRef::new(&self.b.spec.redis).within(&self.ns))
+            .and_then(|r| r.thaw());
+        if let Some(why) = redis
+            .as_ref()
+            .and_then(|r| moved_since(r, st.started_at.as_deref()))
+        {
+            return self.fail("SlotsMovedDuringBackup", why).await;
+        }
         let size: i64 = st.shards.iter().filter_map(|s| s.size_bytes).sum();
         let keys: Option<i64> = st.shards.iter().map(|s| s.keys).sum();
         let last = manifests.last();
@@ -196,5 +223,68 @@ impl Pass {
             done.location.clone().unwrap_or_default()
         );
         self.completed(&done, note).await
+    }
+}
+
+/// The resharding of `redis` while one is under way (Moving or Paused).
+fn moving(redis: &Redis) -> Option<&ReshardingStatus> {
+    redis
+        .status
+        .as_ref()
+        .and_then(|s| s.resharding.as_ref())
+        .filter(|r| r.phase != ReshardingPhase::Done)
+}
+
+/// Why a backup started at `started` (RFC 3339) is no consistent cut of
+/// `redis`: a resharding started after it and has moved slots.
+fn moved_since(redis: &Redis, started: Option<&str>) -> Option<String> {
+    let r = redis.status.as_ref()?.resharding.as_ref()?;
+    let started: chrono::DateTime<chrono::Utc> = started?.parse().ok()?;
+    let reshard: chrono::DateTime<chrono::Utc> = r.started_at.parse().ok()?;
+    (reshard >= started && r.slots_moved > 0).then(|| {
+        format!(
+            "slots moved while the shards were read (a resharding to {} shards started at {}, {} slots moved): the shard files are no consistent cut; take the backup again once it is Done",
+            r.to_shards, r.started_at, r.slots_moved
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::RedisStatus;
+
+    fn resharding(phase: ReshardingPhase, started_at: &str, moved: i64) -> Redis {
+        let mut r = Redis::new("c", Default::default());
+        r.status = Some(RedisStatus {
+            resharding: Some(ReshardingStatus {
+                phase,
+                started_at: started_at.into(),
+                slots_moved: moved,
+                to_shards: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_backup_waits_for_moving_slots_and_fails_if_they_moved_under_it() {
+        let t = "2026-12-05T10:00:00Z";
+        assert!(moving(&resharding(ReshardingPhase::Moving, t, 10)).is_some());
+        assert!(moving(&resharding(ReshardingPhase::Paused, t, 0)).is_some());
+        assert!(moving(&resharding(ReshardingPhase::Done, t, 4096)).is_none());
+        assert!(moving(&Redis::new("c", Default::default())).is_none());
+        // Started before the backup: the backup waited for it to be Done.
+        let before = resharding(ReshardingPhase::Done, t, 4096);
+        assert_eq!(moved_since(&before, Some("2026-12-05T10:05:00Z")), None);
+        // Started after, slots moved: not a cut.
+        let after = resharding(ReshardingPhase::Moving, "2026-12-05T10:05:01Z", 3);
+        let why = moved_since(&after, Some("2026-12-05T10:05:00Z")).expect("refused");
+        assert!(why.contains("3 slots moved"), "{why}");
+        // Started after but held back (nothing moved yet): the cut holds.
+        let held = resharding(ReshardingPhase::Paused, "2026-12-05T10:05:01Z", 0);
+        assert_eq!(moved_since(&held, Some("2026-12-05T10:05:00Z")), None);
     }
 }

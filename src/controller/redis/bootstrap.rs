@@ -14,10 +14,13 @@
 //! bootstrap with a Degraded condition whose reason names the cause.
 //!
 //! A Cluster Redis is restored from a RedisBackup of a Cluster Redis with
-//! the same shard count and slot layout ([`shape_mismatch`]): shard `i`'s
-//! file goes into `<name>-s<i>-0`, whose server claims the slots it holds
-//! keys of when it starts; the cluster plan (`decide_restoring`) meets
-//! those nodes and gives the rest of each shard's slots to the same node.
+//! the same shard count, whatever its slot layout (a backup taken after a
+//! resharding holds shards that are no even spread; [`shape_mismatch`]
+//! only checks that the files hold every slot once): shard `i`'s file goes
+//! into `<name>-s<i>-0`, whose server claims the slots it holds keys of
+//! when it starts; the cluster plan (`decide_shape` with the backed-up
+//! layout as the shards' homes) meets those nodes and gives the rest of
+//! each shard's backed-up slots to the same node.
 //! The bootstrap is done once every shard serves its slots and the cluster
 //! is whole.
 
@@ -39,7 +42,6 @@ use crate::api::v1alpha1::{
 };
 use crate::controller::agent::{self, Outcome, Target};
 use crate::controller::{Error, FIELD_MANAGER};
-use crate::redis::cluster::spread;
 
 /// Name of the restore init container.
 pub const RESTORE_CONTAINER: &str = "restore";
@@ -510,22 +512,56 @@ pub fn shape_mismatch(
         return Some((
             "ShardCountMismatch",
             format!(
-                "spec.shards is {want} but RedisBackup {name} holds {have} shards: a backup is restored into the same shard count (online resharding does not exist yet)"
+                "spec.shards is {want} but RedisBackup {name} holds {have} shards: a backup is restored into the same shard count (restore it with spec.shards {have}, then change spec.shards to reshard online)"
             ),
         ));
     }
-    let even = spread(u16::try_from(have).unwrap_or(0));
+    // Any layout restores (a backup taken after a resharding holds no even
+    // spread): each shard's first node gets its file and its slots. The
+    // files must hold every slot exactly once.
+    let mut seen = vec![None::<i32>; usize::from(crate::redis::cluster::SLOTS)];
     for (i, s) in b.shards.iter().enumerate() {
-        let expected = even.get(i).map(ToString::to_string).unwrap_or_default();
-        if s.index != i as i32 || s.slots != expected {
+        let Some(ranges) = crate::redis::cluster::parse_ranges(&s.slots) else {
             return Some((
                 "SlotLayoutMismatch",
                 format!(
-                    "{field}: shard {} of RedisBackup {name} holds slots {}, but a new Cluster Redis of {have} shards gives shard {i} slots {expected}; only an even slot layout can be restored until online resharding exists",
+                    "{field}: shard {} of RedisBackup {name} records slots {:?}, which are not slot ranges",
                     s.index, s.slots
                 ),
             ));
+        };
+        if s.index != i as i32 {
+            return Some((
+                "SlotLayoutMismatch",
+                format!(
+                    "{field}: RedisBackup {name} lists shard {} in place {i}; its shards must be listed in order",
+                    s.index
+                ),
+            ));
         }
+        for slot in ranges.iter().flat_map(|r| r.start..=r.end) {
+            if let Some(other) = seen[usize::from(slot)].replace(s.index) {
+                return Some((
+                    "SlotLayoutMismatch",
+                    format!(
+                        "{field}: slot {slot} is in both shard {other} and shard {} of RedisBackup {name} (taken while slots moved?); it cannot be restored",
+                        s.index
+                    ),
+                ));
+            }
+        }
+    }
+    let missing: Vec<u16> = (0..crate::redis::cluster::SLOTS)
+        .filter(|s| seen[usize::from(*s)].is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Some((
+            "SlotLayoutMismatch",
+            format!(
+                "{field}: no shard of RedisBackup {name} holds slots {}; it cannot be restored whole",
+                super::cluster::plan::show(&crate::redis::cluster::ranges(missing))
+            ),
+        ));
     }
     None
 }
@@ -796,10 +832,26 @@ mod tests {
             msg.contains("spec.shards is 4") && msg.contains("3 shards"),
             "{msg}"
         );
-        let moved = cluster_backup(&["0-5000", "5001-10922", "10923-16383"]);
+        // A layout a resharding left (3 -> 4 shards) restores as it is.
+        let resharded = cluster_backup(&[
+            "0-4095",
+            "5462-9557",
+            "10923-15018",
+            "4096-5461,9558-10922,15019-16383",
+        ]);
+        assert_eq!(reason(&spec(Mode::Cluster, Some(4)), &resharded), None);
+        // A slot in two files, or in none, does not.
+        let twice = cluster_backup(&["0-5000", "4999-10922", "10923-16383"]);
         let (r, msg) =
-            shape_mismatch(&spec(Mode::Cluster, Some(3)), &moved, "b1").expect("refused");
+            shape_mismatch(&spec(Mode::Cluster, Some(3)), &twice, "b1").expect("refused");
         assert_eq!(r, "SlotLayoutMismatch");
-        assert!(msg.contains("0-5000") && msg.contains("0-5461"), "{msg}");
+        assert!(
+            msg.contains("slot 4999 is in both shard 0 and shard 1"),
+            "{msg}"
+        );
+        let hole = cluster_backup(&["0-5000", "5002-10922", "10923-16383"]);
+        let (r, msg) = shape_mismatch(&spec(Mode::Cluster, Some(3)), &hole, "b1").expect("refused");
+        assert_eq!(r, "SlotLayoutMismatch");
+        assert!(msg.contains("holds slots 5001;"), "{msg}");
     }
 }

@@ -133,8 +133,9 @@ impl Reconciler {
     }
 }
 
-/// Pauses writes on the primary, lets the replicas catch up, and `SAVE`s on
-/// every reachable instance. Returns the primary's offset.
+/// Pauses writes on the primary, lets the replicas catch up, and saves on
+/// every reachable instance (in the background: a node's event loop never
+/// blocks, see [`Node::save_in_background`]). Returns the primary's offset.
 async fn save_all(
     facts: &[PodFacts],
     primary: Option<&str>,
@@ -172,10 +173,7 @@ async fn save_all(
         let Some(ep) = endpoint(f) else { continue };
         let saved = async {
             let mut node = Node::connect(&ep, opts).await?;
-            let _: redis::Value = node
-                .query_within("SAVE", &redis::cmd("SAVE"), Duration::from_secs(300))
-                .await?;
-            Ok::<(), crate::redis::Error>(())
+            node.save_in_background(Duration::from_secs(300)).await
         }
         .await;
         if i == 0 {

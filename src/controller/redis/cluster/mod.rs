@@ -99,6 +99,16 @@ impl Reconciler {
                     .collect()
             })
             .unwrap_or_default();
+        // While restoring, each shard's home is the backed-up layout (a
+        // backup taken after a resharding holds no even spread).
+        let homes = match &self.bootstrap {
+            Some(b) if restoring && !b.shards.is_empty() => b
+                .shards
+                .iter()
+                .map(|s| rc::parse_ranges(&s.slots).unwrap_or_default())
+                .collect(),
+            _ => Vec::new(),
+        };
         let mut plan = plan::decide_shape(
             &members,
             &plan::Shape {
@@ -106,6 +116,7 @@ impl Reconciler {
                 instances,
                 restoring,
                 recorded,
+                homes,
             },
         );
 

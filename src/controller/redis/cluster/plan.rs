@@ -213,6 +213,7 @@ pub fn decide_restoring(members: &[Member], shards: i32, instances: i32, restori
             instances,
             restoring,
             recorded: Vec::new(),
+            homes: Vec::new(),
         },
     )
 }
@@ -232,6 +233,11 @@ pub struct Shape {
     /// resharding a shard's slots are not its home range), and by the home
     /// range only when nothing is recorded.
     pub recorded: Vec<Vec<SlotRange>>,
+    /// Each shard's home slots: the slots nobody owns go to their home
+    /// shard, and a restored node may claim only slots of its home. Empty:
+    /// the even spread over `shards`. A restore from a backup taken after
+    /// a resharding gives the backed-up layout here.
+    pub homes: Vec<Vec<SlotRange>>,
 }
 
 /// [`decide`] with every input named.
@@ -292,7 +298,15 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
     }
     let owned_by = |id: &str| -> &[u16] { owned.get(id).map_or(&[], Vec::as_slice) };
 
-    let want = spread(u16::try_from(shards.max(0)).unwrap_or(0));
+    let want: Vec<Vec<SlotRange>> = if shape.homes.is_empty() {
+        spread(u16::try_from(shards.max(0)).unwrap_or(0))
+            .into_iter()
+            .map(|r| vec![r])
+            .collect()
+    } else {
+        shape.homes.clone()
+    };
+    let in_home = |home: &[SlotRange], s: u16| home.iter().any(|r| r.contains(s));
 
     // 1. Meet every node the anchor does not know.
     for m in &live {
@@ -343,7 +357,7 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
             && usize::try_from(m.shard)
                 .ok()
                 .and_then(|i| want.get(i))
-                .is_some_and(|r| foreign.iter().all(|s| (r.start..=r.end).contains(s)));
+                .is_some_and(|home| foreign.iter().all(|s| in_home(home, *s)));
         if !foreign.is_empty() && !restored {
             plan.problems.push(format!(
                 "{} serves slots {} that the cluster of {} does not know: it is not joined \
@@ -381,7 +395,7 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
             .and_then(|i| i32::try_from(i).ok());
         let home = want
             .iter()
-            .position(|r| r.contains(first))
+            .position(|home| in_home(home, first))
             .and_then(|i| i32::try_from(i).ok());
         if let Some(shard) = follower.or(recorded).or(home) {
             lost_by_shard.entry(shard).or_default().insert(id);
@@ -449,9 +463,12 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
     // 3. Slots nobody owns go to their shard: to its primary, or on a new
     // cluster to the shard's first empty node the anchor knows.
     let fresh = owner.iter().all(Option::is_none);
-    for (i, range) in want.iter().enumerate() {
-        let shard = &plan.shards[i];
-        let unowned: Vec<u16> = (range.start..=range.end)
+    for (i, home) in want.iter().enumerate() {
+        let Some(shard) = plan.shards.get(i) else {
+            continue;
+        };
+        let home_slots = || home.iter().flat_map(|r| r.start..=r.end);
+        let unowned: Vec<u16> = home_slots()
             .filter(|s| owner[usize::from(*s)].is_none())
             .collect();
         if unowned.is_empty() {
@@ -459,18 +476,17 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
         }
         let target = match &shard.primary {
             Some(p) => Some(p.clone()),
-            None if fresh || (range.start..=range.end).all(|s| owner[usize::from(s)].is_none()) => {
-                live.iter()
-                    .filter(|m| m.shard == shard.index && (!restoring || m.ordinal == 0))
-                    .filter(|m| {
-                        m.me().is_some_and(|n| n.primary && n.slots.is_empty())
-                            && m.id().is_some_and(|id| {
-                                m.pod == anchor.pod || anchor_view.is_some_and(|v| v.knows(id))
-                            })
-                    })
-                    .min_by_key(|m| m.ordinal)
-                    .map(|m| m.pod.clone())
-            }
+            None if fresh || home_slots().all(|s| owner[usize::from(s)].is_none()) => live
+                .iter()
+                .filter(|m| m.shard == shard.index && (!restoring || m.ordinal == 0))
+                .filter(|m| {
+                    m.me().is_some_and(|n| n.primary && n.slots.is_empty())
+                        && m.id().is_some_and(|id| {
+                            m.pod == anchor.pod || anchor_view.is_some_and(|v| v.knows(id))
+                        })
+                })
+                .min_by_key(|m| m.ordinal)
+                .map(|m| m.pod.clone()),
             None => None,
         };
         match target {
@@ -1393,6 +1409,7 @@ mod tests {
             instances: 2,
             restoring: false,
             recorded,
+            homes: Vec::new(),
         };
         let plan = decide_shape(&members, &shape);
         // The empty node is not made shard 1's primary: shard 1 lost its

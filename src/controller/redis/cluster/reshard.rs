@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::DeleteParams;
 use kube::runtime::events::EventType;
 
@@ -312,7 +313,15 @@ impl Reconciler {
             return Ok(false);
         }
         self.reshard_begin(plan, shards, path).await;
-        if let Some(why) = self.reshard_bound(plan, members, facts) {
+        let bound = match self.reshard_bound(plan, members, facts) {
+            Some(why) => Some(why),
+            // Only when a slot is about to move: one list of the backups.
+            None if matches!(step, Next::Move { .. } | Next::Finish { .. }) => {
+                self.backup_running().await?
+            }
+            None => None,
+        };
+        if let Some(why) = bound {
             self.reshard_pause(why).await;
             return Ok(false);
         }
@@ -400,6 +409,30 @@ impl Reconciler {
                 Ok(true)
             }
         }
+    }
+
+    /// A backup of this Redis that is reading its shards: no slot moves
+    /// until it ends, so every shard's file is of one layout (the backup
+    /// controller in turn waits for a resharding to be Done before it
+    /// starts).
+    async fn backup_running(&self) -> Result<Option<String>, Error> {
+        use crate::api::v1alpha1::{BackupPhase, RedisBackup};
+        self.ctx.metrics.kube("list_redisbackup");
+        let backups = self
+            .api::<RedisBackup>()
+            .list(&kube::api::ListParams::default())
+            .await?;
+        let name = self.redis.name_any();
+        Ok(backups
+            .items
+            .iter()
+            .find(|b| {
+                b.spec.redis == name
+                    && b.status
+                        .as_ref()
+                        .is_some_and(|s| s.phase == Some(BackupPhase::Running))
+            })
+            .map(|b| format!("RedisBackup {} is reading the shards", b.name_any())))
     }
 
     /// Starts (or restarts, for a new shard count) the record.
@@ -593,7 +626,7 @@ impl Reconciler {
             ..Default::default()
         };
         let started = Instant::now();
-        let (mut moved, mut keys) = (0i64, 0u64);
+        let (mut moved, mut keys, mut longest) = (0i64, 0u64, 0u64);
         let mut failed = None;
         for slot in slots.iter().flat_map(|r| r.start..=r.end) {
             match rs::move_slot(
@@ -608,7 +641,8 @@ impl Reconciler {
             {
                 Ok(k) => {
                     moved += 1;
-                    keys += k;
+                    keys += k.keys;
+                    longest = longest.max(k.longest_ms);
                 }
                 Err(e) => {
                     failed = Some((slot, e));
@@ -638,7 +672,7 @@ impl Reconciler {
             r.current = None;
         }
         self.reshard_note(format!(
-            "resharding: {moved} slots ({keys} keys) moved from shard {from} to shard {to} in {} ms; {} of {} slots moved",
+            "resharding: {moved} slots ({keys} keys) moved from shard {from} to shard {to} in {} ms (longest MIGRATE {longest} ms); {} of {} slots moved",
             started.elapsed().as_millis(),
             self.resharding.as_ref().map_or(0, |r| r.slots_moved),
             self.resharding.as_ref().map_or(0, |r| r.slots_total),

@@ -1,0 +1,392 @@
+//! Where two capabilities meet, on the dev cluster with real Valkey 8.1
+//! servers and a real S3 server:
+//! - resharding with the `default` user off: a 3 x 2 Cluster Redis whose
+//!   default user is disabled (its clients log in as ACL user `app`) goes
+//!   to 4 shards under a writer of unique keys confirmed with `WAIT 1`;
+//!   every slot moves (`MIGRATE` logs in to the target as the operator's
+//!   own user, not as `default`), and every acknowledged write is there;
+//! - a backup asked for while slots move waits (`Pending`, saying why)
+//!   until the resharding is Done;
+//! - a backup taken after the resharding (no even slot layout) restores
+//!   into a new Redis that names only the backup: the new cluster gets the
+//!   backed-up layout shard by shard and holds every acknowledged write.
+
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cluster_client::Client;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use redpilot::api::v1alpha1::{BackupPhase, Redis, RedisBackup, ReshardingPhase};
+use redpilot::redis::cluster::{self, SlotRange, parse_ranges, spread};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::json;
+use support::operator::{
+    OperatorOptions, apply_redis, patch_redis, pod_ip, recent_events, redis_api, redis_password,
+    start_operator, wait_ready,
+};
+use support::s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
+use support::{TestNamespace, client, wait_for};
+use tokio::sync::Mutex;
+
+const READY: Duration = Duration::from_secs(240);
+/// The node's address on the pod network, where the S3 server listens.
+const NODE_IP: &str = "10.244.0.1";
+const BUCKET: &str = "backups";
+const APP_PASSWORD: &str = "app-password-0123";
+
+/// A writer's count: every key a `SET` + `WAIT 1` confirmed, and the
+/// errors met, by their first word.
+#[derive(Default)]
+struct Tally {
+    acked: Vec<String>,
+    errors: BTreeMap<String, u64>,
+}
+
+/// Writes unique keys `w{id}:{n}` (spread over every slot) once each,
+/// confirming each with `WAIT 1 500`; no retry: a failed write is counted
+/// and the next key is written.
+fn writer(
+    id: usize,
+    seed: Endpoint,
+    opts: ConnectOptions,
+    stop: Arc<AtomicBool>,
+) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Tally>>) {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let t = tally.clone();
+    let handle = tokio::spawn(async move {
+        let mut c = Client::new(seed, opts);
+        c.confirm = Some((1, 500));
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let key = format!("w{id}:{n}");
+            n += 1;
+            let r: Result<(), String> = c.run(&key, redis::cmd("SET").arg(&key).arg(n)).await;
+            let mut t = t.lock().await;
+            match r {
+                Ok(()) => t.acked.push(key),
+                Err(e) => {
+                    let kind = e
+                        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                        .find(|w| !w.is_empty())
+                        .unwrap_or("other")
+                        .to_string();
+                    *t.errors.entry(kind).or_default() += 1;
+                    drop(t);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    });
+    (handle, tally)
+}
+
+/// Each shard's slots as the Redis's status records them.
+fn layout(r: &Redis) -> Vec<String> {
+    r.status
+        .as_ref()
+        .map(|s| {
+            s.shards
+                .iter()
+                .map(|x| x.slots.clone().unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Each shard's slots as its first pod's server reports them
+/// (`CLUSTER NODES`, the node itself).
+async fn served_layout(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    shards: usize,
+    opts: &ConnectOptions,
+) -> Vec<Vec<SlotRange>> {
+    let ip = pod_ip(client, ns, &format!("{name}-s0-0")).await;
+    let mut n = Node::connect(&Endpoint::new(ip, 6379), opts)
+        .await
+        .expect("connect");
+    let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
+    let mut out = vec![Vec::new(); shards];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let ip = pod_ip(client, ns, &format!("{name}-s{i}-0")).await;
+        let ip2 = pod_ip(client, ns, &format!("{name}-s{i}-1")).await;
+        if let Some(p) = nodes.iter().find(|k| {
+            k.primary
+                && k.addr
+                    .as_ref()
+                    .is_some_and(|a| a.host() == ip || a.host() == ip2)
+        }) {
+            *slot = p.slots.clone();
+        }
+    }
+    out
+}
+
+fn even(shards: u16) -> Vec<String> {
+    spread(shards).iter().map(ToString::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_its_layout() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "meet-reshard", &[]).await;
+    let ns = tns.name.as_str();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    for (name, data) in [
+        ("app-pw", json!({"password": APP_PASSWORD})),
+        (
+            "s3",
+            json!({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}),
+        ),
+    ] {
+        let s: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "labels": {"redpilot.io/allow-use": "true"}},
+            "stringData": data
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("creating a Secret");
+    }
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    let _op = start_operator(
+        &client,
+        OperatorOptions::watching(&[ns]).named("meet-reshard"),
+    )
+    .await;
+    let spec = json!({
+        "mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+        "auth": {"defaultUser": {"enabled": false}},
+        "users": [{"name": "app", "passwords": [{"secretName": "app-pw"}],
+                   "rules": ["~*", "+@all"]}]
+    });
+    apply_redis(&client, ns, "m", spec.clone()).await;
+    wait_ready(&client, ns, "m", READY).await;
+    let password = redis_password(&client, ns, "m").await;
+    let seed = Endpoint::new(pod_ip(&client, ns, "m-s0-0").await, 6379);
+    // The default user is off: its password is refused (an authentication
+    // refusal, not any error).
+    let as_default = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(2));
+    match Node::connect(&seed, &as_default).await {
+        Err(e @ redpilot::redis::Error::Auth { .. }) => println!("default user refused: {e}"),
+        Err(e) => panic!("the default user must be refused by authentication, got: {e}"),
+        Ok(_) => panic!("the default user logged in although it is off"),
+    }
+    let app = ConnectOptions::default()
+        .with_user("app", APP_PASSWORD)
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let operator = ConnectOptions::default()
+        .with_user("redpilot-operator", password.clone())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+
+    // 1. 3 -> 4 shards under two writers of unique keys.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|i| writer(i, seed.clone(), app.clone(), stop.clone()))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    patch_redis(&client, ns, "m", json!({"spec": {"shards": 4}})).await;
+    // A backup asked for while the slots move waits for the resharding.
+    let moving = wait_for("slots moving", Duration::from_secs(120), || async {
+        let r = redis_api(&client, ns).get("m").await.ok()?;
+        let rs = r.status?.resharding?;
+        (rs.phase == ReshardingPhase::Moving && rs.slots_moved > 0).then_some(rs)
+    })
+    .await;
+    println!(
+        "slots moving {:.1} s after spec.shards 4: {} of {}",
+        started.elapsed().as_secs_f64(),
+        moving.slots_moved,
+        moving.slots_total
+    );
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let backup = |name: &str| {
+        json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+               "metadata": {"name": name},
+               "spec": {"redis": "m", "target": {"s3": {
+                   "endpoint": s3.endpoint(), "bucket": BUCKET, "prefix": "meet",
+                   "pathStyle": true, "credentials": {"secretName": "s3"}}}}})
+    };
+    backups
+        .patch(
+            "during",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&backup("during")),
+        )
+        .await
+        .expect("creating RedisBackup during");
+    let waited = wait_for(
+        "the backup asked for mid-resharding to wait",
+        Duration::from_secs(60),
+        || async {
+            let b = backups.get("during").await.ok()?;
+            let st = b.status?;
+            (st.phase == Some(BackupPhase::Pending)).then_some(st.message.unwrap_or_default())
+        },
+    )
+    .await;
+    assert!(
+        waited.contains("waiting for the resharding of Redis m to 4 shards to finish"),
+        "{waited}"
+    );
+    println!("backup asked for while slots move: Pending, \"{waited}\"");
+    let done = wait_for("the resharding to be Done", READY, || async {
+        let r = redis_api(&client, ns).get("m").await.ok()?;
+        let rs = r.status.as_ref()?.resharding.as_ref()?;
+        (rs.phase == ReshardingPhase::Done).then_some(r)
+    })
+    .await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Vec::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (h, t) in writers {
+        h.await.expect("writer");
+        let t = t.lock().await;
+        acked.extend(t.acked.iter().cloned());
+        for (k, v) in &t.errors {
+            *errors.entry(k.clone()).or_default() += v;
+        }
+    }
+    let rs = done.status.as_ref().and_then(|s| s.resharding.clone());
+    println!(
+        "3 -> 4 shards with the default user off: Done in {:.1} s, {rs:?}; {} writes acknowledged, errors {errors:?}",
+        took.as_secs_f64(),
+        acked.len()
+    );
+    assert!(
+        acked.len() > 200,
+        "the writers wrote: {} acknowledged",
+        acked.len()
+    );
+    let resharded = layout(&done);
+    assert_eq!(resharded.len(), 4, "{resharded:?}");
+    assert_ne!(resharded, even(4), "a resharding leaves no even spread");
+    // Every slot owned once, none left open, as the servers say.
+    let served = served_layout(&client, ns, "m", 4, &operator).await;
+    let mut owned: Vec<u16> = served
+        .iter()
+        .flat_map(|rs| rs.iter().flat_map(|r| r.start..=r.end))
+        .collect();
+    owned.sort_unstable();
+    assert_eq!(owned, (0..16384).collect::<Vec<u16>>(), "every slot once");
+    let mut reader = Client::new(seed.clone(), app.clone());
+    let mut lost = Vec::new();
+    for key in &acked {
+        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
+        if !matches!(got, Ok(Some(_))) {
+            lost.push(format!("{key}: {got:?}"));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged writes lost: {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(10)]
+    );
+
+    // 2. The waiting backup runs once the slots stopped moving, and holds
+    // the layout the resharding left.
+    let b = wait_for("the backup to end", Duration::from_secs(180), || async {
+        let b = backups.get("during").await.ok()?;
+        let phase = b.status.as_ref()?.phase?;
+        matches!(phase, BackupPhase::Completed | BackupPhase::Failed).then_some(b)
+    })
+    .await;
+    let st = b.status.clone().expect("status");
+    assert_eq!(
+        st.phase,
+        Some(BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, ns, 20).await
+    );
+    let backed_up: Vec<String> = st.shards.iter().map(|s| s.slots.clone()).collect();
+    assert_eq!(backed_up, resharded, "the backup records the layout served");
+    let keys_in_backup: i64 = st.shards.iter().filter_map(|s| s.keys).sum();
+    assert!(
+        keys_in_backup >= acked.len() as i64,
+        "{keys_in_backup} keys backed up, {} acknowledged",
+        acked.len()
+    );
+
+    // 3. Restored into a new Redis naming only the backup: Ready, every
+    // shard with the slots it had, every acknowledged write there.
+    let t = Instant::now();
+    apply_redis(
+        &client,
+        ns,
+        "copy",
+        json!({"bootstrap": {"fromBackup": {"backup": "during"}}}),
+    )
+    .await;
+    let copy = wait_for("the restore to be Ready", READY, || async {
+        let r = redis_api(&client, ns).get("copy").await.ok()?;
+        let degraded = r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+                .map(|c| format!("{}: {}", c.reason, c.message))
+        });
+        if let Some(d) = degraded.filter(|d| d.contains("Mismatch")) {
+            panic!("the restore was refused: {d}");
+        }
+        support::operator::is_ready(&r).then_some(r)
+    })
+    .await;
+    println!(
+        "restored the resharded backup into a new Redis: Ready in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        layout(&copy),
+        resharded,
+        "the restore has the backed-up layout"
+    );
+    let copy_pw = redis_password(&client, ns, "copy").await;
+    let copy_opts = ConnectOptions::default()
+        .with_password(copy_pw)
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let copy_served = served_layout(&client, ns, "copy", 4, &copy_opts).await;
+    assert_eq!(copy_served, served, "each restored shard serves its slots");
+    let copy_seed = Endpoint::new(pod_ip(&client, ns, "copy-s0-0").await, 6379);
+    let mut reader = Client::new(copy_seed, copy_opts);
+    let mut missing = Vec::new();
+    for key in &acked {
+        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
+        if !matches!(got, Ok(Some(_))) {
+            missing.push(format!("{key}: {got:?}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged writes missing from the restore: {:?}",
+        missing.len(),
+        acked.len(),
+        &missing[..missing.len().min(10)]
+    );
+    println!(
+        "the restore holds all {} acknowledged writes; layout {resharded:?}",
+        acked.len()
+    );
+    // The even spread is no longer asked of a backup.
+    let want: Vec<Vec<SlotRange>> = resharded
+        .iter()
+        .map(|s| parse_ranges(s).expect("ranges"))
+        .collect();
+    assert_eq!(copy_served, want);
+}
