@@ -603,6 +603,89 @@ async fn an_upgrade_interrupted_by_the_operators_death_is_finished_by_the_next()
     println!("{kept} writes acknowledged, none lost");
 }
 
+/// An upgrade that loses its primary midway, to a failover that promotes
+/// the upgraded replica, while the other replica (6.2) crashes too, then
+/// meets a restart-needing change: the older replica cannot follow a newer
+/// primary (an older server refuses a newer
+/// one's snapshot), so a roll waiting for every instance to be ready would
+/// wait for ever; the one that cannot follow restarts next, and the
+/// upgrade finishes with nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_whose_primary_fails_over_to_the_upgraded_replica_finishes() {
+    use support::operator::{connect_pod, kill_9, server_pid, signal};
+    let _ = signal;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "upgrade-stranded", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let pw = replication_62(&client, &ns.name, json!({})).await;
+    let writer = ServiceWriter::paced(&client, &ns.name, "cache", &pw, "k", 1, PACE);
+    spec_change(&client, &ns.name, json!({"version": "7.0"})).await;
+    // One replica runs 7.0 and follows the 6.2 primary.
+    let (primary, upgraded, older) = wait_for("one replica upgraded", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let primary = r.status.as_ref()?.primary.clone()?;
+        let states = pod_state(&client, &ns.name).await;
+        let upgraded = states
+            .iter()
+            .find(|(n, _, image, _)| image.as_str() == "redis:7.0" && *n != primary)?;
+        let mut node = connect_pod(&client, &ns.name, &upgraded.0, &pw)
+            .await
+            .ok()?;
+        let up = node.replication().await.ok()?;
+        if up.link_status != Some(redpilot::redis::info::LinkStatus::Up) {
+            return None;
+        }
+        let older = states
+            .iter()
+            .find(|(n, _, image, _)| image.as_str() == "redis:6.2" && *n != primary)?;
+        Some((primary, upgraded.0.clone(), older.0.clone()))
+    })
+    .await;
+    // The 6.2 replica falls behind (stopped), so the failover promotes
+    // the 7.0 one; then the primary crashes.
+    let mut stopped = connect_pod(&client, &ns.name, &older, &pw)
+        .await
+        .expect("connect");
+    let older_pid = server_pid(&mut stopped).await;
+    drop(stopped);
+    signal(older_pid, "-STOP");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut p = connect_pod(&client, &ns.name, &primary, &pw)
+        .await
+        .expect("connect");
+    let ppid = server_pid(&mut p).await;
+    drop(p);
+    kill_9(ppid);
+    let promoted = wait_for("a failover", READY, || async {
+        let r = redis_api(&client, &ns.name).get("cache").await.ok()?;
+        let p = r.status?.primary?;
+        (p != primary).then_some(p)
+    })
+    .await;
+    assert_eq!(
+        promoted, upgraded,
+        "the fault: the failover promoted the upgraded replica"
+    );
+    // The 6.2 replica crashes too: restarted empty (no persistence), it
+    // needs a full sync, which a 6.2 server cannot take from 7.0.
+    kill_9(older_pid);
+    println!(
+        "{primary} (6.2) killed; {upgraded} (7.0) promoted; {older} (6.2) killed, cannot resync from it"
+    );
+    // A restart-needing change on top.
+    let g = spec_change(&client, &ns.name, json!({"databases": 32})).await;
+    wait_upgraded(&client, &ns.name, g, "7.0.").await;
+    let events = recent_events(&client, &ns.name, 200).await;
+    println!("{events}");
+    assert!(
+        events.contains("runs an older server than the primary"),
+        "the stranded replica was restarted by the rule:\n{events}"
+    );
+    let tally = writer.stop().await;
+    let kept = assert_kept(&client, &ns.name, &pw, &tally).await;
+    println!("upgrade finished after the failover: {kept} writes acknowledged, none lost");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standalone_upgrade_restarts_once_and_reports_its_window() {
     let client = client().await;

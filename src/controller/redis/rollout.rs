@@ -72,9 +72,11 @@ impl Reconciler {
             // onto the new one, or the roll would wait for ever.
             if let Some(name) = stranded(facts, primary, &self.names) {
                 self.restart_pod(&name).await?;
+                // A reason of its own: the recorder folds repeats of one
+                // reason and action into the first event's series.
                 self.event(
                     EventType::Normal,
-                    "RollingRestart",
+                    "RestartedToFollow",
                     "Restart",
                     format!(
                         "restarted {name}: it runs an older server than the primary {primary} and cannot follow it"
