@@ -9,7 +9,8 @@
 //!   until the resharding is Done;
 //! - a backup taken after the resharding (no even slot layout) restores
 //!   into a new Redis that names only the backup: the new cluster gets the
-//!   backed-up layout shard by shard and holds every acknowledged write.
+//!   backed-up layout shard by shard and holds every acknowledged write;
+//! - large values (200 of 5 MB) move with no node failed over.
 
 #[path = "support/cluster_client.rs"]
 mod cluster_client;
@@ -389,4 +390,184 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
         .map(|s| parse_ranges(s).expect("ranges"))
         .collect();
     assert_eq!(copy_served, want);
+}
+
+/// Bytes per large value (`REDPILOT_LARGE_VALUE_MB`, default 5) and how
+/// many (`REDPILOT_LARGE_VALUES`, default 200).
+fn large_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Large values against the 1 s node timeout: 200 values of 5 MB, a
+/// hundred to a slot (hash tags), in two slots a 3 -> 4 resharding moves,
+/// under a writer of unique keys confirmed with `WAIT 1`. A `MIGRATE` of a
+/// hundred keys (the old batch) carries 500 MB and blocks its source past
+/// `cluster-node-timeout`: both sources were failed over mid-move and 16
+/// writes went unconfirmed. The batches are bounded by bytes and time, so
+/// no node ever fails, every primary stays primary, and every acknowledged
+/// write and large value is there after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_values_move_without_an_unplanned_failover() {
+    let values = large_env("REDPILOT_LARGE_VALUES", 200);
+    let mb = large_env("REDPILOT_LARGE_VALUE_MB", 5);
+    let per_slot = 100usize;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "meet-large", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(
+        &client,
+        OperatorOptions::watching(&[ns]).named("meet-large"),
+    )
+    .await;
+    apply_redis(
+        &client,
+        ns,
+        "big",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+               "version": "8.1"}),
+    )
+    .await;
+    wait_ready(&client, ns, "big", READY).await;
+    let password = redis_password(&client, ns, "big").await;
+    let opts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(10));
+    let seed = Endpoint::new(pod_ip(&client, ns, "big-s0-0").await, 6379);
+    // Slots the resharding will move, and hash tags that land in them.
+    let owned: Vec<Vec<SlotRange>> = spread(3).into_iter().map(|r| vec![r]).collect();
+    let moving: Vec<u16> = redpilot::redis::reshard::rebalance(&owned, 4)
+        .iter()
+        .flat_map(|m| m.slots.iter().flat_map(|r| r.start..=r.end))
+        .collect();
+    let slots_needed = values.div_ceil(per_slot);
+    let mut tags: Vec<String> = Vec::new();
+    let mut used = std::collections::BTreeSet::new();
+    for i in 0.. {
+        if tags.len() == slots_needed {
+            break;
+        }
+        let tag = format!("big{i}");
+        let slot = cluster::key_slot(tag.as_bytes());
+        if moving.contains(&slot) && used.insert(slot) {
+            tags.push(tag);
+        }
+    }
+    let value = |i: usize| -> String {
+        let head = format!("v{i}-");
+        format!("{head}{}", "y".repeat(mb * 1024 * 1024 - head.len()))
+    };
+    let mut filler = Client::new(seed.clone(), opts.clone());
+    let t = Instant::now();
+    for i in 0..values {
+        let key = format!("{{{}}}:{i}", tags[i / per_slot]);
+        let _: () = filler
+            .run(&key, redis::cmd("SET").arg(&key).arg(value(i)))
+            .await
+            .unwrap_or_else(|e| panic!("filling {key}: {e}"));
+    }
+    println!(
+        "filled {values} values of {mb} MB ({} per slot, {} slots a 3 -> 4 resharding moves) in {:.1} s",
+        per_slot,
+        tags.len(),
+        t.elapsed().as_secs_f64()
+    );
+    // Who is primary now, by node ID.
+    let roles = |eps: Vec<Endpoint>| {
+        let opts = opts.clone();
+        async move {
+            let mut out = BTreeMap::new();
+            for ep in eps {
+                let mut n = Node::connect(&ep, &opts).await.expect("connect");
+                let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
+                if let Some(me) = nodes.iter().find(|k| k.myself) {
+                    out.insert(me.id.clone(), me.primary);
+                }
+            }
+            out
+        }
+    };
+    let mut first_six = Vec::new();
+    for s in 0..3 {
+        for j in 0..2 {
+            first_six.push(Endpoint::new(
+                pod_ip(&client, ns, &format!("big-s{s}-{j}")).await,
+                6379,
+            ));
+        }
+    }
+    let before = roles(first_six.clone()).await;
+    // A writer of unique keys, and a watch for any node flagged failing.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (w, tally) = writer(0, seed.clone(), opts.clone(), stop.clone());
+    let failing = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watch = {
+        let (stop, failing, eps, opts) = (
+            stop.clone(),
+            failing.clone(),
+            first_six.clone(),
+            opts.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for ep in &eps {
+                    let Ok(mut n) = Node::connect(ep, &opts).await else {
+                        continue;
+                    };
+                    if let Ok(nodes) = cluster::nodes(&mut n).await {
+                        for k in nodes.iter().filter(|k| k.fail) {
+                            failing.lock().await.push(format!("{ep} saw {} fail", k.id));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    patch_redis(&client, ns, "big", json!({"spec": {"shards": 4}})).await;
+    let done = wait_for(
+        "the resharding to be Done",
+        Duration::from_secs(600),
+        || async {
+            let r = redis_api(&client, ns).get("big").await.ok()?;
+            let rs = r.status.as_ref()?.resharding.as_ref()?;
+            (rs.phase == ReshardingPhase::Done).then_some(r)
+        },
+    )
+    .await;
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    w.await.expect("writer");
+    watch.await.expect("watch");
+    let rs = done.status.and_then(|s| s.resharding);
+    let failing = failing.lock().await.clone();
+    let tally = tally.lock().await;
+    println!(
+        "3 -> 4 shards with {} MB of large values: Done in {:.1} s ({rs:?}); {} writes acknowledged, errors {:?}",
+        values * mb,
+        took.as_secs_f64(),
+        tally.acked.len(),
+        tally.errors
+    );
+    assert!(failing.is_empty(), "nodes failed mid-move: {failing:?}");
+    let after = roles(first_six).await;
+    assert_eq!(after, before, "no node changed role");
+    assert!(tally.acked.len() > 100, "the writer wrote");
+    let mut reader = Client::new(seed, opts);
+    for key in &tally.acked {
+        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
+        assert!(matches!(got, Ok(Some(_))), "{key}: {got:?}");
+    }
+    for i in 0..values {
+        let key = format!("{{{}}}:{i}", tags[i / per_slot]);
+        let len: Result<u64, String> = reader.run(&key, redis::cmd("STRLEN").arg(&key)).await;
+        assert_eq!(len, Ok((mb * 1024 * 1024) as u64), "{key}");
+    }
+    println!(
+        "no node failed, no role changed, all {} acknowledged writes and {values} large values there",
+        tally.acked.len()
+    );
 }
