@@ -89,6 +89,25 @@ fn writer(
     (handle, tally)
 }
 
+/// Reads every key of `acked` through `reader`; fails naming the first
+/// ten that are not there (`what`: "lost", "missing from the restore").
+async fn assert_all_there(mut reader: Client, acked: &[String], what: &str) {
+    let mut gone = Vec::new();
+    for key in acked {
+        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
+        if !matches!(got, Ok(Some(_))) {
+            gone.push(format!("{key}: {got:?}"));
+        }
+    }
+    assert!(
+        gone.is_empty(),
+        "{} of {} acknowledged writes {what}: {:?}",
+        gone.len(),
+        acked.len(),
+        &gone[..gone.len().min(10)]
+    );
+}
+
 /// Each shard's slots as the Redis's status records them.
 fn layout(r: &Redis) -> Vec<String> {
     r.status
@@ -285,21 +304,7 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
         .collect();
     owned.sort_unstable();
     assert_eq!(owned, (0..16384).collect::<Vec<u16>>(), "every slot once");
-    let mut reader = Client::new(seed.clone(), app.clone());
-    let mut lost = Vec::new();
-    for key in &acked {
-        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
-        if !matches!(got, Ok(Some(_))) {
-            lost.push(format!("{key}: {got:?}"));
-        }
-    }
-    assert!(
-        lost.is_empty(),
-        "{} of {} acknowledged writes lost: {:?}",
-        lost.len(),
-        acked.len(),
-        &lost[..lost.len().min(10)]
-    );
+    assert_all_there(Client::new(seed.clone(), app.clone()), &acked, "lost").await;
 
     // 2. The waiting backup runs once the slots stopped moving, and holds
     // the layout the resharding left.
@@ -365,21 +370,12 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
     let copy_served = served_layout(&client, ns, "copy", 4, &copy_opts).await;
     assert_eq!(copy_served, served, "each restored shard serves its slots");
     let copy_seed = Endpoint::new(pod_ip(&client, ns, "copy-s0-0").await, 6379);
-    let mut reader = Client::new(copy_seed, copy_opts);
-    let mut missing = Vec::new();
-    for key in &acked {
-        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
-        if !matches!(got, Ok(Some(_))) {
-            missing.push(format!("{key}: {got:?}"));
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "{} of {} acknowledged writes missing from the restore: {:?}",
-        missing.len(),
-        acked.len(),
-        &missing[..missing.len().min(10)]
-    );
+    assert_all_there(
+        Client::new(copy_seed, copy_opts),
+        &acked,
+        "missing from the restore",
+    )
+    .await;
     println!(
         "the restore holds all {} acknowledged writes; layout {resharded:?}",
         acked.len()
@@ -556,11 +552,13 @@ async fn large_values_move_without_an_unplanned_failover() {
     let after = roles(first_six).await;
     assert_eq!(after, before, "no node changed role");
     assert!(tally.acked.len() > 100, "the writer wrote");
+    assert_all_there(
+        Client::new(seed.clone(), opts.clone()),
+        &tally.acked,
+        "lost",
+    )
+    .await;
     let mut reader = Client::new(seed, opts);
-    for key in &tally.acked {
-        let got: Result<Option<String>, String> = reader.run(key, redis::cmd("GET").arg(key)).await;
-        assert!(matches!(got, Ok(Some(_))), "{key}: {got:?}");
-    }
     for i in 0..values {
         let key = format!("{{{}}}:{i}", tags[i / per_slot]);
         let len: Result<u64, String> = reader.run(&key, redis::cmd("STRLEN").arg(&key)).await;
