@@ -386,6 +386,82 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
         .map(|s| parse_ranges(s).expect("ranges"))
         .collect();
     assert_eq!(copy_served, want);
+
+    // 4. Back to 3 shards with the default user still off, under writers,
+    // and a shard primary giving slots kill -9ed mid-move: its replica
+    // takes over (the operator's failover logs in as its own user too),
+    // the moves go on, every acknowledged write is there.
+    use support::operator::{kill_9, server_pid};
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (2..4)
+        .map(|i| writer(i, seed.clone(), app.clone(), stop.clone()))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    patch_redis(&client, ns, "m", json!({"spec": {"shards": 3}})).await;
+    wait_for("slots moving back", Duration::from_secs(120), || async {
+        let r = redis_api(&client, ns).get("m").await.ok()?;
+        let rs = r.status?.resharding?;
+        (rs.to_shards == 3 && rs.phase == ReshardingPhase::Moving && rs.slots_moved > 0)
+            .then_some(())
+    })
+    .await;
+    let r = redis_api(&client, ns).get("m").await.expect("m");
+    let giver = r
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|x| x.index == 3))
+        .and_then(|x| x.primary.clone())
+        .expect("shard 3's primary");
+    let ip = pod_ip(&client, ns, &giver).await;
+    let mut n = Node::connect(&Endpoint::new(ip, 6379), &operator)
+        .await
+        .expect("connect as the operator's user");
+    let pid = server_pid(&mut n).await;
+    drop(n);
+    kill_9(pid);
+    let taken = wait_for(
+        "shard 3's replica to take over",
+        Duration::from_secs(60),
+        || async {
+            let r = redis_api(&client, ns).get("m").await.ok()?;
+            let p = r
+                .status?
+                .shards
+                .into_iter()
+                .find(|x| x.index == 3)?
+                .primary?;
+            (p != giver).then_some(p)
+        },
+    )
+    .await;
+    println!("{giver} (giving slots) kill -9ed mid-move; {taken} took over");
+    let done = wait_for("the resharding back to 3 to be Done", READY, || async {
+        let r = redis_api(&client, ns).get("m").await.ok()?;
+        let rs = r.status.as_ref()?.resharding.as_ref()?;
+        (rs.to_shards == 3 && rs.phase == ReshardingPhase::Done).then_some(r)
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acked_back = Vec::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (h, t) in writers {
+        h.await.expect("writer");
+        let t = t.lock().await;
+        acked_back.extend(t.acked.iter().cloned());
+        for (k, v) in &t.errors {
+            *errors.entry(k.clone()).or_default() += v;
+        }
+    }
+    println!(
+        "4 -> 3 shards with the default user off and a primary killed: Done in {:.1} s; {} writes acknowledged, errors {errors:?}",
+        started.elapsed().as_secs_f64(),
+        acked_back.len()
+    );
+    assert_eq!(layout(&done).len(), 3, "{:?}", layout(&done));
+    assert!(acked_back.len() > 100, "the writers wrote");
+    acked_back.extend(acked);
+    assert_all_there(Client::new(seed, app), &acked_back, "lost").await;
 }
 
 /// Bytes per large value (`REDPILOT_LARGE_VALUE_MB`, default 5) and how
@@ -567,5 +643,109 @@ async fn large_values_move_without_an_unplanned_failover() {
     println!(
         "no node failed, no role changed, all {} acknowledged writes and {values} large values there",
         tally.acked.len()
+    );
+}
+
+/// A backup Job made again (the operator stopped after the first shard's
+/// Job; the others existed only in the status) checks the Secret's mark
+/// again: its owner took the loan back meanwhile, so no further Job is
+/// made and the backup fails `CredentialsNotAllowed`, sending no other
+/// shard's file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_job_made_again_checks_the_secrets_mark_again() {
+    use support::operator::{spawn_operator, wait_failpoint};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "meet-mark", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let creds: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s3", "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("creating the credentials Secret");
+    let mut opts = OperatorOptions::watching(&[ns]).named("meet-mark");
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut crashing = opts.clone();
+    crashing.env.push((
+        "REDPILOT_FAILPOINTS".into(),
+        "backup-after-first-shard-job".into(),
+    ));
+    let mut first = start_operator(&client, crashing).await;
+    apply_redis(
+        &client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+               "version": "8.1"}),
+    )
+    .await;
+    wait_ready(&client, ns, "c", READY).await;
+    let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
+                   "metadata": {"name": "b"},
+                   "spec": {"redis": "c", "target": {"s3": {
+                       "endpoint": s3.endpoint(), "bucket": BUCKET, "prefix": "mark",
+                       "pathStyle": true, "credentials": {"secretName": "s3"}}}}});
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    backups
+        .patch("b", &PatchParams::apply("e2e").force(), &Patch::Apply(&b))
+        .await
+        .expect("creating RedisBackup b");
+    wait_failpoint(&mut first, Duration::from_secs(60)).await;
+    let st = backups.get("b").await.expect("b").status.expect("status");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), ns);
+    let mut existing = Vec::new();
+    for s in &st.shards {
+        if jobs.get_opt(&s.job).await.expect("job").is_some() {
+            existing.push(s.index);
+        }
+    }
+    assert_eq!(existing.len(), 1, "one shard's Job exists: {existing:?}");
+    // The owner takes the loan back while no operator runs.
+    secrets
+        .patch(
+            "s3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"redpilot.io/allow-use": null}}})),
+        )
+        .await
+        .expect("removing the mark");
+    let _next = spawn_operator(&client, opts.named("meet-mark-next")).await;
+    let done = wait_for("the backup to end", Duration::from_secs(120), || async {
+        let b = backups.get("b").await.ok()?;
+        let st = b.status?;
+        matches!(st.phase?, BackupPhase::Completed | BackupPhase::Failed).then_some(st)
+    })
+    .await;
+    assert_eq!(done.phase, Some(BackupPhase::Failed), "{done:?}");
+    assert_eq!(
+        done.reason.as_deref(),
+        Some("CredentialsNotAllowed"),
+        "{done:?}"
+    );
+    let files = s3.files(BUCKET);
+    for s in st.shards.iter().filter(|s| !existing.contains(&s.index)) {
+        assert!(
+            !files
+                .iter()
+                .any(|f| f.contains(&format!("shard-{}.rdb", s.index))),
+            "shard {} was sent after the mark was gone: {files:?}",
+            s.index
+        );
+        assert!(
+            jobs.get_opt(&s.job).await.expect("job").is_none(),
+            "no Job for shard {}",
+            s.index
+        );
+    }
+    println!(
+        "a Job made again after the mark was taken back: {:?}: {}",
+        done.reason,
+        done.message.unwrap_or_default()
     );
 }

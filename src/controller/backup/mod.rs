@@ -369,6 +369,13 @@ impl Pass {
             let (Some(source), Some(key)) = (source, key) else {
                 return Ok(Part::Failed("JobFailed", "the backup Job is gone".into()));
             };
+            // The Secret's mark and the endpoint are checked again: since
+            // the first Job the owner may have taken the loan back.
+            if let Some(s3) = &self.b.spec.target.s3
+                && let Some(r) = self.refusal(s3).await?
+            {
+                return Ok(Part::Failed(r.reason, r.message));
+            }
             let Some(host) = self.pod_ip(source).await? else {
                 let msg = format!("the source instance {source} is gone");
                 return Ok(Part::Failed("SourceFailed", msg));
