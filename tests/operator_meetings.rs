@@ -108,6 +108,24 @@ async fn assert_all_there(mut reader: Client, acked: &[String], what: &str) {
     );
 }
 
+/// Waits for stopped writers; every key they acknowledged and their
+/// errors, summed by kind.
+async fn gather(
+    writers: Vec<(tokio::task::JoinHandle<()>, Arc<Mutex<Tally>>)>,
+) -> (Vec<String>, BTreeMap<String, u64>) {
+    let mut acked = Vec::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (h, t) in writers {
+        h.await.expect("writer");
+        let t = t.lock().await;
+        acked.extend(t.acked.iter().cloned());
+        for (k, v) in &t.errors {
+            *errors.entry(k.clone()).or_default() += v;
+        }
+    }
+    (acked, errors)
+}
+
 /// Each shard's slots as the Redis's status records them.
 fn layout(r: &Redis) -> Vec<String> {
     r.status
@@ -272,16 +290,7 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
     .await;
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
-    let mut acked = Vec::new();
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    for (h, t) in writers {
-        h.await.expect("writer");
-        let t = t.lock().await;
-        acked.extend(t.acked.iter().cloned());
-        for (k, v) in &t.errors {
-            *errors.entry(k.clone()).or_default() += v;
-        }
-    }
+    let (acked, errors) = gather(writers).await;
     let rs = done.status.as_ref().and_then(|s| s.resharding.clone());
     println!(
         "3 -> 4 shards with the default user off: Done in {:.1} s, {rs:?}; {} writes acknowledged, errors {errors:?}",
@@ -443,16 +452,7 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
     })
     .await;
     stop.store(true, Ordering::Relaxed);
-    let mut acked_back = Vec::new();
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    for (h, t) in writers {
-        h.await.expect("writer");
-        let t = t.lock().await;
-        acked_back.extend(t.acked.iter().cloned());
-        for (k, v) in &t.errors {
-            *errors.entry(k.clone()).or_default() += v;
-        }
-    }
+    let (mut acked_back, errors) = gather(writers).await;
     println!(
         "4 -> 3 shards with the default user off and a primary killed: Done in {:.1} s; {} writes acknowledged, errors {errors:?}",
         started.elapsed().as_secs_f64(),
