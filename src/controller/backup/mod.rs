@@ -192,12 +192,7 @@ impl Pass {
 
     async fn start(&mut self) -> Result<Action, Error> {
         let spec = self.b.spec.clone();
-        let redis = self
-            .ctx
-            .redis
-            .get(&ObjectRef::new(&spec.redis).within(&self.ns))
-            .and_then(|r| r.thaw());
-        let Some(redis) = redis else {
+        let Some(redis) = self.redis() else {
             let msg = format!(
                 "spec.redis: Redis {} does not exist in namespace {}",
                 spec.redis, self.ns
@@ -667,6 +662,14 @@ impl Pass {
         Ok(p.and_then(|p| p.status)
             .and_then(|s| s.pod_ip)
             .ok_or_else(|| format!("waiting for {pod} to have an address")))
+    }
+
+    /// The Redis this backup is of, from the watch cache.
+    fn redis(&self) -> Option<Redis> {
+        self.ctx
+            .redis
+            .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
+            .and_then(|r| r.thaw())
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {

@@ -188,12 +188,8 @@ impl Pass {
         // A resharding that moved slots after this backup started (one
         // asked for in the moment between the backup's check and its
         // status): the files are no consistent cut.
-        let redis = self
-            .ctx
-            .redis
-            .get(&kube::runtime::reflector::ObjectRef::new(&self.b.spec.redis).within(&self.ns))
-            .and_then(|r| r.thaw());
-        if let Some(why) = redis
+        if let Some(why) = self
+            .redis()
             .as_ref()
             .and_then(|r| moved_since(r, st.started_at.as_deref()))
         {

@@ -11,10 +11,10 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Resource;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -106,14 +106,10 @@ impl Reconciler {
             .ok_or(Error::Incomplete("name"))?;
         if let Some(live) = live {
             let meta = live.meta();
-            let ours = controlled_by(meta, self.uid());
-            if !ours && !adoptable(meta, &self.redis.name_any()) {
-                return Err(Error::Conflict {
-                    kind,
-                    name,
-                    owner: crate::controller::holder(meta),
-                });
+            if let Some(e) = self.foreign(kind, Some(meta)) {
+                return Err(e);
             }
+            let ours = controlled_by(meta, self.uid());
             if ours && in_sync(live, desired)? {
                 return Ok(false);
             }

@@ -353,15 +353,16 @@ impl Reconciler {
         // Secrets of this Redis's names that someone else holds are never
         // written: the server-auth Secret, and on a new Redis (nothing
         // written yet) the certificate Secret the operator would issue, so
-        // a refused name leaves nothing behind.
+        // a refused name leaves nothing behind. The conflict is the outer
+        // error: `run` ends the pass Degraded `Conflict`.
         if let Some(e) = self.foreign("Secret", server_auth.as_ref().map(|s| &s.metadata)) {
-            return Ok(Err(e));
+            return Err(e);
         }
         if server_auth.is_none() && tls::issues_own(&self.redis) {
             let tls: Option<k8s_openapi::api::core::v1::Secret> =
                 self.fetch(&self.names.issued_tls()).await?;
             if let Some(e) = self.foreign("Secret", tls.as_ref().map(|s| &s.metadata)) {
-                return Ok(Err(e));
+                return Err(e);
             }
         }
         let running = server_auth
@@ -385,16 +386,10 @@ impl Reconciler {
     async fn begin(&mut self, paused: bool) -> Result<Result<Begun, Next>, Error> {
         let (wanted, auth) = match self.passwords(paused).await? {
             Ok(p) => p,
-            Err(e @ Error::Conflict { .. }) => {
-                return Ok(Err(self.fail_status("Conflict", e).await?));
-            }
             Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
         };
         self.tls = match self.tls_material(&auth, paused).await? {
             Ok(t) => t,
-            Err(tls::Unready::Unusable(e @ Error::Conflict { .. })) => {
-                return Ok(Err(self.fail_status("Conflict", e).await?));
-            }
             Err(tls::Unready::Unusable(e)) => {
                 return Ok(Err(self.fail_status("InvalidCertificate", e).await?));
             }

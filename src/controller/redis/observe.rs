@@ -29,7 +29,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
 use super::build;
-use super::children::{Child, adoptable, controlled_by};
+use super::children::{Child, controlled_by};
 use super::facts::{PodFacts, caught_up, merge_topology, pod_facts, sts_observed};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::Redis;
@@ -169,13 +169,8 @@ impl Reconciler {
         let name = self.names.generated_secret();
         let password = match self.lookup::<Secret>(&name).await? {
             Some(s) => {
-                let meta = &s.metadata;
-                if !controlled_by(meta, self.uid()) && !adoptable(meta, &self.redis.name_any()) {
-                    return Ok(Auth::Failed(Error::Conflict {
-                        kind: "Secret",
-                        name,
-                        owner: crate::controller::holder(meta),
-                    }));
+                if let Some(e) = self.foreign("Secret", Some(&s.metadata)) {
+                    return Ok(Auth::Failed(e));
                 }
                 let pw = match read_password(&s, &name) {
                     Ok(pw) => pw,

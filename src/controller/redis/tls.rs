@@ -626,7 +626,8 @@ impl Reconciler {
         // The API failing is retried; a certificate that cannot be had is
         // reported.
         let unusable = |e: Error| match e {
-            Error::Kube(_) => Err(e),
+            // A name someone else holds ends the pass (see `run`).
+            Error::Kube(_) | Error::Conflict { .. } => Err(e),
             e => Ok(Err(Unready::Unusable(e))),
         };
         let (name, secret, field) = match (spec.secret_name, spec.issuer_ref) {
