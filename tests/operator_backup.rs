@@ -1062,14 +1062,18 @@ async fn backup_to_a_volume_and_restore_from_it() {
             .ok()
     })
     .await;
-    let pod = pods.get("restored-0").await.expect("pod");
-    let statuses = pod
-        .status
-        .and_then(|s| s.init_container_statuses)
-        .unwrap_or_default();
-    let said = redpilot::controller::agent::termination(&statuses, "restore")
-        .and_then(|(_, m)| m)
-        .unwrap_or_default();
+    // The node reports the init container's end in the pod's status a
+    // moment after the server answers; wait for the message it left.
+    let said = wait_for(
+        "restored-0's restore container to report how it ended",
+        Duration::from_secs(30),
+        || async {
+            let pod = pods.get("restored-0").await.ok()?;
+            let statuses = pod.status?.init_container_statuses?;
+            redpilot::controller::agent::termination(&statuses, "restore").and_then(|(_, m)| m)
+        },
+    )
+    .await;
     assert_eq!(
         after, 0,
         "a re-created Standalone without storage starts empty; the restore said: {said}"
