@@ -87,51 +87,39 @@ cluster-down:
 	bash dev/cluster.sh down
 
 # Integration suites (tests/*.rs): real Redis servers and the dev cluster.
-# Two lanes run at once. The cluster lane runs the suites not listed below,
-# one binary at a time, two tests at once. The side lane runs the suites
-# that need no Kubernetes (real servers, the S3 server, promtool, files),
-# then the cluster suites that mostly wait: insights_prometheus (Prometheus'
-# alert timers, `for:` periods of minutes), operator_security (a
-# certificate renewal read at the next steady pass, 60 s) and, three tests
-# at once, WAITING_SUITES (operator_backup's schedules wait for cron
-# minutes; with two slots they held both, 308 s, with three 222 s at half a
-# core). The side lane's output follows the cluster lane's.
+# olm_e2e installs 0.1.0's CRDs over the current ones, then upgrades: OLM
+# refuses that while any Redis of a newer schema exists, and nothing may make
+# one meanwhile. It runs alone, first. So do the ALONE_TESTS (suite:test):
+# the first fills the node to a known room and needs that room to hold still
+# for a minute (a pod of another test that went away let a deferred resize
+# through once); the second moves 1,000 MB of large values between shards,
+# which starved a TLS flip test of CPU when they ran side by side.
+# Everything else runs in TEST_SLOTS slots (hack/test-pool.py), the longest
+# jobs first: each test of the POOL suites is a job of its own, so no suite's
+# one long test holds the others back; the LOCAL_SUITES (real servers, the S3
+# server, promtool and files, no Kubernetes; some serialise their tests with
+# a lock in the process) are a job each. Expected times are the last run's
+# ($(CARGO_TARGET_DIR)/test-times.tsv), else hack/test-times.tsv.
 LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
-SIDE_SUITES := $(LOCAL_SUITES) insights_prometheus operator_security
-WAITING_SUITES := operator_backup
-# olm_e2e installs 0.1.0's CRDs over the current ones, then upgrades: OLM
-# refuses that while any Redis of a newer schema exists (a Cluster Redis of
-# insights_prometheus, in the side lane, failed it once), and nothing may
-# make one meanwhile. It runs alone, before both lanes. So do the
-# ALONE_TESTS (suite:test): the first fills the node to a known room and
-# needs that room to hold still for a minute (a pod of the other lane that
-# went away let a deferred resize through once); the second moves 1,000 MB
-# of large values between shards, which starved the other lane's TLS flip
-# test of CPU when they ran side by side.
 ALONE_SUITES := olm_e2e
 ALONE_TESTS := operator_autopilot:a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limits \
 	operator_meetings:large_values_move_without_an_unplanned_failover
-CLUSTER_SUITES := $(filter-out $(SIDE_SUITES) $(WAITING_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
+POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
+TEST_SLOTS ?= 3
+PYTHON ?= python3
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
-	@cluster=0; $(CARGO) test --workspace $(addprefix --test ,$(ALONE_SUITES)) --no-fail-fast \
-		|| cluster=$$?; \
+	@status=0; $(CARGO) test --workspace $(addprefix --test ,$(ALONE_SUITES)) --no-fail-fast \
+		|| status=$$?; \
 	for t in $(ALONE_TESTS); do \
-		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || cluster=$$?; \
+		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || status=$$?; \
 	done; \
-	log=$${CARGO_TARGET_DIR:-target}/local-suites.log; rm -f "$$log" "$$log.rc"; \
-	( side=0; $(CARGO) test --workspace $(addprefix --test ,$(SIDE_SUITES)) --no-fail-fast \
-		|| side=$$?; \
-	  $(CARGO) test --workspace $(addprefix --test ,$(WAITING_SUITES)) --no-fail-fast -- \
-		--test-threads=3 || side=$$?; \
-	  echo $$side >"$$log.rc" ) >"$$log" 2>&1 & \
-	$(CARGO) test --workspace $(addprefix --test ,$(CLUSTER_SUITES)) --no-fail-fast -- \
-		$(foreach t,$(ALONE_TESTS),--skip $(lastword $(subst :, ,$(t)))) || cluster=$$?; \
-	wait; echo; echo "=== the side lane ($(words $(SIDE_SUITES) $(WAITING_SUITES)) suites, run beside the cluster suites)"; \
-	cat "$$log"; side=$$(cat "$$log.rc" 2>/dev/null || echo 1); \
-	echo "cluster lane: exit $$cluster; side lane: exit $$side"; \
-	[ "$$cluster" -eq 0 ] && [ "$$side" -eq 0 ]
+	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --split "$(POOL_SUITES)" \
+		--whole "$(LOCAL_SUITES)" $(addprefix --skip ,$(ALONE_TESTS)) \
+		--times "$${CARGO_TARGET_DIR:-target}/test-times.tsv" --seed hack/test-times.tsv \
+		--logs "$${CARGO_TARGET_DIR:-target}/test-pool" || status=$$?; \
+	exit $$status
 
 # The whole test run. The cluster comes down even when a step fails.
 test: setup lint unit tools release-bins cluster-up

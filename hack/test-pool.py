@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Runs integration tests in a pool of slots, longest first.
+
+`cargo test` runs its test binaries one after another, each with a fixed
+number of threads: a suite whose one long test runs on while its others are
+done leaves a slot idle, and the next suite waits for it. This runner lists
+the tests of every suite named with --split, makes each test a job of its
+own (its suite's binary run with `--exact <test>`), adds each --whole suite
+as one job (suites whose tests share a lock in one process), and hands the
+jobs to --slots workers, the longest expected first. Expected times come
+from the last run on this machine (--times, written at the end) and the
+checked-in --seed; a test neither names is expected to take --default
+seconds.
+
+Every job's own harness output (`test ... ok`, `test result: ...`) is
+printed when it ends, a failed job's output in full; the totals at the end
+are the sums of those harness lines. The exit status is 1 when a job failed
+or when no test ran at all.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+RESULT = re.compile(
+    r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored; (\d+) measured; (\d+) filtered out"
+)
+
+
+def executables(suites, root):
+    """Builds the suites' test binaries and maps each suite to its binary."""
+    cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
+    for s in suites:
+        cmd += ["--test", s]
+    out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, check=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        target = msg.get("target", {})
+        if "test" in target.get("kind", []) and target.get("name") in suites:
+            found[target["name"]] = msg["executable"]
+    missing = [s for s in suites if s not in found]
+    if missing:
+        sys.exit(f"test-pool: cargo built no test binary for: {' '.join(missing)}")
+    return found
+
+
+def listed(exe, root):
+    out = subprocess.run(
+        [exe, "--list", "--format", "terse"], cwd=root, stdout=subprocess.PIPE, check=True, text=True
+    ).stdout
+    return [line[: -len(": test")] for line in out.splitlines() if line.endswith(": test")]
+
+
+def read_times(*paths):
+    times = {}
+    for path in paths:
+        if not path or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) == 2 and not line.startswith("#"):
+                    try:
+                        times.setdefault(parts[0], float(parts[1]))
+                    except ValueError:
+                        pass
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slots", type=int, default=3)
+    ap.add_argument("--split", default="", help="suites run a test per job")
+    ap.add_argument("--whole", default="", help="suites run as one job each")
+    ap.add_argument("--skip", action="append", default=[], help="suite:test left out (run elsewhere)")
+    ap.add_argument("--times", help="per-job seconds of the last run, read and rewritten")
+    ap.add_argument("--seed", help="checked-in per-job seconds, read when --times lacks a job")
+    ap.add_argument("--default", type=float, default=60.0)
+    ap.add_argument("--logs", help="directory for each job's output")
+    args = ap.parse_args()
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    split = args.split.split()
+    whole = args.whole.split()
+    skip = set(args.skip)
+    exes = executables(split + whole, root)
+    jobs = []
+    for suite in split:
+        for test in listed(exes[suite], root):
+            if f"{suite}:{test}" not in skip:
+                jobs.append((f"{suite}::{test}", [exes[suite], "--exact", test, "--test-threads=1"]))
+    for suite in whole:
+        jobs.append((suite, [exes[suite]]))
+    expected = read_times(args.times, args.seed)
+    jobs.sort(key=lambda j: expected.get(j[0], args.default), reverse=True)
+
+    logs = args.logs or tempfile.mkdtemp(prefix="test-pool-")
+    os.makedirs(logs, exist_ok=True)
+    for old in os.listdir(logs):
+        if old.endswith(".log"):
+            os.remove(os.path.join(logs, old))
+    env = dict(os.environ, CARGO_MANIFEST_DIR=root, RUST_BACKTRACE=os.environ.get("RUST_BACKTRACE", "1"))
+    lock = threading.Lock()
+    totals = [0, 0, 0]  # passed, failed, ignored
+    failed_jobs = []
+    took = {}
+    start = time.monotonic()
+    print(f"test-pool: {len(jobs)} jobs ({len(split)} suites a test per job, {len(whole)} whole) "
+          f"in {args.slots} slots; job output under {logs}", flush=True)
+
+    def run(job):
+        name, cmd = job
+        log = os.path.join(logs, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
+        began = time.monotonic()
+        with open(log, "w") as out:
+            rc = subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        secs = time.monotonic() - began
+        with open(log, errors="replace") as f:
+            text = f.read()
+        counts = [0, 0, 0]
+        seen = False
+        for line in text.splitlines():
+            m = RESULT.match(line)
+            if m:
+                seen = True
+                counts[0] += int(m.group(1))
+                counts[1] += int(m.group(2))
+                counts[2] += int(m.group(3))
+        # A job that ran no test (a name the binary no longer has) failed.
+        ok = rc == 0 and seen and counts[1] == 0 and counts[0] + counts[2] > 0
+        with lock:
+            took[name] = secs
+            for i in range(3):
+                totals[i] += counts[i]
+            at = time.monotonic() - start
+            print(f"--- [{at:6.0f} s] {name}: {'ok' if ok else 'FAILED'} in {secs:.1f} s", flush=True)
+            if ok:
+                for line in text.splitlines():
+                    if line.startswith("test ") and not line.startswith("test result"):
+                        print(line)
+                    elif RESULT.match(line):
+                        print(line)
+            else:
+                if counts[1] == 0:
+                    totals[1] += 1
+                failed_jobs.append(name)
+                print(text)
+                print(f"--- end of {name} (exit {rc})")
+            sys.stdout.flush()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.slots) as pool:
+        list(pool.map(run, jobs))
+
+    wall = time.monotonic() - start
+    busy = sum(took.values())
+    print()
+    print(f"test-pool: {len(jobs)} jobs in {wall:.0f} s wall ({busy:.0f} s of jobs, "
+          f"{busy / max(wall, 1):.2f} slots busy on average)")
+    print("longest jobs:")
+    for name, secs in sorted(took.items(), key=lambda kv: kv[1], reverse=True)[:12]:
+        print(f"  {secs:7.1f} s  {name}")
+    if args.times:
+        merged = read_times(args.times)
+        merged.update(took)
+        with open(args.times, "w") as f:
+            f.write("# seconds each job took in the last run (hack/test-pool.py)\n")
+            for name in sorted(merged):
+                f.write(f"{name}\t{merged[name]:.1f}\n")
+    print(f"test result (all pooled jobs): {totals[0]} passed; {totals[1]} failed; {totals[2]} ignored")
+    if failed_jobs:
+        print("failed jobs:")
+        for name in failed_jobs:
+            print(f"    {name}")
+        return 1
+    if totals[0] == 0:
+        print("test-pool: no test ran: a suite list is empty or every binary is broken")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
