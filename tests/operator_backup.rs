@@ -220,6 +220,23 @@ async fn backup_to_s3_and_restore_into_a_new_redis() {
     );
     let source = st.source.clone().expect("source");
     assert_ne!(source, primary, "the backup must come from a replica");
+    // The server named as the source says it is a replica (not only the
+    // backup's own status).
+    let mut at_source = connect_pod(&client, ns, &source, &pw)
+        .await
+        .expect("connect to the backup's source");
+    let role = at_source
+        .info_section("replication")
+        .await
+        .expect("INFO replication")
+        .replication
+        .role;
+    assert_eq!(
+        role,
+        Some(redpilot::redis::info::Role::Replica),
+        "{source} is a replica"
+    );
+    drop(at_source);
     let key = st.key.clone().expect("key");
     assert!(key.starts_with(&format!("e2e/{ns}/src/b1-")), "{key}");
     assert_eq!(
@@ -1641,5 +1658,108 @@ async fn a_restore_into_retained_volumes_serves_the_backup() {
         "re-created over retained claims: Ready in {:.1}s, all 3 instances hold the backup's {keys} keys and none of the 2,000 later ones ({})",
         t.elapsed().as_secs_f64(),
         bs.location
+    );
+}
+
+/// A backup asked for while a restart-only change rolls the instances is
+/// never started from an instance the roll is about to restart (the agent
+/// reads the pod at its address, which the restart changes: the backup
+/// failed `SourceFailed` once, found by the composition harness, seed 4).
+/// It starts from an instance already on the new template, or waits for
+/// one, and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_with() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::Pod;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backup-roll", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    support::operator::create_claim(&client, ns, "backups").await;
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 3}),
+    )
+    .await;
+    wait_ready(&client, ns, "src", READY).await;
+    let pw = redis_password(&client, ns, "src").await;
+    let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
+    writer.wait_progress(200, Duration::from_secs(30)).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let revision = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("controller-revision-hash").cloned())
+    };
+    // A restart-only change: every instance restarts, one at a time.
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "src",
+        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    // Half way: one instance on the new template, others still to go.
+    let update = wait_for("the roll half way", Duration::from_secs(120), || async {
+        let s = sets.get("src").await.ok()?;
+        let update = s.status.as_ref()?.update_revision.clone()?;
+        let all = support::operator::redis_pods(&client, ns, "src").await;
+        let rolled = all
+            .values()
+            .filter(|p| revision(p).as_deref() == Some(update.as_str()))
+            .filter(|p| support::operator::pod_ready(p))
+            .count();
+        (rolled >= 1 && rolled < all.len()).then_some(update)
+    })
+    .await;
+    create_backup(
+        &client,
+        ns,
+        "mid-roll",
+        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    // When it starts: its source runs the new template (the roll is done
+    // with it) or it waited for one.
+    let (source, at_start, waited) = wait_for(
+        "the mid-roll backup to start",
+        Duration::from_secs(180),
+        || async {
+            let st = backups.get("mid-roll").await.ok()?.status?;
+            let source = st.source.clone()?;
+            let p = pods.get(&source).await.ok()?;
+            Some((source, revision(&p), st.message))
+        },
+    )
+    .await;
+    let b = ended(&client, ns, "mid-roll", Duration::from_secs(180)).await;
+    let st = b.status.clone().expect("status");
+    println!(
+        "backup asked for half way through the roll: source {source} at revision {at_start:?} \
+         (the roll's {update}); {:?}, {:?} keys; message before start {waited:?}",
+        st.phase, st.keys
+    );
+    assert_eq!(
+        at_start.as_deref(),
+        Some(update.as_str()),
+        "the backup started from {source}, which the roll had yet to restart"
+    );
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, ns, 20).await
+    );
+    wait_ready(&client, ns, "src", READY).await;
+    let tally = writer.stop().await;
+    assert!(
+        tally.acked.len() > 200,
+        "the writer wrote {} times",
+        tally.acked.len()
     );
 }

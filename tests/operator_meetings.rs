@@ -330,6 +330,10 @@ async fn a_resharding_with_the_default_user_off_is_backed_up_and_restored_with_i
         "{st:?}\n{}",
         recent_events(&client, ns, 20).await
     );
+    assert_eq!(
+        st.message, None,
+        "a Completed backup keeps no message of the wait before it"
+    );
     let backed_up: Vec<String> = st.shards.iter().map(|s| s.slots.clone()).collect();
     assert_eq!(backed_up, resharded, "the backup records the layout served");
     let keys_in_backup: i64 = st.shards.iter().filter_map(|s| s.keys).sum();

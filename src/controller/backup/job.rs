@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
 };
@@ -64,28 +65,71 @@ pub fn listens_otherwise(pod: &Pod, tls: bool) -> Option<String> {
 /// a live link furthest ahead (never forking the primary when a replica can
 /// serve), else the ready primary. `None` while no instance can serve.
 pub fn choose_source(redis: &Redis) -> Option<String> {
+    choose_source_where(redis, |_| true)
+}
+
+/// [`choose_source`] among the instances `usable` accepts (those no
+/// ordered restart is about to take down).
+pub fn choose_source_where(redis: &Redis, usable: impl Fn(&str) -> bool) -> Option<String> {
     let status = redis.status.as_ref()?;
-    if let Some(r) = best_replica(status.instances.iter()) {
+    let candidates = || status.instances.iter().filter(|i| usable(&i.name));
+    if let Some(r) = best_replica(candidates()) {
         return Some(r);
     }
-    status
-        .instances
-        .iter()
+    candidates()
         .find(|i| i.role == "primary" && i.ready)
         .map(|i| i.name.clone())
+}
+
+/// Whether the ordered restart under way will restart `pod`: its
+/// StatefulSet, observed, is at a template revision the pod does not run
+/// and that the operator does not keep for running instances (see
+/// `redis::kept`). A backup read from such a pod would lose its source
+/// half way: the restarted pod comes back at another address.
+pub fn restart_pending(pod: &Pod, sts: &StatefulSet) -> bool {
+    if !crate::controller::redis::facts::sts_observed(sts) {
+        return false;
+    }
+    let Some(want) = sts
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision.as_deref())
+    else {
+        return false;
+    };
+    let kept = crate::controller::redis::kept::kept_revisions(Some(sts));
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("controller-revision-hash"))
+        .is_some_and(|have| have != want && !kept.iter().any(|k| k == have))
 }
 
 /// The instance to back up shard `shard` of a Cluster Redis from: the
 /// ready, linked replica of the shard furthest ahead, else its ready
 /// primary (pods `<name>-s<shard>-<j>`).
 pub fn choose_shard_source(redis: &Redis, shard: i32) -> Option<String> {
+    choose_shard_source_where(redis, shard, |_| true)
+}
+
+/// [`choose_shard_source`] among the instances `usable` accepts.
+pub fn choose_shard_source_where(
+    redis: &Redis,
+    shard: i32,
+    usable: impl Fn(&str) -> bool,
+) -> Option<String> {
     let status = redis.status.as_ref()?;
     let prefix = format!("{}-s{shard}-", redis.metadata.name.as_deref()?);
     let of_shard = |name: &str| {
         name.strip_prefix(&prefix)
             .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
     };
-    if let Some(r) = best_replica(status.instances.iter().filter(|i| of_shard(&i.name))) {
+    if let Some(r) = best_replica(
+        status
+            .instances
+            .iter()
+            .filter(|i| of_shard(&i.name) && usable(&i.name)),
+    ) {
         return Some(r);
     }
     let primary = status
@@ -97,7 +141,7 @@ pub fn choose_shard_source(redis: &Redis, shard: i32) -> Option<String> {
     status
         .instances
         .iter()
-        .find(|i| &i.name == primary && i.role == "primary" && i.ready)
+        .find(|i| &i.name == primary && i.role == "primary" && i.ready && usable(&i.name))
         .map(|i| i.name.clone())
 }
 
@@ -602,6 +646,76 @@ mod tests {
         let r = redis(vec![inst("cache-0", "primary", false, None, 1)]);
         assert_eq!(choose_source(&r), None);
         assert_eq!(choose_source(&Redis::new("x", Default::default())), None);
+    }
+
+    #[test]
+    fn a_source_a_roll_is_about_to_restart_is_passed_over() {
+        let r = redis(vec![
+            inst("cache-0", "primary", true, None, 100),
+            inst("cache-1", "replica", true, Some(true), 90),
+            inst("cache-2", "replica", true, Some(true), 95),
+        ]);
+        // cache-2 (furthest ahead) restarts next: cache-1 serves.
+        let rolled = |n: &str| n != "cache-2";
+        assert_eq!(choose_source_where(&r, rolled).as_deref(), Some("cache-1"));
+        // Both replicas restart: the primary, if it stays.
+        let only_primary = |n: &str| n == "cache-0";
+        assert_eq!(
+            choose_source_where(&r, only_primary).as_deref(),
+            Some("cache-0")
+        );
+        // Everything restarts: none (the backup waits).
+        assert_eq!(choose_source_where(&r, |_| false), None);
+    }
+
+    fn pod_at(revision: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("cache-1".into()),
+                labels: Some(BTreeMap::from([(
+                    "controller-revision-hash".to_string(),
+                    revision.to_string(),
+                )])),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn set_at(generation: i64, observed: i64, update: &str, kept: Option<&str>) -> StatefulSet {
+        use k8s_openapi::api::apps::v1::StatefulSetStatus;
+        StatefulSet {
+            metadata: ObjectMeta {
+                name: Some("cache".into()),
+                generation: Some(generation),
+                annotations: kept.map(|k| {
+                    BTreeMap::from([(
+                        crate::controller::redis::kept::KEPT_ANNOTATION.to_string(),
+                        k.to_string(),
+                    )])
+                }),
+                ..Default::default()
+            },
+            status: Some(StatefulSetStatus {
+                observed_generation: Some(observed),
+                update_revision: Some(update.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_behind_the_template_is_about_to_restart_unless_its_revision_is_kept() {
+        assert!(!restart_pending(&pod_at("r2"), &set_at(2, 2, "r2", None)));
+        assert!(restart_pending(&pod_at("r1"), &set_at(2, 2, "r2", None)));
+        // An operator upgrade's template change keeps the running revision.
+        assert!(!restart_pending(
+            &pod_at("r1"),
+            &set_at(2, 2, "r2", Some("r1"))
+        ));
+        // Not observed yet: the update revision does not describe the spec.
+        assert!(!restart_pending(&pod_at("r1"), &set_at(3, 2, "r2", None)));
     }
 
     #[test]

@@ -224,7 +224,17 @@ impl Pass {
         if redis.spec.mode() == Mode::Cluster {
             return self.start_shards(&redis).await;
         }
-        let Some(source) = job::choose_source(&redis) else {
+        let restarting = self.restarting(&redis).await?;
+        let Some(source) = job::choose_source_where(&redis, |n| !restarting.contains(n)) else {
+            if let Some(s) = job::choose_source(&redis) {
+                return self
+                    .pending(format!(
+                        "waiting for the ordered restart of Redis {} under way: {s}, like every \
+                         instance that could serve, is about to restart",
+                        spec.redis
+                    ))
+                    .await;
+            }
             return self
                 .pending(format!(
                     "waiting for an instance of Redis {} to be ready",
@@ -588,7 +598,12 @@ impl Pass {
 
     async fn write_status(&mut self, st: &RedisBackupStatus) -> Result<(), Error> {
         self.ctx.metrics.kube("patch_status");
-        let patch = serde_json::json!({ "status": st });
+        let mut patch = serde_json::json!({ "status": st });
+        // A merge patch keeps a field it does not name: a status without a
+        // message (Running, Completed) clears the one a wait left.
+        if st.message.is_none() {
+            patch["status"]["message"] = serde_json::Value::Null;
+        }
         let updated = self
             .api
             .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -662,6 +677,37 @@ impl Pass {
         Ok(p.and_then(|p| p.status)
             .and_then(|s| s.pod_ip)
             .ok_or_else(|| format!("waiting for {pod} to have an address")))
+    }
+
+    /// The instances of `redis` an ordered restart under way is about to
+    /// restart ([`job::restart_pending`]): a backup is not started from
+    /// them (the agent reads the pod's address, which a restart changes).
+    async fn restarting(&self, redis: &Redis) -> Result<std::collections::BTreeSet<String>, Error> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let selector = format!("app.kubernetes.io/instance={}", redis.name_any());
+        let lp = ListParams::default().labels(&selector);
+        self.ctx.metrics.kube("list_statefulsets");
+        let sets: Vec<StatefulSet> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .list(&lp)
+            .await?
+            .items;
+        self.ctx.metrics.kube("list_pods");
+        let pods: Vec<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns)
+            .list(&lp)
+            .await?
+            .items;
+        Ok(pods
+            .iter()
+            .filter(|p| {
+                // A pod's StatefulSet is its name without the ordinal.
+                let name = p.name_any();
+                let set = name.rsplit_once('-').map(|(s, _)| s).unwrap_or_default();
+                sets.iter()
+                    .find(|s| s.name_any() == set)
+                    .is_some_and(|s| job::restart_pending(p, s))
+            })
+            .map(|p| p.name_any())
+            .collect())
     }
 
     /// The Redis this backup is of, from the watch cache.

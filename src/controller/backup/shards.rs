@@ -54,9 +54,20 @@ impl Pass {
                 ))
                 .await;
         }
+        let restarting = self.restarting(redis).await?;
         let mut sources = Vec::new();
         for (index, slots) in serving {
-            let Some(source) = job::choose_shard_source(redis, index) else {
+            let usable = |n: &str| !restarting.contains(n);
+            let Some(source) = job::choose_shard_source_where(redis, index, usable) else {
+                if let Some(s) = job::choose_shard_source(redis, index) {
+                    return self
+                        .pending(format!(
+                            "waiting for the ordered restart of Redis {} under way: {s}, like every \
+                             instance of shard {index} that could serve, is about to restart",
+                            spec.redis
+                        ))
+                        .await;
+                }
                 return self
                     .pending(format!(
                         "waiting for an instance of shard {index} of Redis {} to be ready",
