@@ -33,9 +33,9 @@
 mod cluster_client;
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster_client::{Client, Met, fill, value, whole};
@@ -56,7 +56,9 @@ const READY: Duration = Duration::from_secs(240);
 const WRITERS: usize = 4;
 const READERS: usize = 4;
 /// Keys each writer overwrites in turn.
-const WRITER_KEYS: u64 = 1_000;
+/// Each writer spreads its keys over this many hash tags (slots), so the
+/// slots every move takes hold keys written during it.
+const WRITER_TAGS: u64 = 1_024;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -86,11 +88,11 @@ impl Errors {
     }
 }
 
+/// What a writer did: every key is written once, with itself as its value,
+/// so a write lost at a fault cannot be covered by a later one.
 #[derive(Default)]
 struct Writes {
-    acked: HashMap<String, u64>,
-    tried: HashMap<String, u64>,
-    ok: u64,
+    acked: Vec<String>,
     errors: Errors,
 }
 
@@ -99,6 +101,8 @@ fn writer(
     seed: Endpoint,
     opts: ConnectOptions,
     stop: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
+    every: Duration,
 ) -> tokio::task::JoinHandle<(Writes, Met)> {
     tokio::spawn(async move {
         let mut client = Client::new(seed, opts);
@@ -106,21 +110,19 @@ fn writer(
         client.confirm = Some((1, 500));
         let mut out = Writes::default();
         let mut i: u64 = 0;
-        let mut pace = support::pace::pacer();
+        let mut pace = tokio::time::interval(every);
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         while !stop.load(Ordering::Relaxed) {
             pace.tick().await;
-            let key = format!("w{w}:{}", i % WRITER_KEYS);
-            out.tried.insert(key.clone(), i);
+            let key = format!("{{w{w}t{}}}:{i}", i % WRITER_TAGS);
             match client
-                .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(i))
+                .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(&key))
                 .await
             {
-                Ok(_) => {
-                    out.ok += 1;
-                    out.acked.insert(key, i);
-                }
+                Ok(_) => out.acked.push(key),
                 Err(e) => {
                     out.errors.add(&e);
+                    failures.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -148,6 +150,7 @@ fn reader(
     tags: usize,
     size: usize,
     stop: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
 ) -> tokio::task::JoinHandle<(Reads, Met)> {
     tokio::spawn(async move {
         let mut client = Client::new(seed, opts);
@@ -177,6 +180,7 @@ fn reader(
                 }
                 Err(e) => {
                     out.errors.add(&e);
+                    failures.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -188,6 +192,8 @@ fn reader(
 /// Four writers and four readers on a filled cluster.
 struct Load {
     stop: Arc<AtomicBool>,
+    /// Errors any client met so far (a phase with no fault must add none).
+    failures: Arc<AtomicU64>,
     writers: Vec<tokio::task::JoinHandle<(Writes, Met)>>,
     readers: Vec<tokio::task::JoinHandle<(Reads, Met)>>,
     tags: usize,
@@ -195,16 +201,32 @@ struct Load {
 }
 
 impl Load {
-    fn start(seed: &Endpoint, copts: &ConnectOptions, tags: usize, size: usize) -> Load {
+    /// Starts the clients; each writer writes a new key at most once per
+    /// `every` (the keys add up: a test near maxmemory writes slower).
+    fn start(
+        seed: &Endpoint,
+        copts: &ConnectOptions,
+        tags: usize,
+        size: usize,
+        every: Duration,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(AtomicU64::new(0));
         let writers = (0..WRITERS)
-            .map(|w| writer(w, seed.clone(), copts.clone(), stop.clone()))
+            .map(|w| {
+                let f = failures.clone();
+                writer(w, seed.clone(), copts.clone(), stop.clone(), f, every)
+            })
             .collect();
         let readers = (0..READERS)
-            .map(|r| reader(r, seed.clone(), copts.clone(), tags, size, stop.clone()))
+            .map(|r| {
+                let f = failures.clone();
+                reader(r, seed.clone(), copts.clone(), tags, size, stop.clone(), f)
+            })
             .collect();
         Load {
             stop,
+            failures,
             writers,
             readers,
             tags,
@@ -212,11 +234,17 @@ impl Load {
         }
     }
 
+    /// Errors the clients met so far.
+    fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
     /// Stops the clients, prints what they met, and asserts that every
     /// acknowledged write is there and every filled key is whole.
     async fn finish(self, seed: &Endpoint, copts: &ConnectOptions) {
         let Load {
             stop,
+            failures: _,
             writers,
             readers,
             tags,
@@ -226,25 +254,20 @@ impl Load {
 
         // Every write acknowledged is there; every filled key is whole.
         let mut check = Client::new(seed.clone(), copts.clone());
-        let mut lost = 0;
+        let mut lost = Vec::new();
         let (mut moved, mut ask, mut tryagain) = (0, 0, 0);
         for (w, h) in writers.into_iter().enumerate() {
             let (out, met) = h.await.expect("writer");
             (moved, ask, tryagain) = (moved + met.moved, ask + met.ask, tryagain + met.tryagain);
-            for (key, acked) in &out.acked {
-                let got: Option<u64> = check
-                    .run(key, redis::cmd("GET").arg(key))
-                    .await
-                    .unwrap_or_else(|e| panic!("GET {key}: {e}"));
-                let tried = out.tried.get(key).copied().unwrap_or(*acked);
-                if !got.is_some_and(|g| g >= *acked && g <= tried) {
-                    lost += 1;
-                }
-            }
+            let missing = cluster_client::missing_keys(&mut check, &out.acked).await;
             println!(
-                "writer {w}: {} acknowledged, errors {:?}",
-                out.ok, out.errors.by_kind
+                "writer {w}: {} acknowledged (unique keys), {} of them missing, errors {:?}",
+                out.acked.len(),
+                missing.len(),
+                out.errors.by_kind
             );
+            assert!(out.acked.len() > 100, "writer {w} wrote");
+            lost.extend(missing);
         }
         let mut wrong = 0;
         let mut read_errors = 0;
@@ -267,7 +290,12 @@ impl Load {
         println!(
             "clients followed {moved} MOVED and {ask} ASK, waited on {tryagain} TRYAGAIN; {read_errors} read errors"
         );
-        assert_eq!(lost, 0, "{lost} acknowledged writes lost");
+        assert!(
+            lost.is_empty(),
+            "{} acknowledged writes lost, the first: {:?}",
+            lost.len(),
+            &lost[..lost.len().min(10)]
+        );
         assert_eq!(wrong, 0, "readers saw {wrong} filled keys missing or wrong");
         let mut broken = Vec::new();
         for t in 0..tags {
@@ -371,16 +399,35 @@ async fn endpoints(client: &kube::Client, ns: &str, shards: i32) -> Vec<(String,
 }
 
 /// Slots open on any node, as `CLUSTER NODES` shows them.
+/// Waits (60 s at most) until every node answers `PING`; a node that does
+/// not fails the test.
+async fn endpoints_answer(eps: &[(String, Endpoint)], opts: &ConnectOptions) {
+    for (pod, ep) in eps {
+        wait_for(
+            &format!("{pod} to answer"),
+            Duration::from_secs(60),
+            || async {
+                let mut n = Node::connect(ep, opts).await.ok()?;
+                n.query::<String>("PING", &redis::cmd("PING")).await.ok()
+            },
+        )
+        .await;
+    }
+}
+
+/// The open slots every node reports; every node must answer (a node left
+/// out could be the one with the slot open).
 async fn open_anywhere(eps: &[(String, Endpoint)], opts: &ConnectOptions) -> Vec<String> {
+    endpoints_answer(eps, opts).await;
     let mut out = Vec::new();
     for (pod, ep) in eps {
-        let Ok(mut n) = Node::connect(ep, opts).await else {
-            continue;
-        };
+        let mut n = Node::connect(ep, opts)
+            .await
+            .unwrap_or_else(|e| panic!("{pod} answered a moment ago, now: {e}"));
         let text: String = n
             .query("CLUSTER NODES", redis::cmd("CLUSTER").arg("NODES"))
             .await
-            .unwrap_or_default();
+            .unwrap_or_else(|e| panic!("CLUSTER NODES of {pod}: {e}"));
         for o in open_slots(&text) {
             out.push(format!("{pod}: {o:?}"));
         }
@@ -430,7 +477,7 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
             .unwrap_or_else(|e| panic!("writing {k}: {e}"));
     }
 
-    let load = Load::start(&seed, &copts, tags, size);
+    let load = Load::start(&seed, &copts, tags, size, Duration::from_millis(2));
     let at = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -620,6 +667,12 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     // load, nothing stopped.
     let grow = i32::try_from(env_or("REDPILOT_RESHARD_TO", 4)).expect("shards");
     let n = usize::try_from(grow).expect("shards");
+    // The faults above are over: every node answers again before the
+    // clients' error count is taken, and none may be added while slots
+    // move with nothing stopped.
+    endpoints_answer(&endpoints(&client, &ns.name, 3).await, &copts).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let failures_before = load.failures();
     let asked = Instant::now();
     apply_redis(&client, &ns.name, "cache", spec(grow)).await;
     let r = wait_for("growing resharding done", READY, || async {
@@ -628,6 +681,11 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     })
     .await;
     let grew = asked.elapsed();
+    assert_eq!(
+        load.failures() - failures_before,
+        0,
+        "client errors while slots moved from 3 to {grow} shards with nothing stopped"
+    );
     let out = r.status.clone().expect("status");
     let rs = out.resharding.clone().expect("status.resharding");
     println!(
@@ -822,7 +880,9 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
     let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
     fill(&mut Client::new(seed.clone(), copts.clone()), tags, size).await;
-    let load = Load::start(&seed, &copts, tags, size);
+    // 50 new keys a second per writer: their memory (about 1 MiB a shard by
+    // the end) stays far below the 15 % the drain waits for.
+    let load = Load::start(&seed, &copts, tags, size, Duration::from_millis(20));
 
     // The fill: 4 KiB values until the autopilot adds shards.
     let api = redis_api(&client, &ns.name);
@@ -877,12 +937,20 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         .and_then(|s| s.resharding.clone())
         .expect("status.resharding");
     println!(
-        "3 → {added_to} shards: {} slots moved ({} path) {:.1} s after the fill started",
+        "3 → {added_to} shards: {} slots and {} keys moved ({} path) {:.1} s after the fill started",
         rs.slots_moved,
+        rs.keys_moved,
         rs.path,
         t.elapsed().as_secs_f64()
     );
     assert_eq!(rs.path, "Atomic");
+    // The atomic path counts the keys its slots held (a quarter or more
+    // of the fill moved).
+    assert!(
+        rs.keys_moved >= i64::try_from(written / 5).unwrap_or(i64::MAX),
+        "{} keys counted as moved of {written} filled: {rs:?}",
+        rs.keys_moved
+    );
     let n = usize::try_from(added_to).expect("shards");
     for (i, s) in r.status.as_ref().expect("status").shards.iter().enumerate() {
         let have: u32 = cluster::parse_ranges(s.slots.as_deref().unwrap_or(""))
@@ -948,4 +1016,101 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     load.finish(&seed, &copts).await;
+}
+
+/// The shard autopilot removes at most one shard per cooldown, even when
+/// the operator stops between recording a removal and changing
+/// `spec.shards`: the record is written first, so the next operator finds
+/// the cooldown running and nothing changed; it removes the shard once the
+/// cooldown has passed, and the next one a whole cooldown later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_removal_stopped_between_its_record_and_spec_keeps_the_cooldown() {
+    const COOLDOWN: i64 = 30;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-shard-cooldown", &[]).await;
+    let (mut first, opts) = stopping_at(&client, &ns.name, "op-cool", "shards-after-record").await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 5, "instances": 1, "engine": "Valkey", "version": "8.1",
+               "resources": {"limits": {"memory": "64Mi"}},
+               "autopilot": {"shards": {"minShards": 3, "maxShards": 5, "scaleUpPercent": 50,
+                                        "scaleDownPercent": 15, "cooldownSeconds": COOLDOWN}}}),
+    )
+    .await;
+    let api = redis_api(&client, &ns.name);
+    // Empty, the five shards stay below 15 % for a cooldown: the first
+    // operator records the removal of one and stops before spec.shards.
+    wait_failpoint(&mut first, READY + Duration::from_secs(60)).await;
+    let r = api.get("cache").await.expect("redis");
+    let rec = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.shards.clone())
+        .expect("status.autopilot.shards");
+    let decision = rec.last_decision.clone().expect("the decision is recorded");
+    assert_eq!(
+        (decision.action.as_str(), decision.from, decision.to),
+        ("RemoveShard", 5, 4),
+        "{decision:?}"
+    );
+    assert_eq!(
+        r.spec.shards,
+        Some(5),
+        "the operator stopped between the record and spec.shards: {rec:?}"
+    );
+    let parse = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .unwrap_or_else(|e| panic!("{t}: {e}"))
+            .with_timezone(&chrono::Utc)
+    };
+    let recorded = parse(rec.last_change.as_deref().expect("lastChange"));
+    println!("stopped after recording {decision:?} at {recorded}");
+
+    // The next operator: every change of spec.shards, as seen.
+    let _next = spawn_operator(&client, opts.named("op-cool-next")).await;
+    let mut changes: Vec<(i32, chrono::DateTime<chrono::Utc>)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut last = 5;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "not back at 3 shards within 300 s; changes {changes:?}"
+        );
+        let r = api.get("cache").await.expect("redis");
+        let shards = r.spec.shards.unwrap_or(0);
+        if shards != last {
+            changes.push((shards, chrono::Utc::now()));
+            last = shards;
+        }
+        if shards == 3 && resharding_done(&r, 3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("spec.shards changes after the record: {changes:?}");
+    assert_eq!(
+        changes.iter().map(|c| c.0).collect::<Vec<_>>(),
+        vec![4, 3],
+        "one shard at a time"
+    );
+    // The record's time is whole seconds and the changes are seen within
+    // a quarter of a second: a second of slack each way.
+    let gap = |a: chrono::DateTime<chrono::Utc>, b: chrono::DateTime<chrono::Utc>| {
+        (b - a).num_milliseconds() as f64 / 1000.0
+    };
+    let first_gap = gap(recorded, changes[0].1);
+    let second_gap = gap(changes[0].1, changes[1].1);
+    println!(
+        "5 → 4 {first_gap:.1} s after the recorded decision, 4 → 3 {second_gap:.1} s after that (cooldown {COOLDOWN} s)"
+    );
+    assert!(
+        first_gap >= (COOLDOWN - 1) as f64,
+        "the first shard went {first_gap:.1} s after its recorded decision, inside the {COOLDOWN} s cooldown"
+    );
+    assert!(
+        second_gap >= (COOLDOWN - 1) as f64,
+        "the second shard went {second_gap:.1} s after the first, inside the {COOLDOWN} s cooldown"
+    );
 }

@@ -1035,8 +1035,9 @@ pub struct ReshardingStatus {
     pub slots_moved: i64,
     /// Slots to move in all (moved plus what is left).
     pub slots_total: i64,
-    /// Keys moved so far (the classic path counts them; the atomic path
-    /// reports none).
+    /// Keys moved so far (the classic path counts them as it moves them;
+    /// the atomic path counts the keys its slots held when each job
+    /// started).
     pub keys_moved: i64,
     /// The move under way, recorded before its first command: a pass that
     /// finds it finishes it before planning anything else.

@@ -486,6 +486,24 @@ pub async fn keys_in_slot(node: &mut Node, slot: u16) -> Result<u64> {
     .await
 }
 
+/// The keys `node` holds in `slots`, in one pipeline (`CLUSTER
+/// COUNTKEYSINSLOT` per slot).
+pub async fn keys_in_slots(node: &mut Node, slots: &[SlotRange]) -> Result<u64> {
+    let mut pipe = redis::pipe();
+    let mut n = 0usize;
+    for r in slots {
+        for slot in r.start..=r.end {
+            pipe.cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot);
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    let counts: Vec<u64> = node.pipeline("CLUSTER COUNTKEYSINSLOT", &pipe).await?;
+    Ok(counts.iter().sum())
+}
+
 /// What a node says of the slots open on it.
 pub async fn open_slots_of(node: &mut Node) -> Result<Vec<OpenSlot>> {
     let text: String = node

@@ -283,26 +283,42 @@ impl Reconciler {
             )),
         };
         let mut event = None;
+        let mut written = rec.clone();
         if let Some((action, to, why, changes, metric)) = report {
             let repeat = next
                 .last_decision
                 .as_ref()
                 .is_some_and(|d| d.action == action && d.from == from);
-            if changes {
-                if !self.set_shards(to, action).await? {
-                    return Ok(());
-                }
-                next.last_change = Some(stamp.clone());
-                next.below_since = None;
-            }
             if changes || !repeat {
                 next.last_decision = Some(ShardDecision {
-                    time: stamp,
+                    time: stamp.clone(),
                     action: action.into(),
                     from,
                     to,
                     reason: why.clone(),
                 });
+            }
+            if changes {
+                // The record first, then the change: an operator stopped
+                // between the two finds the cooldown running and nothing
+                // changed (a removal waits one more cooldown; an addition,
+                // which waits for none, is decided again at once). The other
+                // order left a changed spec.shards with the old record, and
+                // a second shard could go before the first one's cooldown.
+                next.last_change = Some(stamp.clone());
+                next.below_since = None;
+                self.write_shard_record(&next).await?;
+                crate::failpoint::hit("shards-after-record");
+                if !self.set_shards(to, action).await? {
+                    // Refused (reported): the record goes back as it was,
+                    // so no cooldown runs for a change never made.
+                    self.write_shard_record(&rec.clone().unwrap_or_default())
+                        .await?;
+                    return Ok(());
+                }
+                written = Some(next.clone());
+            }
+            if changes || !repeat {
                 self.ctx.metrics.autopilot.with_label_values(&metric).inc();
                 event = Some(match action {
                     "AtMaximum" => (
@@ -323,22 +339,30 @@ impl Reconciler {
                 });
             }
         }
-        if rec.as_ref() != Some(&next) {
-            let mut value = serde_json::to_value(&next)
-                .map_err(|e| Error::Serialize("status.autopilot.shards", e))?;
-            if let Some(o) = value.as_object_mut() {
-                for key in ["belowSince", "lastChange", "lastDecision", "atMaximum"] {
-                    o.entry(key).or_insert(serde_json::Value::Null);
-                }
-            }
-            self.patch_status(serde_json::json!({"autopilot": {"shards": value}}))
-                .await?;
+        if written.as_ref() != Some(&next) {
+            self.write_shard_record(&next).await?;
         }
         if let Some((kind, reason, text)) = event {
             tracing::info!(redis = %self.oref, reason, "{text}");
             self.event(kind, reason, "Autoscale", text).await;
         }
         Ok(())
+    }
+
+    /// Writes `status.autopilot.shards` (every field, absent ones as null).
+    async fn write_shard_record(
+        &mut self,
+        record: &crate::api::v1alpha1::ShardAutopilotStatus,
+    ) -> Result<(), Error> {
+        let mut value = serde_json::to_value(record)
+            .map_err(|e| Error::Serialize("status.autopilot.shards", e))?;
+        if let Some(o) = value.as_object_mut() {
+            for key in ["belowSince", "lastChange", "lastDecision", "atMaximum"] {
+                o.entry(key).or_insert(serde_json::Value::Null);
+            }
+        }
+        self.patch_status(serde_json::json!({"autopilot": {"shards": value}}))
+            .await
     }
 
     /// Applies `spec.shards` with the operator's field manager. False when

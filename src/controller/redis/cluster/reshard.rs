@@ -748,6 +748,9 @@ impl Reconciler {
         let Some(node) = conns.get_mut(&src) else {
             return Ok(());
         };
+        // The keys the slots hold as the job starts (the engine does not
+        // say how many it moved); writes during the move are not counted.
+        let keys = rs::keys_in_slots(node, slots).await.unwrap_or(0);
         let started = Instant::now();
         self.wrote = true;
         let result = rs::move_atomic(node, slots, &dst_id, ATOMIC_WAIT).await;
@@ -758,7 +761,7 @@ impl Reconciler {
                     plan,
                     usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
                 ) - n;
-                self.reshard_progress(0, left.max(0));
+                self.reshard_progress(keys, left.max(0));
                 if let Some(r) = self.resharding.as_mut() {
                     r.current = None;
                 }
