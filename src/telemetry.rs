@@ -223,6 +223,8 @@ pub struct Metrics {
     pub upgrades: prometheus::IntCounterVec,
     /// Memory autopilot decisions, by direction and result.
     pub autopilot: prometheus::IntCounterVec,
+    /// Servers looked at for tuning advice, by result (`ok`, `failed`).
+    pub tuning_looks: prometheus::IntCounterVec,
     /// Reconciles running now.
     pub in_flight: prometheus::IntGauge,
     /// The Redis controller's work queue (the depth series are computed
@@ -328,6 +330,11 @@ impl Metrics {
             "Memory and shard autopilot decisions, by direction and result",
             &["direction", "result"],
         )?;
+        let tuning_looks = counter(
+            "redpilot_tuning_looks_total",
+            "Servers looked at for tuning advice (INFO, CONFIG, key sampling), by result",
+            &["result"],
+        )?;
         let in_flight = IntGauge::new("redpilot_reconciles_in_flight", "Reconciles running now")?;
         registry.register(Box::new(in_flight.clone()))?;
         let build = prometheus::IntGaugeVec::new(
@@ -344,6 +351,7 @@ impl Metrics {
             (&backups, &["completed", "failed"][..]),
             (&switchovers, &["done", "error"][..]),
             (&upgrades, &["succeeded", "rolled_back"][..]),
+            (&tuning_looks, &["ok", "failed"][..]),
             (
                 &reconcile_errors,
                 &[
@@ -377,6 +385,7 @@ impl Metrics {
         }
         Ok(Metrics {
             switchovers,
+            tuning_looks,
             upgrades,
             autopilot,
             in_flight,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::operator::{
     OperatorOptions, apply_redis, connect_pod, info_u64, metric_sum, pod_ip, recent_events,
-    redis_api, redis_password, start_operator, wait_ready,
+    redis_api, redis_password, redis_pods, start_operator, wait_ready,
 };
 use crate::support::{TestNamespace, client, kubeconfig_path, repo_root, wait_for};
 use redpilot::api::v1alpha1::{Insight, Redis};
@@ -174,12 +174,31 @@ async fn tuning_advice_appears_survives_an_operator_crash_and_clears_with_the_ad
     // 3. The operator crashes; the next one keeps the finding as it was.
     op.kill();
     let mut op = start_operator(&client, opts).await;
-    // Its first pass looks (it remembers nothing); two passes done means
-    // the look was written, or found nothing to write.
-    wait_for(
-        "two passes of the new operator",
+    // Its first pass looks (it remembers nothing): the finding is compared
+    // once the new operator has looked at every server (its own count of
+    // looks; it watches this namespace only) and written a pass after.
+    let servers = redis_pods(&client, &ns.name, "cache").await.len();
+    let reconciles_at_look = wait_for(
+        "the new operator to look at every server",
         Duration::from_secs(60),
-        || async { (op.counters().await.reconciles >= 2.0).then_some(()) },
+        || async {
+            let page = op.metrics().await?;
+            let ok = page
+                .lines()
+                .find(|l| l.starts_with("redpilot_tuning_looks_total{result=\"ok\"}"))?
+                .rsplit(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()?;
+            (ok >= servers as f64).then_some(metric_sum(&page, "redpilot_reconciliations_total"))
+        },
+    )
+    .await
+    .unwrap_or(0.0);
+    wait_for(
+        "a pass of the new operator after its look",
+        Duration::from_secs(60),
+        || async { (op.counters().await.reconciles > reconciles_at_look).then_some(()) },
     )
     .await;
     let r = api.get("cache").await.expect("redis");

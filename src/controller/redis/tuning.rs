@@ -435,6 +435,12 @@ impl Reconciler {
         for l in looks {
             let server = memory.servers.entry(l.pod.clone()).or_default();
             server.scan = l.scan;
+            let result = if l.sample.is_ok() { "ok" } else { "failed" };
+            self.ctx
+                .metrics
+                .tuning_looks
+                .with_label_values(&[result])
+                .inc();
             match l.sample {
                 Ok(mut cur) => {
                     cur.memory_limit = facts
