@@ -878,6 +878,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
         .expect("pointing the CatalogSource at the catalog image");
     let csv2 = format!("redpilot.v{next}");
     let upgrade_start = Instant::now();
+    let acked_at_upgrade = writer.acked();
     wait_or_explain(
         &format!("the Subscription to upgrade to {csv2} and {csv1} to be gone"),
         Duration::from_secs(240),
@@ -914,6 +915,7 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     )
     .await;
     let upgrade_secs = upgrade_start.elapsed().as_secs_f64();
+    let acked_during_upgrade = writer.acked() - acked_at_upgrade;
     assert_installed_as_declared(&client, n, &csv2, &next, true, Some(&next_operator)).await;
     let csv = csv_api(&client, n).get(&csv2).await.unwrap();
     assert_eq!(
@@ -980,6 +982,20 @@ async fn subscription_installs_then_upgrades_through_the_catalog() {
     watch.0.store(true, std::sync::atomic::Ordering::SeqCst);
     let not_ready = watch.1.await.expect("readiness watch");
     let tally = writer.stop().await;
+    println!(
+        "writer: {acked_during_upgrade} writes acknowledged during the {upgrade_secs:.1} s upgrade, {} in all, {} failed, {} rounds without a reachable endpoint",
+        tally.acks.len(),
+        tally.failed,
+        tally.unreachable
+    );
+    assert!(
+        acked_during_upgrade >= 100,
+        "writes kept going during the upgrade: only {acked_during_upgrade} in {upgrade_secs:.1} s"
+    );
+    assert_eq!(
+        tally.unreachable, 0,
+        "the writer found no ready endpoint (or none took its connection) during the upgrade"
+    );
     let pods_after = pod_identities(&client, n).await;
     assert_eq!(
         pods_after, pods_before,

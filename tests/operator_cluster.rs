@@ -445,6 +445,10 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let rolled = changed.elapsed();
+    // Ready is not the end of it: each shard confirms writes again (its
+    // replica resynced) and every replica's link is up.
+    writers.confirm_again(50, Duration::from_secs(30)).await;
+    cluster_writer::replicas_linked(&members(&client, &ns.name).await, &opts, 3).await;
     let until = Instant::now();
     let tallies = writers.stop().await;
     let shard_of = |pod: &str| -> usize {
@@ -629,8 +633,18 @@ async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
         "shard 0 primary cut off → writable again on its replica in {:.0} ms",
         (back - cut).as_secs_f64() * 1000.0
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The client inside writes for a fixed time from the cut, however soon
+    // the replica took over: the isolated primary must be seen refusing.
+    tokio::time::sleep_until(tokio::time::Instant::from_std(cut + Duration::from_secs(8))).await;
     let inside = inside.stop();
+    let refused = inside.errors.get("CLUSTERDOWN").copied().unwrap_or(0);
+    assert!(
+        refused > 0,
+        "the isolated primary was never seen refusing a write (CLUSTERDOWN) in the 8 s after the cut: \
+         {} acknowledged, errors {:?}",
+        inside.acks.len(),
+        inside.errors
+    );
     let taken: Vec<Instant> = inside
         .acks
         .iter()
@@ -898,6 +912,8 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let took = asked.elapsed();
+    writers.confirm_again(50, Duration::from_secs(30)).await;
+    cluster_writer::replicas_linked(&members(&client, &ns.name).await, &copts, 3).await;
     let until = Instant::now();
     let tallies = writers.stop().await;
     let st = r.status.clone().expect("status");
@@ -946,6 +962,25 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
         "{images:?}"
     );
     let ms = members(&client, &ns.name).await;
+    // What the servers themselves say they run, not the operator's status.
+    assert_eq!(ms.len(), 6);
+    for m in &ms {
+        let mut n = Node::connect(&m.endpoint, &copts)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {:?}: {e}", m.endpoint));
+        let server = n.info_section("server").await.expect("INFO server").server;
+        assert_eq!(
+            (server.engine, server.version.map(|v| (v.major, v.minor))),
+            (
+                Some(redpilot::redis::info::EngineKind::Valkey),
+                Some((8, 1))
+            ),
+            "{:?} runs {:?} {:?}",
+            m.endpoint,
+            server.engine,
+            server.version
+        );
+    }
     let mut gaps = Vec::new();
     for (s, t) in tallies.iter().enumerate() {
         let t = t.lock().await;
@@ -1066,9 +1101,11 @@ async fn measured_upgrade(
     )
     .await;
     let took = started.elapsed();
+    writers.confirm_again(50, Duration::from_secs(30)).await;
+    let ms = support::operator::cluster_members(client, ns, name).await;
+    cluster_writer::replicas_linked(&ms, &copts, ms.len() / 2).await;
     let until = Instant::now();
     let tallies = writers.stop().await;
-    let ms = support::operator::cluster_members(client, ns, name).await;
     let mut out = Vec::new();
     for (s, t) in tallies.iter().enumerate() {
         let t = t.lock().await;

@@ -1031,16 +1031,6 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     // first a new certificate from the same CA, then one from another CA
     // with only that CA in ca.crt. No pod restarts; every instance ends up
     // serving the Secret's certificate; no confirmed write is lost.
-    let uids = |client: kube::Client| async move {
-        let mut v: Vec<String> = redis_pods(&client, ns, "cache")
-            .await
-            .values()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
-        v.sort();
-        v
-    };
-    let before = uids(client.clone()).await;
     let ca2 = TestCa::new("redpilot test CA 2");
     let trusting_both = ConnectOptions::default()
         .with_password(pw.clone())
@@ -1048,6 +1038,19 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
             format!("{}{}", ca.pem, ca2.pem).into_bytes(),
         ))
         .with_timeouts(quick.0, Duration::from_secs(1));
+    // "No restart" means the same pods, the same containers' restart counts,
+    // the same servers (run ids) and the same primary.
+    let primary_now = || async {
+        redis_api(&client, ns)
+            .get("cache")
+            .await
+            .expect("redis")
+            .status
+            .and_then(|s| s.primary)
+            .expect("primary")
+    };
+    let before = support::operator::lives(&client, ns, "cache", &trusting_both).await;
+    let primary_before = primary_now().await;
     let writer = support::faults::ServiceWriter::with_options(
         &client,
         ns,
@@ -1141,9 +1144,14 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let tally = writer.stop().await;
     assert_eq!(
-        uids(client.clone()).await,
+        support::operator::lives(&client, ns, "cache", &trusting_both).await,
         before,
-        "no pod restarted for a renewal"
+        "no pod, container or server restarted for a renewal"
+    );
+    assert_eq!(
+        primary_now().await,
+        primary_before,
+        "no failover for a renewal"
     );
     let events = support::operator::recent_events(&client, ns, 40).await;
     assert!(events.contains("CertificateReloaded"), "{events}");
@@ -1180,7 +1188,7 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     let der2 = served_certificate(&new_ip, &ca2.pem).await;
 
     // An expired certificate is refused: Degraded naming it, no restart.
-    let running = uids(client.clone()).await;
+    let running = support::operator::lives(&client, ns, "cache", &trusting_both).await;
     let (old, old_key, _) = ca2.server(&names, -7200, -3600);
     put_tls_secret(&client, ns, "cache-tls", &old, &old_key, &ca2.pem).await;
     poke(&client, ns, "cache", 2).await;
@@ -1190,9 +1198,9 @@ async fn tls_is_used_everywhere_and_renewed_certificates_are_read_live() {
     assert!(!message.contains("PRIVATE KEY"), "{message}");
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
-        uids(client.clone()).await,
+        support::operator::lives(&client, ns, "cache", &trusting_both).await,
         running,
-        "no pod restarted for an expired certificate"
+        "no pod, container or server restarted for an expired certificate"
     );
     assert_eq!(
         served_certificate(&new_ip, &ca2.pem).await,
@@ -1477,15 +1485,7 @@ async fn cert_manager_issues_the_certificate_and_its_renewal_is_read_live() {
 
     // 5. cert-manager renews (a new key, rotationPolicy Always): every
     //    instance serves it, read live, no pod restarted.
-    let uids_of = |pods: std::collections::BTreeMap<String, Pod>| {
-        let mut v: Vec<String> = pods
-            .values()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
-        v.sort();
-        v
-    };
-    let before = uids_of(redis_pods(&client, ns, "cache").await);
+    let before = support::operator::lives(&client, ns, "cache", &tls).await;
     let (crt2, key2, der2) = ca.server(&sans, -60, 90 * 86_400);
     let t = Instant::now();
     put_tls_secret(&client, ns, "cache-server-tls", &crt2, &key2, &ca.pem).await;
@@ -1502,9 +1502,9 @@ async fn cert_manager_issues_the_certificate_and_its_renewal_is_read_live() {
         t.elapsed().as_secs_f64()
     );
     assert_eq!(
-        uids_of(redis_pods(&client, ns, "cache").await),
+        support::operator::lives(&client, ns, "cache", &tls).await,
         before,
-        "no pod was made anew"
+        "no pod, container or server restarted for the renewal"
     );
     let events = support::operator::recent_events(&client, ns, 60).await;
     assert!(events.contains("CertificateReloaded"), "{events}");
@@ -1537,7 +1537,9 @@ struct Issued {
     ca: String,
     leaf: Vec<u8>,
     ip: String,
-    uid: Option<String>,
+    /// The servers' lives when issued: a renewal must leave them as they are.
+    lives: Vec<support::operator::Life>,
+    options: ConnectOptions,
 }
 
 fn secret_file(s: &Secret, k: &str) -> String {
@@ -1622,12 +1624,14 @@ async fn issued_certificate(client: &kube::Client, ns: &str) -> Issued {
         .ok()
         .and_then(|s| s.metadata.resource_version);
     assert_eq!(rv, rv2, "an idle pass leaves the issued certificate alone");
-    let uid = redis_pods(client, ns, "issued")
-        .await
-        .values()
-        .next()
-        .and_then(|p| p.metadata.uid.clone());
-    Issued { ca, leaf, ip, uid }
+    let lives = support::operator::lives(client, ns, "issued", &opts).await;
+    Issued {
+        ca,
+        leaf,
+        ip,
+        lives,
+        options: opts,
+    }
 }
 
 impl Issued {
@@ -1657,12 +1661,11 @@ impl Issued {
                 .cloned()
                 .unwrap_or_default()
         );
-        let uid = redis_pods(client, ns, "issued")
-            .await
-            .values()
-            .next()
-            .and_then(|p| p.metadata.uid.clone());
-        assert_eq!(uid, self.uid, "no restart");
+        assert_eq!(
+            support::operator::lives(client, ns, "issued", &self.options).await,
+            self.lives,
+            "no pod, container or server restarted for the renewal"
+        );
         let events = support::operator::recent_events(client, ns, 60).await;
         assert!(events.contains("CertificateIssued"), "{events}");
     }

@@ -83,8 +83,36 @@ async fn split_keeps_the_primary(instances: usize) {
         split.cut(ip, &far_side);
     }
     let t0 = Instant::now();
+    // The replicas on the operator's side, asked themselves: a promotion
+    // shows there even if the status never said so.
+    let opts = redpilot::redis::ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
+    let mut near_nodes = Vec::new();
+    for ip in &near_side {
+        let n = redpilot::redis::Node::connect(&redpilot::redis::Endpoint::new(ip, 6379), &opts)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to the near-side replica {ip}: {e}"));
+        near_nodes.push((ip.clone(), n));
+    }
+    let mut role_checks = 0;
     // Hold the split; the primary must stay the published one all along.
     while t0.elapsed() < SPLIT {
+        for (ip, n) in near_nodes.iter_mut() {
+            let role = n
+                .info_section("replication")
+                .await
+                .unwrap_or_else(|e| panic!("INFO replication of {ip}: {e}"))
+                .replication
+                .role;
+            assert_eq!(
+                role,
+                Some(redpilot::redis::info::Role::Replica),
+                "{:.1}s into the split the near-side server {ip} is no replica",
+                t0.elapsed().as_secs_f64()
+            );
+            role_checks += 1;
+        }
         let r = redis_api(&client, &ns.name)
             .get("cache")
             .await
@@ -113,6 +141,10 @@ async fn split_keeps_the_primary(instances: usize) {
     assert!(
         progressing.0 == "FailoverPending" && progressing.1.contains("write fence open"),
         "{progressing:?}"
+    );
+    assert!(
+        role_checks >= near_side.len() * 10,
+        "the near side's roles were read {role_checks} times"
     );
     split.heal();
     let healed = Instant::now();

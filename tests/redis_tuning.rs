@@ -475,10 +475,11 @@ async fn a_small_backlog_forces_full_resyncs() {
     let (key, value) = a.config.expect("a backlog size");
     assert!(value.parse::<u64>().expect("bytes") >= 64 * 1024, "{value}");
     let _: () = cmd(&mut n, &["CONFIG", "SET", key, &value]).await;
-    // With the backlog it advised, the same outage resyncs partially.
+    // With the backlog it advised, the same outages (200 kB missed each,
+    // which the old 16 kB backlog could not hold) resync partially.
     let base = look(&mut n).await;
     for _ in 0..3 {
-        away_and_back(&mut n, &servers[1], 10_000).await;
+        away_and_back(&mut n, &servers[1], 200_000).await;
     }
     let cur = look(&mut n).await;
     let partial =

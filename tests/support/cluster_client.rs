@@ -236,3 +236,37 @@ pub async fn whole(client: &mut Client, t: usize, size: usize) -> Option<bool> {
         .ok()?;
     Some(s.as_deref() == Some(value(t, size).as_str()) && (h, l, z) == (4, 4, 4))
 }
+
+/// Which of `keys` are not there with themselves as their value (the
+/// unique-key writers write `SET k k`): read with `MGET`, a slot's keys 200
+/// at a time, so a check of many thousand writes takes a few round trips per
+/// slot. Call it when no slot is open (a resharding done): a multi-key read
+/// of an open slot is refused with `TRYAGAIN`.
+pub async fn missing_keys(client: &mut Client, keys: &[String]) -> Vec<String> {
+    let mut by_slot: BTreeMap<u16, Vec<&String>> = BTreeMap::new();
+    for k in keys {
+        by_slot
+            .entry(cluster::key_slot(k.as_bytes()))
+            .or_default()
+            .push(k);
+    }
+    let mut out = Vec::new();
+    for group in by_slot.values() {
+        for chunk in group.chunks(200) {
+            let mut cmd = redis::cmd("MGET");
+            for k in chunk {
+                cmd.arg(k.as_str());
+            }
+            let got: Vec<Option<String>> = client
+                .run(chunk[0], &cmd)
+                .await
+                .unwrap_or_else(|e| panic!("MGET of {} keys from {}: {e}", chunk.len(), chunk[0]));
+            for (k, v) in chunk.iter().zip(got) {
+                if v.as_deref() != Some(k.as_str()) {
+                    out.push((*k).clone());
+                }
+            }
+        }
+    }
+    out
+}

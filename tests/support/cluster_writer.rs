@@ -183,6 +183,36 @@ impl Writers {
         }
     }
 
+    /// Confirmed writes so far, by shard.
+    pub async fn confirmed(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for t in &self.tallies {
+            out.push(t.lock().await.acked.len());
+        }
+        out
+    }
+
+    /// Waits (at most `within`) until every shard's writer has `more`
+    /// confirmed writes past those it had when called: a shard whose replica
+    /// never resynced confirms nothing (`WAIT 1` answers 0), however Ready
+    /// the Redis says it is.
+    pub async fn confirm_again(&self, more: usize, within: Duration) {
+        let base = self.confirmed().await;
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.confirmed().await;
+            if now.iter().zip(&base).all(|(n, b)| *n >= b + more) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not every shard confirmed {more} more writes within {within:?}: \
+                 confirmed by shard then {base:?}, now {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Stops them; what each saw.
     pub async fn stop(self) -> Vec<Arc<Mutex<Tally>>> {
         self.stop.store(true, Ordering::Relaxed);
@@ -330,4 +360,32 @@ pub async fn first_write_elsewhere(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Asserts that every replica among `members` reports
+/// `master_link_status:up` (a Redis counts a replica Ready by its
+/// `CLUSTER NODES` line, not by its link), and that there are `replicas`
+/// of them.
+pub async fn replicas_linked(members: &[Member], opts: &ConnectOptions, replicas: usize) {
+    use redpilot::redis::info::{LinkStatus, Role};
+    let mut seen = Vec::new();
+    let mut down = Vec::new();
+    for m in members {
+        let mut n = Node::connect(&m.endpoint, opts)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {:?}: {e}", m.endpoint));
+        let r = n
+            .info_section("replication")
+            .await
+            .unwrap_or_else(|e| panic!("INFO replication of {:?}: {e}", m.endpoint))
+            .replication;
+        if r.role == Some(Role::Replica) {
+            seen.push(m.endpoint.clone());
+            if r.link_status != Some(LinkStatus::Up) {
+                down.push((m.endpoint.clone(), r.link_status));
+            }
+        }
+    }
+    assert!(down.is_empty(), "replicas without a live link: {down:?}");
+    assert_eq!(seen.len(), replicas, "replicas: {seen:?}");
 }

@@ -41,6 +41,9 @@ pub struct Tally {
     pub unreplicated: u64,
     /// Refused or failed.
     pub failed: u64,
+    /// Times the writer found no ready endpoint, or none that took its
+    /// connection, and waited to try again (no write was sent then).
+    pub unreachable: u64,
     /// Failures by kind (the server's error code, or the client's category).
     pub errors: std::collections::BTreeMap<String, u64>,
     /// Acknowledged writes by the connection options they went through
@@ -150,6 +153,9 @@ impl ServiceWriter {
                         }
                     }
                     if conn.is_none() {
+                        if let Ok(mut t) = t.lock() {
+                            t.unreachable += 1;
+                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     continue;

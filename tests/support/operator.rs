@@ -1087,6 +1087,57 @@ pub async fn redis_pods(client: &Client, ns: &str, name: &str) -> BTreeMap<Strin
         .collect()
 }
 
+/// One server's life: its pod, the pod's UID, every container's restart
+/// count and the server's `run_id`. A pod made anew changes the UID, a
+/// container restarted in place its restart count, a server restarted
+/// inside its container its run id: equal lives mean no restart of any kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Life {
+    pub pod: String,
+    pub uid: String,
+    pub restarts: Vec<(String, i32)>,
+    pub run_id: String,
+}
+
+/// The lives of Redis `name`'s servers, read from the pods and from each
+/// server (`INFO server` on port 6379 with `options`), sorted by pod.
+pub async fn lives(client: &Client, ns: &str, name: &str, options: &ConnectOptions) -> Vec<Life> {
+    let mut out = Vec::new();
+    for (pod, p) in redis_pods(client, ns, name).await {
+        let mut restarts: Vec<(String, i32)> = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| (c.name, c.restart_count))
+            .collect();
+        restarts.sort();
+        let ip = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .unwrap_or_else(|| panic!("{pod} has no IP"));
+        let mut node = Node::connect(&Endpoint::new(&ip, 6379), options)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {pod}: {e}"));
+        let run_id = node
+            .info_section("server")
+            .await
+            .unwrap_or_else(|e| panic!("INFO server of {pod}: {e}"))
+            .server
+            .run_id
+            .unwrap_or_else(|| panic!("{pod} reports no run_id"));
+        out.push(Life {
+            pod,
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            restarts,
+            run_id,
+        });
+    }
+    out
+}
+
 /// Whether a pod is Ready.
 pub fn pod_ready(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()

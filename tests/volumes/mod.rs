@@ -410,6 +410,14 @@ async fn a_cluster_grows_the_volumes_of_every_shard() {
     let password = redis_password(&client, &ns.name, "shop").await;
     let pods_before = pod_uids(&client, &ns.name, "shop").await;
     assert_eq!(pods_before.len(), 6);
+    let sts_api = Api::<StatefulSet>::namespaced(client.clone(), &ns.name);
+    let sts_uids = |all: &[StatefulSet]| -> std::collections::BTreeMap<String, String> {
+        all.iter()
+            .filter_map(|s| Some((s.metadata.name.clone()?, s.metadata.uid.clone()?)))
+            .collect()
+    };
+    let sts_before = sts_uids(&sts_api.list(&Default::default()).await.expect("list").items);
+    assert_eq!(sts_before.len(), 3, "{sts_before:?}");
     let t0 = Instant::now();
     patch_redis(
         &client,
@@ -418,8 +426,10 @@ async fn a_cluster_grows_the_volumes_of_every_shard() {
         json!({"spec": {"storage": {"size": "96Mi"}}}),
     )
     .await;
-    let sts_api = Api::<StatefulSet>::namespaced(client.clone(), &ns.name);
-    wait_for(
+    // A claim template cannot be changed in place: each shard's StatefulSet
+    // is deleted (its pods orphaned, kept running) and made anew — a new
+    // UID under the same name.
+    let sts_after = wait_for(
         "every shard's StatefulSet made anew with 96Mi claims",
         Duration::from_secs(120),
         || async {
@@ -429,10 +439,21 @@ async fn a_cluster_grows_the_volumes_of_every_shard() {
                     s.metadata.deletion_timestamp.is_none()
                         && template_size(s).is_some_and(|q| q.0 == "96Mi")
                 }))
-            .then_some(())
+            .then(|| sts_uids(&all))
         },
     )
     .await;
+    assert_eq!(
+        sts_after.keys().collect::<Vec<_>>(),
+        sts_before.keys().collect::<Vec<_>>()
+    );
+    for (name, uid) in &sts_after {
+        assert_ne!(
+            Some(uid),
+            sts_before.get(name),
+            "StatefulSet {name} was not made anew"
+        );
+    }
     wait_ready(&client, &ns.name, "shop", READY).await;
     println!(
         "cluster grown: 3 shards in {:.1} s",
