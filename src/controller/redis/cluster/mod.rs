@@ -812,7 +812,13 @@ impl Reconciler {
             self.redis.metadata.generation,
             Timestamp::now(),
         );
-        let steady = all_ready && !degraded && !self.upgrade_in_flight() && !self.moving_slots();
+        // A roll under way is not steady though every instance serves: its
+        // next step waits on a replica's link, which nothing else wakes
+        // (passes a minute apart sampled an idle primary's 10 s pings at
+        // the same phase, and the roll waited for good).
+        let rolling = facts.iter().any(|f| f.outdated);
+        let steady =
+            all_ready && !degraded && !rolling && !self.upgrade_in_flight() && !self.moving_slots();
         if !status::status_differs(&old, &st) {
             return Ok(self.cluster_requeue(steady, &st));
         }

@@ -28,10 +28,20 @@ const IMAGE_FAILURES: &[&str] = &[
     "ErrImageNeverPull",
 ];
 
+/// A primary with nothing to send pings its replicas once per
+/// `repl-ping-replica-period` (10 s by default): a replica of an idle
+/// primary last heard from it up to this long ago.
+pub const IDLE_LINK_AGE: i64 = 11;
+/// What an idle primary's pings add to the offset between two reads.
+const IDLE_LAG_BYTES: i64 = 64;
+
 /// Whether an instance is proven: Ready and answering; a replica also
-/// linked, not in a full sync, heard from its primary within 2 s and at
-/// most [`CAUGHT_UP_BYTES`] behind. `primaries`: the primary of each shard
-/// (one in Replication mode).
+/// linked, not in a full sync, and heard from its primary within 2 s and
+/// at most [`CAUGHT_UP_BYTES`] behind — or, its primary idle, within
+/// [`IDLE_LINK_AGE`] and level with it. (A pass every 30 s sampled an idle
+/// primary's ping period at the same phase each time: its replica was
+/// never heard from within 2 s, and a roll waited for it for good.)
+/// `primaries`: the primary of each shard (one in Replication mode).
 pub fn proven(f: &PodFacts, primaries: &[&str]) -> bool {
     if !(f.ready && f.reachable && !f.terminating) {
         return false;
@@ -39,10 +49,12 @@ pub fn proven(f: &PodFacts, primaries: &[&str]) -> bool {
     if primaries.contains(&f.name.as_str()) || f.role == Some(Role::Primary) {
         return true;
     }
-    f.link_up == Some(true)
-        && !f.syncing
-        && f.link_age.is_some_and(|a| a <= 2)
-        && f.lag_bytes.is_none_or(|l| l <= CAUGHT_UP_BYTES)
+    let fresh = match (f.link_age, f.lag_bytes) {
+        (Some(a), lag) if a <= 2 => lag.is_none_or(|l| l <= CAUGHT_UP_BYTES),
+        (Some(a), Some(lag)) => a <= IDLE_LINK_AGE && lag <= IDLE_LAG_BYTES,
+        _ => false,
+    };
+    f.link_up == Some(true) && !f.syncing && fresh
 }
 
 /// Whether a primary (in Cluster mode, any shard's) already runs something

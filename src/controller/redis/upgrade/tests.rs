@@ -21,7 +21,21 @@ fn a_replica_is_proven_only_linked_recent_and_caught_up() {
     assert!(proven(&replica("c-1"), &["c-0"]));
     let mut f = replica("c-1");
     f.link_age = Some(3);
-    assert!(!proven(&f, &["c-0"]), "not heard from for 3 s");
+    f.lag_bytes = Some(5_000);
+    assert!(!proven(&f, &["c-0"]), "not heard from for 3 s, behind");
+    // An idle primary pings every 10 s: level with it, heard from 10 s ago.
+    let mut f = replica("c-1");
+    f.link_age = Some(10);
+    assert!(proven(&f, &["c-0"]), "idle primary, level");
+    f.link_age = Some(IDLE_LINK_AGE + 1);
+    assert!(
+        !proven(&f, &["c-0"]),
+        "longer than an idle primary's ping period"
+    );
+    let mut f = replica("c-1");
+    f.link_age = Some(3);
+    f.lag_bytes = None;
+    assert!(!proven(&f, &["c-0"]), "3 s, lag unknown");
     let mut f = replica("c-1");
     f.lag_bytes = Some(CAUGHT_UP_BYTES + 1);
     assert!(!proven(&f, &["c-0"]), "behind");
