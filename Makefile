@@ -3,6 +3,7 @@
 #   make run     bring up the dev cluster if no cluster is configured, run the operator
 #   make test    everything: fmt, clippy, unit tests, tools, cluster, integration suites
 #   make bench   scale measurements on the dev cluster (not part of make test)
+#   make chaos   seeded schedules of operations and faults (SEED, RUNS, DURATION, ONLY)
 #
 # Tool binaries are built once per pinned version into ~/.cache/redpilot (or
 # $REDPILOT_CACHE) and linked into bin/.
@@ -33,7 +34,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down chaos release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -127,6 +128,20 @@ test: setup lint unit tools release-bins cluster-up
 	bash hack/stall-watch.sh report || true; \
 	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
+
+# The composition harness (tests/chaos.rs): RUNS seeds from SEED, each a
+# drawn Redis shape with a schedule of operations and faults over DURATION
+# seconds, under writers of unique confirmed keys; invariants checked at the
+# end, one line per run, a timeline per run in the cargo target's tmp/chaos/.
+# ONLY=replication|cluster draws that mode only. `make test` runs two short
+# seeds.
+SEED ?= 1
+RUNS ?= 10
+DURATION ?= 120
+ONLY ?=
+chaos: engines cluster-up
+	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) \
+		REDPILOT_CHAOS_ONLY=$(ONLY) $(CARGO) test --test chaos -- --nocapture
 
 # Scale measurements (benches/scale.rs): 100 real and 1,000 fake Redis on one
 # operator; prints a table. Knobs: BENCH_REAL, BENCH_FAKE, BENCH_IDLE_SECS;

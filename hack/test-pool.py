@@ -86,6 +86,7 @@ def main():
     ap.add_argument("--split", default="", help="suites run a test per job")
     ap.add_argument("--whole", default="", help="suites run as one job each")
     ap.add_argument("--skip", action="append", default=[], help="suite:test left out (run elsewhere)")
+    ap.add_argument("--only", action="append", default=[], help="suite:test: run only these of the --split suites")
     ap.add_argument("--times", help="per-job seconds of the last run, read and rewritten")
     ap.add_argument("--seed", help="checked-in per-job seconds, read when --times lacks a job")
     ap.add_argument("--default", type=float, default=60.0)
@@ -96,11 +97,12 @@ def main():
     split = args.split.split()
     whole = args.whole.split()
     skip = set(args.skip)
+    only = set(args.only)
     exes = executables(split + whole, root)
     jobs = []
     for suite in split:
         for test in listed(exes[suite], root):
-            if f"{suite}:{test}" not in skip:
+            if f"{suite}:{test}" not in skip and (not only or f"{suite}:{test}" in only):
                 jobs.append((f"{suite}::{test}", [exes[suite], "--exact", test, "--test-threads=1"]))
     for suite in whole:
         jobs.append((suite, [exes[suite]]))

@@ -1,0 +1,1016 @@
+//! The composition harness: from a seed, a Redis shape, a schedule of
+//! operations and faults at random moments, and writers of unique keys
+//! confirmed with `WAIT 1`; at the end, invariants. A defect where two
+//! capabilities meet (a backup during a resharding, a switchover during a
+//! roll with the `default` user off) shows as a violation with the seed that
+//! replays it.
+//!
+//! `make chaos SEED=<n> RUNS=<k> DURATION=<s>` runs seeds n..n+k (each run's
+//! schedule spans DURATION seconds); `make test` runs the fixed short seeds
+//! of [`SHORT_SEEDS`]. Environment: `REDPILOT_CHAOS_SEED`,
+//! `REDPILOT_CHAOS_RUNS`, `REDPILOT_CHAOS_DURATION`, `REDPILOT_CHAOS_ONLY`
+//! (`replication` or `cluster`: draw that mode only), `REDPILOT_CHAOS_DRAW=1`
+//! (print what each seed draws and run nothing).
+//!
+//! What is drawn:
+//! - the shape: Replication (2 or 3 instances) or Cluster (3 shards of 2),
+//!   Redis 7.0, Valkey 8.1 or 9.1, storage or none, the `default` user on or
+//!   off (the writers always log in as ACL user `app`);
+//! - operations: a switchover, a restart-only config change (a roll), a
+//!   backup (the last Completed one is restored into a new Redis and must
+//!   hold every write confirmed before it was asked for), shards 3 ↔ 4;
+//! - faults: a server `kill -9`ed, a pod deleted, a server stopped
+//!   (`SIGSTOP`) for three seconds, the operator `kill -9`ed and started
+//!   again.
+//!
+//! Invariants: Ready within [`CONVERGE`] of the last event; no confirmed
+//! write lost; the status agrees with the servers (the primary it names
+//! answers `role:master`, every other instance is a replica with its link
+//! up; in a Cluster every slot is owned exactly once and none is open);
+//! every backup ends; no password in the operator's log, the events or the
+//! status; no operator panic.
+//!
+//! Each run prints one line (seed, shape, events, writes, convergence,
+//! violations) and writes its timeline (events and, each second, the phase
+//! and the confirmed writes) to `$CARGO_TARGET_TMPDIR/chaos/seed-<n>.txt`.
+
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use redpilot::api::v1alpha1::{BackupPhase, Redis, ReshardingPhase};
+use redpilot::redis::info::{LinkStatus, Role};
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::{Value, json};
+use support::operator::{
+    OperatorOptions, apply_redis, create_backup, create_claim, is_ready, kill_9, patch_redis,
+    recent_events, redis_api, redis_password, redis_pods, server_pid, signal, spawn_operator,
+    start_operator,
+};
+use support::{TestNamespace, client};
+use tokio::sync::Mutex;
+
+/// The seeds `make test` runs: the two that found defects while the
+/// harness was built (4: a backup asked for during a roll failed; 6: a roll
+/// right after a resharding began waited for good), a Replication and a
+/// Cluster schedule.
+const SHORT_SEEDS: &[u64] = &[4, 6];
+/// A run's schedule spans this long in `make test`.
+const SHORT_DURATION: u64 = 40;
+/// Ready, and every change done, within this of the last event.
+const CONVERGE: Duration = Duration::from_secs(300);
+const APP_PASSWORD: &str = "chaos-app-password-4711";
+const NAME: &str = "cache";
+
+/// splitmix64: a seeded generator, the same draws for the same seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Replication,
+    Cluster,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    mode: Mode,
+    engine: &'static str,
+    version: &'static str,
+    instances: i32,
+    storage: bool,
+    default_off: bool,
+}
+
+impl Shape {
+    fn draw(rng: &mut Rng, only: Option<Mode>) -> Shape {
+        let mode = only.unwrap_or(if rng.chance(0.5) {
+            Mode::Replication
+        } else {
+            Mode::Cluster
+        });
+        let (engine, version) = rng.pick(&[("Redis", "7.0"), ("Valkey", "8.1"), ("Valkey", "9.1")]);
+        let instances = match mode {
+            Mode::Replication => rng.pick(&[2, 3]),
+            Mode::Cluster => 2,
+        };
+        Shape {
+            mode,
+            engine,
+            version,
+            instances,
+            storage: rng.chance(0.5),
+            default_off: rng.chance(0.5),
+        }
+    }
+
+    fn spec(&self) -> Value {
+        let mut spec = json!({
+            "mode": format!("{:?}", self.mode),
+            "instances": self.instances,
+            "engine": self.engine,
+            "version": self.version,
+            "users": [{"name": "app", "passwords": [{"secretName": "chaos-app"}],
+                       "rules": ["~*", "+@all"]}],
+        });
+        if self.mode == Mode::Cluster {
+            spec["shards"] = json!(3);
+        }
+        if self.storage {
+            spec["storage"] = json!({"size": "64Mi"});
+        }
+        if self.default_off {
+            spec["auth"] = json!({"defaultUser": {"enabled": false}});
+        }
+        spec
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{:?} {} {} x{}{}{}{}",
+            self.mode,
+            self.engine,
+            self.version,
+            self.instances,
+            if self.mode == Mode::Cluster {
+                " (3 shards)"
+            } else {
+                ""
+            },
+            if self.storage { ", storage" } else { "" },
+            if self.default_off {
+                ", default user off"
+            } else {
+                ""
+            },
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Switchover,
+    Roll,
+    Backup,
+    Shards,
+    KillServer,
+    DeletePod,
+    StopServer,
+    KillOperator,
+}
+
+impl Action {
+    fn is_fault(self) -> bool {
+        matches!(
+            self,
+            Action::KillServer | Action::DeletePod | Action::StopServer | Action::KillOperator
+        )
+    }
+}
+
+/// The schedule: actions at seconds from the start of the load.
+fn schedule(rng: &mut Rng, shape: &Shape, duration: u64) -> Vec<(u64, Action)> {
+    let mut ops = vec![Action::Switchover, Action::Roll, Action::Backup];
+    if shape.mode == Mode::Cluster {
+        ops.push(Action::Shards);
+    }
+    let faults = [
+        Action::KillServer,
+        Action::DeletePod,
+        Action::StopServer,
+        Action::KillOperator,
+    ];
+    let mut out = Vec::new();
+    for _ in 0..2 + rng.below(2) {
+        out.push((5 + rng.below(duration.saturating_sub(5)), rng.pick(&ops)));
+    }
+    for _ in 0..2 + rng.below(3) {
+        out.push((5 + rng.below(duration.saturating_sub(5)), rng.pick(&faults)));
+    }
+    out.sort_by_key(|(t, _)| *t);
+    out
+}
+
+/// A run's timeline: what happened, seconds from the load's start.
+#[derive(Default)]
+struct Timeline {
+    lines: Vec<(f64, String)>,
+}
+
+impl Timeline {
+    fn add(&mut self, at: Instant, what: impl Into<String>) {
+        self.lines.push((at.elapsed().as_secs_f64(), what.into()));
+    }
+}
+
+/// The Cluster writers' count: every key a `SET k k` + `WAIT 1` confirmed,
+/// in the order confirmed (so the keys confirmed before a moment are a
+/// prefix), and the errors by kind.
+#[derive(Default)]
+struct Tally {
+    acked: Vec<String>,
+    errors: BTreeMap<String, u64>,
+}
+
+fn error_kind(e: &str) -> String {
+    e.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .find(|w| !w.is_empty())
+        .unwrap_or("other")
+        .to_string()
+}
+
+/// The address of a pod of the Redis that has an IP (any: a cluster
+/// client learns the rest from redirections).
+async fn some_pod(client: &kube::Client, ns: &str, rng_pick: u64) -> Option<Endpoint> {
+    let pods: Vec<String> = redis_pods(client, ns, NAME)
+        .await
+        .values()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    if pods.is_empty() {
+        return None;
+    }
+    Some(Endpoint::new(&pods[(rng_pick as usize) % pods.len()], 6379))
+}
+
+/// A Cluster writer of unique keys `{c<id>t<n % 256>}:<n>`, confirming
+/// each with `WAIT 1 500`, no retry; after 20 failures in a row it starts
+/// again from another pod (its seed may be the pod that went away).
+fn cluster_writer(
+    id: u64,
+    kube: kube::Client,
+    ns: String,
+    opts: ConnectOptions,
+    stop: Arc<AtomicBool>,
+    confirmed: Arc<AtomicU64>,
+    tally: Arc<Mutex<Tally>>,
+) -> tokio::task::JoinHandle<()> {
+    let t = tally;
+    tokio::spawn(async move {
+        let mut c: Option<cluster_client::Client> = None;
+        let mut fails = 0u32;
+        let mut n = 0u64;
+        let mut pace = support::pace::pacer();
+        while !stop.load(Ordering::Relaxed) {
+            pace.tick().await;
+            if c.is_none() || fails >= 20 {
+                let Some(seed) = some_pod(&kube, &ns, n + id).await else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let mut client = cluster_client::Client::new(seed, opts.clone());
+                client.confirm = Some((1, 500));
+                c = Some(client);
+                fails = 0;
+            }
+            let Some(client) = c.as_mut() else { continue };
+            let key = format!("{{c{id}t{}}}:{n}", n % 256);
+            n += 1;
+            let r: Result<redis::Value, String> = client
+                .run(&key, redis::cmd("SET").arg(&key).arg(&key))
+                .await;
+            let mut t = t.lock().await;
+            match r {
+                Ok(_) => {
+                    t.acked.push(key);
+                    confirmed.fetch_add(1, Ordering::Relaxed);
+                    fails = 0;
+                }
+                Err(e) => {
+                    *t.errors.entry(error_kind(&e)).or_default() += 1;
+                    fails += 1;
+                    drop(t);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    })
+}
+
+/// The writers of one run.
+enum Load {
+    Replication(support::faults::ServiceWriter),
+    Cluster(Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Tally>>),
+}
+
+/// Confirmed keys and errors by kind, once the writers stopped.
+struct Written {
+    acked: Vec<String>,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Load {
+    async fn stop(self) -> Written {
+        match self {
+            Load::Replication(w) => {
+                let t = w.stop().await;
+                Written {
+                    acked: t.keys(),
+                    errors: t.errors.clone(),
+                }
+            }
+            Load::Cluster(ws, tally) => {
+                for h in ws {
+                    h.await.expect("writer");
+                }
+                let t = tally.lock().await;
+                Written {
+                    acked: t.acked.clone(),
+                    errors: t.errors.clone(),
+                }
+            }
+        }
+    }
+}
+
+/// Confirmed writes so far (for the timeline and the backups' cut).
+fn confirmed_now(load: &Load, cluster_count: &AtomicU64) -> usize {
+    match load {
+        Load::Replication(w) => w.acked(),
+        Load::Cluster(..) => cluster_count.load(Ordering::Relaxed) as usize,
+    }
+}
+
+/// A pod of the Redis, drawn.
+async fn drawn_pod(client: &kube::Client, ns: &str, rng: &mut Rng) -> Option<(String, Pod)> {
+    let pods: Vec<(String, Pod)> = redis_pods(client, ns, NAME).await.into_iter().collect();
+    if pods.is_empty() {
+        return None;
+    }
+    let i = rng.below(pods.len() as u64) as usize;
+    pods.into_iter().nth(i)
+}
+
+/// The server process of `pod` (a local process on the dev cluster's node).
+async fn pid_of(pod: &Pod, opts: &ConnectOptions) -> Result<u32, String> {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .ok_or("no IP")?;
+    let mut n = Node::connect(&Endpoint::new(ip, 6379), opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(server_pid(&mut n).await)
+}
+
+/// A replica to switch over to: for a Cluster one of a drawn shard.
+fn switchover_target(r: &Redis, rng: &mut Rng) -> Option<String> {
+    let st = r.status.as_ref()?;
+    let replicas: Vec<String> = st
+        .instances
+        .iter()
+        .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
+        .map(|i| i.name.clone())
+        .collect();
+    if replicas.is_empty() {
+        return None;
+    }
+    Some(replicas[rng.below(replicas.len() as u64) as usize].clone())
+}
+
+/// Settled: Ready, the shards the spec asks for, no resharding under way.
+fn settled(r: &Redis) -> bool {
+    if !is_ready(r) {
+        return false;
+    }
+    let Some(st) = r.status.as_ref() else {
+        return false;
+    };
+    if r.spec.shards.is_some() {
+        let want = usize::try_from(r.spec.shards.unwrap_or(0)).unwrap_or(0);
+        let resharding_done = st
+            .resharding
+            .as_ref()
+            .is_none_or(|x| x.phase == ReshardingPhase::Done);
+        return st.shards.len() == want && resharding_done;
+    }
+    true
+}
+
+/// The status against the servers; violations found.
+async fn status_agrees(client: &kube::Client, ns: &str, opts: &ConnectOptions) -> Vec<String> {
+    let mut out = Vec::new();
+    let r = redis_api(client, ns).get(NAME).await.expect("redis");
+    let st = r.status.clone().unwrap_or_default();
+    let pods = redis_pods(client, ns, NAME).await;
+    let primaries: Vec<String> = if r.spec.shards.is_some() {
+        st.shards.iter().filter_map(|s| s.primary.clone()).collect()
+    } else {
+        st.primary.iter().cloned().collect()
+    };
+    for (name, p) in &pods {
+        let Some(ip) = p.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            out.push(format!("{name} has no IP while the Redis is Ready"));
+            continue;
+        };
+        let mut n = match Node::connect(&Endpoint::new(&ip, 6379), opts).await {
+            Ok(n) => n,
+            Err(e) => {
+                out.push(format!(
+                    "{name} does not answer while the Redis is Ready: {e}"
+                ));
+                continue;
+            }
+        };
+        let repl = match n.info_section("replication").await {
+            Ok(i) => i.replication,
+            Err(e) => {
+                out.push(format!("INFO replication of {name}: {e}"));
+                continue;
+            }
+        };
+        let named_primary = primaries.contains(name);
+        match (named_primary, repl.role, repl.link_status) {
+            (true, Some(Role::Primary), _) => {}
+            (false, Some(Role::Replica), Some(LinkStatus::Up)) => {}
+            (p, role, link) => out.push(format!(
+                "{name}: the status names it {}, the server says {role:?} (link {link:?})",
+                if p { "a primary" } else { "a replica" }
+            )),
+        }
+        if r.spec.shards.is_some() {
+            match redpilot::redis::reshard::open_slots_of(&mut n).await {
+                Ok(open) if open.is_empty() => {}
+                Ok(open) => out.push(format!("{name} has open slots at the end: {open:?}")),
+                Err(e) => out.push(format!("open slots of {name}: {e}")),
+            }
+        }
+    }
+    if r.spec.shards.is_some()
+        && let Some(first) = pods
+            .values()
+            .find_map(|p| p.status.as_ref()?.pod_ip.clone())
+    {
+        match Node::connect(&Endpoint::new(&first, 6379), opts).await {
+            Ok(mut n) => match redpilot::redis::cluster::nodes(&mut n).await {
+                Ok(nodes) => {
+                    let mut owned = vec![0u8; 16384];
+                    for k in nodes.iter().filter(|k| k.primary && !k.fail) {
+                        for range in &k.slots {
+                            for s in range.start..=range.end {
+                                owned[usize::from(s)] += 1;
+                            }
+                        }
+                    }
+                    let wrong: Vec<usize> = (0..16384).filter(|s| owned[*s] != 1).collect();
+                    if !wrong.is_empty() {
+                        out.push(format!(
+                            "{} slots not owned exactly once (the first: {:?})",
+                            wrong.len(),
+                            &wrong[..wrong.len().min(5)]
+                        ));
+                    }
+                }
+                Err(e) => out.push(format!("CLUSTER NODES: {e}")),
+            },
+            Err(e) => out.push(format!("connecting to {first}: {e}")),
+        }
+    }
+    out
+}
+
+/// Keys of `keys` not readable with themselves as their value (Cluster), or
+/// missing on the primary (Replication).
+async fn missing(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    mode: Mode,
+    opts: &ConnectOptions,
+    keys: &[String],
+) -> Result<Vec<String>, String> {
+    match mode {
+        Mode::Cluster => {
+            let pod = redis_pods(client, ns, name)
+                .await
+                .values()
+                .find_map(|p| p.status.as_ref()?.pod_ip.clone())
+                .ok_or("no pod with an IP")?;
+            let mut c = cluster_client::Client::new(Endpoint::new(pod, 6379), opts.clone());
+            Ok(cluster_client::missing_keys(&mut c, keys).await)
+        }
+        Mode::Replication => {
+            let r = redis_api(client, ns)
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let primary = r
+                .status
+                .and_then(|s| s.primary)
+                .ok_or("no primary in the status")?;
+            let ip = support::operator::pod_ip(client, ns, &primary).await;
+            let mut n = Node::connect(&Endpoint::new(ip, 6379), opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(support::writer::missing_on(&mut n, keys).await)
+        }
+    }
+}
+
+/// What one run found.
+struct Outcome {
+    line: String,
+    violations: Vec<String>,
+}
+
+async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
+    let mut rng = Rng(seed);
+    let shape = Shape::draw(&mut rng, only);
+    let plan = schedule(&mut rng, &shape, duration);
+    let client = client().await;
+    let tns = TestNamespace::new(&client, &format!("chaos{seed}"), &[]).await;
+    let ns = tns.name.clone();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "chaos-app"},
+        "stringData": {"password": APP_PASSWORD}
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("creating the app user's Secret");
+    if plan.iter().any(|(_, a)| *a == Action::Backup) {
+        create_claim(&client, &ns, "chaos-backups").await;
+    }
+    let opts = OperatorOptions::watching(&[ns.as_str()]).named(&format!("chaos{seed}"));
+    let mut op = start_operator(&client, opts.clone()).await;
+    let mut violations = Vec::new();
+    let mut timeline = Timeline::default();
+    let created = Instant::now();
+    apply_redis(&client, &ns, NAME, shape.spec()).await;
+    let api = redis_api(&client, &ns);
+    let first_ready = async {
+        let deadline = Instant::now() + CONVERGE;
+        while Instant::now() < deadline {
+            if api.get(NAME).await.ok().as_ref().is_some_and(settled) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        false
+    }
+    .await;
+    assert!(
+        first_ready,
+        "seed {seed}: {} never became Ready\n{}",
+        shape.describe(),
+        recent_events(&client, &ns, 40).await
+    );
+    let ready_in = created.elapsed();
+    let app = ConnectOptions::default()
+        .with_user("app", APP_PASSWORD)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let cluster_count = Arc::new(AtomicU64::new(0));
+    let load = match shape.mode {
+        Mode::Replication => Load::Replication(support::faults::ServiceWriter::with_options(
+            &client,
+            &ns,
+            NAME,
+            app.clone(),
+            "chaos",
+            1,
+            Duration::ZERO,
+        )),
+        Mode::Cluster => {
+            let tally = Arc::new(Mutex::new(Tally::default()));
+            Load::Cluster(
+                (0..2)
+                    .map(|id| {
+                        cluster_writer(
+                            id,
+                            client.clone(),
+                            ns.clone(),
+                            app.clone(),
+                            stop.clone(),
+                            cluster_count.clone(),
+                            tally.clone(),
+                        )
+                    })
+                    .collect(),
+                tally,
+            )
+        }
+    };
+    let t0 = Instant::now();
+    timeline.add(t0, format!("load started on {}", shape.describe()));
+    // Once a second: the phase and the confirmed writes.
+    let sampling = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(Mutex::new(Vec::<(f64, String)>::new()));
+    let sampler = {
+        let (api, sampling, samples) = (api.clone(), sampling.clone(), samples.clone());
+        tokio::spawn(async move {
+            while !sampling.load(Ordering::Relaxed) {
+                let at = t0.elapsed().as_secs_f64();
+                let state = match api.get(NAME).await {
+                    Ok(r) => {
+                        let st = r.status.clone().unwrap_or_default();
+                        format!(
+                            "phase {:?}, ready {}, primary {:?}, shards {}/{}",
+                            st.phase,
+                            is_ready(&r),
+                            st.primary,
+                            st.shards.len(),
+                            r.spec.shards.unwrap_or(0)
+                        )
+                    }
+                    Err(e) => format!("reading the Redis: {e}"),
+                };
+                samples.lock().await.push((at, state));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let mut backups: Vec<(String, usize)> = Vec::new();
+    let mut roll = 0;
+    // The logs of operators killed on the way (checked with the last one's).
+    let mut earlier_logs = String::new();
+    for (at, action) in &plan {
+        let when = t0 + Duration::from_secs(*at);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(when)).await;
+        let done = match action {
+            Action::Switchover => {
+                let r = api.get(NAME).await.expect("redis");
+                match switchover_target(&r, &mut rng) {
+                    Some(target) => {
+                        patch_redis(
+                            &client,
+                            &ns,
+                            NAME,
+                            json!({"spec": {"failover": {"switchoverTo": target}}}),
+                        )
+                        .await;
+                        format!("switchover to {target} asked")
+                    }
+                    None => "switchover drawn, no ready replica to name: skipped".into(),
+                }
+            }
+            Action::Roll => {
+                roll += 1;
+                let value = 500 + roll;
+                patch_redis(
+                    &client,
+                    &ns,
+                    NAME,
+                    json!({"spec": {"config": {"tcp-backlog": value.to_string()}}}),
+                )
+                .await;
+                format!("tcp-backlog {value} (a restart of every server)")
+            }
+            Action::Backup => {
+                let name = format!("b{}", backups.len() + 1);
+                let before = confirmed_now(&load, &cluster_count);
+                create_backup(
+                    &client,
+                    &ns,
+                    &name,
+                    json!({"redis": NAME, "target": {"volume": {"claimName": "chaos-backups", "path": "chaos"}}}),
+                )
+                .await;
+                backups.push((name.clone(), before));
+                format!("backup {name} asked ({before} writes confirmed before)")
+            }
+            Action::Shards => {
+                let r = api.get(NAME).await.expect("redis");
+                let to = if r.spec.shards.unwrap_or(3) >= 4 {
+                    3
+                } else {
+                    4
+                };
+                patch_redis(&client, &ns, NAME, json!({"spec": {"shards": to}})).await;
+                format!("spec.shards {to}")
+            }
+            Action::KillServer | Action::StopServer => {
+                match drawn_pod(&client, &ns, &mut rng).await {
+                    Some((name, pod)) => match pid_of(&pod, &app).await {
+                        Ok(pid) if *action == Action::KillServer => {
+                            kill_9(pid);
+                            format!("kill -9 of {name}'s server (pid {pid})")
+                        }
+                        Ok(pid) => {
+                            signal(pid, "-STOP");
+                            tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_secs(3)).await;
+                                let _ = std::process::Command::new("kill")
+                                    .args(["-CONT", &pid.to_string()])
+                                    .status();
+                            });
+                            format!("SIGSTOP of {name}'s server (pid {pid}) for 3 s")
+                        }
+                        Err(e) => format!(
+                            "{action:?} drawn on {name}, which does not answer ({e}): skipped"
+                        ),
+                    },
+                    None => format!("{action:?} drawn, no pod: skipped"),
+                }
+            }
+            Action::DeletePod => match drawn_pod(&client, &ns, &mut rng).await {
+                Some((name, _)) => {
+                    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                    match pods.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => format!("pod {name} deleted"),
+                        Err(e) => format!("deleting pod {name}: {e}"),
+                    }
+                }
+                None => "pod deletion drawn, no pod: skipped".into(),
+            },
+            Action::KillOperator => {
+                earlier_logs.push_str(&op.log_text());
+                op.kill();
+                op = spawn_operator(&client, opts.clone().named(&format!("chaos{seed}"))).await;
+                "operator kill -9, a new one started".into()
+            }
+        };
+        let kind = if action.is_fault() { "fault" } else { "op" };
+        timeline.add(t0, format!("{kind}: {done}"));
+    }
+    // The status lags a fault by up to a pass: the Redis counts as
+    // settled once it has been so for 3 s running, looked at from 5 s after
+    // the last event.
+    let last = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut since: Option<Instant> = None;
+    let converged = loop {
+        let r = api.get(NAME).await.ok();
+        if r.as_ref().is_some_and(settled) {
+            let s = *since.get_or_insert_with(Instant::now);
+            if s.elapsed() >= Duration::from_secs(3) {
+                break Some(s - last);
+            }
+        } else {
+            since = None;
+        }
+        if last.elapsed() > CONVERGE {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    timeline.add(
+        t0,
+        match converged {
+            Some(d) => format!("settled {:.1} s after the last event", d.as_secs_f64()),
+            None => format!("NOT settled {CONVERGE:?} after the last event"),
+        },
+    );
+    if converged.is_none() {
+        violations.push(format!(
+            "not Ready with every change done {CONVERGE:?} after the last event"
+        ));
+    }
+    // Writes go on a little after convergence: the Redis takes them again.
+    let before_end = confirmed_now(&load, &cluster_count);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_end = confirmed_now(&load, &cluster_count);
+    if converged.is_some() && after_end <= before_end {
+        violations.push(format!(
+            "no write confirmed in the 3 s after convergence ({after_end} in all)"
+        ));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = load.stop().await;
+    sampling.store(true, Ordering::Relaxed);
+    let _ = sampler.await;
+    if converged.is_some() {
+        match missing(&client, &ns, NAME, shape.mode, &app, &written.acked).await {
+            Ok(lost) if lost.is_empty() => {}
+            Ok(lost) => violations.push(format!(
+                "{} of {} confirmed writes lost (the first: {:?})",
+                lost.len(),
+                written.acked.len(),
+                &lost[..lost.len().min(5)]
+            )),
+            Err(e) => violations.push(format!("could not check the writes: {e}")),
+        }
+        // The status agrees with the servers within 30 s (a pass or two).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let disagree = loop {
+            let found = status_agrees(&client, &ns, &app).await;
+            if found.is_empty() || Instant::now() > deadline {
+                break found;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        violations.extend(disagree);
+    }
+    // Every backup ends; the last Completed one restores what was
+    // confirmed before it was asked for.
+    let mut restored = None;
+    let mut ended = Vec::new();
+    let backup_api: Api<redpilot::api::v1alpha1::RedisBackup> =
+        Api::namespaced(client.clone(), &ns);
+    for (name, before) in &backups {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        let phase = loop {
+            let phase = backup_api
+                .get(name)
+                .await
+                .ok()
+                .and_then(|b| b.status?.phase);
+            if matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed))
+                || Instant::now() > deadline
+            {
+                break phase;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        ended.push(format!("{name} {phase:?}"));
+        match phase {
+            Some(BackupPhase::Completed) => restored = Some((name.clone(), *before)),
+            Some(BackupPhase::Failed) => {}
+            other => violations.push(format!("backup {name} did not end in 240 s ({other:?})")),
+        }
+    }
+    if let Some((backup, before)) = &restored
+        && converged.is_some()
+    {
+        // The shape the backup was taken of (a resharding may have changed
+        // the shard count since the Redis was made).
+        let mut spec = shape.spec();
+        if let Some(shards) = backup_api
+            .get(backup)
+            .await
+            .ok()
+            .and_then(|b| b.status?.origin?.shards)
+        {
+            spec["shards"] = json!(shards);
+        }
+        spec["bootstrap"] = json!({"fromBackup": {"backup": backup}});
+        apply_redis(&client, &ns, "restored", spec).await;
+        let deadline = Instant::now() + CONVERGE;
+        let ready = loop {
+            let r = api.get("restored").await.ok();
+            if r.as_ref().is_some_and(settled) {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        if !ready {
+            violations.push(format!(
+                "the Redis restored from {backup} never became Ready"
+            ));
+        } else {
+            let keys = &written.acked[..(*before).min(written.acked.len())];
+            match missing(&client, &ns, "restored", shape.mode, &app, keys).await {
+                Ok(lost) if lost.is_empty() => {}
+                Ok(lost) => violations.push(format!(
+                    "the restore of {backup} lacks {} of the {} writes confirmed before it was asked for (the first: {:?})",
+                    lost.len(),
+                    keys.len(),
+                    &lost[..lost.len().min(5)]
+                )),
+                Err(e) => violations.push(format!("could not check the restore: {e}")),
+            }
+        }
+        timeline.add(t0, format!("restored {backup} into a new Redis: checked"));
+    }
+    // No password anywhere it must not be; no panic.
+    let log = format!("{earlier_logs}{}", op.log_text());
+    let events = recent_events(&client, &ns, 400).await;
+    let status =
+        serde_json::to_string(&api.get(NAME).await.ok().and_then(|r| r.status)).unwrap_or_default();
+    let generated = redis_password(&client, &ns, NAME).await;
+    for (what, text) in [
+        ("operator log", &log),
+        ("events", &events),
+        ("status", &status),
+    ] {
+        for (which, secret) in [("app", APP_PASSWORD), ("generated", generated.as_str())] {
+            if !secret.is_empty() && text.contains(secret) {
+                violations.push(format!("the {which} password is in the {what}"));
+            }
+        }
+    }
+    if log.contains("panicked at") {
+        violations.push("the operator panicked (see its log)".into());
+    }
+
+    let events_drawn: Vec<String> = plan.iter().map(|(t, a)| format!("{t}s {a:?}")).collect();
+    let line = format!(
+        "seed {seed}: {} | Ready in {:.0} s | {} | {} writes confirmed, errors {:?} | {} | backups [{}] | {}",
+        shape.describe(),
+        ready_in.as_secs_f64(),
+        events_drawn.join(", "),
+        written.acked.len(),
+        written.errors,
+        match converged {
+            Some(d) => format!("settled {:.1} s after the last event", d.as_secs_f64()),
+            None => "not settled".into(),
+        },
+        ended.join(", "),
+        if violations.is_empty() {
+            "no violation".to_string()
+        } else {
+            format!("VIOLATIONS: {}", violations.join("; "))
+        }
+    );
+    // The timeline file.
+    let mut text = String::new();
+    let _ = writeln!(text, "{line}");
+    let _ = writeln!(
+        text,
+        "replay: make chaos SEED={seed} RUNS=1 DURATION={duration}{}",
+        match only {
+            Some(m) => format!(" ONLY={}", format!("{m:?}").to_lowercase()),
+            None => String::new(),
+        }
+    );
+    let mut all = timeline.lines;
+    all.extend(samples.lock().await.iter().cloned());
+    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (at, what) in &all {
+        let _ = writeln!(text, "{at:8.1} s  {what}");
+    }
+    let _ = writeln!(text, "--- events\n{events}");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("chaos");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(format!("seed-{seed}.txt"));
+    let _ = std::fs::write(&file, text);
+    op.kill();
+    Outcome {
+        line: format!("{line}\n  timeline: {}", file.display()),
+        violations,
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
+    let only = match std::env::var("REDPILOT_CHAOS_ONLY").ok().as_deref() {
+        Some("replication") => Some(Mode::Replication),
+        Some("cluster") => Some(Mode::Cluster),
+        Some("") | None => None,
+        Some(other) => panic!("REDPILOT_CHAOS_ONLY={other}: replication or cluster"),
+    };
+    let duration = env_u64("REDPILOT_CHAOS_DURATION").unwrap_or(SHORT_DURATION);
+    let seeds: Vec<u64> = match env_u64("REDPILOT_CHAOS_SEED") {
+        Some(first) => {
+            let runs = env_u64("REDPILOT_CHAOS_RUNS").unwrap_or(1);
+            (first..first + runs).collect()
+        }
+        None => SHORT_SEEDS.to_vec(),
+    };
+    // REDPILOT_CHAOS_DRAW=1: print what each seed draws, run nothing.
+    if std::env::var("REDPILOT_CHAOS_DRAW").is_ok_and(|v| v == "1") {
+        for seed in seeds {
+            let mut rng = Rng(seed);
+            let shape = Shape::draw(&mut rng, only);
+            let plan = schedule(&mut rng, &shape, duration);
+            println!("seed {seed}: {} | {plan:?}", shape.describe());
+        }
+        return;
+    }
+    let mut failed = Vec::new();
+    for seed in seeds {
+        let out = run(seed, duration, only).await;
+        println!("{}", out.line);
+        if !out.violations.is_empty() {
+            failed.push(out.line);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} run(s) broke an invariant:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
