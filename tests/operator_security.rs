@@ -2442,12 +2442,23 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
     );
     let backups: Api<redpilot::api::v1alpha1::RedisBackup> = Api::namespaced(client.clone(), ns);
     let waited = std::sync::Mutex::new(Vec::<String>::new());
+    // When it starts, its source is seen: it must already listen with TLS
+    // (the roll is done with it) — else it waited for one.
+    let source_at_start = std::sync::Mutex::new(None::<(String, bool)>);
     let b = wait_for(
         "the mid-roll backup ended",
         Duration::from_secs(400),
         || async {
             let b = backups.get("mid-flip").await.ok()?;
             let st = b.status.clone().unwrap_or_default();
+            let unseen = source_at_start.lock().map(|s| s.is_none()).unwrap_or(false);
+            if unseen && let Some(source) = st.source.clone() {
+                let pod = redis_pods(&client, ns, "flip").await.remove(&source);
+                let tls = pod.as_ref().is_some_and(probe_speaks_tls);
+                if let Ok(mut s) = source_at_start.lock() {
+                    *s = Some((source, tls));
+                }
+            }
             if let Some(m) = st
                 .message
                 .as_ref()
@@ -2477,6 +2488,14 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
         st.phase,
         Some(redpilot::api::v1alpha1::BackupPhase::Completed),
         "a backup asked for while TLS is turned on completes: {st:?}"
+    );
+    let (source, speaks_tls) = source_at_start
+        .into_inner()
+        .unwrap_or_default()
+        .expect("the backup's source, seen as it started");
+    assert!(
+        speaks_tls,
+        "the backup started from {source}, which still listened in plain text (waited: {waited:?})"
     );
     wait_for(
         "every instance listening with TLS only, links up",
