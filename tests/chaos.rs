@@ -242,13 +242,6 @@ struct Tally {
     errors: BTreeMap<String, u64>,
 }
 
-fn error_kind(e: &str) -> String {
-    e.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-        .find(|w| !w.is_empty())
-        .unwrap_or("other")
-        .to_string()
-}
-
 /// The address of a pod of the Redis that has an IP (any: a cluster
 /// client learns the rest from redirections).
 async fn some_pod(client: &kube::Client, ns: &str, rng_pick: u64) -> Option<Endpoint> {
@@ -308,7 +301,7 @@ fn cluster_writer(
                     fails = 0;
                 }
                 Err(e) => {
-                    *t.errors.entry(error_kind(&e)).or_default() += 1;
+                    *t.errors.entry(cluster_client::error_kind(&e)).or_default() += 1;
                     fails += 1;
                     drop(t);
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -417,6 +410,18 @@ fn settled(r: &Redis) -> bool {
         return st.shards.len() == want && resharding_done;
     }
     true
+}
+
+/// Waits (at most [`CONVERGE`]) for Redis `name` to be [`settled`].
+async fn settles(api: &Api<Redis>, name: &str) -> bool {
+    let deadline = Instant::now() + CONVERGE;
+    while Instant::now() < deadline {
+        if api.get(name).await.ok().as_ref().is_some_and(settled) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
 }
 
 /// The status against the servers; violations found.
@@ -573,19 +578,8 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     let created = Instant::now();
     apply_redis(&client, &ns, NAME, shape.spec()).await;
     let api = redis_api(&client, &ns);
-    let first_ready = async {
-        let deadline = Instant::now() + CONVERGE;
-        while Instant::now() < deadline {
-            if api.get(NAME).await.ok().as_ref().is_some_and(settled) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        false
-    }
-    .await;
     assert!(
-        first_ready,
+        settles(&api, NAME).await,
         "seed {seed}: {} never became Ready\n{}",
         shape.describe(),
         recent_events(&client, &ns, 40).await
@@ -870,18 +864,7 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
         }
         spec["bootstrap"] = json!({"fromBackup": {"backup": backup}});
         apply_redis(&client, &ns, "restored", spec).await;
-        let deadline = Instant::now() + CONVERGE;
-        let ready = loop {
-            let r = api.get("restored").await.ok();
-            if r.as_ref().is_some_and(settled) {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        };
-        if !ready {
+        if !settles(&api, "restored").await {
             violations.push(format!(
                 "the Redis restored from {backup} never became Ready"
             ));

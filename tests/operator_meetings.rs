@@ -74,12 +74,7 @@ fn writer(
             match r {
                 Ok(()) => t.acked.push(key),
                 Err(e) => {
-                    let kind = e
-                        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-                        .find(|w| !w.is_empty())
-                        .unwrap_or("other")
-                        .to_string();
-                    *t.errors.entry(kind).or_default() += 1;
+                    *t.errors.entry(cluster_client::error_kind(&e)).or_default() += 1;
                     drop(t);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }

@@ -75,12 +75,10 @@ struct Errors {
 
 impl Errors {
     fn add(&mut self, e: &str) {
-        let kind = e
-            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-            .find(|w| !w.is_empty())
-            .unwrap_or("other")
-            .to_string();
-        *self.by_kind.entry(kind).or_default() += 1;
+        *self
+            .by_kind
+            .entry(cluster_client::error_kind(e))
+            .or_default() += 1;
     }
 
     fn total(&self) -> u64 {

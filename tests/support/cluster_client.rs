@@ -11,6 +11,15 @@ use std::time::Duration;
 use redpilot::redis::cluster;
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 
+/// A client error's kind, for counting: its first word (a server's error
+/// code, `MOVED`, `UNCONFIRMED`, or the client's own first word).
+pub fn error_kind(e: &str) -> String {
+    e.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .find(|w| !w.is_empty())
+        .unwrap_or("other")
+        .to_string()
+}
+
 /// What a client following redirections met.
 #[derive(Debug, Default, Clone)]
 pub struct Met {
