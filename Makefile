@@ -94,7 +94,11 @@ cluster-down:
 # the first fills the node to a known room and needs that room to hold still
 # for a minute (a pod of another test that went away let a deferred resize
 # through once); the second moves 1,000 MB of large values between shards,
-# which starved a TLS flip test of CPU when they ran side by side.
+# which starved a TLS flip test of CPU when they ran side by side. The
+# third applies deploy/install.yaml, whose ClusterRoleBinding
+# redpilot-operator the harness deletes (as a legacy binding) whenever
+# another test starts an operator: side by side in the pool, the installed
+# operator lost its rights and never reconciled (a clean-clone run).
 # Everything else runs in TEST_SLOTS slots (hack/test-pool.py), the longest
 # jobs first: each test of the POOL suites is a job of its own, so no suite's
 # one long test holds the others back; the LOCAL_SUITES (real servers, the S3
@@ -105,7 +109,8 @@ LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_c
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 ALONE_SUITES := olm_e2e
 ALONE_TESTS := operator_autopilot:a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limits \
-	operator_meetings:large_values_move_without_an_unplanned_failover
+	operator_meetings:large_values_move_without_an_unplanned_failover \
+	plain_install:kubectl_apply_of_install_yaml_runs_the_operator
 POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 TEST_SLOTS ?= 3
 PYTHON ?= python3
