@@ -1924,6 +1924,364 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
     }
 }
 
+/// The certificates (DER, leaf first) presented at `ip:port`, the chain
+/// checked against `ca`; an error when no handshake could be made.
+async fn served_chain_at(ip: &str, port: u16, ca: &str) -> Result<Vec<Vec<u8>>, String> {
+    use std::sync::Arc;
+    let roots = redpilot::redis::certs::roots(ca.as_bytes())?;
+    let verifier = redpilot::redis::certs::ChainOnly::new(roots)?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(verifier))
+    .with_no_client_auth();
+    let name =
+        rustls::pki_types::ServerName::try_from(ip.to_string()).map_err(|e| e.to_string())?;
+    let shake = async {
+        let tcp = tokio::net::TcpStream::connect((ip, port))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let tls = tokio::time::timeout(Duration::from_secs(2), shake)
+        .await
+        .map_err(|_| format!("{ip}:{port}: no handshake within 2 s"))??;
+    let (_, conn) = tls.get_ref();
+    Ok(conn
+        .peer_certificates()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.to_vec())
+        .collect())
+}
+
+/// The certificates (DER) of a PEM bundle, in order.
+fn ders_of(pem: &str) -> Vec<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .filter_map(Result::ok)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// Whether a peer trusting the bundle `ca` accepts `chain` (leaf first):
+/// what each node of a Cluster asks of the others on the bus.
+fn accepts(ca: &str, chain: &[Vec<u8>]) -> bool {
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::CertificateDer;
+    let Ok(roots) = redpilot::redis::certs::roots(ca.as_bytes()) else {
+        return false;
+    };
+    let Ok(verifier) = redpilot::redis::certs::ChainOnly::new(roots) else {
+        return false;
+    };
+    let Some((leaf, rest)) = chain.split_first() else {
+        return false;
+    };
+    let rest: Vec<CertificateDer<'static>> = rest
+        .iter()
+        .map(|c| CertificateDer::from(c.clone()))
+        .collect();
+    verifier
+        .verify_server_cert(
+            &CertificateDer::from(leaf.clone()),
+            &rest,
+            &rustls::pki_types::ServerName::try_from("redis.invalid").expect("name"),
+            &[],
+            rustls::pki_types::UnixTime::now(),
+        )
+        .is_ok()
+}
+
+/// A new namespace CA reaches a Cluster without splitting its bus: a 3 x 2
+/// Cluster (Redis 7.0, `tls: {}`) under one writer per shard confirming
+/// with `WAIT 1`, and `redpilot-ca` deleted, as the README says to have a
+/// new CA made. Each node reads its mounted files when the operator tells
+/// it to, and the kubelet refreshes each pod's files at its own moment, so
+/// for a while the nodes hold different versions of the Secret. The test
+/// follows every version of `cache-tls` and every node's served chain
+/// (which tells the version it loaded, the files being swapped together)
+/// and checks at each look that every node accepts every other node's
+/// chain with the CA bundle it loaded, as the bus asks of each new link.
+/// It first proves the nodes were seen holding different versions, and
+/// `kill -9`s a replica's server then (a node that must make all its bus
+/// links anew). Then: the killed replica rejoins, no primary changes,
+/// `cluster_state:ok` on every primary at every look, no confirmed write
+/// lost, and the rotation ends with the new CA alone in `ca.crt` and every
+/// node serving a certificate of it alone, on both ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_namespace_ca_reaches_a_cluster_without_splitting_its_bus() {
+    use cluster_writer::{Writers, missing, replicas_linked};
+    use redpilot::redis::TlsOptions;
+    use redpilot::redis::cluster::spread;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls-ca", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "version": "7.0", "tls": {}}),
+    )
+    .await;
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let old_ca = secret_file(
+        &secrets
+            .get("redpilot-ca")
+            .await
+            .expect("the namespace's CA"),
+        "ca.crt",
+    );
+    let pw = redis_password(&client, ns, "cache").await;
+    let with_ca = |ca: &str| {
+        ConnectOptions::default()
+            .with_password(pw.clone())
+            .with_timeouts(Duration::from_millis(500), Duration::from_secs(1))
+            .with_tls(TlsOptions::servers_of_ca(ca.as_bytes().to_vec()))
+    };
+    let old = with_ca(&old_ca);
+    let ms = support::operator::cluster_members(&client, ns, "cache").await;
+    let pods = ips(&client, ns, "cache").await;
+    assert_eq!(pods.len(), 6, "{pods:?}");
+    let st = r.status.clone().expect("status");
+    let primaries: Vec<String> = st.shards.iter().filter_map(|s| s.primary.clone()).collect();
+    let replicas: Vec<String> = st.shards.iter().flat_map(|s| s.replicas.clone()).collect();
+    assert_eq!((primaries.len(), replicas.len()), (3, 3), "{st:?}");
+    let want = spread(3);
+    let writers = Writers::start(&ms, &old, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (s, t) in writers.tallies.iter().enumerate() {
+        assert!(!t.lock().await.acked.is_empty(), "shard {s} takes writes");
+    }
+
+    // Every primary's view of the cluster, every 200 ms, on connections
+    // made before the change.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut watched = Vec::new();
+    for p in &primaries {
+        let ip = pods
+            .iter()
+            .find(|(n, _)| n == p)
+            .expect("primary pod")
+            .1
+            .clone();
+        let node = Node::connect(&Endpoint::new(&ip, 6379), &old)
+            .await
+            .expect("a primary");
+        watched.push((p.clone(), node));
+    }
+    let watcher = {
+        let stop = stop.clone();
+        let primaries = primaries.clone();
+        tokio::spawn(async move {
+            let (mut looks, mut bad) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                for (name, node) in watched.iter_mut() {
+                    let info: redpilot::redis::Result<String> = node
+                        .query("CLUSTER INFO", redis::cmd("CLUSTER").arg("INFO"))
+                        .await;
+                    match info {
+                        Ok(i) if i.contains("cluster_state:ok") => {}
+                        Ok(i) => bad.push(format!("{name}: {}", i.lines().next().unwrap_or(""))),
+                        Err(e) => bad.push(format!("{name}: {e}")),
+                    }
+                    if let Ok(nodes) = redpilot::redis::cluster::nodes(node).await {
+                        for k in nodes.iter().filter(|k| k.fail || k.pfail) {
+                            if k.primary {
+                                bad.push(format!("{name} sees primary {:?} failing", k.addr));
+                            }
+                        }
+                    }
+                    looks += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let _ = primaries;
+            (looks, bad)
+        })
+    };
+
+    let first = {
+        let s = secrets.get("cache-tls").await.expect("cache-tls");
+        (
+            ders_of(&secret_file(&s, "tls.crt")),
+            secret_file(&s, "ca.crt"),
+        )
+    };
+    secrets
+        .delete("redpilot-ca", &Default::default())
+        .await
+        .expect("delete the namespace's CA");
+    let changed = Instant::now();
+    poke(&client, ns, "cache", 1).await;
+    let new_ca = wait_for("a new namespace CA", Duration::from_secs(60), || async {
+        let s = secrets.get_opt("redpilot-ca").await.ok()??;
+        let ca = secret_file(&s, "ca.crt");
+        (!ca.is_empty() && ca != old_ca).then_some(ca)
+    })
+    .await;
+    let both = format!("{}\n{}", old_ca.trim_end(), new_ca);
+
+    // Every version of cache-tls seen, in order: (tls.crt, ca.crt).
+    let mut versions: Vec<(Vec<Vec<u8>>, String)> = vec![first];
+    let loaded = |versions: &[(Vec<Vec<u8>>, String)], served: &[Vec<u8>]| {
+        versions
+            .iter()
+            .rposition(|(chain, ca)| redpilot::redis::certs::serves(served, chain, ca.as_bytes()))
+    };
+    let mut mixed_at: Option<Duration> = None;
+    let mut killed: Option<(String, Instant)> = None;
+    let mut split: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let end = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the new CA did not reach every node within 300 s; {} versions seen",
+            versions.len()
+        );
+        let s = secrets.get("cache-tls").await.expect("cache-tls");
+        let (chain, ca) = (
+            ders_of(&secret_file(&s, "tls.crt")),
+            secret_file(&s, "ca.crt"),
+        );
+        if versions.last() != Some(&(chain.clone(), ca.clone())) {
+            versions.push((chain.clone(), ca.clone()));
+        }
+        // Each node's version: the newest whose files it presents.
+        let mut at = Vec::new();
+        for (pod, ip) in &pods {
+            if let Ok(c) = served_chain_at(ip, 6379, &both).await {
+                match loaded(&versions, &c) {
+                    Some(v) => at.push((pod.clone(), c, v)),
+                    None => split.push(format!("{pod} presents no version seen")),
+                }
+            }
+        }
+        for (a, chain_a, _) in &at {
+            for (b, _, v) in &at {
+                if a != b && !accepts(&versions[*v].1, chain_a) {
+                    split.push(format!(
+                        "{:.1} s: {b} (version {v}) refuses {a}'s certificate",
+                        changed.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+        }
+        let differ = at.iter().any(|(_, _, v)| *v != at[0].2);
+        if differ && mixed_at.is_none() {
+            mixed_at = Some(changed.elapsed());
+            println!(
+                "{:.1} s: nodes at versions {:?}",
+                changed.elapsed().as_secs_f64(),
+                at.iter()
+                    .map(|(p, _, v)| (p.as_str(), *v))
+                    .collect::<Vec<_>>()
+            );
+            // A replica's server killed while the nodes disagree.
+            let victim = replicas[0].clone();
+            let ip = &pods.iter().find(|(n, _)| *n == victim).expect("replica").1;
+            let mut n = Node::connect(&Endpoint::new(ip, 6379), &with_ca(&both))
+                .await
+                .expect("the replica");
+            let pid = server_pid(&mut n).await;
+            drop(n);
+            kill_9(pid);
+            killed = Some((victim, Instant::now()));
+        }
+        let last = versions.len() - 1;
+        let settled = ca.trim_end() == new_ca.trim_end()
+            && chain.len() == 1
+            && at.len() == pods.len()
+            && at.iter().all(|(_, _, v)| *v == last);
+        if settled {
+            let mut bus = true;
+            for (_, ip) in &pods {
+                bus &= served_chain_at(ip, 16379, &new_ca)
+                    .await
+                    .is_ok_and(|c| redpilot::redis::certs::serves(&c, &chain, ca.as_bytes()));
+            }
+            if bus {
+                break chain;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!(
+        "new CA on every node (client port and bus, the old CA gone from ca.crt) {:.1} s after redpilot-ca was deleted; {} versions of cache-tls; nodes first seen disagreeing at {:.1?}",
+        changed.elapsed().as_secs_f64(),
+        versions.len(),
+        mixed_at
+    );
+    assert!(
+        accepts(&new_ca, &end),
+        "the last certificate is of the new CA"
+    );
+    let (victim, killed_at) = killed.expect(
+        "the nodes were never seen serving different certificates, so the test proved nothing",
+    );
+    assert!(split.is_empty(), "the bus split: {split:#?}");
+    let new = with_ca(&new_ca);
+    let victim_ep = Endpoint::new(
+        &pods.iter().find(|(n, _)| *n == victim).expect("pod").1,
+        6379,
+    );
+    wait_for(
+        "the killed replica linked again",
+        Duration::from_secs(90),
+        || async {
+            use redpilot::redis::info::LinkStatus;
+            let mut n = Node::connect(&victim_ep, &new).await.ok()?;
+            let r = n.info_section("replication").await.ok()?.replication;
+            (r.link_status == Some(LinkStatus::Up)).then_some(())
+        },
+    )
+    .await;
+    replicas_linked(&ms, &new, 3).await;
+    println!(
+        "{victim} (killed {:.1} s into the change) is linked again",
+        (killed_at - changed).as_secs_f64()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (looks, bad) = watcher.await.expect("watcher");
+    println!("{looks} looks at the primaries' cluster state");
+    assert!(looks >= 30, "{looks}");
+    assert!(bad.is_empty(), "{bad:#?}");
+    let r = wait_ready(&client, ns, "cache", READY).await;
+    let after: Vec<String> = r
+        .status
+        .as_ref()
+        .expect("status")
+        .shards
+        .iter()
+        .filter_map(|s| s.primary.clone())
+        .collect();
+    assert_eq!(after, primaries, "no failover through the change of CA");
+    let tallies = writers.stop().await;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &new, want[s].start, &t).await;
+        println!(
+            "shard {s}: {} confirmed writes, {} failed or unconfirmed, {lost} lost",
+            t.acked.len(),
+            t.failed
+        );
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+    }
+    let events = support::operator::recent_events(&client, ns, 80).await;
+    assert!(events.contains("CertificateIssued"), "{events}");
+}
+
 /// How every instance of `name` listens, when all listen the same way:
 /// with TLS only (`Some(true)`: a plain client refused, port 0, replication
 /// over TLS) or in plain text only (`Some(false)`: no TLS port, no

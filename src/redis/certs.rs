@@ -131,6 +131,32 @@ fn chain_of(cert_pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertProblem
     Ok(chain)
 }
 
+/// The certificates (DER) of a PEM bundle, in order; what does not parse is
+/// left out.
+pub fn ders(pem: &[u8]) -> Vec<Vec<u8>> {
+    CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// Whether a server presenting `served` (leaf first) has loaded the
+/// certificate file `chain` (its certificates, leaf first) beside the CA
+/// bundle `ca_pem`. A file of the leaf alone lets the server add the CAs it
+/// trusts after it (OpenSSL builds the chain from its store when the file
+/// holds none), so only those may follow; a file with a chain is presented
+/// as it is.
+pub fn serves(served: &[Vec<u8>], chain: &[Vec<u8>], ca_pem: &[u8]) -> bool {
+    if served.is_empty() || served.first() != chain.first() {
+        return false;
+    }
+    if chain.len() > 1 {
+        return served == chain;
+    }
+    let bundle = ders(ca_pem);
+    served[1..].iter().all(|c| bundle.contains(c))
+}
+
 /// Checks what a server would load: `cert_pem` (the certificate, then its
 /// intermediates) parses, `key_pem` is its private key, and the chain leads
 /// to a CA of `ca_pem` and is valid at `now` (not expired, not yet valid,
@@ -209,6 +235,55 @@ pub fn check_client_use(cert_pem: &[u8], ca_pem: &[u8], now: UnixTime) -> Result
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_server_serves_a_file_when_it_presents_it_or_its_leaf_with_trusted_cas_after() {
+        use super::*;
+        let ca = |name: &str| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.distinguished_name.push(rcgen::DnType::CommonName, name);
+            p.self_signed(&key).expect("CA").pem()
+        };
+        let (bundle, other) = (ca("trusted"), ca("other"));
+        let (leaf, ca, other) = (
+            vec![1u8],
+            ders(bundle.as_bytes())[0].clone(),
+            ders(other.as_bytes())[0].clone(),
+        );
+        let bundle = bundle.as_bytes();
+        // A file of the leaf alone: the server may add CAs it trusts after it.
+        assert!(serves(
+            std::slice::from_ref(&leaf),
+            std::slice::from_ref(&leaf),
+            bundle
+        ));
+        assert!(serves(
+            &[leaf.clone(), ca.clone()],
+            std::slice::from_ref(&leaf),
+            bundle
+        ));
+        assert!(
+            !serves(
+                &[leaf.clone(), other.clone()],
+                std::slice::from_ref(&leaf),
+                bundle
+            ),
+            "a mark of another version"
+        );
+        assert!(!serves(
+            std::slice::from_ref(&other),
+            std::slice::from_ref(&leaf),
+            bundle
+        ));
+        assert!(!serves(&[], std::slice::from_ref(&leaf), bundle));
+        // A file with a chain is presented as it is.
+        let file = [leaf.clone(), other.clone()];
+        assert!(serves(&file, &file, bundle));
+        assert!(!serves(std::slice::from_ref(&leaf), &file, bundle));
+        assert!(!serves(&[leaf.clone(), ca.clone()], &file, bundle));
+    }
+
     use super::*;
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 

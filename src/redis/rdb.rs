@@ -187,18 +187,30 @@ pub(crate) fn tls_client_config(
 /// sent after the handshake. How a reload of the certificate files is
 /// confirmed: the files a server was told to read may lag behind.
 pub async fn served_certificate(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Vec<u8>> {
+    served_chain(endpoint, opts)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Tls {
+            endpoint: endpoint.to_string(),
+            message: "the server presented no certificate".into(),
+        })
+}
+
+/// Every certificate (DER, leaf first) the server at `endpoint` presents,
+/// the chain checked as `opts` says.
+pub async fn served_chain(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Vec<Vec<u8>>> {
     let Some(tls) = opts.tls_for(endpoint.host()) else {
         return Err(Error::Config(format!("{endpoint}: no TLS settings")));
     };
     let stream = handshake(endpoint, opts, tls, connect_tcp(endpoint, opts).await?).await?;
     let (_, conn) = stream.get_ref();
-    conn.peer_certificates()
-        .and_then(|c| c.first())
+    Ok(conn
+        .peer_certificates()
+        .unwrap_or_default()
+        .iter()
         .map(|c| c.to_vec())
-        .ok_or_else(|| Error::Tls {
-            endpoint: endpoint.to_string(),
-            message: "the server presented no certificate".into(),
-        })
+        .collect())
 }
 
 /// Whether the server at `endpoint` answers a plain-text `PING` (with a

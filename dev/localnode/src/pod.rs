@@ -35,7 +35,21 @@ const DEFAULT_PATH: &str =
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const FIRST_BACKOFF: Duration = Duration::from_secs(10);
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
-const VOLUME_RESYNC: Duration = Duration::from_secs(20);
+/// A pod's Secret, ConfigMap and projected volumes are refreshed every
+/// 10–30 s, drawn anew each time (see [`volume_resync`]).
+const VOLUME_RESYNC: Duration = Duration::from_secs(10);
+const VOLUME_RESYNC_JITTER_MS: u64 = 20_000;
+
+/// How long until a pod's volumes are refreshed again. A kubelet refreshes
+/// them at its periodic, jittered sync of each pod (a minute or more), so
+/// pods that mount one Secret see a change of it at different moments;
+/// drawn per refresh, so pods started together drift apart as they do there.
+fn volume_resync() -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    VOLUME_RESYNC + Duration::from_millis(h.finish() % VOLUME_RESYNC_JITTER_MS)
+}
 /// How soon a resize that failed to actuate (a memory limit below the
 /// current usage) is tried again.
 const RESIZE_RETRY: Duration = Duration::from_secs(3);
@@ -304,6 +318,8 @@ pub struct Worker {
     net: Option<PodNet>,
     volumes: Option<BTreeMap<String, PathBuf>>,
     last_volume_sync: Instant,
+    /// How long after `last_volume_sync` the volumes are refreshed.
+    volume_resync: Duration,
     ctrs: Vec<Ctr>,
     epoch: u64,
     final_phase: Option<&'static str>,
@@ -447,6 +463,7 @@ impl Worker {
             net: None,
             volumes: None,
             last_volume_sync: Instant::now(),
+            volume_resync: volume_resync(),
             ctrs,
             epoch: 0,
             final_phase,
@@ -544,17 +561,17 @@ impl Worker {
                 }
             }
         }
-        let resync = self.last_volume_sync.elapsed() >= VOLUME_RESYNC;
+        let resync = self.last_volume_sync.elapsed() >= self.volume_resync;
         if self.volumes.is_none() || resync {
             self.last_volume_sync = Instant::now();
+            self.volume_resync = volume_resync();
             match self.sync_volumes().await {
                 Ok(v) => self.volumes = Some(v),
                 Err(e) => {
                     if self.volumes.is_none() {
                         self.event("Warning", "FailedMount", &e.to_string()).await;
                         // Retry soon rather than after the full resync period.
-                        self.last_volume_sync =
-                            Instant::now() - VOLUME_RESYNC + Duration::from_secs(2);
+                        self.volume_resync = Duration::from_secs(2);
                         return Ok(());
                     }
                     tracing::debug!(error = %e, "volume refresh failed");

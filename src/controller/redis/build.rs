@@ -245,6 +245,9 @@ pub fn server_auth_secret(
     if let Some(ca) = &auth.tls_ca {
         data.insert(TLS_CA_APPLIED_KEY.to_string(), bytes(ca));
     }
+    if let Some(h) = &auth.tls_served {
+        data.insert(TLS_SERVED_KEY.to_string(), bytes(h));
+    }
     Secret {
         metadata: meta(redis, names.server_auth()),
         data: Some(data),

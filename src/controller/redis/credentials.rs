@@ -54,6 +54,10 @@ pub struct ServerAuth {
     /// With `spec.tls`: the CA bundle of the certificate every instance
     /// was last seen to serve ([`build::TLS_CA_APPLIED_KEY`]).
     pub tls_ca: Option<String>,
+    /// With `spec.tls`: the hash of the certificate Secret's `tls.crt` and
+    /// `ca.crt` ([`super::tls::files_hash`]) once every instance was seen
+    /// to serve them ([`build::TLS_SERVED_KEY`]).
+    pub tls_served: Option<String>,
 }
 
 fn key(secret: &Secret, key: &str) -> Option<String> {
@@ -75,6 +79,7 @@ pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
         users: key(secret, build::USERS_CONF_KEY).unwrap_or_default(),
         users_applied: key(secret, build::USERS_APPLIED_KEY),
         tls_ca: key(secret, build::TLS_CA_APPLIED_KEY),
+        tls_served: key(secret, build::TLS_SERVED_KEY),
     })
 }
 

@@ -5,6 +5,26 @@
 //! CA. It is issued again when it is missing, was signed by another CA, or
 //! expires within [`CertPolicy::renew_before`]; the servers then read it
 //! live (see [`super::tls`]).
+//!
+//! A new CA (`redpilot-ca` deleted) is taken on in three steps, each once
+//! every instance serves the files of the one before (the hash the
+//! reload step records, [`super::tls::files_hash`]). The servers read their
+//! mounted files when told to, and the kubelet refreshes each pod's at its
+//! own moment, so for a while instances hold different versions of the
+//! Secret; on the Cluster bus each node checks every peer's certificate
+//! against its own `ca.crt`, and a node that trusted only the new CA while
+//! a peer served the old one could not link to it (with a one-second node
+//! timeout, a failover). So:
+//! 1. `ca.crt` holds the old CAs and the new one, the certificate stays;
+//! 2. a certificate of the new CA, `ca.crt` kept;
+//! 3. the old CAs leave `ca.crt`.
+//!
+//! Any two adjacent versions trust each other's certificates. Which version
+//! a server loaded shows in what it presents (see
+//! [`crate::redis::certs::serves`]): steps 1 and 2 end `tls.crt` with a mark
+//! after the certificate, a CA certificate no peer needs for its path (1: the
+//! new CA after the old certificate; 2: the old CAs after the new one), and
+//! step 3 drops it.
 
 use std::time::Duration;
 
@@ -165,6 +185,110 @@ fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The PEM blocks of a file, in order, each line trimmed.
+fn pem_blocks(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut block: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("-----BEGIN ") {
+            block = Some(String::new());
+        }
+        if let Some(b) = block.as_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+        if line.starts_with("-----END ")
+            && let Some(b) = block.take()
+        {
+            out.push(b);
+        }
+    }
+    out
+}
+
+/// What [`Reconciler::ensure_issued`] does next with `<name>-tls`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Current: looked at again after this long.
+    Keep(Duration),
+    /// A certificate of the namespace's CA, trusted by that CA alone.
+    Issue,
+    /// The CA changed, step 1: the certificate kept, `tls.crt` marked
+    /// (`cert`), `ca.crt` the old CAs and the new one (`ca`).
+    TrustBoth { cert: String, ca: String },
+    /// Step 2: a certificate of the new CA, `tls.crt` marked with the old
+    /// CAs (`mark`), `ca.crt` kept.
+    Switch { mark: String },
+    /// Step 3: the old CAs leave `ca.crt` and the mark `tls.crt` (`cert`).
+    DropOld { cert: String },
+    /// The instances do not all serve the current version yet.
+    Wait(&'static str),
+}
+
+/// The next step for the certificate Secret `live`, the namespace's CA
+/// being `ca_cert` (hash `ca_hash`), `served` the hash of the files every
+/// instance was last seen to serve (pure; table-tested).
+pub fn next_issue(
+    live: Option<&Secret>,
+    ca_cert: &str,
+    ca_hash: &str,
+    served: Option<&str>,
+    renew_before: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Next {
+    let Some(s) = live else {
+        return Next::Issue;
+    };
+    let (Some(cert), Some(ca), Some(_)) = (text(s, CERT_FILE), text(s, CA_FILE), text(s, KEY_FILE))
+    else {
+        return Next::Issue;
+    };
+    let usable = annotation(s, NOT_AFTER_ANNOTATION)
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .is_some_and(|t| t.with_timezone(&chrono::Utc) > now);
+    let (chain, bundle, new) = (pem_blocks(&cert), pem_blocks(&ca), pem_blocks(ca_cert));
+    let Some(leaf) = chain.first().filter(|_| usable) else {
+        // Nothing worth keeping: an expired certificate is refused anyway.
+        return Next::Issue;
+    };
+    let everywhere =
+        served == Some(super::tls::files_hash(cert.as_bytes(), ca.as_bytes()).as_str());
+    if annotation(s, ISSUER_ANNOTATION) == Some(ca_hash) {
+        if chain.len() > 1 || bundle != new {
+            return if everywhere {
+                Next::DropOld { cert: leaf.clone() }
+            } else {
+                Next::Wait("every instance to serve the certificate of the new CA")
+            };
+        }
+        let wait = due_in(live, ca_hash, renew_before, now);
+        return if wait.is_zero() {
+            Next::Issue
+        } else {
+            Next::Keep(wait)
+        };
+    }
+    if !new.iter().all(|b| bundle.contains(b)) {
+        let mut with_new = bundle.clone();
+        with_new.extend(new.iter().filter(|b| !bundle.contains(b)).cloned());
+        return Next::TrustBoth {
+            cert: format!("{leaf}{}", new.concat()),
+            ca: with_new.concat(),
+        };
+    }
+    if everywhere {
+        Next::Switch {
+            mark: bundle
+                .iter()
+                .filter(|b| !new.contains(b))
+                .cloned()
+                .collect(),
+        }
+    } else {
+        Next::Wait("every instance to trust the new CA beside the old one")
+    }
+}
+
 /// How long until an issued certificate's Secret is due for a new one:
 /// zero when files are missing, it was signed by another CA, or it expires
 /// within `renew_before` of `now`.
@@ -214,7 +338,13 @@ impl Reconciler {
                 ))
             });
         }
-        let name = format!("redpilot CA {}", self.ns);
+        // Named apart from the CAs before it: a peer trusting two CAs of one
+        // name could pick the wrong one to check a certificate against.
+        let name = format!(
+            "redpilot CA {} {}",
+            self.ns,
+            chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+        );
         let (cert, key, not_after) = new_ca(&name)?;
         let secret = Secret {
             metadata: kube::api::ObjectMeta {
@@ -268,9 +398,15 @@ impl Reconciler {
 
     /// Step 1b for an operator-issued certificate: `<name>-tls` exists,
     /// was signed by the namespace's CA and is not due; otherwise it is
-    /// issued again (not while paused). Writes nothing when it is current.
+    /// issued again (not while paused), in steps when the CA changed (see
+    /// the module's notes). `served` is the hash of the files every
+    /// instance was last seen to serve. Writes nothing when it is current.
     /// Returns the Secret as it stands (none while paused before the first).
-    pub(super) async fn ensure_issued(&mut self, paused: bool) -> Result<Option<Secret>, Error> {
+    pub(super) async fn ensure_issued(
+        &mut self,
+        paused: bool,
+        served: Option<&str>,
+    ) -> Result<Option<Secret>, Error> {
         let secret_name = self.names.issued_tls();
         let live: Option<Secret> = self.fetch(&secret_name).await?;
         if let Some(e) = self.foreign("Secret", live.as_ref().map(|s| &s.metadata)) {
@@ -279,32 +415,106 @@ impl Reconciler {
         let (ca_cert, ca_key, ca_name) = self.namespace_ca().await?;
         let ca_hash = build::stable_hash(&[&ca_cert]);
         let policy = self.ctx.settings.certs;
-        let wait = due_in(
+        let next = next_issue(
             live.as_ref(),
+            &ca_cert,
             &ca_hash,
+            served,
             policy.renew_before,
             chrono::Utc::now(),
         );
-        if paused || !wait.is_zero() {
-            // Renewed on time, not at the periodic pass after.
-            if !wait.is_zero() && wait < super::status::STEADY_REQUEUE {
-                self.recheck_in = Some(wait + Duration::from_secs(1));
+        let live_file = |k: &str| live.as_ref().and_then(|s| text(s, k)).unwrap_or_default();
+        let live_note = |k: &str| {
+            live.as_ref()
+                .and_then(|s| annotation(s, k))
+                .unwrap_or_default()
+                .to_string()
+        };
+        // (tls.crt, tls.key, ca.crt, not-after, issuer hash, the event)
+        let (cert, key, ca, not_after, issuer, event) = match next {
+            Next::Keep(wait) => {
+                // Renewed on time, not at the periodic pass after.
+                if wait < super::status::STEADY_REQUEUE {
+                    self.recheck_in = Some(wait + Duration::from_secs(1));
+                }
+                return Ok(live);
             }
-            return Ok(live);
-        }
-        let names = names_for(&self.redis.name_any(), &self.ns);
-        let (cert, key, not_after) = issue(&ca_name, &ca_key, &names, policy.validity)?;
+            Next::Wait(what) => {
+                self.progressing.push(format!(
+                    "taking on the namespace's new CA: waiting for {what} (Secret {secret_name})"
+                ));
+                return Ok(live);
+            }
+            _ if paused => return Ok(live),
+            Next::Issue => {
+                let names = names_for(&self.redis.name_any(), &self.ns);
+                let (cert, key, not_after) = issue(&ca_name, &ca_key, &names, policy.validity)?;
+                let why = if live.is_some() { "renewed" } else { "issued" };
+                let note = format!(
+                    "{why} the certificate in Secret {secret_name} from the namespace's CA, valid until {not_after}"
+                );
+                (
+                    cert,
+                    key,
+                    ca_cert,
+                    not_after,
+                    ca_hash,
+                    ("CertificateIssued", note),
+                )
+            }
+            Next::TrustBoth { cert, ca } => {
+                let note = format!(
+                    "the namespace's CA changed: Secret {secret_name} carries the new CA beside the old one, its certificate kept until every instance trusts both (step 1 of 3)"
+                );
+                (
+                    cert,
+                    live_file(KEY_FILE),
+                    ca,
+                    live_note(NOT_AFTER_ANNOTATION),
+                    live_note(ISSUER_ANNOTATION),
+                    ("CertificateAuthorityAdded", note),
+                )
+            }
+            Next::Switch { mark } => {
+                let names = names_for(&self.redis.name_any(), &self.ns);
+                let (cert, key, not_after) = issue(&ca_name, &ca_key, &names, policy.validity)?;
+                let note = format!(
+                    "every instance trusts the namespace's new CA: issued the certificate in Secret {secret_name} from it, valid until {not_after}; the old CA stays in ca.crt until every instance serves it (step 2 of 3)"
+                );
+                (
+                    format!("{cert}{mark}"),
+                    key,
+                    live_file(CA_FILE),
+                    not_after,
+                    ca_hash,
+                    ("CertificateIssued", note),
+                )
+            }
+            Next::DropOld { cert } => {
+                let note = format!(
+                    "every instance serves the certificate of the namespace's new CA: the old CA left Secret {secret_name} (step 3 of 3)"
+                );
+                (
+                    cert,
+                    live_file(KEY_FILE),
+                    ca_cert,
+                    live_note(NOT_AFTER_ANNOTATION),
+                    ca_hash,
+                    ("CertificateAuthorityRetired", note),
+                )
+            }
+        };
         let mut meta = build::meta(&self.redis, secret_name.clone());
         meta.annotations = Some(BTreeMap::from([
-            (NOT_AFTER_ANNOTATION.into(), not_after.clone()),
-            (ISSUER_ANNOTATION.into(), ca_hash),
+            (NOT_AFTER_ANNOTATION.into(), not_after),
+            (ISSUER_ANNOTATION.into(), issuer),
         ]));
         let secret = Secret {
             metadata: meta,
             data: Some(BTreeMap::from([
                 (CERT_FILE.into(), ByteString(cert.into_bytes())),
                 (KEY_FILE.into(), ByteString(key.into_bytes())),
-                (CA_FILE.into(), ByteString(ca_cert.into_bytes())),
+                (CA_FILE.into(), ByteString(ca.into_bytes())),
             ])),
             type_: Some("kubernetes.io/tls".into()),
             ..Default::default()
@@ -319,12 +529,8 @@ impl Reconciler {
                 &Patch::Apply(&secret),
             )
             .await?;
-        let why = if live.is_some() { "renewed" } else { "issued" };
-        let note = format!(
-            "{why} the certificate in Secret {secret_name} from the namespace's CA, valid until {not_after}"
-        );
-        self.event(EventType::Normal, "CertificateIssued", "Issue", note)
-            .await;
+        let (reason, note) = event;
+        self.event(EventType::Normal, reason, "Issue", note).await;
         Ok(Some(applied))
     }
 }
@@ -427,6 +633,118 @@ mod tests {
                 rustls::pki_types::UnixTime::now(),
             )
             .is_err()
+        );
+    }
+
+    /// A Secret of `files` (tls.crt, ca.crt), issued by the CA of hash
+    /// `issuer`, valid until `not_after`.
+    fn version(cert: &str, ca: &str, not_after: &str, issuer: &str) -> Secret {
+        let mut s = issued(not_after, issuer);
+        if let Some(d) = s.data.as_mut() {
+            d.insert(CERT_FILE.into(), ByteString(cert.as_bytes().to_vec()));
+            d.insert(CA_FILE.into(), ByteString(ca.as_bytes().to_vec()));
+        }
+        s
+    }
+
+    #[test]
+    fn a_new_ca_is_taken_on_in_three_steps_each_once_every_instance_serves_the_last() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
+            .expect("now")
+            .with_timezone(&chrono::Utc);
+        let later = "2026-08-01T00:00:00Z";
+        let month = Duration::from_secs(30 * 24 * 3600);
+        let (old_ca, old_key, _) = new_ca("old CA").expect("CA");
+        let (new_ca_pem, _, _) = new_ca("new CA").expect("CA");
+        let (old_hash, new_hash) = (
+            build::stable_hash(&[&old_ca]),
+            build::stable_hash(&[&new_ca_pem]),
+        );
+        let names = names_for("cache", "shop");
+        let (leaf, _, _) =
+            issue("old CA", &old_key, &names, Duration::from_secs(3600)).expect("leaf");
+        let served = |s: &Secret| {
+            Some(super::super::tls::files_hash(
+                text(s, CERT_FILE).unwrap_or_default().as_bytes(),
+                text(s, CA_FILE).unwrap_or_default().as_bytes(),
+            ))
+        };
+        let next = |s: &Secret, everywhere: bool| {
+            let h = served(s);
+            next_issue(
+                Some(s),
+                &new_ca_pem,
+                &new_hash,
+                if everywhere {
+                    h.as_deref()
+                } else {
+                    Some("older")
+                },
+                month,
+                now,
+            )
+        };
+        // Steady under the old CA.
+        let steady = version(&leaf, &old_ca, later, &old_hash);
+        assert!(matches!(
+            next_issue(Some(&steady), &old_ca, &old_hash, None, month, now),
+            Next::Keep(_)
+        ));
+        // 1. The CA changed: both trusted, the certificate kept and marked
+        //    with the new CA, whatever the instances serve.
+        let Next::TrustBoth { cert, ca } = next(&steady, false) else {
+            panic!("{:?}", next(&steady, false));
+        };
+        assert_eq!(
+            pem_blocks(&cert),
+            [pem_blocks(&leaf), pem_blocks(&new_ca_pem)].concat()
+        );
+        assert_eq!(
+            pem_blocks(&ca),
+            [pem_blocks(&old_ca), pem_blocks(&new_ca_pem)].concat()
+        );
+        let step1 = version(&cert, &ca, later, &old_hash);
+        // Not before every instance serves step 1.
+        assert!(matches!(next(&step1, false), Next::Wait(_)));
+        let Next::Switch { mark } = next(&step1, true) else {
+            panic!("{:?}", next(&step1, true));
+        };
+        assert_eq!(
+            pem_blocks(&mark),
+            pem_blocks(&old_ca),
+            "the old CA marks step 2"
+        );
+        // 2. A certificate of the new CA, ca.crt kept.
+        let step2 = version(
+            &format!("{}{mark}", pem_blocks(&leaf).concat()),
+            &ca,
+            later,
+            &new_hash,
+        );
+        assert!(matches!(next(&step2, false), Next::Wait(_)));
+        let Next::DropOld { cert } = next(&step2, true) else {
+            panic!("{:?}", next(&step2, true));
+        };
+        assert_eq!(pem_blocks(&cert), pem_blocks(&leaf), "the mark leaves");
+        // 3. The new CA alone: steady.
+        let step3 = version(&cert, &new_ca_pem, later, &new_hash);
+        assert!(matches!(next(&step3, false), Next::Keep(_)));
+        assert!(matches!(next(&step3, true), Next::Keep(_)));
+        // A certificate already expired is not worth keeping.
+        let expired = version(&leaf, &old_ca, "2026-05-01T00:00:00Z", &old_hash);
+        assert_eq!(next(&expired, true), Next::Issue);
+        // Another CA while step 2 waits: its CA is added beside both.
+        let (third, _, _) = new_ca("third CA").expect("CA");
+        let third_hash = build::stable_hash(&[&third]);
+        let Next::TrustBoth { ca, .. } =
+            next_issue(Some(&step2), &third, &third_hash, None, month, now)
+        else {
+            panic!("a third CA");
+        };
+        assert_eq!(pem_blocks(&ca).len(), 3);
+        assert_eq!(
+            next_issue(None, &third, &third_hash, None, month, now),
+            Next::Issue
         );
     }
 

@@ -68,6 +68,9 @@ pub const AUTH_CONF_PATH: &str = "/tmp/redpilot-auth.conf";
 /// it beside the Secret's own until every instance serves the Secret's
 /// certificate, so a renewal that also changes the CA never cuts it off.
 pub const TLS_CA_APPLIED_KEY: &str = "tls-ca-applied";
+/// Key of the server-auth Secret: the hash of the certificate Secret's
+/// `tls.crt` and `ca.crt` once every instance serves them.
+pub const TLS_SERVED_KEY: &str = "tls-served";
 /// The namespace's CA the operator issues certificates from (`ca.crt`,
 /// `ca.key`); shared by every Redis of the namespace, so owned by none.
 pub const NAMESPACE_CA_SECRET: &str = "redpilot-ca";

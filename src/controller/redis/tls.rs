@@ -16,7 +16,7 @@ use super::credentials::ServerAuth;
 use super::facts::PodFacts;
 use crate::api::v1alpha1::Redis;
 use crate::controller::Error;
-use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions};
+use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions, certs};
 
 /// The server certificate file in the TLS volume.
 pub const CERT_FILE: &str = "tls.crt";
@@ -187,6 +187,11 @@ pub struct TlsMaterial {
     pub secret: String,
     /// The server certificate (DER), as a handshake presents it.
     pub leaf: Vec<u8>,
+    /// Every certificate of `tls.crt` (DER, leaf first).
+    pub chain: Vec<Vec<u8>>,
+    /// A hash of `tls.crt` and `ca.crt`: recorded once every instance
+    /// serves them (see [`Reconciler::reload_certificates`]).
+    pub files_hash: String,
     /// The Secret's CA bundle (PEM).
     pub ca_pem: String,
     /// How the operator connects: the Secret's CA bundle and the one of
@@ -266,9 +271,17 @@ pub fn read(
     Ok(TlsMaterial {
         secret: name.to_string(),
         leaf,
+        chain: crate::redis::certs::ders(cert),
+        files_hash: files_hash(cert, ca),
         ca_pem,
         options,
     })
+}
+
+/// The hash of a certificate Secret's `tls.crt` and `ca.crt` as recorded
+/// once every instance serves them.
+pub fn files_hash(cert: &[u8], ca: &[u8]) -> String {
+    build::stable_hash(&[&String::from_utf8_lossy(cert), &String::from_utf8_lossy(ca)])
 }
 
 /// What a certificate is used for besides serving clients.
@@ -646,7 +659,7 @@ impl Reconciler {
                 }
                 Err(e) => return unusable(e),
             },
-            (None, None) => match self.ensure_issued(paused).await {
+            (None, None) => match self.ensure_issued(paused, auth.tls_served.as_deref()).await {
                 Ok(secret) => (self.names.issued_tls(), secret, "spec.tls"),
                 Err(e) => return unusable(e),
             },
@@ -687,9 +700,10 @@ impl Reconciler {
                 all = false;
                 continue;
             }
-            let served = crate::redis::rdb::served_certificate(&ep, opts).await;
+            let loaded = |served: &[Vec<u8>]| certs::serves(served, &t.chain, t.ca_pem.as_bytes());
+            let served = crate::redis::rdb::served_chain(&ep, opts).await;
             match served {
-                Ok(der) if der == t.leaf => continue,
+                Ok(chain) if loaded(&chain) => continue,
                 Ok(_) => {}
                 Err(e) => {
                     all = false;
@@ -706,11 +720,11 @@ impl Reconciler {
             let reloaded = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;
                 reload(&mut node).await?;
-                crate::redis::rdb::served_certificate(&ep, opts).await
+                crate::redis::rdb::served_chain(&ep, opts).await
             }
             .await;
             match reloaded {
-                Ok(der) if der == t.leaf => {
+                Ok(chain) if loaded(&chain) => {
                     let note = format!(
                         "{} serves the renewed certificate (read live, no restart)",
                         f.name
@@ -734,14 +748,22 @@ impl Reconciler {
                 }
             }
         }
-        if all && auth.tls_ca.as_deref() != Some(t.ca_pem.as_str()) {
+        let recorded = |a: &ServerAuth| {
+            a.tls_ca.as_deref() == Some(t.ca_pem.as_str())
+                && a.tls_served.as_deref() == Some(t.files_hash.as_str())
+        };
+        if all && !recorded(auth) {
             // Read again: an earlier step of this pass may have written it.
             let live: Option<Secret> = self.fetch(&self.names.server_auth()).await?;
             if let Some(mut next) = live.as_ref().and_then(super::credentials::read_server_auth)
-                && next.tls_ca.as_deref() != Some(t.ca_pem.as_str())
+                && !recorded(&next)
             {
                 next.tls_ca = Some(t.ca_pem.clone());
+                next.tls_served = Some(t.files_hash.clone());
                 self.write_server_auth(&next).await?;
+                // A change of CA goes on in steps, each once every
+                // instance serves the one before (see `issuer`).
+                self.recheck_in = Some(RELOAD_RECHECK);
             }
         }
         Ok(())
