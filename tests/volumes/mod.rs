@@ -472,3 +472,82 @@ async fn a_cluster_grows_the_volumes_of_every_shard() {
     assert_eq!(pod_uids(&client, &ns.name, "shop").await, pods_before);
     assert_eq!(restarts(&client, &ns.name, "shop").await, 0);
 }
+
+/// A claim kept after a scale-down (`retainOnDelete`: the StatefulSet keeps
+/// the claims of removed ordinals) grows with the others: a Replication
+/// Redis of 3 instances scaled to 2, `spec.storage.size` grown from 64Mi to
+/// 96Mi, then scaled back to 3. The third pod binds its old claim again,
+/// which must have the new size: the operator grows every claim of the
+/// StatefulSet, not only those of the pods that run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_kept_after_a_scale_down_grows_with_the_others() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "grow-kept", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    sized_class(&client).await;
+    let spec = |instances: u32, size: &str| {
+        json!({"mode": "Replication", "instances": instances,
+               "storage": {"size": size, "storageClassName": SIZED, "retainOnDelete": true}})
+    };
+    apply_redis(&client, &ns.name, "kept", spec(3, "64Mi")).await;
+    wait_ready(&client, &ns.name, "kept", READY).await;
+    let third = "data-kept-2";
+    apply_redis(&client, &ns.name, "kept", spec(2, "64Mi")).await;
+    wait_for(
+        "two pods, the third's claim kept",
+        Duration::from_secs(120),
+        || async {
+            let pods = redis_pods(&client, &ns.name, "kept").await;
+            let c = claims(&client, &ns.name).await;
+            (pods.len() == 2 && c.contains_key(third)).then_some(())
+        },
+    )
+    .await;
+    wait_ready(&client, &ns.name, "kept", READY).await;
+    let t0 = Instant::now();
+    apply_redis(&client, &ns.name, "kept", spec(2, "96Mi")).await;
+    let sts_api = Api::<StatefulSet>::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "the StatefulSet made anew with 96Mi claims",
+        Duration::from_secs(120),
+        || async {
+            let s = sts_api.get_opt("kept").await.ok()??;
+            (s.metadata.deletion_timestamp.is_none()
+                && template_size(&s).is_some_and(|q| q.0 == "96Mi"))
+            .then_some(())
+        },
+    )
+    .await;
+    wait_ready(&client, &ns.name, "kept", READY).await;
+    println!("grown in {:.1} s", t0.elapsed().as_secs_f64());
+    let c = claims(&client, &ns.name).await;
+    println!("claims: {c:?}");
+    assert_eq!(c.len(), 3, "{c:?}");
+    assert!(
+        c.values()
+            .all(|(_, req, cap)| req == "96Mi" && cap == "96Mi"),
+        "every claim grown, the kept one too: {c:?}"
+    );
+    apply_redis(&client, &ns.name, "kept", spec(3, "96Mi")).await;
+    wait_for("three pods", Duration::from_secs(120), || async {
+        (redis_pods(&client, &ns.name, "kept").await.len() == 3).then_some(())
+    })
+    .await;
+    wait_ready(&client, &ns.name, "kept", READY).await;
+    let password = redis_password(&client, &ns.name, "kept").await;
+    let sizes = data_sizes(&client, &ns.name, "kept", &password).await;
+    println!("df /data after the scale-up: {sizes:?}");
+    assert_eq!(sizes.len(), 3, "{sizes:?}");
+    assert!(
+        sizes.values().all(|&b| b == 96 << 20),
+        "the third pod bound a volume of the old size: {sizes:?}"
+    );
+    assert_eq!(
+        claims(&client, &ns.name)
+            .await
+            .get(third)
+            .map(|c| c.0.clone()),
+        c.get(third).map(|c| c.0.clone()),
+        "the kept claim is bound again, not made anew"
+    );
+}

@@ -55,6 +55,20 @@ pub fn claim_name(sts: &str, ordinal: i32) -> String {
     format!("{CLAIM}-{sts}-{ordinal}")
 }
 
+/// The ordinal of the pod of StatefulSet `sts` whose claim is `claim`.
+fn claim_ordinal(sts: &str, claim: &str) -> Option<i32> {
+    let ordinal = claim
+        .strip_prefix(CLAIM)?
+        .strip_prefix('-')?
+        .strip_prefix(sts)?
+        .strip_prefix('-')?;
+    ordinal
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| ordinal.parse().ok())
+        .flatten()
+}
+
 fn requested(c: &PersistentVolumeClaim) -> Option<u64> {
     quantity_bytes(
         c.spec
@@ -135,21 +149,24 @@ impl Reconciler {
             }
             return Ok(Growth::Apply);
         }
-        // A hibernating Redis runs no pod but keeps its claims: every
-        // ordinal the spec asks for is looked at.
-        let ordinals = live
-            .spec
-            .replicas
-            .unwrap_or(0)
-            .max(self.redis.spec.desired_instances());
+        // Every claim of the StatefulSet's pods, whatever runs now: a
+        // hibernating Redis runs no pod, and claims kept after a scale-down
+        // (`retainOnDelete`) are bound again by a later scale-up, which
+        // must find them grown.
+        self.ctx.metrics.kube("list");
+        let mut claims: Vec<(i32, PersistentVolumeClaim)> = self
+            .api::<PersistentVolumeClaim>()
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|c| Some((claim_ordinal(&name, c.metadata.name.as_deref()?)?, c)))
+            .collect();
+        claims.sort_by_key(|(i, _)| *i);
         let mut growing = Vec::new();
         let mut asked = Vec::new();
-        for i in 0..ordinals {
-            let claim = claim_name(&name, i);
-            self.ctx.metrics.kube("get");
-            let Some(pvc) = self.api::<PersistentVolumeClaim>().get_opt(&claim).await? else {
-                continue;
-            };
+        for (_, pvc) in claims {
+            let claim = pvc.metadata.name.clone().unwrap_or_default();
             if requested(&pvc).is_some_and(|r| r < want) {
                 let patch = json!({
                     "apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -312,6 +329,21 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_claim_belongs_to_a_statefulset_by_its_name_and_ordinal() {
+        assert_eq!(claim_ordinal("cache", "data-cache-2"), Some(2));
+        assert_eq!(claim_ordinal("cache", &claim_name("cache", 11)), Some(11));
+        assert_eq!(
+            claim_ordinal("cache", "data-cache-s0-1"),
+            None,
+            "another StatefulSet"
+        );
+        assert_eq!(claim_ordinal("cache-s0", "data-cache-s0-1"), Some(1));
+        assert_eq!(claim_ordinal("cache", "data-cache-"), None);
+        assert_eq!(claim_ordinal("cache", "data-cache-+1"), None);
+        assert_eq!(claim_ordinal("cache", "logs-cache-0"), None);
     }
 
     #[test]
