@@ -88,13 +88,29 @@ pub fn config_lines() -> Vec<String> {
 ///
 /// With `spec.tls` (`tls`: the CLI's flags, from
 /// [`crate::controller::redis::tls::cli_flags`]) the peers are asked over
-/// TLS, their certificates checked against the mounted `ca.crt`.
-pub fn start_script(engine: Engine, tls: &str) -> String {
+/// TLS, their certificates checked against the mounted `ca.crt`. While
+/// TLS is turned on or off (`other`: the flags of the other way, from
+/// [`crate::controller::redis::tls::either_flags`]) a peer that does not
+/// answer one way is asked the other: once the servers are switched live,
+/// they listen the way the pod's template does not, and a node restarted
+/// then would otherwise hear no peer and start as primary after the bound.
+pub fn start_script(engine: Engine, tls: &str, other: Option<&str>) -> String {
     let (server, cli) = match engine {
         Engine::Redis => ("redis-server", "redis-cli"),
         Engine::Valkey => ("valkey-server", "valkey-cli"),
     };
-    let cli = format!("{cli}{tls}");
+    let ask = |flags: &str| {
+        format!(
+            r#"$(REDISCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" VALKEYCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" timeout 2 {cli}{flags} $u -h "${{p%:*}}" -p "${{p##*:}}" cluster nodes 2>/dev/null | tr -d '\r' | awk -v me="$me" '$1 == me {{print NF, $3, $4}}') || seen="#
+        )
+    };
+    let mut query = format!("seen={}", ask(tls));
+    if let Some(other) = other {
+        query.push_str(&format!(
+            "\n        [ -n \"$seen\" ] || seen={}",
+            ask(other)
+        ));
+    }
     format!(
         r#"set -eu
 umask 077
@@ -117,7 +133,7 @@ if [ -s "$conf" ]; then
     taken=
     while [ -z "$taken" ] && [ "$(date +%s)" -lt "$end" ]; do
       for p in $peers; do
-        seen=$(REDISCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" VALKEYCLI_AUTH="${{REDPILOT_PROBE_PASSWORD:-}}" timeout 2 {cli} $u -h "${{p%:*}}" -p "${{p##*:}}" cluster nodes 2>/dev/null | tr -d '\r' | awk -v me="$me" '$1 == me {{print NF, $3, $4}}') || seen=
+        {query}
         n=${{seen%% *}}
         if [ -n "$n" ] && [ "$n" -le 8 ]; then
           taken=yes
@@ -217,6 +233,7 @@ pub fn shard_statefulset(
                 start_script(
                     redis.spec.engine(),
                     &crate::controller::redis::tls::cli_flags(redis, true),
+                    crate::controller::redis::tls::either_flags(redis).as_deref(),
                 ),
             ]);
             c.env
@@ -354,14 +371,18 @@ mod tests {
 
     #[test]
     fn with_tls_the_boot_rule_asks_its_peers_over_tls() {
-        let tls = start_script(Engine::Valkey, " --tls --cacert /etc/redis-tls/ca.crt");
+        let tls = start_script(
+            Engine::Valkey,
+            " --tls --cacert /etc/redis-tls/ca.crt",
+            None,
+        );
         assert!(
             tls.contains(
                 "timeout 2 valkey-cli --tls --cacert /etc/redis-tls/ca.crt $u -h \"${p%:*}\""
             ),
             "{tls}"
         );
-        let plain = start_script(Engine::Valkey, "");
+        let plain = start_script(Engine::Valkey, "", None);
         assert!(!plain.contains("--tls"), "{plain}");
         // The mounted CA is where the TLS volume puts it.
         let r = test_redis(RedisSpec {
@@ -405,6 +426,66 @@ mod tests {
         );
     }
 
+    /// While TLS is turned on or off, a peer switched live listens the way
+    /// the pod's template does not: the boot rule asks each peer the other
+    /// way too, and hears the takeover at once; asked one way only, it
+    /// hears nobody and starts with its data after the bound.
+    #[test]
+    fn during_a_tls_flip_the_boot_rule_asks_each_peer_both_ways() {
+        let dir = std::env::temp_dir().join(format!("redpilot-flip-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let me = "a000000000000000000000000000000000000000";
+        let other = "b000000000000000000000000000000000000000";
+        let conf = format!(
+            "{me} 127.0.0.1:1@11 myself,master - 0 0 1 connected 0-5460\n\
+             {other} 127.0.0.1:2@12 slave {me} 0 0 1 connected\n"
+        );
+        let view = format!(
+            "{me} 127.0.0.1:1@11 slave {other} 0 0 1 disconnected\n\
+             {other} 127.0.0.1:2@12 myself,master - 0 0 2 connected 0-5460"
+        );
+        let run = |either: Option<&str>| {
+            std::fs::write(dir.join("nodes.conf"), &conf).expect("write");
+            let script = start_script(Engine::Redis, "", either)
+                .replace(
+                    "/data/nodes.conf",
+                    &dir.join("nodes.conf").to_string_lossy(),
+                )
+                .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
+                .replace("30 ))", "3 ))")
+                .replace("exec redis-server", "echo started")
+                .replace("timeout 2 redis-cli", "peer");
+            // The peer listens with TLS only.
+            let script = format!(
+                "peer() {{ [ \"${{1:-}}\" = --tls ] && printf '%s\\n' '{view}'; }}\n{script}"
+            );
+            let t = std::time::Instant::now();
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&script)
+                .env("POD_IP", "127.0.0.1")
+                .env("REDPILOT_CGROUP_FILE", "/dev/null")
+                .output()
+                .expect("sh");
+            (
+                String::from_utf8_lossy(&out.stdout).to_string()
+                    + &String::from_utf8_lossy(&out.stderr),
+                t.elapsed(),
+            )
+        };
+        let (out, took) = run(Some(" --tls --insecure"));
+        assert!(
+            out.contains("starting without them") && out.contains("started"),
+            "{out}"
+        );
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        let (out, took) = run(None);
+        assert!(out.contains("no peer reported a takeover"), "{out}");
+        assert!(took >= std::time::Duration::from_secs(2), "{took:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The boot rule, run with a real shell on `nodes.conf` samples: a
     /// node that served slots with replicas waits (and gives up after the
     /// bound); one without replicas or without slots starts at once.
@@ -429,7 +510,7 @@ mod tests {
         let run_peers =
             |conf: &str, waking: &str, peers: Option<&str>| -> (String, std::time::Duration) {
                 std::fs::write(dir.join("nodes.conf"), conf).expect("write");
-                let script = start_script(Engine::Redis, "")
+                let script = start_script(Engine::Redis, "", None)
                     .replace(
                         "/data/nodes.conf",
                         &dir.join("nodes.conf").to_string_lossy(),
