@@ -748,3 +748,278 @@ async fn a_backup_job_made_again_checks_the_secrets_mark_again() {
         done.message.unwrap_or_default()
     );
 }
+
+/// Creates or replaces Secret `name` (marked for use by a Redis) holding
+/// `password`.
+async fn put_password(client: &kube::Client, ns: &str, name: &str, password: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"password": password}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("redpilot-test").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("apply the password Secret");
+}
+
+/// The ways a test reaches an instance as `user` with `password`: plain
+/// text, and with TLS checked against `ca` when given.
+fn ways(user: &str, password: &str, ca: Option<&str>) -> Vec<ConnectOptions> {
+    let plain = ConnectOptions::default()
+        .with_user(user, password.to_string())
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let mut out = vec![plain.clone()];
+    if let Some(ca) = ca {
+        out.insert(
+            0,
+            plain.with_tls(redpilot::redis::TlsOptions::servers_of_ca(
+                ca.as_bytes().to_vec(),
+            )),
+        );
+    }
+    out
+}
+
+async fn connect_any(ip: &str, ways: &[ConnectOptions]) -> Option<Node> {
+    for w in ways {
+        if let Ok(n) = Node::connect(&Endpoint::new(ip, 6379), w).await {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// The server's `run_id` (new at every start).
+async fn run_id(n: &mut Node) -> String {
+    n.info_section("server")
+        .await
+        .ok()
+        .and_then(|i| i.server.run_id)
+        .expect("run_id")
+}
+
+/// Whether `default` (with `password`) is refused at `ip` with an
+/// authentication error by the way the server listens: `Some(true)`;
+/// `Some(false)` when no way answered; a panic when it was let in.
+async fn default_refused(ip: &str, password: &str, ca: Option<&str>) -> bool {
+    let mut refused = false;
+    for w in ways("default", password, ca) {
+        match Node::connect(&Endpoint::new(ip, 6379), &w).await {
+            Ok(_) => panic!("{ip}: the default user was let in"),
+            Err(redpilot::redis::Error::Auth { .. }) => refused = true,
+            Err(_) => {}
+        }
+    }
+    refused
+}
+
+/// The `default` user off through everything else a Redis goes through,
+/// one after another on one Replication Redis of 3 instances on volumes (Redis 6.2,
+/// ACL user `app` for the application, the operator's password from a
+/// Secret of the user's), under a writer logging in as `app` that confirms
+/// each unique key with `WAIT 1`: an upgrade to 7.0, the operator's and
+/// the application's passwords rotated, TLS turned on, hibernation and a
+/// wake, and the primary's server `kill -9`ed. After each step the Redis is
+/// Ready, the writer is confirming again and `default` is refused on every
+/// instance; at the end every confirmed write is on every instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_user_stays_off_through_upgrade_rotation_tls_hibernation_and_failover() {
+    use redpilot::controller::redis::build::OPERATOR_USER;
+    use support::writer::{Writer, missing_on};
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "meet-off", &[]).await;
+    let ns = tns.name.as_str();
+    let (auth1, auth2) = ("operator-pass-one", "operator-pass-two");
+    let (app1, app2) = ("app-pass-one", "app-pass-two");
+    put_password(&client, ns, "auth-pw", auth1).await;
+    put_password(&client, ns, "app-pw", app1).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns]).named("meet-off")).await;
+    let spec = |version: &str, tls: bool, hibernate: bool| {
+        let mut s = json!({
+            "mode": "Replication", "instances": 3, "version": version,
+            "storage": {"size": "1Gi"},
+            "auth": {"secretName": "auth-pw", "defaultUser": {"enabled": false}},
+            "users": [{"name": "app", "passwords": [{"secretName": "app-pw"}],
+                       "rules": ["~*", "+@all"]}],
+            "hibernate": hibernate,
+        });
+        if tls {
+            s["tls"] = json!({});
+        }
+        s
+    };
+    apply_redis(&client, ns, "off", spec("6.2", false, false)).await;
+    wait_ready(&client, ns, "off", READY).await;
+    let writer = Writer::start_as_user(&client, ns, "off", "app", "app-pw", "off-tls", "o");
+    writer.wait_progress(100, Duration::from_secs(60)).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let ca = || async {
+        secrets
+            .get_opt("off-tls")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| {
+                s.data?
+                    .get("ca.crt")
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            })
+    };
+    let ips = || async {
+        let mut out = Vec::new();
+        for name in support::operator::redis_pods(&client, ns, "off")
+            .await
+            .keys()
+        {
+            out.push((name.clone(), pod_ip(&client, ns, name).await));
+        }
+        out
+    };
+    // After each step: Ready, writes confirmed again, `default` refused
+    // everywhere, the operator's user and `app` served with their current
+    // passwords.
+    let settled = |step: &'static str, operator_pw: &'static str, app_pw: &'static str| {
+        let (client, writer, ca, ips) = (&client, &writer, &ca, &ips);
+        async move {
+            let t = Instant::now();
+            wait_ready(client, ns, "off", READY).await;
+            writer.wait_progress(50, Duration::from_secs(90)).await;
+            wait_for(
+                &format!("{step}: default refused, the operator's user and app served everywhere"),
+                Duration::from_secs(120),
+                || async {
+                    let ca = ca().await;
+                    let pods = ips().await;
+                    if pods.len() != 3 {
+                        return None;
+                    }
+                    for (_, ip) in &pods {
+                        connect_any(ip, &ways(OPERATOR_USER, operator_pw, ca.as_deref())).await?;
+                        connect_any(ip, &ways("app", app_pw, ca.as_deref())).await?;
+                        default_refused(ip, operator_pw, ca.as_deref())
+                            .await
+                            .then_some(())?;
+                    }
+                    Some(())
+                },
+            )
+            .await;
+            println!(
+                "{step}: settled in {:.1} s, {} writes confirmed so far",
+                t.elapsed().as_secs_f64(),
+                writer.acked()
+            );
+        }
+    };
+    settled("created", auth1, app1).await;
+
+    // An upgrade: every server runs 7.0.
+    apply_redis(&client, ns, "off", spec("7.0", false, false)).await;
+    wait_for("every server on 7.0", READY, || async {
+        for (_, ip) in ips().await {
+            let mut n = connect_any(&ip, &ways(OPERATOR_USER, auth1, None)).await?;
+            let info = n.info_section("server").await.ok()?;
+            let v = info.server.version?;
+            ((v.major, v.minor) == (7, 0)).then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+    settled("upgraded 6.2 -> 7.0", auth1, app1).await;
+
+    // The operator's password and the application's rotated.
+    put_password(&client, ns, "auth-pw", auth2).await;
+    put_password(&client, ns, "app-pw", app2).await;
+    support::operator::poke(&client, ns, "off", 1).await;
+    settled("passwords rotated", auth2, app2).await;
+    for (pod, ip) in ips().await {
+        match Node::connect(&Endpoint::new(&ip, 6379), &ways("app", app1, None)[0]).await {
+            Err(redpilot::redis::Error::Auth { .. }) => {}
+            other => panic!("{pod}: app's old password: {:?}", other.map(|_| ())),
+        }
+    }
+
+    // TLS turned on: every instance takes TLS only.
+    apply_redis(&client, ns, "off", spec("7.0", true, false)).await;
+    wait_for("every instance listening with TLS only", READY, || async {
+        ca().await?;
+        for (_, ip) in ips().await {
+            let plain = ways(OPERATOR_USER, auth2, None);
+            if Node::connect(&Endpoint::new(&ip, 6379), &plain[0])
+                .await
+                .is_ok()
+            {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    settled("TLS on", auth2, app2).await;
+
+    // Hibernation and a wake.
+    apply_redis(&client, ns, "off", spec("7.0", true, true)).await;
+    wait_for("hibernated, no pod left", READY, || async {
+        let r = redis_api(&client, ns).get("off").await.ok()?;
+        r.status?.hibernation?.saved_at?;
+        support::operator::redis_pods(&client, ns, "off")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    apply_redis(&client, ns, "off", spec("7.0", true, false)).await;
+    settled("woken", auth2, app2).await;
+
+    // The primary's server killed.
+    let r = redis_api(&client, ns).get("off").await.expect("get");
+    let primary = r.status.and_then(|s| s.primary).expect("a primary");
+    let ca_now = ca().await;
+    let mut n = connect_any(
+        &pod_ip(&client, ns, &primary).await,
+        &ways(OPERATOR_USER, auth2, ca_now.as_deref()),
+    )
+    .await
+    .expect("the primary");
+    let before = run_id(&mut n).await;
+    let pid = support::operator::server_pid(&mut n).await;
+    drop(n);
+    support::operator::kill_9(pid);
+    settled("primary killed", auth2, app2).await;
+    let ip = pod_ip(&client, ns, &primary).await;
+    let mut n = connect_any(&ip, &ways(OPERATOR_USER, auth2, ca_now.as_deref()))
+        .await
+        .expect("the killed server, restarted");
+    assert_ne!(
+        run_id(&mut n).await,
+        before,
+        "the primary's server was killed and started again"
+    );
+
+    let tally = writer.stop().await;
+    println!(
+        "{} writes confirmed, {} unconfirmed, {} failed",
+        tally.acked.len(),
+        tally.unreplicated,
+        tally.failed
+    );
+    for (pod, ip) in ips().await {
+        let missing = wait_for(
+            &format!("every confirmed write on {pod}"),
+            Duration::from_secs(30),
+            || async {
+                let mut n = connect_any(&ip, &ways("app", app2, ca_now.as_deref())).await?;
+                let missing = missing_on(&mut n, &tally.acked).await;
+                missing.is_empty().then_some(missing)
+            },
+        )
+        .await;
+        assert!(missing.is_empty(), "{pod}: {missing:?}");
+    }
+}

@@ -77,6 +77,34 @@ impl Writer {
         )
     }
 
+    /// As [`Writer::start_with_secret`], logging in as ACL user `user`
+    /// (the `default` user may be off), in plain text or, once the Secret
+    /// `tls_secret` exists, with TLS checked against its `ca.crt` (whichever
+    /// the server takes: while TLS is turned on, both are tried); each
+    /// write confirmed by one replica.
+    pub fn start_as_user(
+        client: &Client,
+        ns: &str,
+        name: &str,
+        user: &str,
+        secret: &str,
+        tls_secret: &str,
+        prefix: &str,
+    ) -> Writer {
+        Self::spawn(
+            client,
+            ns,
+            name,
+            Password::User {
+                user: user.to_string(),
+                secret: secret.to_string(),
+                tls_secret: tls_secret.to_string(),
+            },
+            prefix,
+            1,
+        )
+    }
+
     fn spawn(
         client: &Client,
         ns: &str,
@@ -139,22 +167,59 @@ impl Writer {
 enum Password {
     Fixed(String),
     Secret(String),
+    /// ACL user `user`, its password in Secret `secret`, TLS once Secret
+    /// `tls_secret` holds a `ca.crt`.
+    User {
+        user: String,
+        secret: String,
+        tls_secret: String,
+    },
 }
 
 impl Password {
     async fn get(&self, client: &Client, ns: &str) -> Option<String> {
         match self {
             Password::Fixed(p) => Some(p.clone()),
-            Password::Secret(name) => {
-                let s = Api::<Secret>::namespaced(client.clone(), ns)
-                    .get(name)
-                    .await
-                    .ok()?;
-                let bytes = s.data?.get("password")?.0.clone();
-                String::from_utf8(bytes).ok()
+            Password::Secret(name) | Password::User { secret: name, .. } => {
+                secret_file(client, ns, name, "password").await
             }
         }
     }
+
+    /// The ways to connect, the last one that worked (`tls`) first.
+    async fn ways(&self, client: &Client, ns: &str, tls_first: bool) -> Vec<ConnectOptions> {
+        let Some(pw) = self.get(client, ns).await else {
+            return Vec::new();
+        };
+        let base =
+            ConnectOptions::default().with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+        let Password::User {
+            user, tls_secret, ..
+        } = self
+        else {
+            return vec![base.with_password(pw)];
+        };
+        let plain = base.with_user(user.clone(), pw);
+        let mut out = vec![plain.clone()];
+        if let Some(ca) = secret_file(client, ns, tls_secret, "ca.crt").await {
+            let tls = plain.with_tls(redpilot::redis::TlsOptions::servers_of_ca(ca.into_bytes()));
+            if tls_first {
+                out.insert(0, tls);
+            } else {
+                out.push(tls);
+            }
+        }
+        out
+    }
+}
+
+async fn secret_file(client: &Client, ns: &str, name: &str, key: &str) -> Option<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()?;
+    let bytes = s.data?.get(key)?.0.clone();
+    String::from_utf8(bytes).ok()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -171,6 +236,7 @@ async fn run(
 ) {
     let mut i: u64 = 0;
     let mut conn: Option<Node> = None;
+    let mut tls_first = false;
     let mut pace = super::pace::pacer();
     while !stop.load(Ordering::SeqCst) {
         pace.tick().await;
@@ -181,12 +247,15 @@ async fn run(
                 .ok()
                 .and_then(|r| r.status)
                 .and_then(|s| s.primary);
-            if let (Some(p), Some(pw)) = (primary, password.get(&client, &ns).await) {
+            if let Some(p) = primary {
                 let ip = pod_ip(&client, &ns, &p).await;
-                let opts = ConnectOptions::default()
-                    .with_password(pw)
-                    .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
-                conn = Node::connect(&Endpoint::new(ip, 6379), &opts).await.ok();
+                for opts in password.ways(&client, &ns, tls_first).await {
+                    conn = Node::connect(&Endpoint::new(&ip, 6379), &opts).await.ok();
+                    if conn.is_some() {
+                        tls_first = opts.tls.is_some();
+                        break;
+                    }
+                }
             }
             if conn.is_none() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
