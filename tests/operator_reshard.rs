@@ -846,10 +846,54 @@ async fn fill_until_added(
     (cap, oom)
 }
 
+/// Writes `{f<i>}` keys of `size` bytes for `i` in `range`, paced at
+/// `rate` bytes a second; returns the OOM replies met (each write is sent
+/// once; a failure other than OOM fails the test).
+async fn fill_paced(
+    client: &mut Client,
+    range: std::ops::Range<usize>,
+    size: usize,
+    rate: f64,
+) -> u64 {
+    let value = "m".repeat(size);
+    let (t, first) = (Instant::now(), range.start);
+    let mut oom = 0;
+    for i in range {
+        let key = format!("{{f{i}}}");
+        // A connection the server closed while the filler sat idle fails
+        // once (the client opens another); the same SET again is harmless.
+        let mut tries = 0;
+        loop {
+            match client
+                .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(&value))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if e.starts_with("OOM") => {
+                    oom += 1;
+                    break;
+                }
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    println!("SET {key}: {e}; once more");
+                }
+                Err(e) => panic!("SET {key}: {e}"),
+            }
+        }
+        let due = Duration::from_secs_f64(((i + 1 - first) * size) as f64 / rate);
+        if let Some(ahead) = due.checked_sub(t.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+    oom
+}
+
 /// The shard autopilot on Valkey 9.1 (the atomic path): a fill past
 /// `scaleUpPercent` of `maxmemory` adds shards (3 → 4 or 5), with no OOM
 /// reply to the writer; the operator is stopped right after it records
-/// the first move (before the first command) and the next one moves on.
+/// the first move (before the first command) and the next one moves on,
+/// while the fill goes on (about 1 MiB/s) through the resharding until the
+/// data is more than 3 shards can hold, still with no OOM reply.
 /// Then the fill is deleted and, after the cooldown, the autopilot takes
 /// the shard count back to `minShards` one shard at a time. Four writers
 /// and four readers run throughout.
@@ -924,11 +968,25 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         .expect("the intent is recorded first");
     println!("operator stopped after recording {intent:?}");
     let _next = spawn_operator(&client, opts.named("op-shards-next")).await;
+    // On through the resharding, past what 3 shards hold (3 x 48 MiB of
+    // maxmemory): only the added shards leave room for it.
+    let past_three = ((3 * 48) << 20) * 21 / 20 / 4096;
+    let t_more = Instant::now();
+    let more_oom = fill_paced(&mut filler, written..past_three, 4096, f64::from(1 << 20)).await;
+    println!(
+        "filled on to {past_three} keys of 4 KiB ({} MiB) in {:.1} s: {more_oom} OOM replies",
+        (past_three * 4096) >> 20,
+        t_more.elapsed().as_secs_f64()
+    );
+    let written = past_three;
     let r = wait_for("the autopilot's resharding done", READY, || async {
         let r = api.get("cache").await.ok()?;
-        resharding_done(&r, added_to).then_some(r)
+        let now = r.spec.shards?;
+        resharding_done(&r, now).then_some(r)
     })
     .await;
+    let added_to = r.spec.shards.unwrap_or(3);
+    assert!(added_to >= 4, "{added_to}");
     let rs = r
         .status
         .as_ref()
@@ -959,6 +1017,29 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         assert_eq!(have, reshard::even_count(i, n), "shard {i}: {s:?}");
     }
     assert_eq!(oom, 0, "the writer met {oom} OOM replies");
+    assert_eq!(
+        more_oom, 0,
+        "the writer met {more_oom} OOM replies filling through the resharding"
+    );
+    // The data is more than 3 shards hold: what the servers report.
+    let mut used = 0u64;
+    for s in &r.status.as_ref().expect("status").shards {
+        let p = s.primary.clone().expect("primary");
+        let ep = Endpoint::new(pod_ip(&client, &ns.name, &p).await, 6379);
+        let mut n = Node::connect(&ep, &copts).await.expect("connect");
+        used += n
+            .info_section("memory")
+            .await
+            .expect("INFO memory")
+            .memory
+            .used_memory
+            .unwrap_or(0);
+    }
+    println!("{} MiB used over {added_to} shards", used >> 20);
+    assert!(
+        used > (3 * 48) << 20,
+        "{used} bytes: no more than 3 shards hold"
+    );
 
     // The drain: the fill deleted; back to minShards after the cooldown.
     let t = Instant::now();
