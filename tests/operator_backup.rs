@@ -1252,7 +1252,7 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
         b.status.and_then(|s| s.phase),
         Some(redpilot::api::v1alpha1::BackupPhase::Running)
     );
-    let _op2 = support::operator::spawn_operator(&client, opts.named("op-again")).await;
+    let mut op2 = support::operator::spawn_operator(&client, opts.clone().named("op-again")).await;
     let b = ended(&client, ns, "orphaned", Duration::from_secs(60)).await;
     let st = b.status.expect("status");
     assert_eq!(
@@ -1265,6 +1265,38 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
         "a new operator completed the status {:.1} s after the old one was killed",
         t.elapsed().as_secs_f64()
     );
+
+    // 3. Backups asked for while no operator runs: the next operator may
+    // look at them before its cache of the Redis is filled (the harness's
+    // seed 12 met it after an operator kill), and must not fail them as if
+    // their Redis did not exist.
+    op2.kill();
+    let asked: Vec<String> = (1..=3).map(|i| format!("asked-while-down-{i}")).collect();
+    for name in &asked {
+        create_backup(
+            &client,
+            ns,
+            name,
+            json!({"redis": "src", "target": backup_target(&s3, "s3")}),
+        )
+        .await;
+    }
+    // The next one's cache of Redis fills 5 s late (a test point), so it
+    // looks at the backups first.
+    let mut late = opts.named("op-third");
+    late.env
+        .push(("REDPILOT_FAILPOINTS".into(), "redis-cache-late".into()));
+    let _op3 = support::operator::spawn_operator(&client, late).await;
+    for name in &asked {
+        let b = ended(&client, ns, name, Duration::from_secs(120)).await;
+        let st = b.status.expect("status");
+        assert_eq!(
+            st.phase,
+            Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+            "{name}: {st:?}"
+        );
+    }
+    println!("3 backups asked for while no operator ran: all Completed");
 
     let tally = writer.stop().await;
     assert_eq!(tally.failed, 0, "the Redis kept serving throughout");

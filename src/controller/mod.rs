@@ -703,24 +703,34 @@ pub async fn run_controllers(
             // The Redis are cached frozen too (their typed spec and status
             // took several kilobytes each); a reconcile thaws the one it runs.
             let redis_dict = cache::Dictionary::default();
-            let redis_changes = watcher(api::<Redis>(&client, &ns), watcher::Config::default())
-                .default_backoff()
-                .map_ok(move |event| {
-                    cache::freeze_event(event, |mut r: Redis| {
-                        r.metadata.managed_fields = None;
-                        cache::Frozen::freeze(r, InBody, Some(&redis_dict))
-                    })
+            // A test point: the cache of Redis fills 5 s late (a slow list),
+            // while the other controllers already run.
+            let late = crate::failpoint::armed_here("redis-cache-late");
+            let redis_api = api::<Redis>(&client, &ns);
+            let redis_changes = futures::stream::once(async move {
+                if late {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            })
+            .map(move |()| watcher(redis_api.clone(), watcher::Config::default()))
+            .flatten()
+            .default_backoff()
+            .map_ok(move |event| {
+                cache::freeze_event(event, |mut r: Redis| {
+                    r.metadata.managed_fields = None;
+                    cache::Frozen::freeze(r, InBody, Some(&redis_dict))
                 })
-                .reflect(redis_writer)
-                .inspect_ok(move |event| match event {
-                    watcher::Event::Delete(r) => forget.forget(&redis_ref(r)),
-                    watcher::Event::InitDone => {
-                        forget.retain(|o| listed.get(&cache::same_ref(o)).is_some())
-                    }
-                    _ => {}
-                })
-                .applied_objects()
-                .inspect_ok(queued_self(&metrics));
+            })
+            .reflect(redis_writer)
+            .inspect_ok(move |event| match event {
+                watcher::Event::Delete(r) => forget.forget(&redis_ref(r)),
+                watcher::Event::InitDone => {
+                    forget.retain(|o| listed.get(&cache::same_ref(o)).is_some())
+                }
+                _ => {}
+            })
+            .applied_objects()
+            .inspect_ok(queued_self(&metrics));
             let queued = metrics.clone();
             let triggers = ctx
                 .take_triggers()

@@ -192,7 +192,7 @@ impl Pass {
 
     async fn start(&mut self) -> Result<Action, Error> {
         let spec = self.b.spec.clone();
-        let Some(redis) = self.redis() else {
+        let Some(redis) = self.redis_or_api().await? else {
             let msg = format!(
                 "spec.redis: Redis {} does not exist in namespace {}",
                 spec.redis, self.ns
@@ -716,6 +716,19 @@ impl Pass {
             .redis
             .get(&ObjectRef::new(&self.b.spec.redis).within(&self.ns))
             .and_then(|r| r.thaw())
+    }
+
+    /// The Redis from the cache, or when the cache lacks it from the API:
+    /// an operator that just started may still be listing the Redis, and a
+    /// backup asked for then must not fail as if its Redis did not exist.
+    async fn redis_or_api(&self) -> Result<Option<Redis>, Error> {
+        if let Some(r) = self.redis() {
+            return Ok(Some(r));
+        }
+        self.ctx.metrics.kube("get_redis");
+        Ok(Api::<Redis>::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(&self.b.spec.redis)
+            .await?)
     }
 
     async fn pod_ip(&self, pod: &str) -> Result<Option<String>, Error> {
