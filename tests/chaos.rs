@@ -19,6 +19,10 @@
 //! - operations: a switchover, a restart-only config change (a roll), a
 //!   backup (the last Completed one is restored into a new Redis and must
 //!   hold every write confirmed before it was asked for), shards 3 ↔ 4;
+//!   and, drawn from a second stream of the seed (so the first stream's
+//!   schedule is the one it always was), the operator's password rotated
+//!   (it comes from a Secret of the user's), and with storage hibernation
+//!   followed by a wake, and the volumes grown;
 //! - faults: a server `kill -9`ed, a pod deleted, a server stopped
 //!   (`SIGSTOP`) for three seconds, the operator `kill -9`ed and started
 //!   again.
@@ -27,8 +31,9 @@
 //! write lost; the status agrees with the servers (the primary it names
 //! answers `role:master`, every other instance is a replica with its link
 //! up; in a Cluster every slot is owned exactly once and none is open);
-//! every backup ends; no password in the operator's log, the events or the
-//! status; no operator panic.
+//! every backup ends; the operator's user takes the last password on every
+//! instance; no password in the operator's log, the events or the status;
+//! no operator panic.
 //!
 //! Each run prints one line (seed, shape, events, writes, convergence,
 //! violations) and writes its timeline (events and, each second, the phase
@@ -46,15 +51,15 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use redpilot::api::v1alpha1::{BackupPhase, Redis, ReshardingPhase};
+use redpilot::controller::redis::build::OPERATOR_USER;
 use redpilot::redis::info::{LinkStatus, Role};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::{Value, json};
 use support::operator::{
     OperatorOptions, apply_redis, create_backup, create_claim, is_ready, kill_9, patch_redis,
-    recent_events, redis_api, redis_password, redis_pods, server_pid, signal, spawn_operator,
-    start_operator,
+    recent_events, redis_api, redis_pods, server_pid, signal, spawn_operator, start_operator,
 };
 use support::{TestNamespace, client};
 use tokio::sync::Mutex;
@@ -69,6 +74,16 @@ const SHORT_DURATION: u64 = 40;
 /// Ready, and every change done, within this of the last event.
 const CONVERGE: Duration = Duration::from_secs(300);
 const APP_PASSWORD: &str = "chaos-app-password-4711";
+/// The operator's password (`spec.auth.secretName: chaos-auth`), rotated
+/// by [`Action::Rotate`] to the next of these.
+const AUTH_PASSWORDS: &[&str] = &[
+    "op-pass-0-9f3a",
+    "op-pass-1-c27e",
+    "op-pass-2-51d8",
+    "op-pass-3-e06b",
+];
+/// An expandable StorageClass of the local node (volumes grow).
+const SIZED: &str = "redpilot-sized";
 const NAME: &str = "cache";
 
 /// splitmix64: a seeded generator, the same draws for the same seed.
@@ -142,15 +157,16 @@ impl Shape {
             "version": self.version,
             "users": [{"name": "app", "passwords": [{"secretName": "chaos-app"}],
                        "rules": ["~*", "+@all"]}],
+            "auth": {"secretName": "chaos-auth"},
         });
         if self.mode == Mode::Cluster {
             spec["shards"] = json!(3);
         }
         if self.storage {
-            spec["storage"] = json!({"size": "64Mi"});
+            spec["storage"] = json!({"size": "64Mi", "storageClassName": SIZED});
         }
         if self.default_off {
-            spec["auth"] = json!({"defaultUser": {"enabled": false}});
+            spec["auth"]["defaultUser"] = json!({"enabled": false});
         }
         spec
     }
@@ -187,6 +203,12 @@ enum Action {
     DeletePod,
     StopServer,
     KillOperator,
+    /// The operator's password rotated (its Secret changed).
+    Rotate,
+    /// `spec.hibernate` on, and off again once saved.
+    Hibernate,
+    /// `spec.storage.size` grown by 32Mi.
+    Grow,
 }
 
 impl Action {
@@ -217,6 +239,19 @@ fn schedule(rng: &mut Rng, shape: &Shape, duration: u64) -> Vec<(u64, Action)> {
     for _ in 0..2 + rng.below(3) {
         out.push((5 + rng.below(duration.saturating_sub(5)), rng.pick(&faults)));
     }
+    // The second stream: operations added after the first ones, drawn
+    // apart so each seed's first-stream schedule stays what it was.
+    let mut more = Rng(rng.0 ^ 0x5eed_0f0e_a5e5_2026);
+    let mut later = vec![Action::Rotate];
+    if shape.storage {
+        later.extend([Action::Hibernate, Action::Grow]);
+    }
+    for _ in 0..more.below(3) {
+        out.push((
+            5 + more.below(duration.saturating_sub(5)),
+            more.pick(&later),
+        ));
+    }
     out.sort_by_key(|(t, _)| *t);
     out
 }
@@ -240,6 +275,8 @@ impl Timeline {
 struct Tally {
     acked: Vec<String>,
     errors: BTreeMap<String, u64>,
+    /// The last few errors in full, for a violation's message.
+    recent: Vec<String>,
 }
 
 /// The address of a pod of the Redis that has an IP (any: a cluster
@@ -277,7 +314,9 @@ fn cluster_writer(
         let mut pace = support::pace::pacer();
         while !stop.load(Ordering::Relaxed) {
             pace.tick().await;
-            if c.is_none() || fails >= 20 {
+            // A few failures in a row: the pods may have new addresses (a roll
+            // makes them anew), so start again from one the API names.
+            if c.is_none() || fails >= 3 {
                 let Some(seed) = some_pod(&kube, &ns, n + id).await else {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -302,6 +341,10 @@ fn cluster_writer(
                 }
                 Err(e) => {
                     *t.errors.entry(cluster_client::error_kind(&e)).or_default() += 1;
+                    if t.recent.len() == 5 {
+                        t.recent.remove(0);
+                    }
+                    t.recent.push(e.chars().take(160).collect());
                     fails += 1;
                     drop(t);
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -568,6 +611,12 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
         .create(&PostParams::default(), &s)
         .await
         .expect("creating the app user's Secret");
+    put_auth(&client, &ns, AUTH_PASSWORDS[0]).await;
+    if shape.storage {
+        sized_class(&client).await;
+    }
+    let mut rotated = 0;
+    let mut size_mi = 64;
     if plan.iter().any(|(_, a)| *a == Action::Backup) {
         create_claim(&client, &ns, "chaos-backups").await;
     }
@@ -742,6 +791,58 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
                 }
                 None => "pod deletion drawn, no pod: skipped".into(),
             },
+            Action::Rotate => {
+                if rotated + 1 < AUTH_PASSWORDS.len() {
+                    rotated += 1;
+                    put_auth(&client, &ns, AUTH_PASSWORDS[rotated]).await;
+                    // Secrets are not watched: a change of the Redis starts
+                    // the pass that reads it.
+                    patch_redis(
+                        &client,
+                        &ns,
+                        NAME,
+                        json!({"metadata": {"annotations": {"chaos/rotated": rotated.to_string()}}}),
+                    )
+                    .await;
+                    format!("the operator's password rotated (to #{rotated})")
+                } else {
+                    "rotation drawn, every password used: skipped".into()
+                }
+            }
+            Action::Hibernate => {
+                let t = Instant::now();
+                patch_redis(&client, &ns, NAME, json!({"spec": {"hibernate": true}})).await;
+                let mut saved = false;
+                while t.elapsed() < Duration::from_secs(90) {
+                    let r = api.get(NAME).await.ok();
+                    let at = r.and_then(|r| r.status?.hibernation?.saved_at);
+                    if at.is_some() && redis_pods(&client, &ns, NAME).await.is_empty() {
+                        saved = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                patch_redis(&client, &ns, NAME, json!({"spec": {"hibernate": false}})).await;
+                if saved {
+                    format!(
+                        "hibernated (saved, no pod) in {:.1} s, then woken",
+                        t.elapsed().as_secs_f64()
+                    )
+                } else {
+                    "hibernation asked, not saved with every pod gone within 90 s; woken".into()
+                }
+            }
+            Action::Grow => {
+                size_mi += 32;
+                patch_redis(
+                    &client,
+                    &ns,
+                    NAME,
+                    json!({"spec": {"storage": {"size": format!("{size_mi}Mi")}}}),
+                )
+                .await;
+                format!("spec.storage.size {size_mi}Mi")
+            }
             Action::KillOperator => {
                 earlier_logs.push_str(&op.log_text());
                 op.kill();
@@ -790,8 +891,12 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after_end = confirmed_now(&load, &cluster_count);
     if converged.is_some() && after_end <= before_end {
+        let recent = match &load {
+            Load::Cluster(_, t) => t.lock().await.recent.clone(),
+            Load::Replication(_) => Vec::new(),
+        };
         violations.push(format!(
-            "no write confirmed in the 3 s after convergence ({after_end} in all)"
+            "no write confirmed in the 3 s after convergence ({after_end} in all; the writers' last errors: {recent:?})"
         ));
     }
     stop.store(true, Ordering::Relaxed);
@@ -819,6 +924,33 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         violations.extend(disagree);
+        // The operator's own user takes the last password everywhere.
+        let password = AUTH_PASSWORDS[rotated];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let refused = loop {
+            let mut refused = Vec::new();
+            for (pod, p) in redis_pods(&client, &ns, NAME).await {
+                let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
+                    refused.push(format!("{pod} has no address"));
+                    continue;
+                };
+                let opts = ConnectOptions::default()
+                    .with_user(OPERATOR_USER, password.to_string())
+                    .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+                if let Err(e) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await {
+                    refused.push(format!("{pod}: {e}"));
+                }
+            }
+            if refused.is_empty() || Instant::now() > deadline {
+                break refused;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        if !refused.is_empty() {
+            violations.push(format!(
+                "the operator's user does not take password #{rotated} everywhere: {refused:?}"
+            ));
+        }
     }
     // Every backup ends; the last Completed one restores what was
     // confirmed before it was asked for.
@@ -888,13 +1020,19 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     let events = recent_events(&client, &ns, 400).await;
     let status =
         serde_json::to_string(&api.get(NAME).await.ok().and_then(|r| r.status)).unwrap_or_default();
-    let generated = redis_password(&client, &ns, NAME).await;
     for (what, text) in [
         ("operator log", &log),
         ("events", &events),
         ("status", &status),
     ] {
-        for (which, secret) in [("app", APP_PASSWORD), ("generated", generated.as_str())] {
+        // The operator's password comes from `chaos-auth` (no generated one).
+        let mut secrets = vec![("app", APP_PASSWORD)];
+        secrets.extend(
+            AUTH_PASSWORDS[..=rotated]
+                .iter()
+                .map(|p| ("operator's", *p)),
+        );
+        for (which, secret) in secrets {
             if !secret.is_empty() && text.contains(secret) {
                 violations.push(format!("the {which} password is in the {what}"));
             }
@@ -950,6 +1088,45 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
         line: format!("{line}\n  timeline: {}", file.display()),
         violations,
     }
+}
+
+/// Creates or replaces the operator's password Secret `chaos-auth`.
+async fn put_auth(client: &kube::Client, ns: &str, password: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "chaos-auth", "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"password": password}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            "chaos-auth",
+            &PatchParams::apply("chaos").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("the operator's password Secret");
+}
+
+/// The local node's expandable class of sized volumes.
+async fn sized_class(client: &kube::Client) {
+    let sc = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": SIZED},
+        "provisioner": "localnode.redpilot.io/hostpath",
+        "parameters": {"sized": "true"},
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": true,
+    });
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
+        .patch(
+            SIZED,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&sc),
+        )
+        .await
+        .expect("the sized StorageClass");
 }
 
 fn env_u64(name: &str) -> Option<u64> {
