@@ -64,11 +64,12 @@ use support::operator::{
 use support::{TestNamespace, client};
 use tokio::sync::Mutex;
 
-/// The seeds `make test` runs: the two that found defects while the
-/// harness was built (4: a backup asked for during a roll failed; 6: a roll
-/// right after a resharding began waited for good), a Replication and a
-/// Cluster schedule.
-const SHORT_SEEDS: &[u64] = &[4, 6];
+/// The seeds `make test` runs, each one that found a defect: 4 (a backup
+/// asked for during a roll failed), 6 (a roll right after a resharding
+/// began waited for good) and 12 (a backup asked for as a new operator
+/// started failed `RedisNotFound`): Replication and Cluster, with and
+/// without storage, rotation and volume growth among their operations.
+const SHORT_SEEDS: &[u64] = &[4, 6, 12];
 /// A run's schedule spans this long in `make test`.
 const SHORT_DURATION: u64 = 40;
 /// Ready, and every change done, within this of the last event.
