@@ -58,8 +58,9 @@ use redpilot::redis::info::{LinkStatus, Role};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::{Value, json};
 use support::operator::{
-    OperatorOptions, apply_redis, create_backup, create_claim, is_ready, kill_9, patch_redis,
-    recent_events, redis_api, redis_pods, server_pid, signal, spawn_operator, start_operator,
+    OperatorOptions, SIZED_CLASS, apply_redis, create_backup, create_claim, is_ready, kill_9,
+    patch_redis, recent_events, redis_api, redis_pods, server_pid, signal, spawn_operator,
+    start_operator,
 };
 use support::{TestNamespace, client};
 use tokio::sync::Mutex;
@@ -83,8 +84,6 @@ const AUTH_PASSWORDS: &[&str] = &[
     "op-pass-2-51d8",
     "op-pass-3-e06b",
 ];
-/// An expandable StorageClass of the local node (volumes grow).
-const SIZED: &str = "redpilot-sized";
 const NAME: &str = "cache";
 
 /// splitmix64: a seeded generator, the same draws for the same seed.
@@ -164,7 +163,7 @@ impl Shape {
             spec["shards"] = json!(3);
         }
         if self.storage {
-            spec["storage"] = json!({"size": "64Mi", "storageClassName": SIZED});
+            spec["storage"] = json!({"size": "64Mi", "storageClassName": SIZED_CLASS});
         }
         if self.default_off {
             spec["auth"]["defaultUser"] = json!({"enabled": false});
@@ -614,7 +613,7 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
         .expect("creating the app user's Secret");
     put_auth(&client, &ns, AUTH_PASSWORDS[0]).await;
     if shape.storage {
-        sized_class(&client).await;
+        support::operator::sized_class(&client).await;
     }
     let mut rotated = 0;
     let mut size_mi = 64;
@@ -1107,27 +1106,6 @@ async fn put_auth(client: &kube::Client, ns: &str, password: &str) {
         )
         .await
         .expect("the operator's password Secret");
-}
-
-/// The local node's expandable class of sized volumes.
-async fn sized_class(client: &kube::Client) {
-    let sc = json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-        "metadata": {"name": SIZED},
-        "provisioner": "localnode.redpilot.io/hostpath",
-        "parameters": {"sized": "true"},
-        "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate",
-        "allowVolumeExpansion": true,
-    });
-    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
-        .patch(
-            SIZED,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&sc),
-        )
-        .await
-        .expect("the sized StorageClass");
 }
 
 fn env_u64(name: &str) -> Option<u64> {

@@ -1584,3 +1584,28 @@ pub async fn ended(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// The local node's expandable StorageClass of sized volumes (each a tmpfs
+/// of the claim's size, so `df` in the server's mount namespace shows it).
+pub const SIZED_CLASS: &str = "redpilot-sized";
+
+/// Makes [`SIZED_CLASS`] (an apply: any test may ask for it).
+pub async fn sized_class(client: &Client) {
+    let sc = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": SIZED_CLASS},
+        "provisioner": "localnode.redpilot.io/hostpath",
+        "parameters": {"sized": "true"},
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": true,
+    });
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
+        .patch(
+            SIZED_CLASS,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&sc),
+        )
+        .await
+        .expect("the sized StorageClass");
+}

@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::support::operator::{
-    OperatorOptions, apply_redis, connect_pod, patch_redis, pod_uids, recent_events, redis_api,
-    redis_password, redis_pods, server_pid, start_operator, wait_failpoint, wait_ready,
+    OperatorOptions, SIZED_CLASS, apply_redis, connect_pod, patch_redis, pod_uids, recent_events,
+    redis_api, redis_password, redis_pods, server_pid, sized_class, start_operator, wait_failpoint,
+    wait_ready,
 };
 use crate::support::writer::{Writer, assert_everywhere};
 use crate::support::{TestNamespace, client, wait_for};
@@ -67,30 +68,6 @@ async fn claims(client: &Client, ns: &str) -> BTreeMap<String, (String, String, 
             )
         })
         .collect()
-}
-
-/// The expandable class of sized volumes (each a tmpfs of the claim's
-/// size on the local node), made once.
-const SIZED: &str = "redpilot-sized";
-
-async fn sized_class(client: &Client) {
-    let sc = json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-        "metadata": {"name": SIZED},
-        "provisioner": "localnode.redpilot.io/hostpath",
-        "parameters": {"sized": "true"},
-        "reclaimPolicy": "Delete",
-        "volumeBindingMode": "Immediate",
-        "allowVolumeExpansion": true,
-    });
-    Api::<StorageClass>::all(client.clone())
-        .patch(
-            SIZED,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&sc),
-        )
-        .await
-        .expect("the sized StorageClass");
 }
 
 /// The size of the file system each pod's server sees at `/data`
@@ -153,7 +130,7 @@ async fn storage_grows_online_under_a_writer_across_an_operator_crash() {
         // an owner reference to the StatefulSet, which the orphaning delete
         // must release, not follow.
         json!({"mode": "Replication", "instances": 2,
-               "storage": {"size": "64Mi", "storageClassName": SIZED, "retainOnDelete": false}}),
+               "storage": {"size": "64Mi", "storageClassName": SIZED_CLASS, "retainOnDelete": false}}),
     )
     .await;
     wait_ready(&client, &ns.name, "grow", READY).await;
@@ -403,7 +380,7 @@ async fn a_cluster_grows_the_volumes_of_every_shard() {
         &ns.name,
         "shop",
         json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
-               "storage": {"size": "64Mi", "storageClassName": SIZED}}),
+               "storage": {"size": "64Mi", "storageClassName": SIZED_CLASS}}),
     )
     .await;
     wait_ready(&client, &ns.name, "shop", READY).await;
@@ -487,7 +464,7 @@ async fn a_claim_kept_after_a_scale_down_grows_with_the_others() {
     sized_class(&client).await;
     let spec = |instances: u32, size: &str| {
         json!({"mode": "Replication", "instances": instances,
-               "storage": {"size": size, "storageClassName": SIZED, "retainOnDelete": true}})
+               "storage": {"size": size, "storageClassName": SIZED_CLASS, "retainOnDelete": true}})
     };
     apply_redis(&client, &ns.name, "kept", spec(3, "64Mi")).await;
     wait_ready(&client, &ns.name, "kept", READY).await;
