@@ -181,19 +181,23 @@ async fn hand_edits_and_deleted_children_are_repaired_within_5s() {
 
     // 5. A replica pod deleted by hand: re-created by the StatefulSet and
     // re-wired by the operator.
-    let pods = redis_pods(&client, &ns.name, "cache").await;
-    let replica = pods
-        .iter()
-        .find(|(_, p)| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("redpilot.io/role"))
-                .map(String::as_str)
-                == Some("replica")
-        })
-        .map(|(n, p)| (n.clone(), p.metadata.uid.clone()))
-        .expect("a replica pod");
+    // The pod step 1 removed is back, but labelled a replica only once the
+    // operator has wired it: wait for one.
+    let replica = wait_for("a pod labelled a replica", READY, || async {
+        redis_pods(&client, &ns.name, "cache")
+            .await
+            .iter()
+            .find(|(_, p)| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("redpilot.io/role"))
+                    .map(String::as_str)
+                    == Some("replica")
+            })
+            .map(|(n, p)| (n.clone(), p.metadata.uid.clone()))
+    })
+    .await;
     run_kubectl(&["-n", &ns.name, "delete", "pod", &replica.0, "--wait=false"]);
     wait_for(
         "the deleted replica pod to be re-created",
