@@ -161,13 +161,13 @@ pub fn serves(served: &[Vec<u8>], chain: &[Vec<u8>], ca_pem: &[u8]) -> bool {
 /// intermediates) parses, `key_pem` is its private key, and the chain leads
 /// to a CA of `ca_pem` and is valid at `now` (not expired, not yet valid,
 /// not signed by another CA). The certificate's names are not checked.
-/// Returns the certificate (DER), as a handshake presents it.
+/// Returns the file's certificates (DER, leaf first).
 pub fn check_server_certificate(
     cert_pem: &[u8],
     key_pem: &[u8],
     ca_pem: &[u8],
     now: UnixTime,
-) -> Result<Vec<u8>, CertProblem> {
+) -> Result<Vec<Vec<u8>>, CertProblem> {
     let roots = roots(ca_pem).map_err(|r| problem("ca.crt", r))?;
     let chain = chain_of(cert_pem)?;
     let (leaf, intermediates) = (&chain[0], &chain[1..]);
@@ -182,7 +182,7 @@ pub fn check_server_certificate(
         ServerName::try_from("redis.invalid").map_err(|e| problem("tls.crt", e.to_string()))?;
     verifier
         .verify_server_cert(leaf, intermediates, &name, &[], now)
-        .map(|_| leaf.to_vec())
+        .map(|_| chain.iter().map(|c| c.to_vec()).collect())
         .map_err(|e| {
             let reason = match e {
                 rustls::Error::InvalidCertificate(CertificateError::Expired)

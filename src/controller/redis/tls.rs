@@ -185,8 +185,6 @@ pub enum Unready {
 pub struct TlsMaterial {
     /// The Secret's name.
     pub secret: String,
-    /// The server certificate (DER), as a handshake presents it.
-    pub leaf: Vec<u8>,
     /// Every certificate of `tls.crt` (DER, leaf first).
     pub chain: Vec<Vec<u8>>,
     /// A hash of `tls.crt` and `ca.crt`: recorded once every instance
@@ -233,7 +231,7 @@ pub fn read(
         files.push(file(secret, key).ok_or_else(|| fail(format!("has no {key}")))?);
     }
     let (cert, key, ca) = (files[0], files[1], files[2]);
-    let leaf = crate::redis::certs::check_server_certificate(
+    let chain = crate::redis::certs::check_server_certificate(
         cert,
         key,
         ca,
@@ -270,8 +268,7 @@ pub fn read(
     }
     Ok(TlsMaterial {
         secret: name.to_string(),
-        leaf,
-        chain: crate::redis::certs::ders(cert),
+        chain,
         files_hash: files_hash(cert, ca),
         ca_pem,
         options,
