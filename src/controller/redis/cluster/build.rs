@@ -426,6 +426,51 @@ mod tests {
         );
     }
 
+    /// Runs the boot rule of `script` (a [`start_script`]) with a real
+    /// shell on `conf` as `nodes.conf` in `dir`, with a 3 s bound (`date
+    /// +%s` counts whole seconds, so the wait lasts between 2 and 3 s);
+    /// `peer`: a shell function body that stands for every peer's
+    /// `redis-cli` (its arguments are the flags; none: no peer answers).
+    /// The output (stdout then stderr) and how long it took.
+    fn run_boot_rule(
+        dir: &std::path::Path,
+        script: String,
+        conf: &str,
+        waking: &str,
+        peer: Option<&str>,
+    ) -> (String, std::time::Duration) {
+        std::fs::write(dir.join("nodes.conf"), conf).expect("write");
+        let script = script
+            .replace(
+                "/data/nodes.conf",
+                &dir.join("nodes.conf").to_string_lossy(),
+            )
+            .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
+            .replace("30 ))", "3 ))")
+            .replace("exec redis-server", "echo started");
+        let script = match peer {
+            Some(body) => format!(
+                "peer() {{ {body}; }}\n{}",
+                script.replace("timeout 2 redis-cli", "peer")
+            ),
+            None => script,
+        };
+        let t = std::time::Instant::now();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("POD_IP", "127.0.0.1")
+            .env(WAKING_ENV, waking)
+            .env("REDPILOT_CGROUP_FILE", "/dev/null")
+            .output()
+            .expect("sh");
+        (
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+            t.elapsed(),
+        )
+    }
+
     /// While TLS is turned on or off, a peer switched live listens the way
     /// the pod's template does not: the boot rule asks each peer the other
     /// way too, and hears the takeover at once; asked one way only, it
@@ -445,34 +490,11 @@ mod tests {
             "{me} 127.0.0.1:1@11 slave {other} 0 0 1 disconnected\n\
              {other} 127.0.0.1:2@12 myself,master - 0 0 2 connected 0-5460"
         );
+        // The peer listens with TLS only.
+        let peer = format!("[ \"${{1:-}}\" = --tls ] && printf '%s\\n' '{view}'");
         let run = |either: Option<&str>| {
-            std::fs::write(dir.join("nodes.conf"), &conf).expect("write");
-            let script = start_script(Engine::Redis, "", either)
-                .replace(
-                    "/data/nodes.conf",
-                    &dir.join("nodes.conf").to_string_lossy(),
-                )
-                .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
-                .replace("30 ))", "3 ))")
-                .replace("exec redis-server", "echo started")
-                .replace("timeout 2 redis-cli", "peer");
-            // The peer listens with TLS only.
-            let script = format!(
-                "peer() {{ [ \"${{1:-}}\" = --tls ] && printf '%s\\n' '{view}'; }}\n{script}"
-            );
-            let t = std::time::Instant::now();
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(&script)
-                .env("POD_IP", "127.0.0.1")
-                .env("REDPILOT_CGROUP_FILE", "/dev/null")
-                .output()
-                .expect("sh");
-            (
-                String::from_utf8_lossy(&out.stdout).to_string()
-                    + &String::from_utf8_lossy(&out.stderr),
-                t.elapsed(),
-            )
+            let script = start_script(Engine::Redis, "", either);
+            run_boot_rule(&dir, script, &conf, "", Some(&peer))
         };
         let (out, took) = run(Some(" --tls --insecure"));
         assert!(
@@ -507,41 +529,11 @@ mod tests {
         );
         // `peers`: the `CLUSTER NODES` every peer answers (none answers
         // without it).
-        let run_peers =
-            |conf: &str, waking: &str, peers: Option<&str>| -> (String, std::time::Duration) {
-                std::fs::write(dir.join("nodes.conf"), conf).expect("write");
-                let script = start_script(Engine::Redis, "", None)
-                    .replace(
-                        "/data/nodes.conf",
-                        &dir.join("nodes.conf").to_string_lossy(),
-                    )
-                    .replace(AUTH_CONF_PATH, &dir.join("auth").to_string_lossy())
-                    // A 3 s bound: `date +%s` counts whole seconds, so the
-                    // wait lasts between 2 and 3 s.
-                    .replace("30 ))", "3 ))")
-                    .replace("exec redis-server", "echo started");
-                let script = match peers {
-                    Some(view) => format!(
-                        "peer() {{ printf '%s\\n' '{view}'; }}\n{}",
-                        script.replace("timeout 2 redis-cli", "peer")
-                    ),
-                    None => script,
-                };
-                let t = std::time::Instant::now();
-                let out = std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(&script)
-                    .env("POD_IP", "127.0.0.1")
-                    .env(WAKING_ENV, waking)
-                    .env("REDPILOT_CGROUP_FILE", "/dev/null")
-                    .output()
-                    .expect("sh");
-                (
-                    String::from_utf8_lossy(&out.stdout).to_string()
-                        + &String::from_utf8_lossy(&out.stderr),
-                    t.elapsed(),
-                )
-            };
+        let run_peers = |conf: &str, waking: &str, peers: Option<&str>| {
+            let peer = peers.map(|view| format!("printf '%s\\n' '{view}'"));
+            let script = start_script(Engine::Redis, "", None);
+            run_boot_rule(&dir, script, conf, waking, peer.as_deref())
+        };
         let run_with = |conf: &str, waking: &str| run_peers(conf, waking, None);
         let run = |conf: &str| run_with(conf, "");
         // Waking from hibernation (every instance saved): no wait.
