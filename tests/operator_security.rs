@@ -1927,48 +1927,14 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
 /// The certificates (DER, leaf first) presented at `ip:port`, the chain
 /// checked against `ca`; an error when no handshake could be made.
 async fn served_chain_at(ip: &str, port: u16, ca: &str) -> Result<Vec<Vec<u8>>, String> {
-    use std::sync::Arc;
-    let roots = redpilot::redis::certs::roots(ca.as_bytes())?;
-    let verifier = redpilot::redis::certs::ChainOnly::new(roots)?;
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(verifier))
-    .with_no_client_auth();
-    let name =
-        rustls::pki_types::ServerName::try_from(ip.to_string()).map_err(|e| e.to_string())?;
-    let shake = async {
-        let tcp = tokio::net::TcpStream::connect((ip, port))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| e.to_string())
-    };
-    let tls = tokio::time::timeout(Duration::from_secs(2), shake)
+    let opts = ConnectOptions::default()
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(2))
+        .with_tls(redpilot::redis::TlsOptions::servers_of_ca(
+            ca.as_bytes().to_vec(),
+        ));
+    redpilot::redis::rdb::served_chain(&Endpoint::new(ip, port), &opts)
         .await
-        .map_err(|_| format!("{ip}:{port}: no handshake within 2 s"))??;
-    let (_, conn) = tls.get_ref();
-    Ok(conn
-        .peer_certificates()
-        .unwrap_or_default()
-        .iter()
-        .map(|c| c.to_vec())
-        .collect())
-}
-
-/// The certificates (DER) of a PEM bundle, in order.
-fn ders_of(pem: &str) -> Vec<Vec<u8>> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    CertificateDer::pem_slice_iter(pem.as_bytes())
-        .filter_map(Result::ok)
-        .map(|c| c.to_vec())
-        .collect()
+        .map_err(|e| e.to_string())
 }
 
 /// Whether a peer trusting the bundle `ca` accepts `chain` (leaf first):
@@ -2115,7 +2081,7 @@ async fn a_new_namespace_ca_reaches_a_cluster_without_splitting_its_bus() {
     let first = {
         let s = secrets.get("cache-tls").await.expect("cache-tls");
         (
-            ders_of(&secret_file(&s, "tls.crt")),
+            redpilot::redis::certs::ders(secret_file(&s, "tls.crt").as_bytes()),
             secret_file(&s, "ca.crt"),
         )
     };
@@ -2152,7 +2118,7 @@ async fn a_new_namespace_ca_reaches_a_cluster_without_splitting_its_bus() {
         );
         let s = secrets.get("cache-tls").await.expect("cache-tls");
         let (chain, ca) = (
-            ders_of(&secret_file(&s, "tls.crt")),
+            redpilot::redis::certs::ders(secret_file(&s, "tls.crt").as_bytes()),
             secret_file(&s, "ca.crt"),
         );
         if versions.last() != Some(&(chain.clone(), ca.clone())) {
