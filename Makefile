@@ -104,7 +104,11 @@ cluster-down:
 # one long test holds the others back; the LOCAL_SUITES (real servers, the S3
 # server, promtool and files, no Kubernetes; some serialise their tests with
 # a lock in the process) are a job each. Expected times are the last run's
-# ($(CARGO_TARGET_DIR)/test-times.tsv), else hack/test-times.tsv.
+# ($(CARGO_TARGET_DIR)/test-times.tsv), else hack/test-times.tsv; beside each
+# job's seconds they hold its CPU seconds (the test process and the operators
+# it ran). A job that used the CPU for under 5 % of its time waits on timers
+# (cron minutes, cooldowns, deadlines, Prometheus's scrapes): TEST_LIGHT_SLOTS
+# more slots take only those, so waiting fills idle cores, not a slot.
 LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 ALONE_SUITES := olm_e2e
@@ -113,6 +117,7 @@ ALONE_TESTS := operator_autopilot:a_grow_the_node_defers_keeps_the_template_and_
 	plain_install:kubectl_apply_of_install_yaml_runs_the_operator
 POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 TEST_SLOTS ?= 3
+TEST_LIGHT_SLOTS ?= 1
 PYTHON ?= python3
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
@@ -121,7 +126,7 @@ integration: engines
 	for t in $(ALONE_TESTS); do \
 		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || status=$$?; \
 	done; \
-	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --split "$(POOL_SUITES)" \
+	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --light-slots $(TEST_LIGHT_SLOTS) --split "$(POOL_SUITES)" \
 		--whole "$(LOCAL_SUITES)" $(addprefix --skip ,$(ALONE_TESTS)) \
 		--times "$${CARGO_TARGET_DIR:-target}/test-times.tsv" --seed hack/test-times.tsv \
 		--logs "$${CARGO_TARGET_DIR:-target}/test-pool" || status=$$?; \

@@ -12,6 +12,14 @@ from the last run on this machine (--times, written at the end) and the
 checked-in --seed; a test neither names is expected to take --default
 seconds.
 
+Each job's CPU time (its process and every child it waited for, the
+operators it starts among them) is recorded beside its seconds. A job
+whose CPU time was under --light of its wall time (it waits on timers:
+cron minutes, cooldowns, deadlines) may also run in one of --light-slots
+extra slots, beside the --slots jobs, so waiting fills idle cores instead
+of a slot; every other job runs in the --slots only. A job never measured
+counts as busy.
+
 Every job's own harness output (`test ... ok`, `test result: ...`) is
 printed when it ends, a failed job's output in full; the totals at the end
 are the sums of those harness lines. The exit status is 1 when a job failed
@@ -65,6 +73,7 @@ def listed(exe, root):
 
 
 def read_times(*paths):
+    """Maps each job to (seconds, CPU seconds or None), the first path first."""
     times = {}
     for path in paths:
         if not path or not os.path.exists(path):
@@ -72,11 +81,14 @@ def read_times(*paths):
         with open(path) as f:
             for line in f:
                 parts = line.rstrip("\n").split("\t")
-                if len(parts) == 2 and not line.startswith("#"):
-                    try:
-                        times.setdefault(parts[0], float(parts[1]))
-                    except ValueError:
-                        pass
+                if line.startswith("#") or len(parts) not in (2, 3):
+                    continue
+                try:
+                    secs = float(parts[1])
+                    cpu = float(parts[2]) if len(parts) == 3 else None
+                except ValueError:
+                    continue
+                times.setdefault(parts[0], (secs, cpu))
     return times
 
 
@@ -90,6 +102,8 @@ def main():
     ap.add_argument("--times", help="per-job seconds of the last run, read and rewritten")
     ap.add_argument("--seed", help="checked-in per-job seconds, read when --times lacks a job")
     ap.add_argument("--default", type=float, default=60.0)
+    ap.add_argument("--light-slots", type=int, default=1, help="extra slots for jobs that mostly wait")
+    ap.add_argument("--light", type=float, default=0.05, help="CPU share under which a job mostly waits")
     ap.add_argument("--logs", help="directory for each job's output")
     args = ap.parse_args()
 
@@ -107,7 +121,11 @@ def main():
     for suite in whole:
         jobs.append((suite, [exes[suite]]))
     expected = read_times(args.times, args.seed)
-    jobs.sort(key=lambda j: expected.get(j[0], args.default), reverse=True)
+    jobs.sort(key=lambda j: expected.get(j[0], (args.default, None))[0], reverse=True)
+
+    def light(name):
+        secs, cpu = expected.get(name, (args.default, None))
+        return cpu is not None and secs > 0 and cpu / secs < args.light
 
     logs = args.logs or tempfile.mkdtemp(prefix="test-pool-")
     os.makedirs(logs, exist_ok=True)
@@ -120,16 +138,22 @@ def main():
     failed_jobs = []
     took = {}
     start = time.monotonic()
+    cpu_took = {}
+    waiting = sum(1 for name, _ in jobs if light(name))
     print(f"test-pool: {len(jobs)} jobs ({len(split)} suites a test per job, {len(whole)} whole) "
-          f"in {args.slots} slots; job output under {logs}", flush=True)
+          f"in {args.slots} slots and {args.light_slots} for the {waiting} that mostly wait "
+          f"(CPU under {args.light:.0%} of their time); job output under {logs}", flush=True)
 
     def run(job):
         name, cmd = job
         log = os.path.join(logs, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
         began = time.monotonic()
         with open(log, "w") as out:
-            rc = subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = rc = os.waitstatus_to_exitcode(status)
         secs = time.monotonic() - began
+        cpu = usage.ru_utime + usage.ru_stime
         with open(log, errors="replace") as f:
             text = f.read()
         counts = [0, 0, 0]
@@ -145,10 +169,12 @@ def main():
         ok = rc == 0 and seen and counts[1] == 0 and counts[0] + counts[2] > 0
         with lock:
             took[name] = secs
+            cpu_took[name] = cpu
             for i in range(3):
                 totals[i] += counts[i]
             at = time.monotonic() - start
-            print(f"--- [{at:6.0f} s] {name}: {'ok' if ok else 'FAILED'} in {secs:.1f} s", flush=True)
+            print(f"--- [{at:6.0f} s] {name}: {'ok' if ok else 'FAILED'} in {secs:.1f} s "
+                  f"({cpu:.1f} s CPU)", flush=True)
             if ok:
                 for line in text.splitlines():
                     if line.startswith("test ") and not line.startswith("test result"):
@@ -163,8 +189,24 @@ def main():
                 print(f"--- end of {name} (exit {rc})")
             sys.stdout.flush()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.slots) as pool:
-        list(pool.map(run, jobs))
+    # Workers take the longest job left they may run: a slot any job, a
+    # light slot only a job that mostly waits.
+    queue = list(jobs)
+
+    def worker(light_only):
+        while True:
+            with lock:
+                job = next((j for j in queue if not light_only or light(j[0])), None)
+                if job is None:
+                    return
+                queue.remove(job)
+            run(job)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.slots + args.light_slots) as pool:
+        workers = [pool.submit(worker, False) for _ in range(args.slots)]
+        workers += [pool.submit(worker, True) for _ in range(args.light_slots)]
+        for w in workers:
+            w.result()
 
     wall = time.monotonic() - start
     busy = sum(took.values())
@@ -173,14 +215,16 @@ def main():
           f"{busy / max(wall, 1):.2f} slots busy on average)")
     print("longest jobs:")
     for name, secs in sorted(took.items(), key=lambda kv: kv[1], reverse=True)[:12]:
-        print(f"  {secs:7.1f} s  {name}")
+        print(f"  {secs:7.1f} s  {name} ({cpu_took[name]:.1f} s CPU)")
     if args.times:
         merged = read_times(args.times)
-        merged.update(took)
+        for name, secs in took.items():
+            merged[name] = (secs, cpu_took[name])
         with open(args.times, "w") as f:
-            f.write("# seconds each job took in the last run (hack/test-pool.py)\n")
+            f.write("# seconds each job took in the last run and its CPU seconds (hack/test-pool.py)\n")
             for name in sorted(merged):
-                f.write(f"{name}\t{merged[name]:.1f}\n")
+                secs, cpu = merged[name]
+                f.write(f"{name}\t{secs:.1f}" + (f"\t{cpu:.1f}" if cpu is not None else "") + "\n")
     print(f"test result (all pooled jobs): {totals[0]} passed; {totals[1]} failed; {totals[2]} ignored")
     if failed_jobs:
         print("failed jobs:")
