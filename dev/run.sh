@@ -6,7 +6,8 @@
 # 2. Installs the CRDs and RBAC, builds the operator and starts it in the
 #    background (log: .dev/operator.log; stop: make run-stop).
 # 3. Applies the Replication sample, waits until it is Ready and prints how to
-#    connect.
+#    connect, and how to look at it with the kubectl plugin (a debug build,
+#    bin/kubectl-redpilot, unless `make plugin` put a release build there).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/bin
@@ -31,12 +32,17 @@ if [[ -d $root/config/rbac ]]; then
 	kubectl apply --server-side --force-conflicts --field-manager redpilot-dev -k "$root/config/rbac" >/dev/null
 fi
 
-echo "run: building the operator"
+echo "run: building the operator and the kubectl plugin"
 # Both programs of the operator's image: the pods' metrics sidecar runs
-# redpilot-exporter (dev/images.yaml maps the image to both).
-(cd "$root" && cargo build --quiet --bin redpilot --bin redpilot-exporter)
+# redpilot-exporter (dev/images.yaml maps the image to both). The plugin is
+# one more link of the same crate.
+(cd "$root" && cargo build --quiet --bin redpilot --bin redpilot-exporter --bin kubectl-redpilot)
 target=${CARGO_TARGET_DIR:-$root/target}
 operator=$target/debug/redpilot
+# A release build from `make plugin` is kept; otherwise the debug one.
+if [[ ! -e $bin/kubectl-redpilot || $(readlink "$bin/kubectl-redpilot") == */debug/kubectl-redpilot ]]; then
+	ln -sf "$target/debug/kubectl-redpilot" "$bin/kubectl-redpilot"
+fi
 
 if [[ -f $state/operator.pid ]] && kill -0 "$(cat "$state/operator.pid")" 2>/dev/null; then
 	echo "run: stopping the previous operator (pid $(cat "$state/operator.pid"))"
@@ -108,5 +114,7 @@ Connect:
 ${tls_files}  redis-cli$tls_flags -h $ip -p 6379 ping
 Inside the cluster the Services are $name (read-write, the primary) and $name-ro (replicas).
 Watch it:   $bin/kubectl get redis -n $ns -w
+Status:     export PATH=$bin:\$PATH; kubectl redpilot status $name -n $ns
+            (also: advise, switchover, backup, hibernate, wake; kubectl redpilot --help)
 Stop:       make run-stop   (the operator)   |   make cluster-down   (everything)
 MSG
