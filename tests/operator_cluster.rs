@@ -34,6 +34,8 @@
 //!   live password rotation on every node and a replica killed afterwards
 //!   relinking with the new password.
 
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
 #[path = "support/cluster_writer.rs"]
 mod cluster_writer;
 mod support;
@@ -1548,6 +1550,40 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         sts.get_opt("wrong-s0").await.expect("get").is_none(),
         "nothing is created for a refused restore"
     );
+
+    // 4. A Replication Redis is not filled from a shard per file.
+    apply_redis(
+        &client,
+        &ns.name,
+        "flat",
+        json!({"mode": "Replication", "instances": 2,
+               "bootstrap": {"fromBackup": {"backup": "b1"}}}),
+    )
+    .await;
+    let cond = wait_for(
+        "the Replication restore of a Cluster backup refused",
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("flat").await.ok()?;
+            r.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+        },
+    )
+    .await;
+    println!("a Cluster backup into a Replication Redis: {cond:?}");
+    assert_eq!(cond.reason, "BackupModeMismatch", "{cond:?}");
+    assert!(
+        cond.message.contains("spec.bootstrap.fromBackup.backup")
+            && cond.message.contains("spec.mode Cluster and spec.shards 3"),
+        "{}",
+        cond.message
+    );
+    assert!(
+        sts.get_opt("flat").await.expect("get").is_none(),
+        "nothing is created for a refused restore"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1794,4 +1830,103 @@ async fn a_roll_of_a_cluster_nobody_writes_to_finishes() {
         "an idle 3 x 2 cluster rolled in {:.1} s",
         t.elapsed().as_secs_f64()
     );
+}
+
+/// A shard of one instance without volumes keeps its old template: a
+/// restart would hand its slots to an empty node (its `nodes.conf` and its
+/// data live in the pod), and neither `spec.instances` nor `spec.storage`
+/// can change on a Cluster Redis. The wait is said in `Progressing`, with
+/// what the user can do; no pod is made anew and no server restarts while
+/// it stands; the change taken back, the wait ends and every key is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_shard_instance_without_a_volume_waits_rather_than_lose_its_slots() {
+    let (tags, size) = (200, 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-lone", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let spec = json!({"mode": "Cluster", "shards": 3, "instances": 1, "engine": "Valkey", "version": "8.1"});
+    apply_redis(&client, &ns.name, "cache", spec).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password)
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
+    let mut keys = cluster_client::Client::new(seed, copts.clone());
+    cluster_client::fill(&mut keys, tags, size).await;
+    let lives = || support::operator::lives(&client, &ns.name, "cache", &copts);
+    let before = lives().await;
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    // A setting that needs a restart.
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    let api = redis_api(&client, &ns.name);
+    let waiting = |r: &Redis| {
+        r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| {
+                    c.type_ == "Progressing"
+                        && c.status == "True"
+                        && c.message.contains("is its only instance and has no volume")
+                })
+                .map(|c| c.message.clone())
+        })
+    };
+    let said = wait_for(
+        "the roll's wait said in Progressing",
+        Duration::from_secs(60),
+        || async { waiting(&api.get("cache").await.ok()?) },
+    )
+    .await;
+    println!("the lone instances wait: {said}");
+    assert!(
+        said.contains("take the change back") && said.contains("new Cluster Redis"),
+        "the message says what can be done: {said}"
+    );
+    // It stands: no pod made anew, no server restarted, every key there.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(lives().await, before, "no pod or server restarted");
+    let r = api.get("cache").await.expect("redis");
+    assert!(waiting(&r).is_some(), "still waiting: {:?}", r.status);
+    for t in 0..tags {
+        assert_eq!(
+            cluster_client::whole(&mut keys, t, size).await,
+            Some(true),
+            "tag {t} while the roll waits"
+        );
+    }
+
+    // The change taken back: nothing is outdated, the wait ends.
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"config": null}}),
+    )
+    .await;
+    let t = Instant::now();
+    wait_for("the wait over and the Redis Ready", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        (waiting(&r).is_none() && support::operator::is_ready(&r)).then_some(())
+    })
+    .await;
+    println!(
+        "the change taken back: the wait ended {:.1} s later",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(lives().await, before, "no pod or server restarted");
+    for t in 0..tags {
+        assert_eq!(
+            cluster_client::whole(&mut keys, t, size).await,
+            Some(true),
+            "tag {t} after"
+        );
+    }
 }

@@ -1193,3 +1193,297 @@ async fn a_shard_removal_stopped_between_its_record_and_spec_keeps_the_cooldown(
         "the second shard went {second_gap:.1} s after the first, inside the {COOLDOWN} s cooldown"
     );
 }
+
+/// At `maxShards` and still short of room the shard autopilot adds nothing
+/// and says so: the decision `AtMaximum` (with the count it wanted), the
+/// event `ShardsAtMaximum`, `status.autopilot.shards.atMaximum` and the
+/// metric `redpilot_redis_shards_at_maximum` 1; all of it clears once the
+/// shards have room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_maximum_the_shard_autopilot_adds_nothing_and_says_so() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-shards-max", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    // maxmemory 48 MiB per node; at 50 % of it 3 shards want more.
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 1, "engine": "Valkey", "version": "8.1",
+               "resources": {"limits": {"memory": "64Mi"}},
+               "autopilot": {"shards": {"minShards": 3, "maxShards": 3, "scaleUpPercent": 50,
+                                        "scaleDownPercent": 15, "cooldownSeconds": 30}}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
+    let api = redis_api(&client, &ns.name);
+    let at_max = |r: &Redis| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.autopilot.as_ref()?.shards.as_ref())
+            .is_some_and(|s| s.at_maximum)
+    };
+
+    // 4 KiB values, paced, until the status says it is at its maximum.
+    let mut filler = Client::new(seed, copts);
+    let value = "m".repeat(4096);
+    let t = Instant::now();
+    let mut written = 0;
+    let mut oom = 0;
+    while !at_max(&api.get("cache").await.expect("redis")) {
+        assert!(
+            written < 36_000,
+            "{written} keys of 4 KiB written (past what 3 shards hold) and not at the maximum: {}",
+            recent_events(&client, &ns.name, 20).await
+        );
+        for i in written..written + 500 {
+            let key = format!("{{f{i}}}");
+            if let Err(e) = filler
+                .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(&value))
+                .await
+            {
+                assert!(e.starts_with("OOM"), "{key}: {e}");
+                oom += 1;
+            }
+        }
+        written += 500;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = api.get("cache").await.expect("redis");
+    let decision = r
+        .status
+        .as_ref()
+        .and_then(|s| s.autopilot.as_ref()?.shards.as_ref()?.last_decision.clone())
+        .expect("a decision");
+    println!(
+        "{written} keys of 4 KiB in {:.1} s: {decision:?}",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(oom, 0, "writes refused before the decision");
+    assert_eq!(
+        (decision.action.as_str(), decision.from),
+        ("AtMaximum", 3),
+        "{decision:?}"
+    );
+    assert!(decision.to > 3, "the count it wanted: {decision:?}");
+    assert!(
+        decision.reason.contains("maxShards is 3"),
+        "{}",
+        decision.reason
+    );
+    // Nothing added, now or a few passes later.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let r = api.get("cache").await.expect("redis");
+    assert_eq!(r.spec.shards, Some(3), "spec.shards stays at maxShards");
+    assert!(r.status.as_ref().is_some_and(|s| s.resharding.is_none()));
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("ShardsAtMaximum"), "{events}");
+    assert!(!events.contains("ShardsAdded"), "{events}");
+    let series = format!(
+        "redpilot_redis_shards_at_maximum{{namespace=\"{}\",redis=\"cache\"}} 1",
+        ns.name
+    );
+    let page = op.metrics().await.expect("metrics");
+    assert!(
+        page.contains(&series),
+        "no {series} in the operator's metrics"
+    );
+
+    // Room again: every key deleted, and it clears.
+    for s in 0..3 {
+        let mut n = connect_pod(&client, &ns.name, &format!("cache-s{s}-0"), &password)
+            .await
+            .expect("connect");
+        let _: () = n
+            .query("FLUSHALL", &redis::cmd("FLUSHALL"))
+            .await
+            .expect("FLUSHALL");
+    }
+    let t = Instant::now();
+    wait_for("atMaximum cleared", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        (!at_max(&r)).then_some(())
+    })
+    .await;
+    let page = op.metrics().await.expect("metrics");
+    let cleared = format!("{} 0", series.trim_end_matches(" 1"));
+    assert!(
+        page.lines().any(|l| l == cleared),
+        "the metric follows the status: {}",
+        page.lines()
+            .filter(|l| l.contains("shards_at_maximum"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!(
+        "cleared {:.1} s after the delete",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// Resharding's bounds, met at once: a restart-only setting and a fourth
+/// shard asked for in one change. The resharding is `Paused`, saying the
+/// ordered restart runs, and moves no slot while any pod of the old
+/// template is left; then it moves and ends `Done`. Back to three shards
+/// with a replica's server stopped (`SIGSTOP`): `Paused`, naming the pod,
+/// no slot moved, until it runs again. Every key stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
+    use support::operator::{patch_redis, pod_uids, server_pid, signal};
+    let (tags, size) = (300, 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-reshard-bounds", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379);
+    fill(&mut Client::new(seed, copts.clone()), tags, size).await;
+    let api = redis_api(&client, &ns.name);
+    let before = pod_uids(&client, &ns.name, "cache").await;
+    assert_eq!(before.len(), 6, "{before:?}");
+
+    // 1. A restart and a fourth shard at once.
+    patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"shards": 4, "config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    let t = Instant::now();
+    let mut paused = None;
+    let mut restarted_at = None;
+    loop {
+        let r = api.get("cache").await.expect("redis");
+        let now = pod_uids(&client, &ns.name, "cache").await;
+        let old: Vec<&String> = before
+            .iter()
+            .filter(|(p, uid)| now.get(*p) == Some(*uid))
+            .map(|(p, _)| p)
+            .collect();
+        if old.is_empty() && restarted_at.is_none() {
+            restarted_at = Some(t.elapsed());
+        }
+        if let Some(rs) = r.status.as_ref().and_then(|s| s.resharding.as_ref()) {
+            assert!(
+                rs.slots_moved == 0 || old.is_empty(),
+                "{} slots moved while {old:?} ran the old template: {rs:?}",
+                rs.slots_moved
+            );
+            if rs.phase == ReshardingPhase::Paused
+                && let Some(m) = rs.message.as_deref()
+                && m.contains("an ordered restart runs")
+            {
+                paused.get_or_insert_with(|| m.to_string());
+            }
+        }
+        if resharding_done(&r, 4) && old.is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < READY,
+            "the restart and the resharding within {READY:?}: {:?}\n{}",
+            r.status.as_ref().map(|s| (&s.resharding, &s.conditions)),
+            recent_events(&client, &ns.name, 20).await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let paused = paused.expect("the resharding was seen paused for the restart");
+    println!(
+        "restart + 4th shard: paused ({paused}); every old pod restarted at {:.1} s, Done at {:.1} s",
+        restarted_at.unwrap_or_default().as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    let mut reader = Client::new(
+        Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379),
+        copts.clone(),
+    );
+    for t in 0..tags {
+        assert_eq!(whole(&mut reader, t, size).await, Some(true), "tag {t}");
+    }
+
+    // 2. Back to three shards with a replica's server stopped.
+    let r = api.get("cache").await.expect("redis");
+    let replica = r.status.as_ref().expect("status").shards[0].replicas[0].clone();
+    let mut n = connect_pod(&client, &ns.name, &replica, &password)
+        .await
+        .expect("connect");
+    let pid = server_pid(&mut n).await;
+    drop(n);
+    signal(pid, "-STOP");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "the stopped replica not ready",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(&replica).await.ok()?;
+            let ready = p
+                .status?
+                .conditions?
+                .into_iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (!ready).then_some(())
+        },
+    )
+    .await;
+    patch_redis(&client, &ns.name, "cache", json!({"spec": {"shards": 3}})).await;
+    let msg = wait_for(
+        "the resharding paused for the stopped replica",
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let rs = r.status?.resharding?;
+            (rs.to_shards == 3 && rs.phase == ReshardingPhase::Paused)
+                .then_some(rs.message.unwrap_or_default())
+        },
+    )
+    .await;
+    println!("4 → 3 with {replica} stopped: paused ({msg})");
+    assert!(msg.contains(&replica), "{msg}");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let rs = api
+        .get("cache")
+        .await
+        .expect("redis")
+        .status
+        .and_then(|s| s.resharding)
+        .expect("resharding");
+    assert_eq!(
+        (rs.phase, rs.slots_moved),
+        (ReshardingPhase::Paused, 0),
+        "nothing moves while {replica} is stopped: {rs:?}"
+    );
+    signal(pid, "-CONT");
+    let t = Instant::now();
+    wait_for("4 → 3 done once it runs again", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        resharding_done(&r, 3).then_some(())
+    })
+    .await;
+    println!(
+        "4 → 3 done {:.1} s after the replica ran again",
+        t.elapsed().as_secs_f64()
+    );
+    let mut reader = Client::new(
+        Endpoint::new(pod_ip(&client, &ns.name, "cache-s0-0").await, 6379),
+        copts,
+    );
+    for t in 0..tags {
+        assert_eq!(whole(&mut reader, t, size).await, Some(true), "tag {t}");
+    }
+}

@@ -3043,6 +3043,76 @@ async fn client_certificates_are_required_of_every_client_the_operators_own_incl
         killed.elapsed().as_secs_f64()
     );
 
+    // Optional: the pods roll; on every instance a client without a
+    // certificate is served (its password is enough), one presenting a
+    // certificate of the CA is served, and one presenting a certificate of
+    // another CA is refused (a certificate shown must be signed by ca.crt).
+    apply_redis(&client, ns, "cache", spec("cache-tls", "Optional")).await;
+    let rolled = Instant::now();
+    let stranger_ca = TestCa::new("a CA the servers do not trust");
+    let (stranger_cert, stranger_key, _) = stranger_ca.server(&["app".to_string()], -60, 86_400);
+    let mut stranger = TlsOptions::servers_of_ca(ca.pem.clone().into_bytes());
+    stranger.client_cert_pem = Some(stranger_cert.into_bytes());
+    stranger.client_key_pem = Some(stranger_key.into_bytes());
+    let strange = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500))
+        .with_tls(stranger);
+    wait_for(
+        "every instance asking for a certificate optionally",
+        READY,
+        || async {
+            let r = api.get("cache").await.ok()?;
+            if !support::operator::is_ready(&r) {
+                return None;
+            }
+            for (_, ip) in ips(&client, ns, "cache").await {
+                let mut n = Node::connect(&Endpoint::new(&ip, 6379), &without)
+                    .await
+                    .ok()?;
+                let auth: Vec<String> = n
+                    .query(
+                        "CONFIG GET",
+                        redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
+                    )
+                    .await
+                    .ok()?;
+                (auth == ["tls-auth-clients", "optional"]).then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "clientAuth Optional on every instance {:.1} s later",
+        rolled.elapsed().as_secs_f64()
+    );
+    for (pod, ip) in ips(&client, ns, "cache").await {
+        let ep = Endpoint::new(&ip, 6379);
+        let mut n = Node::connect(&ep, &without)
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: a client without a certificate: {e}"));
+        let _: () = n
+            .query("PING", &redis::cmd("PING"))
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: PING without a certificate: {e}"));
+        let mut n = Node::connect(&ep, &with)
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: a client with a certificate of the CA: {e}"));
+        let _: () = n
+            .query("PING", &redis::cmd("PING"))
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: PING with a certificate of the CA: {e}"));
+        let refused = match Node::connect(&ep, &strange).await {
+            Err(e) => e.to_string(),
+            Ok(mut n) => match n.query::<()>("PING", &redis::cmd("PING")).await {
+                Err(e) => e.to_string(),
+                Ok(()) => panic!("{pod}: a certificate of another CA was accepted"),
+            },
+        };
+        println!("{pod}: a certificate of another CA: {refused}");
+    }
+
     // Back to None: the pods roll; a client without a certificate is
     // served on every instance.
     apply_redis(&client, ns, "cache", spec("cache-tls", "None")).await;

@@ -589,3 +589,373 @@ async fn a_cluster_big_key_is_found_in_every_shard() {
         );
     }
 }
+
+/// The value of `key` on every server of `name`, by pod.
+async fn config_everywhere(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    password: &str,
+    key: &str,
+) -> Vec<(String, Option<String>)> {
+    use crate::support::operator::config_get;
+    let mut out = Vec::new();
+    for (pod, _) in redis_pods(client, ns, name).await {
+        let mut n = connect_pod(client, ns, &pod, password)
+            .await
+            .expect("connect");
+        out.push((pod, config_get(&mut n, key).await));
+    }
+    out
+}
+
+/// `CONFIG SET key value` on one pod's server (a value the operator does
+/// not own: not in `spec.config`).
+async fn config_set(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    password: &str,
+    key: &str,
+    value: &str,
+) {
+    let mut n = connect_pod(client, ns, pod, password)
+        .await
+        .expect("connect");
+    let _: () = n
+        .query(
+            "CONFIG SET",
+            redis::cmd("CONFIG").arg("SET").arg(key).arg(value),
+        )
+        .await
+        .expect("CONFIG SET");
+}
+
+/// The record of `rule` in `status.tuning.applied` once `done` holds of it.
+async fn applied_when(
+    api: &kube::Api<Redis>,
+    name: &str,
+    rule: &str,
+    done: impl Fn(&redpilot::api::v1alpha1::AppliedTuning) -> bool,
+) -> redpilot::api::v1alpha1::AppliedTuning {
+    wait_for(
+        &format!("{name}: {rule} applied"),
+        Duration::from_secs(120),
+        || async {
+            let r = api.get(name).await.ok()?;
+            let t = r.status?.tuning?;
+            t.applied.into_iter().find(|a| a.rule == rule && done(a))
+        },
+    )
+    .await
+}
+
+/// `spec.tuning.apply` end to end for the five rules besides the latency
+/// monitor's, each made to fire on real servers: connections near
+/// `maxclients` and refused at it (both double it), a key of 17 MiB
+/// (`lazyfree-lazy-user-del yes`), memory fragmented by deleting every
+/// other key of 120 MiB (`activedefrag yes`, applied where the server's
+/// jemalloc can defragment and recorded `Refused` with the server's words
+/// where it cannot), and three full resynchronisations a small backlog
+/// caused (`repl-backlog-size`, on every instance). Each value is read
+/// back from the servers; no pod restarts.
+#[tokio::test]
+async fn spec_tuning_applies_each_rule_it_lists_on_real_servers() {
+    use crate::support::operator::pod_uids;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-tuning-rules", &[]).await;
+    let _op = start_operator(&client, looking_every_3s(&ns.name)).await;
+    let api = redis_api(&client, &ns.name);
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Standalone", "resources": {"limits": {"memory": "512Mi"}},
+               "tuning": {"apply": ["clients-near-max", "fragmentation"]}}),
+    )
+    .await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "busy",
+        // Few keys: the key sampler (one SCAN step a look) finds the big one
+        // at once.
+        json!({"mode": "Standalone", "resources": {"limits": {"memory": "128Mi"}},
+               "tuning": {"apply": ["rejected-connections", "big-keys"]}}),
+    )
+    .await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "flows",
+        // Unfenced: the primary takes the writes its stopped replica misses.
+        json!({"mode": "Replication", "instances": 2, "resources": {"limits": {"memory": "256Mi"}},
+               "failover": {"fence": false}, "tuning": {"apply": ["full-resyncs"]}}),
+    )
+    .await;
+    let mut uids = Vec::new();
+    let mut pw = std::collections::BTreeMap::new();
+    for name in ["cache", "busy", "flows"] {
+        wait_ready(&client, &ns.name, name, READY).await;
+        uids.push(pod_uids(&client, &ns.name, name).await);
+        pw.insert(name, redis_password(&client, &ns.name, name).await);
+    }
+
+    // cache: 30 clients allowed (set live), 26 connected.
+    config_set(
+        &client,
+        &ns.name,
+        "cache-0",
+        &pw["cache"],
+        "maxclients",
+        "30",
+    )
+    .await;
+    let ip = pod_ip(&client, &ns.name, "cache-0").await;
+    let mut node = connect_pod(&client, &ns.name, "cache-0", &pw["cache"])
+        .await
+        .expect("connect");
+    let mut idle: Vec<TcpStream> = Vec::new();
+    let mut now = info_u64(&mut node, "clients", "connected_clients").await;
+    while now < 26 && idle.len() < 28 {
+        for _ in now..26 {
+            idle.push(TcpStream::connect((ip.as_str(), 6379)).expect("idle client"));
+        }
+        now = info_u64(&mut node, "clients", "connected_clients").await;
+    }
+    assert!(now >= 26, "{now} clients of 30");
+    // 400,000 keys of 300 bytes, then every other one deleted: the pages
+    // the kept ones sit on stay resident.
+    let value = "v".repeat(300);
+    for chunk in (0..400_000).collect::<Vec<u32>>().chunks(5000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("SET").arg(format!("k:{i}")).arg(&value).ignore();
+        }
+        let _: () = node.pipeline("SET", &p).await.expect("fill");
+    }
+    for chunk in (0..400_000)
+        .filter(|i| i % 2 == 1)
+        .collect::<Vec<u32>>()
+        .chunks(5000)
+    {
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("DEL").arg(format!("k:{i}")).ignore();
+        }
+        let _: () = node.pipeline("DEL", &p).await.expect("delete");
+    }
+    let used = info_u64(&mut node, "memory", "used_memory").await;
+    let rss = info_u64(&mut node, "memory", "used_memory_rss").await;
+    println!(
+        "cache: {now} clients of 30; used {} MiB, resident {} MiB",
+        used >> 20,
+        rss >> 20
+    );
+    assert!(
+        used >= 64 << 20 && rss * 2 >= used * 3,
+        "the workload fragments: used {used}, resident {rss}"
+    );
+
+    // busy: 10 clients allowed (set live), 14 tried: some are refused.
+    config_set(&client, &ns.name, "busy-0", &pw["busy"], "maxclients", "10").await;
+    let busy_ip = pod_ip(&client, &ns.name, "busy-0").await;
+    let mut tried: Vec<redpilot::redis::Node> = Vec::new();
+    let mut refused = 0;
+    let opts = redpilot::redis::ConnectOptions::default().with_password(pw["busy"].clone());
+    for _ in 0..14 {
+        match redpilot::redis::Node::connect(&redpilot::redis::Endpoint::new(&busy_ip, 6379), &opts)
+            .await
+        {
+            Ok(n) => tried.push(n),
+            // The server answers "max number of clients reached" and
+            // closes: the client may see the error or a broken pipe.
+            Err(_) => refused += 1,
+        }
+    }
+    // Only for a moment: the probes and the operator connect again.
+    drop(tried);
+    let mut n = wait_for(
+        "a connection to busy-0 again",
+        Duration::from_secs(10),
+        || async {
+            connect_pod(&client, &ns.name, "busy-0", &pw["busy"])
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let counted = info_u64(&mut n, "stats", "rejected_connections").await;
+    // A key of 17 MiB.
+    let _: () = n
+        .query(
+            "SET",
+            redis::cmd("SET").arg("big").arg("b".repeat(17 << 20)),
+        )
+        .await
+        .expect("SET big");
+    println!(
+        "busy: {refused} of 14 connections failed at maxclients 10; the server refused {counted}"
+    );
+    assert!(refused > 0 && counted > 0);
+
+    // flows: a 1 MiB backlog; three times the replica's server is stopped
+    // while 24 MiB are written (more than the sockets between them hold),
+    // then cut off: what it missed is no longer in the backlog, so it must
+    // copy everything again.
+    let flows = api.get("flows").await.expect("flows");
+    let primary = flows
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let replica = if primary == "flows-0" {
+        "flows-1"
+    } else {
+        "flows-0"
+    };
+    config_set(
+        &client,
+        &ns.name,
+        &primary,
+        &pw["flows"],
+        "repl-backlog-size",
+        "1048576",
+    )
+    .await;
+    let mut r = connect_pod(&client, &ns.name, replica, &pw["flows"])
+        .await
+        .expect("connect");
+    let replica_pid = crate::support::operator::server_pid(&mut r).await;
+    drop(r);
+    let mut p = connect_pod(&client, &ns.name, &primary, &pw["flows"])
+        .await
+        .expect("connect");
+    let full_before = info_u64(&mut p, "stats", "sync_full").await;
+    let mb = "r".repeat(1 << 20);
+    for round in 0..3 {
+        crate::support::operator::signal(replica_pid, "-STOP");
+        let mut pipe = redis::pipe();
+        for i in 0..24 {
+            pipe.cmd("SET").arg(format!("r:{i}")).arg(&mb).ignore();
+        }
+        pipe.cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .ignore();
+        let cut = p.pipeline::<()>("cut off", &pipe).await;
+        crate::support::operator::signal(replica_pid, "-CONT");
+        cut.expect("cut off");
+        let want = full_before + round + 1;
+        wait_for(
+            "the replica synced in full again",
+            Duration::from_secs(30),
+            || async {
+                let mut p = connect_pod(&client, &ns.name, &primary, &pw["flows"])
+                    .await
+                    .ok()?;
+                let full = info_u64(&mut p, "stats", "sync_full").await;
+                let online = info_u64(&mut p, "replication", "connected_slaves").await;
+                (full >= want && online == 1).then_some(())
+            },
+        )
+        .await;
+    }
+    let refused_partial = info_u64(&mut p, "stats", "sync_partial_err").await;
+    println!(
+        "flows: {} full resyncs, {refused_partial} partial ones refused",
+        info_u64(&mut p, "stats", "sync_full").await - full_before
+    );
+    assert!(refused_partial >= 1);
+
+    // Each listed rule applied, read back from every server.
+    let near = applied_when(&api, "cache", "clients-near-max", |a| a.state == "Cleared").await;
+    assert_eq!(
+        (near.key.as_str(), near.from.as_str(), near.to.as_str()),
+        ("maxclients", "30", "60"),
+        "{near:?}"
+    );
+    let lazy = applied_when(&api, "busy", "big-keys", |_| true).await;
+    assert_eq!(
+        (lazy.key.as_str(), lazy.to.as_str(), lazy.state.as_str()),
+        ("lazyfree-lazy-user-del", "yes", "Applied"),
+        "{lazy:?}"
+    );
+    let defrag = applied_when(&api, "cache", "fragmentation", |_| true).await;
+    println!("fragmentation: {defrag:?}");
+    assert_eq!(defrag.key, "activedefrag");
+    let mut n = connect_pod(&client, &ns.name, "cache-0", &pw["cache"])
+        .await
+        .expect("connect");
+    let allocator = crate::support::operator::config_get(&mut n, "activedefrag").await;
+    match defrag.state.as_str() {
+        "Applied" | "Cleared" => assert_eq!(allocator.as_deref(), Some("yes")),
+        "Refused" => {
+            assert_eq!(allocator.as_deref(), Some("no"));
+            assert!(
+                defrag.message.as_deref().is_some_and(|m| !m.is_empty()),
+                "the server's words: {defrag:?}"
+            );
+        }
+        other => panic!("fragmentation: state {other}"),
+    }
+    assert_eq!(
+        config_everywhere(&client, &ns.name, "cache", &pw["cache"], "maxclients").await,
+        [("cache-0".to_string(), Some("60".to_string()))]
+    );
+    assert_eq!(
+        config_everywhere(
+            &client,
+            &ns.name,
+            "busy",
+            &pw["busy"],
+            "lazyfree-lazy-user-del"
+        )
+        .await,
+        [("busy-0".to_string(), Some("yes".to_string()))]
+    );
+    let rejected = applied_when(&api, "busy", "rejected-connections", |_| true).await;
+    assert_eq!(
+        (
+            rejected.key.as_str(),
+            rejected.from.as_str(),
+            rejected.to.as_str()
+        ),
+        ("maxclients", "10", "20"),
+        "{rejected:?}"
+    );
+    assert_eq!(
+        config_everywhere(&client, &ns.name, "busy", &pw["busy"], "maxclients").await,
+        [("busy-0".to_string(), Some("20".to_string()))]
+    );
+    let backlog = applied_when(&api, "flows", "full-resyncs", |_| true).await;
+    println!("full-resyncs: {backlog:?}");
+    assert_eq!(
+        (backlog.key.as_str(), backlog.from.as_str()),
+        ("repl-backlog-size", "1048576")
+    );
+    let to: u64 = backlog.to.parse().expect("bytes");
+    assert!(
+        to >= 4 << 20,
+        "at least four times the backlog: {backlog:?}"
+    );
+    for (pod, v) in config_everywhere(
+        &client,
+        &ns.name,
+        "flows",
+        &pw["flows"],
+        "repl-backlog-size",
+    )
+    .await
+    {
+        assert_eq!(v.as_deref(), Some(backlog.to.as_str()), "{pod}");
+    }
+    let events = recent_events(&client, &ns.name, 80).await;
+    assert!(events.contains("TuningApplied"), "{events}");
+    // Live: no pod made anew.
+    for (name, before) in ["cache", "busy", "flows"].into_iter().zip(uids) {
+        assert_eq!(pod_uids(&client, &ns.name, name).await, before, "{name}");
+    }
+    drop(idle);
+}

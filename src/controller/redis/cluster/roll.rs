@@ -133,8 +133,10 @@ pub fn next_restart(
         }
         return Roll::Wait(format!(
             "{summary}; shard {}: {primary} is its only instance and has no volume, so a \
-             restart would leave its slots to an empty node: it keeps its old template \
-             (run spec.instances of 2 or more, or spec.storage, to apply it)",
+             restart would leave its slots to an empty node: it keeps its old template. \
+             Neither spec.instances nor spec.storage can change on a Cluster Redis: take the \
+             change back, or restore a backup into a new Cluster Redis with spec.instances \
+             2 or more or with spec.storage",
             shard.index
         ));
     }
