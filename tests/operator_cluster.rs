@@ -751,7 +751,8 @@ async fn pod_images(client: &kube::Client, ns: &str) -> BTreeMap<String, String>
 
 /// A Cluster upgrade: first to an image the node cannot pull (the first
 /// upgraded replica fails, every upgraded pod is put back, no primary is
-/// touched, the status says why), then Redis 7.0 → Valkey 8.1: every
+/// touched, the status says why), to a server that exits at start and to
+/// one that is never Ready (the same), then Redis 7.0 → Valkey 8.1: every
 /// shard's replicas first, then shard by shard a `CLUSTER FAILOVER` to an
 /// upgraded replica and the old primary, the operator killed half way and
 /// the next one finishing; writers on every shard lose no confirmed write.
@@ -766,6 +767,11 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
     opts.env.push((
         "RELATED_IMAGE_VALKEY_8_1".into(),
         "mirror.invalid/valkey:8.1".into(),
+    ));
+    // The test's broken images are allowed as `spec.image` here.
+    opts.env.push((
+        "REDPILOT_ALLOWED_IMAGES".into(),
+        "redis,valkey/valkey,redpilot-test/*".into(),
     ));
     let mut op = start_operator(&client, opts.clone()).await;
     apply_redis(
@@ -847,6 +853,75 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
         .collect();
     assert!(!restarted.is_empty(), "the attempt restarted no replica");
     println!("put back on Redis 7.0: {restarted:?}; primaries untouched");
+
+    // 1b. A server that exits at start, then 1c. one that starts but is
+    // never Ready (rolled back once spec.upgrade.timeoutSeconds, 30 here,
+    // has passed): each a new spec change, each rolled back with no
+    // primary touched and every pod on Redis 7.0 again.
+    for (image, timeout, reason) in [
+        ("redpilot-test/exits-at-start:7.0", 60, "CrashLoop"),
+        ("redpilot-test/never-ready:7.0", 30, "NotReadyInTime"),
+    ] {
+        let before = pod_uids(&client, &ns.name).await;
+        support::operator::patch_redis(
+            &client,
+            &ns.name,
+            "cache",
+            json!({"spec": {"image": image, "upgrade": {"timeoutSeconds": timeout}}}),
+        )
+        .await;
+        let t = Instant::now();
+        let r = wait_until(&client, &ns.name, "the broken image rolled back", |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.upgrade.as_ref())
+                .is_some_and(|u| u.phase == UpgradePhase::RolledBack && u.to.image.contains(image))
+        })
+        .await;
+        let u = r
+            .status
+            .as_ref()
+            .and_then(|s| s.upgrade.clone())
+            .expect("upgrade");
+        println!(
+            "{image}: {:?} {:?} in {:.1} s: {}",
+            u.phase,
+            u.reason,
+            t.elapsed().as_secs_f64(),
+            u.message.clone().unwrap_or_default()
+        );
+        assert_eq!(u.reason.as_deref(), Some(reason), "{u:?}");
+        if reason == "NotReadyInTime" {
+            assert!(
+                t.elapsed() >= Duration::from_secs(30),
+                "not before the timeout"
+            );
+        }
+        let now = pod_uids(&client, &ns.name).await;
+        for p in &primaries {
+            assert_eq!(
+                now.get(p),
+                uids.get(p),
+                "{image}: primary {p} was restarted"
+            );
+        }
+        assert!(
+            before.iter().any(|(p, uid)| now.get(p) != Some(uid)),
+            "{image}: the attempt restarted no replica"
+        );
+        assert_eq!(
+            pod_images(&client, &ns.name).await,
+            old_images,
+            "{image}: every pod runs Redis 7.0 again"
+        );
+    }
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"upgrade": {"timeoutSeconds": 60}}}),
+    )
+    .await;
 
     // 2. Redis 7.0 → Valkey 8.1 from an image the node has (a new spec
     // change, a new attempt), watching the order of the restarts. The
