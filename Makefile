@@ -274,7 +274,8 @@ bench-tuning: engines
 bench-tls: engines
 	bash hack/tls-bench.sh
 
-run: setup tools-cluster engines
+# The tools and engines are built by dev/run.sh, beside the operator's build.
+run: setup
 	bash dev/run.sh
 
 run-stop:
