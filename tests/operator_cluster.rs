@@ -802,80 +802,41 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
     tokio::time::sleep(Duration::from_secs(1)).await;
     let started = Instant::now();
 
-    // 1. An image that cannot be pulled: rolled back, no primary touched.
-    support::operator::patch_redis(
-        &client,
-        &ns.name,
-        "cache",
-        json!({"spec": {"engine": "Valkey", "version": "8.1"}}),
-    )
-    .await;
-    let t = Instant::now();
-    let r = wait_until(&client, &ns.name, "the failed upgrade rolled back", |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.upgrade.as_ref())
-            .is_some_and(|u| u.phase == UpgradePhase::RolledBack && u.to.version == "8.1")
-    })
-    .await;
-    let u = r
-        .status
-        .as_ref()
-        .and_then(|s| s.upgrade.clone())
-        .expect("upgrade");
-    println!(
-        "Valkey 8.1 from an image the node lacks: {:?} {:?} in {:.1} s: {}",
-        u.phase,
-        u.reason,
-        t.elapsed().as_secs_f64(),
-        u.message.clone().unwrap_or_default()
-    );
-    assert_eq!(u.reason.as_deref(), Some("ImagePullFailed"), "{u:?}");
-    assert_eq!(
-        (u.from.engine, u.from.version.as_str()),
-        (Engine::Redis, "7.0")
-    );
-    let cond = r
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "UpgradeFailed"))
-        .expect("UpgradeFailed condition");
-    assert_eq!(cond.status, "True", "{cond:?}");
-    let now = pod_uids(&client, &ns.name).await;
-    for p in &primaries {
-        assert_eq!(now.get(p), uids.get(p), "primary {p} was restarted");
-    }
-    let images = pod_images(&client, &ns.name).await;
-    assert_eq!(images, old_images, "every pod runs Redis 7.0 again");
-    let restarted: Vec<&String> = uids
-        .keys()
-        .filter(|p| now.get(*p) != uids.get(*p))
-        .collect();
-    assert!(!restarted.is_empty(), "the attempt restarted no replica");
-    println!("put back on Redis 7.0: {restarted:?}; primaries untouched");
-
-    // 1b. A server that exits at start, then 1c. one that starts but is
-    // never Ready (rolled back once spec.upgrade.timeoutSeconds, 30 here,
-    // has passed): each a new spec change, each rolled back with no
-    // primary touched and every pod on Redis 7.0 again.
-    for (image, timeout, reason) in [
-        ("redpilot-test/exits-at-start:7.0", 60, "CrashLoop"),
-        ("redpilot-test/never-ready:7.0", 30, "NotReadyInTime"),
+    // 1. Three versions that fail on the first upgraded replica, each a new
+    // spec change: an image the node cannot pull, a server that exits at
+    // start, one that starts but is never Ready (rolled back once
+    // spec.upgrade.timeoutSeconds, 30 here, has passed). Each is rolled
+    // back with no primary touched and every pod on Redis 7.0 again.
+    for (patch, timeout, reason, target) in [
+        (
+            json!({"engine": "Valkey", "version": "8.1"}),
+            60,
+            "ImagePullFailed",
+            "mirror.invalid/valkey:8.1",
+        ),
+        (
+            json!({"image": "redpilot-test/exits-at-start:7.0"}),
+            60,
+            "CrashLoop",
+            "redpilot-test/exits-at-start:7.0",
+        ),
+        (
+            json!({"image": "redpilot-test/never-ready:7.0"}),
+            30,
+            "NotReadyInTime",
+            "redpilot-test/never-ready:7.0",
+        ),
     ] {
         let before = pod_uids(&client, &ns.name).await;
-        support::operator::patch_redis(
-            &client,
-            &ns.name,
-            "cache",
-            json!({"spec": {"image": image, "upgrade": {"timeoutSeconds": timeout}}}),
-        )
-        .await;
+        let mut spec = patch;
+        spec["upgrade"] = json!({"timeoutSeconds": timeout});
+        support::operator::patch_redis(&client, &ns.name, "cache", json!({ "spec": spec })).await;
         let t = Instant::now();
-        let r = wait_until(&client, &ns.name, "the broken image rolled back", |r| {
+        let r = wait_until(&client, &ns.name, "the failed upgrade rolled back", |r| {
             r.status
                 .as_ref()
                 .and_then(|s| s.upgrade.as_ref())
-                .is_some_and(|u| u.phase == UpgradePhase::RolledBack && u.to.image.contains(image))
+                .is_some_and(|u| u.phase == UpgradePhase::RolledBack && u.to.image.contains(target))
         })
         .await;
         let u = r
@@ -884,36 +845,51 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
             .and_then(|s| s.upgrade.clone())
             .expect("upgrade");
         println!(
-            "{image}: {:?} {:?} in {:.1} s: {}",
+            "{target}: {:?} {:?} in {:.1} s: {}",
             u.phase,
             u.reason,
             t.elapsed().as_secs_f64(),
             u.message.clone().unwrap_or_default()
         );
         assert_eq!(u.reason.as_deref(), Some(reason), "{u:?}");
+        assert_eq!(
+            (u.from.engine, u.from.version.as_str()),
+            (Engine::Redis, "7.0")
+        );
         if reason == "NotReadyInTime" {
             assert!(
                 t.elapsed() >= Duration::from_secs(30),
                 "not before the timeout"
             );
         }
+        let cond = r
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "UpgradeFailed"))
+            .expect("UpgradeFailed condition");
+        assert_eq!(cond.status, "True", "{cond:?}");
         let now = pod_uids(&client, &ns.name).await;
         for p in &primaries {
             assert_eq!(
                 now.get(p),
                 uids.get(p),
-                "{image}: primary {p} was restarted"
+                "{target}: primary {p} was restarted"
             );
         }
-        assert!(
-            before.iter().any(|(p, uid)| now.get(p) != Some(uid)),
-            "{image}: the attempt restarted no replica"
-        );
         assert_eq!(
             pod_images(&client, &ns.name).await,
             old_images,
-            "{image}: every pod runs Redis 7.0 again"
+            "{target}: every pod runs Redis 7.0 again"
         );
+        let restarted: Vec<&String> = before
+            .keys()
+            .filter(|p| now.get(*p) != before.get(*p))
+            .collect();
+        assert!(
+            !restarted.is_empty(),
+            "{target}: the attempt restarted no replica"
+        );
+        println!("put back on Redis 7.0: {restarted:?}; primaries untouched");
     }
     support::operator::patch_redis(
         &client,

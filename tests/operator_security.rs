@@ -2898,6 +2898,37 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
     assert_eq!(lost, 0, "confirmed writes lost turning TLS on and off");
 }
 
+/// Waits until Redis `cache` is Ready and every instance, reached by a
+/// client presenting no certificate, says `tls-auth-clients` is `want`.
+async fn asking_everywhere(client: &kube::Client, ns: &str, without: &ConnectOptions, want: &str) {
+    let api = redis_api(client, ns);
+    wait_for(
+        &format!("every instance with tls-auth-clients {want}, served without a certificate"),
+        READY,
+        || async {
+            let r = api.get("cache").await.ok()?;
+            if !support::operator::is_ready(&r) {
+                return None;
+            }
+            for (_, ip) in ips(client, ns, "cache").await {
+                let mut n = Node::connect(&Endpoint::new(&ip, 6379), without)
+                    .await
+                    .ok()?;
+                let auth: Vec<String> = n
+                    .query(
+                        "CONFIG GET",
+                        redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
+                    )
+                    .await
+                    .ok()?;
+                (auth == ["tls-auth-clients", want]).then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+}
+
 /// `spec.tls.clientAuth: Required` on a Replication Redis (Redis 7.0, a
 /// Secret of the user's): a client without a certificate is refused and
 /// one with a certificate of the CA is served; the replica links with the
@@ -2905,8 +2936,10 @@ async fn tls_is_turned_on_and_off_on_a_running_redis_losing_no_write() {
 /// Ready), the metrics sidecar, the failure monitor (no false failover
 /// while it probes; a primary `kill -9` failed over) and the backup agent
 /// all present the mounted certificate. A certificate for servers only is
-/// refused naming `spec.tls.clientAuth`. Back to `None`: the pods roll and
-/// a client without a certificate is served again.
+/// refused naming `spec.tls.clientAuth`. `Optional`: the pods roll; a
+/// client without a certificate and one with a certificate of the CA are
+/// served, one with another CA's is refused. Back to `None`: the pods roll
+/// and a client without a certificate is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_certificates_are_required_of_every_client_the_operators_own_included() {
     use redpilot::redis::TlsOptions;
@@ -3058,31 +3091,7 @@ async fn client_certificates_are_required_of_every_client_the_operators_own_incl
         .with_password(pw.clone())
         .with_timeouts(Duration::from_millis(500), Duration::from_millis(500))
         .with_tls(stranger);
-    wait_for(
-        "every instance asking for a certificate optionally",
-        READY,
-        || async {
-            let r = api.get("cache").await.ok()?;
-            if !support::operator::is_ready(&r) {
-                return None;
-            }
-            for (_, ip) in ips(&client, ns, "cache").await {
-                let mut n = Node::connect(&Endpoint::new(&ip, 6379), &without)
-                    .await
-                    .ok()?;
-                let auth: Vec<String> = n
-                    .query(
-                        "CONFIG GET",
-                        redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
-                    )
-                    .await
-                    .ok()?;
-                (auth == ["tls-auth-clients", "optional"]).then_some(())?;
-            }
-            Some(())
-        },
-    )
-    .await;
+    asking_everywhere(&client, ns, &without, "optional").await;
     println!(
         "clientAuth Optional on every instance {:.1} s later",
         rolled.elapsed().as_secs_f64()
@@ -3117,31 +3126,7 @@ async fn client_certificates_are_required_of_every_client_the_operators_own_incl
     // served on every instance.
     apply_redis(&client, ns, "cache", spec("cache-tls", "None")).await;
     let rolled = Instant::now();
-    wait_for(
-        "every instance serving clients without a certificate",
-        READY,
-        || async {
-            let r = api.get("cache").await.ok()?;
-            if !support::operator::is_ready(&r) {
-                return None;
-            }
-            for (_, ip) in ips(&client, ns, "cache").await {
-                let mut n = Node::connect(&Endpoint::new(&ip, 6379), &without)
-                    .await
-                    .ok()?;
-                let auth: Vec<String> = n
-                    .query(
-                        "CONFIG GET",
-                        redis::cmd("CONFIG").arg("GET").arg("tls-auth-clients"),
-                    )
-                    .await
-                    .ok()?;
-                (auth == ["tls-auth-clients", "no"]).then_some(())?;
-            }
-            Some(())
-        },
-    )
-    .await;
+    asking_everywhere(&client, ns, &without, "no").await;
     println!(
         "clientAuth None: every instance serves clients without a certificate {:.1} s later",
         rolled.elapsed().as_secs_f64()
