@@ -631,6 +631,41 @@ async fn config_set(
         .expect("CONFIG SET");
 }
 
+/// The record of `rule` in `status.tuning.applied` once it is in effect on
+/// every server of `name` (a record is written before the value is set:
+/// `Applied` first, then the servers) or refused.
+async fn applied_live(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    password: &str,
+    rule: &str,
+) -> redpilot::api::v1alpha1::AppliedTuning {
+    let api = redis_api(client, ns);
+    wait_for(
+        &format!("{name}: {rule} in effect on every server, or refused"),
+        Duration::from_secs(120),
+        || async {
+            let r = api.get(name).await.ok()?;
+            let a = r
+                .status?
+                .tuning?
+                .applied
+                .into_iter()
+                .find(|a| a.rule == rule)?;
+            if a.state == "Refused" {
+                return Some(a);
+            }
+            let values = config_everywhere(client, ns, name, password, &a.key).await;
+            values
+                .iter()
+                .all(|(_, v)| v.as_deref() == Some(a.to.as_str()))
+                .then_some(a)
+        },
+    )
+    .await
+}
+
 /// The record of `rule` in `status.tuning.applied` once `done` holds of it.
 async fn applied_when(
     api: &kube::Api<Redis>,
@@ -876,13 +911,13 @@ async fn spec_tuning_applies_each_rule_it_lists_on_real_servers() {
         ("maxclients", "30", "60"),
         "{near:?}"
     );
-    let lazy = applied_when(&api, "busy", "big-keys", |_| true).await;
+    let lazy = applied_live(&client, &ns.name, "busy", &pw["busy"], "big-keys").await;
     assert_eq!(
         (lazy.key.as_str(), lazy.to.as_str(), lazy.state.as_str()),
         ("lazyfree-lazy-user-del", "yes", "Applied"),
         "{lazy:?}"
     );
-    let defrag = applied_when(&api, "cache", "fragmentation", |_| true).await;
+    let defrag = applied_live(&client, &ns.name, "cache", &pw["cache"], "fragmentation").await;
     println!("fragmentation: {defrag:?}");
     assert_eq!(defrag.key, "activedefrag");
     let mut n = connect_pod(&client, &ns.name, "cache-0", &pw["cache"])
@@ -915,7 +950,14 @@ async fn spec_tuning_applies_each_rule_it_lists_on_real_servers() {
         .await,
         [("busy-0".to_string(), Some("yes".to_string()))]
     );
-    let rejected = applied_when(&api, "busy", "rejected-connections", |_| true).await;
+    let rejected = applied_live(
+        &client,
+        &ns.name,
+        "busy",
+        &pw["busy"],
+        "rejected-connections",
+    )
+    .await;
     assert_eq!(
         (
             rejected.key.as_str(),
@@ -929,7 +971,7 @@ async fn spec_tuning_applies_each_rule_it_lists_on_real_servers() {
         config_everywhere(&client, &ns.name, "busy", &pw["busy"], "maxclients").await,
         [("busy-0".to_string(), Some("20".to_string()))]
     );
-    let backlog = applied_when(&api, "flows", "full-resyncs", |_| true).await;
+    let backlog = applied_live(&client, &ns.name, "flows", &pw["flows"], "full-resyncs").await;
     println!("full-resyncs: {backlog:?}");
     assert_eq!(
         (backlog.key.as_str(), backlog.from.as_str()),
