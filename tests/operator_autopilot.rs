@@ -589,6 +589,8 @@ struct FastFill {
     oom: u64,
     first_grow_used: f64,
     first_grow: String,
+    /// How often the primary reached 80 % of the maxmemory it had.
+    crossings: usize,
 }
 
 /// `14.3Mi` (as the events write sizes) in bytes.
@@ -653,15 +655,20 @@ async fn fill_fast(
         oom: tally.oom,
         first_grow_used,
         first_grow,
+        crossings: fill.crossings.len(),
     }
 }
 
 /// A fill at 16 MiB/s (the whole starting maxmemory in 3 s): with the
 /// default lookahead (60 s) the growth rate sizes the grows; with the rate
 /// ignored (lookahead 0) each step starts at 80 %, and 20 % of maxmemory
-/// lasts less than a resize takes. How many OOM replies the fill gets is
-/// timing and printed, not asserted; nothing is lost or evicted, and no
-/// pod restarts, either way.
+/// lasts less than a resize takes. The lookahead decides below 80 % and
+/// sizes its grows by the rate, so the primary reaches 80 % of what it has
+/// less often (0-1 times against 4-5 without). How many OOM
+/// replies the fill gets depends on how long a resize takes on the machine
+/// (both runs met 25-26 on a loaded one, 0-3 on a quiet one) and is printed,
+/// not asserted; nothing is lost or evicted, and no pod restarts, either
+/// way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
     let _alone = NODE.write().await;
@@ -681,15 +688,17 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
     let blind = fill_fast(&client, &ns.name, "blind", blind, rate).await;
     let mib = |b: f64| b / MI as f64;
     println!(
-        "lookahead: first grow at {:.1} MiB used, {} OOM replies; threshold only: first grow at {:.1} MiB used, {} OOM replies",
+        "lookahead: first grow at {:.1} MiB used, 80 % reached {} times, {} OOM replies; threshold only: first grow at {:.1} MiB used, 80 % reached {} times, {} OOM replies",
         mib(first.first_grow_used),
+        first.crossings,
         first.oom,
         mib(blind.first_grow_used),
+        blind.crossings,
         blind.oom
     );
     // The lookahead decided from the measured rate before the threshold
-    // (80 % of maxmemory), the threshold-only run only at it; and the
-    // fill met no more refusals with the lookahead than without it.
+    // (80 % of maxmemory), the threshold-only run only at it; sized by the
+    // rate, its grows kept the primary below 80 % more often.
     let threshold = 0.8 * START_MAXMEMORY as f64;
     assert!(
         first.first_grow.contains("grows") && first.first_grow.contains("/s"),
@@ -704,10 +713,10 @@ async fn a_fill_faster_than_a_step_is_sized_by_its_rate() {
         mib(threshold)
     );
     assert!(
-        first.oom <= blind.oom,
-        "{} OOM replies with the lookahead, {} without",
-        first.oom,
-        blind.oom
+        first.crossings < blind.crossings,
+        "80 % of maxmemory reached {} times with the lookahead, {} without",
+        first.crossings,
+        blind.crossings
     );
 }
 
