@@ -1179,31 +1179,51 @@ async fn a_grow_the_node_defers_keeps_the_template_and_servers_within_their_limi
 
     // The deferred replica deleted: it comes back, asking for the size
     // the instances run (not the target), and schedules in the room its
-    // predecessor left.
-    let old_uid = pods.get(&deferred).await.expect("pod").metadata.uid;
+    // predecessor left. The new pod is read from a watch (its first
+    // version), not by polling: with the room free the operator may resize
+    // it in place at once, and a poll can see only that later version.
+    use futures::TryStreamExt;
+    let before = pods.get(&deferred).await.expect("pod");
+    let old_uid = before.metadata.uid.clone();
+    let rv = before
+        .metadata
+        .resource_version
+        .clone()
+        .expect("resourceVersion");
+    let watch = kube::api::WatchParams::default()
+        .fields(&format!("metadata.name={deferred}"))
+        .timeout(60);
+    let mut events = Box::pin(pods.watch(&watch, &rv).await.expect("watch"));
     pods.delete(&deferred, &DeleteParams::default())
         .await
         .expect("delete");
     let t = Instant::now();
-    let asked = wait_for(
-        &format!("{deferred} to be re-created"),
-        Duration::from_secs(60),
-        || async {
-            let p = pods.get(&deferred).await.ok()?;
-            (p.metadata.uid != old_uid).then_some(())?;
-            p.spec?
-                .containers
-                .iter()
-                .find(|c| c.name == "redis")?
-                .resources
-                .as_ref()?
-                .requests
-                .as_ref()?
-                .get("memory")
-                .map(|q| q.0.clone())
-        },
-    )
-    .await;
+    let memory_asked = |p: &Pod| {
+        p.spec
+            .as_ref()?
+            .containers
+            .iter()
+            .find(|c| c.name == "redis")?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("memory")
+            .map(|q| q.0.clone())
+    };
+    let asked = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(ev) = events.try_next().await.expect("watch event") {
+            if let kube::api::WatchEvent::Added(p) | kube::api::WatchEvent::Modified(p) = ev
+                && p.metadata.uid != old_uid
+            {
+                return memory_asked(&p);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{deferred} re-created within 60 s"))
+    .unwrap_or_else(|| panic!("{deferred}'s first version asks for no memory"));
     assert_eq!(
         asked, START,
         "{deferred} re-created asking for the size the instances run"
