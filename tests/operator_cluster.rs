@@ -1102,6 +1102,186 @@ async fn an_upgrade_rolls_back_a_failed_image_then_moves_redis_to_valkey_across_
     );
 }
 
+/// No way back in a Cluster: a Valkey 8.1 → 9.1 upgrade under per-shard
+/// writers is turned back to 8.1 the moment a shard's primary runs 9.1
+/// (read from the server: `role:master`, `valkey_version` 9.1). An older
+/// server cannot follow a newer primary, so nothing is put back: the
+/// operator says so (`UpgradeFailed`, reason `NoWayBack`, naming
+/// `spec.version`; event `NoWayBack`), finishes the upgrade, every server
+/// ends on 9.1 (read from each), no confirmed write is lost; the spec set
+/// to 9.1 again clears the condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_upgrade_turned_back_after_a_shard_primary_moved_only_goes_forward() {
+    use redpilot::api::v1alpha1::UpgradePhase;
+    use redpilot::redis::info::Role;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-fwd", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1",
+               "storage": {"size": "64Mi"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let want = spread(3);
+    let writers = Writers::start(&members(&client, &ns.name).await, &copts, &want);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "9.1"}}),
+    )
+    .await;
+    let api = redis_api(&client, &ns.name);
+    // The first moment a shard's primary, as the status names it, runs
+    // 9.1 while the upgrade is under way.
+    let (moved, u) = wait_for(
+        "a shard's primary on 9.1 during the upgrade",
+        Duration::from_secs(300),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let u = r.status.as_ref()?.upgrade.clone()?;
+            if u.phase != UpgradePhase::Upgrading || u.to.version != "9.1" {
+                return None;
+            }
+            let images = pod_images(&client, &ns.name).await;
+            let p = (0..3).find_map(|s| {
+                let p = shard_primary(&r, s)?;
+                images.get(&p)?.ends_with(":9.1").then_some(p)
+            })?;
+            Some((p, u))
+        },
+    )
+    .await;
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "8.1"}}),
+    )
+    .await;
+    let turned = started.elapsed();
+    // The server itself: a primary running 9.1.
+    let mut n = connect_pod(&client, &ns.name, &moved, &pw)
+        .await
+        .expect("connect to the moved primary");
+    let info = n.info().await.expect("INFO");
+    println!(
+        "turned back to 8.1 {:.1} s into the upgrade ({}/{} instances done): {moved} is {:?} on {:?}",
+        turned.as_secs_f64(),
+        u.done,
+        u.total,
+        info.replication.role,
+        info.server.version
+    );
+    assert_eq!(info.replication.role, Some(Role::Primary), "{moved}");
+    assert_eq!(
+        info.server.version.map(|v| (v.major, v.minor)),
+        Some((9, 1)),
+        "{moved}"
+    );
+    assert!(u.done < u.total, "turned back mid-way: {u:?}");
+    let cond = wait_for(
+        "UpgradeFailed NoWayBack",
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            r.status?.conditions.into_iter().find(|c| {
+                c.type_ == "UpgradeFailed" && c.status == "True" && c.reason == "NoWayBack"
+            })
+        },
+    )
+    .await;
+    println!("UpgradeFailed NoWayBack: {}", cond.message);
+    assert!(
+        cond.message.contains("spec.version")
+            && cond.message.contains("8.1")
+            && cond.message.contains("9.1"),
+        "{}",
+        cond.message
+    );
+    // Forward: the upgrade to 9.1 ends, every pod on 9.1, Ready.
+    wait_for(
+        "the upgrade to 9.1 finished, every pod on 9.1, Ready",
+        Duration::from_secs(300),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            let u = r.status.as_ref()?.upgrade.as_ref()?;
+            let images = pod_images(&client, &ns.name).await;
+            (u.phase == UpgradePhase::Succeeded
+                && u.to.version == "9.1"
+                && images.len() == 6
+                && images.values().all(|i| i.ends_with(":9.1"))
+                && support::operator::is_ready(&r))
+            .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "upgrade to 9.1 Succeeded and Ready {:.1} s after it began",
+        started.elapsed().as_secs_f64()
+    );
+    let events = recent_events(&client, &ns.name, 100).await;
+    for reason in ["NoWayBack", "UpgradeSucceeded"] {
+        assert!(events.contains(reason), "no {reason} event:\n{events}");
+    }
+    assert!(
+        !events.contains("UpgradeRetargeted") && !events.contains("UpgradeRolledBack"),
+        "nothing was put back:\n{events}"
+    );
+    let ms = support::operator::cluster_members(&client, &ns.name, "cache").await;
+    assert_eq!(ms.len(), 6);
+    for m in &ms {
+        let mut n = Node::connect(&m.endpoint, &copts).await.expect("connect");
+        let v = n.info().await.expect("INFO").server.version;
+        assert_eq!(
+            v.map(|v| (v.major, v.minor)),
+            Some((9, 1)),
+            "{}: {v:?}",
+            m.endpoint
+        );
+    }
+    writers.confirm_again(50, Duration::from_secs(30)).await;
+    cluster_writer::replicas_linked(&ms, &copts, 3).await;
+    let tallies = writers.stop().await;
+    for (s, t) in tallies.iter().enumerate() {
+        let t = t.lock().await;
+        let lost = missing(&ms, &copts, want[s].start, &t).await;
+        println!("shard {s}: {} confirmed writes, {lost} lost", t.acked.len());
+        assert_eq!(lost, 0, "shard {s} lost {lost} confirmed writes");
+    }
+    // The spec set to what runs clears the condition.
+    support::operator::patch_redis(
+        &client,
+        &ns.name,
+        "cache",
+        json!({"spec": {"version": "9.1"}}),
+    )
+    .await;
+    wait_for(
+        "UpgradeFailed cleared once the spec asks for 9.1",
+        Duration::from_secs(60),
+        || async {
+            let r = api.get("cache").await.ok()?;
+            (!r.status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "UpgradeFailed" && c.status == "True"))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 /// One more measured upgrade (`REDPILOT_CLUSTER_UPGRADE_RUNS`): a new 3 x 2
 /// Redis 7.0 Cluster Redis `name` under per-shard writers confirming with
 /// `WAIT 1`, moved to the Valkey 8.1 image; asserts no confirmed write is
@@ -1362,7 +1542,7 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         "REDPILOT_FAILPOINTS".into(),
         "backup-after-first-shard-job".into(),
     ));
-    let mut first = start_operator(&client, crashing).await;
+    let mut first = start_operator(&client, crashing.clone()).await;
     let spec = json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
                       "version": "8.1", "config": {"maxmemory-policy": "allkeys-lru"}});
     apply_redis(&client, &ns.name, "cache", spec.clone()).await;
@@ -1420,7 +1600,7 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         }
         out
     };
-    let _next = spawn_operator(&client, opts.named("op-cluster-backup-next")).await;
+    let next = spawn_operator(&client, opts.clone().named("op-cluster-backup-next")).await;
     let done = wait_for("b1 to end", Duration::from_secs(120), || async {
         let b = backups.get("b1").await.ok()?;
         let phase = b.status.as_ref()?.phase?;
@@ -1635,6 +1815,75 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         sts.get_opt("flat").await.expect("get").is_none(),
         "nothing is created for a refused restore"
     );
+
+    // 5. One shard that cannot be read fails the whole backup, naming the
+    // shard. The operator stops again once the first shard's Job exists
+    // (every shard's source is in the status by then); shard 2's source is
+    // stopped (SIGSTOP: it takes the agent's connection and answers
+    // nothing), and the next operator creates the other Jobs: shard 2's
+    // runs into its 30 s deadline.
+    drop(next);
+    let mut third = spawn_operator(&client, crashing.named("op-cluster-backup-3")).await;
+    let mut b2 = b.clone();
+    b2["metadata"]["name"] = json!("b2");
+    b2["spec"]["timeoutSeconds"] = json!(30);
+    backups
+        .patch("b2", &PatchParams::apply("e2e").force(), &Patch::Apply(&b2))
+        .await
+        .expect("creating RedisBackup b2");
+    support::operator::wait_failpoint(&mut third, Duration::from_secs(60)).await;
+    let st = backups.get("b2").await.expect("b2").status.expect("status");
+    assert_eq!(st.shards.len(), 3, "{st:?}");
+    let source = st.shards[2].source.clone();
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let mut n = connect_pod(&client, &ns.name, &source, &pw)
+        .await
+        .expect("connect to shard 2's source");
+    let pid = support::operator::server_pid(&mut n).await;
+    drop(n);
+    support::operator::signal(pid, "-STOP");
+    let ip = pod_ip(&client, &ns.name, &source).await;
+    let answered = redpilot::redis::rdb::answers_plain(
+        &Endpoint::new(&ip, 6379),
+        &ConnectOptions::default().with_timeouts(Duration::from_secs(1), Duration::from_secs(1)),
+    )
+    .await;
+    let asked = Instant::now();
+    let _last = spawn_operator(&client, opts.named("op-cluster-backup-4")).await;
+    let ended = wait_for("b2 to end", Duration::from_secs(180), || async {
+        let b = backups.get("b2").await.ok()?;
+        let phase = b.status.as_ref()?.phase?;
+        matches!(phase, BackupPhase::Completed | BackupPhase::Failed).then_some(b)
+    })
+    .await;
+    support::operator::signal(pid, "-CONT");
+    let st = ended.status.expect("status");
+    println!(
+        "shard 2's source {source} stopped (answered a PING: {answered}): b2 {:?} {:?} after {:.1} s: {}; shards {:?}",
+        st.phase,
+        st.reason,
+        asked.elapsed().as_secs_f64(),
+        st.message.clone().unwrap_or_default(),
+        st.shards
+            .iter()
+            .map(|s| (s.index, s.phase))
+            .collect::<Vec<_>>()
+    );
+    assert!(!answered, "{source} answered while stopped");
+    assert_eq!(st.phase, Some(BackupPhase::Failed), "{st:?}");
+    assert!(
+        st.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("shard 2")),
+        "the message names the shard: {st:?}"
+    );
+    assert_eq!(st.shards[2].phase, Some(BackupPhase::Failed), "{st:?}");
+    assert!(
+        st.keys.is_none() && st.size_bytes.is_none(),
+        "no sums: {st:?}"
+    );
+    let events = recent_events(&client, &ns.name, 40).await;
+    assert!(events.contains("BackupFailed"), "{events}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

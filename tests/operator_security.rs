@@ -2373,6 +2373,127 @@ fn probe_answers_either_way(p: &k8s_openapi::api::core::v1::Pod) -> bool {
     })
 }
 
+/// At a Cluster TLS flip's switch, every node takes the new way within
+/// this of the first (one `CONFIG SET` each, sent in parallel; a loaded
+/// machine's scheduling and the 20 ms asking interval make the rest).
+const SWITCH_SPREAD: Duration = Duration::from_secs(2);
+
+/// What [`watch_switch`] saw of one node at step 2 of a Cluster TLS flip.
+struct Switched {
+    pod: String,
+    /// Whether the node answered the old way once it was on the step-1
+    /// template (the watch began before the switch).
+    answered_old: bool,
+    /// When it first answered the new way.
+    at: Instant,
+}
+
+/// Watches step 2 of a Cluster TLS flip from the servers: each pod, once
+/// it runs the step-1 template (its probe answers either way) and is
+/// Ready (its address then holds until step 3), is asked every 20 ms the
+/// new way, else the old way, until it answers the new way; once all
+/// `nodes` did, each is asked once more the old way (a panic if any
+/// answers).
+async fn watch_switch(
+    client: kube::Client,
+    ns: String,
+    name: &'static str,
+    nodes: usize,
+    old: ConnectOptions,
+    new: ConnectOptions,
+) -> Vec<Switched> {
+    let ready = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let ask = |pod: String, ip: String| {
+        let (old, new) = (old.clone(), new.clone());
+        tokio::spawn(async move {
+            let ep = Endpoint::new(ip.as_str(), 6379);
+            let since = Instant::now();
+            let mut answered_old = false;
+            loop {
+                assert!(
+                    since.elapsed() < Duration::from_secs(900),
+                    "{pod} never answered the new way"
+                );
+                if Node::connect(&ep, &new).await.is_ok() {
+                    return (
+                        Switched {
+                            pod,
+                            answered_old,
+                            at: Instant::now(),
+                        },
+                        ip,
+                    );
+                }
+                answered_old |= Node::connect(&ep, &old).await.is_ok();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let since = Instant::now();
+    let mut asking = std::collections::BTreeMap::new();
+    while asking.len() < nodes {
+        assert!(
+            since.elapsed() < Duration::from_secs(900),
+            "not every node reached the step-1 template: {:?}",
+            asking.keys().collect::<Vec<_>>()
+        );
+        for (pod, p) in redis_pods(&client, &ns, name).await {
+            if asking.contains_key(&pod) || !probe_answers_either_way(&p) || !ready(&p) {
+                continue;
+            }
+            if let Some(ip) = p.status.and_then(|s| s.pod_ip) {
+                asking.insert(pod.clone(), ask(pod, ip));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut seen = Vec::new();
+    for (_, task) in asking {
+        let (switched, ip) = task.await.expect("a node's asker");
+        assert!(
+            Node::connect(&Endpoint::new(ip.as_str(), 6379), &old)
+                .await
+                .is_err(),
+            "{} still answers the old way after it switched",
+            switched.pod
+        );
+        seen.push(switched);
+    }
+    seen
+}
+
+/// Asserts what [`watch_switch`] saw: the watch began before the switch,
+/// and every node took the new way within `within` of the first.
+fn switched_at_once(way: &str, seen: &[Switched], within: Duration) {
+    let first = seen.iter().map(|s| s.at).min().expect("nodes");
+    let last = seen.iter().map(|s| s.at).max().expect("nodes");
+    let spread = last - first;
+    let before: Vec<&str> = seen
+        .iter()
+        .filter(|s| s.answered_old)
+        .map(|s| s.pod.as_str())
+        .collect();
+    println!(
+        "TLS {way}: the {} nodes took the new way within {:.0} ms of each other; {} answered the old way first ({before:?}); none answers the old way after",
+        seen.len(),
+        spread.as_secs_f64() * 1000.0,
+        before.len()
+    );
+    assert!(
+        !before.is_empty(),
+        "TLS {way}: the watch began after the switch"
+    );
+    assert!(
+        spread < within,
+        "TLS {way}: the nodes switched over {spread:?}, not at once"
+    );
+}
+
 /// `spec.tls` added to and then removed from a running 3 x 2 Cluster
 /// Redis (Redis 7.0, a Secret of the user's), under one writer per shard
 /// confirming each write with `WAIT 1` and reconnecting in plain text or
@@ -2512,6 +2633,14 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
     };
 
     // On.
+    let switch_on = tokio::spawn(watch_switch(
+        client.clone(),
+        ns.to_string(),
+        "cflip",
+        6,
+        plain.clone(),
+        tls.clone(),
+    ));
     let t = Instant::now();
     support::operator::patch_redis(
         &client,
@@ -2520,6 +2649,11 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
         json!({"spec": {"tls": {"secretName": "cflip-tls"}}}),
     )
     .await;
+    switched_at_once(
+        "on",
+        &switch_on.await.expect("the switch watch"),
+        SWITCH_SPREAD,
+    );
     let (silent_pod, reads, back_to_flip, answered, stat) =
         stop_watch.await.expect("the stop watch");
     let state = stat
@@ -2602,8 +2736,21 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
     .await;
 
     // Off.
+    let switch_off = tokio::spawn(watch_switch(
+        client.clone(),
+        ns.to_string(),
+        "cflip",
+        6,
+        tls.clone(),
+        plain.clone(),
+    ));
     let t = Instant::now();
     support::operator::patch_redis(&client, ns, "cflip", json!({"spec": {"tls": null}})).await;
+    switched_at_once(
+        "off",
+        &switch_off.await.expect("the switch watch"),
+        SWITCH_SPREAD,
+    );
     wait_for(
         "every node listening in plain text only, no certificate files, links up",
         Duration::from_secs(900),
