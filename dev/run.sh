@@ -26,7 +26,9 @@ echo "run: building the operator and the kubectl plugin (log $state/build.log)"
 (cd "$root" && cargo build --bin redpilot --bin redpilot-exporter --bin kubectl-redpilot) \
 	>"$state/build.log" 2>&1 &
 build=$!
-if ! make -C "$root" --no-print-directory tools-cluster engines; then
+# The tool groups build side by side too: a group's module downloads and
+# links leave cores the others' compiles take.
+if ! make -C "$root" --no-print-directory -j3 tools-cluster engines; then
 	kill "$build" 2>/dev/null || true
 	exit 1
 fi
