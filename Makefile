@@ -143,15 +143,21 @@ test: setup lint unit tools release-bins cluster-up
 # drawn Redis shape with a schedule of operations and faults over DURATION
 # seconds, under writers of unique confirmed keys; invariants checked at the
 # end, one line per run, a timeline per run in the cargo target's tmp/chaos/.
-# ONLY=replication|cluster draws that mode only. `make test` runs two short
-# seeds.
+# ONLY=replication|cluster draws that mode only. SCHEDULE=<s>:<Action>,...
+# runs that schedule instead of the drawn one (a shrunk one, say); SHRINK=1
+# runs a failing seed again without each event in turn and prints the
+# smallest schedule that still fails, with its replay command. Each run also
+# draws its timeline as seed-<n>.svg. `make test` runs three short seeds.
 SEED ?= 1
 RUNS ?= 10
 DURATION ?= 120
 ONLY ?=
+SCHEDULE ?=
+SHRINK ?=
 chaos: engines cluster-up
 	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) \
-		REDPILOT_CHAOS_ONLY=$(ONLY) $(CARGO) test --test chaos -- --nocapture
+		REDPILOT_CHAOS_ONLY=$(ONLY) REDPILOT_CHAOS_SCHEDULE="$(SCHEDULE)" REDPILOT_CHAOS_SHRINK=$(SHRINK) \
+		$(CARGO) test --test chaos -- --nocapture
 
 # Scale measurements (benches/scale.rs): 100 real and 1,000 fake Redis on one
 # operator; prints a table. Knobs: BENCH_REAL, BENCH_FAKE, BENCH_IDLE_SECS;

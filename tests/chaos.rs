@@ -212,6 +212,20 @@ enum Action {
 }
 
 impl Action {
+    const ALL: [Action; 11] = [
+        Action::Switchover,
+        Action::Roll,
+        Action::Backup,
+        Action::Shards,
+        Action::KillServer,
+        Action::DeletePod,
+        Action::StopServer,
+        Action::KillOperator,
+        Action::Rotate,
+        Action::Hibernate,
+        Action::Grow,
+    ];
+
     fn is_fault(self) -> bool {
         matches!(
             self,
@@ -254,6 +268,35 @@ fn schedule(rng: &mut Rng, shape: &Shape, duration: u64) -> Vec<(u64, Action)> {
     }
     out.sort_by_key(|(t, _)| *t);
     out
+}
+
+/// A schedule as `REDPILOT_CHAOS_SCHEDULE` takes it and the shrinker
+/// prints it: `<second>:<Action>` joined by commas.
+fn schedule_text(plan: &[(u64, Action)]) -> String {
+    plan.iter()
+        .map(|(t, a)| format!("{t}:{a:?}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads [`schedule_text`]'s form back; the error names the bad entry.
+fn parse_schedule(text: &str) -> Result<Vec<(u64, Action)>, String> {
+    let mut plan = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (t, a) = entry
+            .split_once(':')
+            .ok_or_else(|| format!("{entry:?}: want <second>:<Action>"))?;
+        let t: u64 = t
+            .parse()
+            .map_err(|e| format!("{entry:?}: the second {t:?}: {e}"))?;
+        let a = Action::ALL
+            .into_iter()
+            .find(|x| format!("{x:?}") == a)
+            .ok_or_else(|| format!("{entry:?}: no action {a:?} (one of {:?})", Action::ALL))?;
+        plan.push((t, a));
+    }
+    plan.sort_by_key(|(t, _)| *t);
+    Ok(plan)
 }
 
 /// A run's timeline: what happened, seconds from the load's start.
@@ -388,6 +431,28 @@ impl Load {
             }
         }
     }
+}
+
+impl Load {
+    /// A reader of the confirmed writes for the sampler's task.
+    fn counter(&self, cluster_count: &Arc<AtomicU64>) -> Arc<dyn Fn() -> usize + Send + Sync> {
+        match self {
+            Load::Replication(w) => Arc::new(w.acked_counter()),
+            Load::Cluster(..) => {
+                let c = cluster_count.clone();
+                Arc::new(move || c.load(Ordering::Relaxed) as usize)
+            }
+        }
+    }
+}
+
+/// The sampler's look, once a second.
+struct Sample {
+    /// Seconds from the load's start.
+    at: f64,
+    state: String,
+    ready: bool,
+    confirmed: usize,
 }
 
 /// Confirmed writes so far (for the timeline and the backups' cut).
@@ -591,12 +656,23 @@ async fn missing(
 struct Outcome {
     line: String,
     violations: Vec<String>,
+    /// The schedule it ran.
+    plan: Vec<(u64, Action)>,
 }
 
-async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
+/// One run of `seed`: its shape, and its drawn schedule or `given`
+/// (the targets of the faults and switchovers are drawn from the seed
+/// either way).
+async fn run(
+    seed: u64,
+    duration: u64,
+    only: Option<Mode>,
+    given: Option<&[(u64, Action)]>,
+) -> Outcome {
     let mut rng = Rng(seed);
     let shape = Shape::draw(&mut rng, only);
-    let plan = schedule(&mut rng, &shape, duration);
+    let drawn = schedule(&mut rng, &shape, duration);
+    let plan = given.map(<[_]>::to_vec).unwrap_or(drawn);
     let client = client().await;
     let tns = TestNamespace::new(&client, &format!("chaos{seed}"), &[]).await;
     let ns = tns.name.clone();
@@ -673,27 +749,35 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     timeline.add(t0, format!("load started on {}", shape.describe()));
     // Once a second: the phase and the confirmed writes.
     let sampling = Arc::new(AtomicBool::new(false));
-    let samples = Arc::new(Mutex::new(Vec::<(f64, String)>::new()));
+    let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let sampler = {
         let (api, sampling, samples) = (api.clone(), sampling.clone(), samples.clone());
+        let confirmed = load.counter(&cluster_count);
         tokio::spawn(async move {
             while !sampling.load(Ordering::Relaxed) {
                 let at = t0.elapsed().as_secs_f64();
-                let state = match api.get(NAME).await {
+                let (state, ready) = match api.get(NAME).await {
                     Ok(r) => {
                         let st = r.status.clone().unwrap_or_default();
-                        format!(
+                        let state = format!(
                             "phase {:?}, ready {}, primary {:?}, shards {}/{}",
                             st.phase,
                             is_ready(&r),
                             st.primary,
                             st.shards.len(),
                             r.spec.shards.unwrap_or(0)
-                        )
+                        );
+                        (state, is_ready(&r))
                     }
-                    Err(e) => format!("reading the Redis: {e}"),
+                    Err(e) => (format!("reading the Redis: {e}"), false),
                 };
-                samples.lock().await.push((at, state));
+                let confirmed = confirmed();
+                samples.lock().await.push(Sample {
+                    at,
+                    state: format!("{state}, {confirmed} writes confirmed"),
+                    ready,
+                    confirmed,
+                });
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         })
@@ -1066,14 +1150,18 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     let _ = writeln!(text, "{line}");
     let _ = writeln!(
         text,
-        "replay: make chaos SEED={seed} RUNS=1 DURATION={duration}{}",
-        match only {
-            Some(m) => format!(" ONLY={}", format!("{m:?}").to_lowercase()),
-            None => String::new(),
-        }
+        "replay: {}",
+        replay(seed, duration, only, given.map(|_| plan.as_slice()))
+    );
+    let samples = std::mem::take(&mut *samples.lock().await);
+    let picture = timeline_svg(
+        &format!("seed {seed}: {}", shape.describe()),
+        &timeline.lines,
+        &samples,
+        &violations,
     );
     let mut all = timeline.lines;
-    all.extend(samples.lock().await.iter().cloned());
+    all.extend(samples.iter().map(|s| (s.at, s.state.clone())));
     all.sort_by(|a, b| a.0.total_cmp(&b.0));
     for (at, what) in &all {
         let _ = writeln!(text, "{at:8.1} s  {what}");
@@ -1083,11 +1171,182 @@ async fn run(seed: u64, duration: u64, only: Option<Mode>) -> Outcome {
     let _ = std::fs::create_dir_all(&dir);
     let file = dir.join(format!("seed-{seed}.txt"));
     let _ = std::fs::write(&file, text);
+    let _ = std::fs::write(dir.join(format!("seed-{seed}.svg")), picture);
     op.kill();
     Outcome {
-        line: format!("{line}\n  timeline: {}", file.display()),
+        plan: plan.clone(),
+        line: format!(
+            "{line}\n  timeline: {} (picture: seed-{seed}.svg beside it)",
+            file.display()
+        ),
         violations,
     }
+}
+
+/// Escapes text for SVG.
+fn xml(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A run's timeline as a picture: the operations (blue) and faults (red)
+/// on the time axis with their labels, beneath them whether the Redis was
+/// Ready each second (green, grey when not), and beneath that the writes
+/// confirmed per second (a gap is a stretch without bars); the violations,
+/// if any, in red under the title.
+fn timeline_svg(
+    title: &str,
+    events: &[(f64, String)],
+    samples: &[Sample],
+    violations: &[String],
+) -> String {
+    const W: f64 = 1000.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const LANES: usize = 7;
+    let end = samples
+        .iter()
+        .map(|s| s.at)
+        .chain(events.iter().map(|e| e.0))
+        .fold(1.0_f64, f64::max)
+        .ceil();
+    let x = |t: f64| LEFT + (W - LEFT - RIGHT) * (t / end);
+    let top = 50.0 + 16.0 * violations.len().min(4) as f64;
+    let lanes_y = top;
+    let ready_y = lanes_y + 18.0 * LANES as f64 + 10.0;
+    let writes_y = ready_y + 30.0;
+    let writes_h = 120.0;
+    let axis_y = writes_y + writes_h + 5.0;
+    let h = axis_y + 30.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(out, r##"<rect width="{W}" height="{h}" fill="#ffffff"/>"##);
+    let _ = writeln!(
+        out,
+        r#"<text x="10" y="20" font-size="14" font-weight="bold">{}</text>"#,
+        xml(title)
+    );
+    for (i, v) in violations.iter().take(4).enumerate() {
+        let _ = writeln!(
+            out,
+            r##"<text class="violation" x="10" y="{}" fill="#c62828">violation: {}</text>"##,
+            40.0 + 16.0 * i as f64,
+            xml(&v.chars().take(150).collect::<String>())
+        );
+    }
+    // Operations and faults: a line down through the bands and a label in
+    // one of LANES rows, so close events do not cover each other.
+    let marked: Vec<(f64, &str, &str)> = events
+        .iter()
+        .filter_map(|(at, what)| {
+            if let Some(rest) = what.strip_prefix("fault: ") {
+                Some((*at, "fault", rest))
+            } else {
+                what.strip_prefix("op: ").map(|rest| (*at, "op", rest))
+            }
+        })
+        .collect();
+    for (i, (at, kind, what)) in marked.iter().enumerate() {
+        let colour = if *kind == "fault" {
+            "#c62828"
+        } else {
+            "#1565c0"
+        };
+        let lane_y = lanes_y + 18.0 * (i % LANES) as f64 + 12.0;
+        let _ = writeln!(
+            out,
+            r#"<line class="{kind}" x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="{colour}" stroke-width="1" stroke-opacity="0.6"/>"#,
+            x(*at),
+            lane_y - 10.0,
+            axis_y
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{lane_y:.1}" fill="{colour}">{:.0} s {}</text>"#,
+            x(*at) + 3.0,
+            at,
+            xml(&what.chars().take(48).collect::<String>())
+        );
+    }
+    // Ready, each second.
+    let _ = writeln!(
+        out,
+        r#"<text x="10" y="{:.1}">Ready</text>"#,
+        ready_y + 11.0
+    );
+    for w in samples.windows(2) {
+        let colour = if w[0].ready { "#2e7d32" } else { "#bdbdbd" };
+        let _ = writeln!(
+            out,
+            r#"<rect class="ready" x="{:.1}" y="{ready_y:.1}" width="{:.2}" height="14" fill="{colour}"/>"#,
+            x(w[0].at),
+            (x(w[1].at) - x(w[0].at)).max(0.5)
+        );
+    }
+    // Confirmed writes per second.
+    let rates: Vec<(f64, f64, f64)> = samples
+        .windows(2)
+        .map(|w| {
+            let dt = (w[1].at - w[0].at).max(0.001);
+            let n = w[1].confirmed.saturating_sub(w[0].confirmed) as f64;
+            (w[0].at, w[1].at, n / dt)
+        })
+        .collect();
+    let peak = rates.iter().map(|r| r.2).fold(1.0_f64, f64::max);
+    let _ = writeln!(
+        out,
+        r#"<text x="10" y="{:.1}">writes/s</text><text x="10" y="{:.1}">{peak:.0}</text>"#,
+        writes_y + writes_h / 2.0,
+        writes_y + 10.0
+    );
+    let _ = writeln!(
+        out,
+        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000000"/>"##,
+        writes_y + writes_h,
+        W - RIGHT
+    );
+    for (from, to, rate) in &rates {
+        let bar = writes_h * rate / peak;
+        let _ = writeln!(
+            out,
+            r##"<rect class="writes" x="{:.1}" y="{:.1}" width="{:.2}" height="{bar:.1}" fill="#455a64"/>"##,
+            x(*from),
+            writes_y + writes_h - bar,
+            (x(*to) - x(*from) - 0.5).max(0.5)
+        );
+    }
+    // The time axis, a tick every 10 s.
+    let mut t = 0.0;
+    while t <= end {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{0:.1}" y1="{axis_y:.1}" x2="{0:.1}" y2="{1:.1}" stroke="#000000"/><text x="{0:.1}" y="{2:.1}" text-anchor="middle">{t:.0} s</text>"##,
+            x(t),
+            axis_y + 5.0,
+            axis_y + 18.0
+        );
+        t += 10.0;
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The command that runs `seed` again (with `plan` as its schedule when
+/// it is not the drawn one).
+fn replay(seed: u64, duration: u64, only: Option<Mode>, plan: Option<&[(u64, Action)]>) -> String {
+    let mut cmd = format!("make chaos SEED={seed} RUNS=1 DURATION={duration}");
+    if let Some(m) = only {
+        let _ = write!(cmd, " ONLY={}", format!("{m:?}").to_lowercase());
+    }
+    if let Some(plan) = plan {
+        let _ = write!(cmd, " SCHEDULE={}", schedule_text(plan));
+    }
+    cmd
 }
 
 /// Creates or replaces the operator's password Secret `chaos-auth`.
@@ -1134,17 +1393,62 @@ async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
             let mut rng = Rng(seed);
             let shape = Shape::draw(&mut rng, only);
             let plan = schedule(&mut rng, &shape, duration);
-            println!("seed {seed}: {} | {plan:?}", shape.describe());
+            println!(
+                "seed {seed}: {} | {}",
+                shape.describe(),
+                schedule_text(&plan)
+            );
         }
         return;
     }
+    // REDPILOT_CHAOS_SCHEDULE: this schedule instead of the drawn one.
+    let given = std::env::var("REDPILOT_CHAOS_SCHEDULE")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| parse_schedule(&s).unwrap_or_else(|e| panic!("REDPILOT_CHAOS_SCHEDULE: {e}")));
+    // REDPILOT_CHAOS_SHRINK=1: a run with a violation is run again
+    // without each event in turn, keeping every removal after which a
+    // violation still shows, down to a schedule where every event counts.
+    let shrink = std::env::var("REDPILOT_CHAOS_SHRINK").is_ok_and(|v| v == "1");
     let mut failed = Vec::new();
     for seed in seeds {
-        let out = run(seed, duration, only).await;
+        let out = run(seed, duration, only, given.as_deref()).await;
         println!("{}", out.line);
-        if !out.violations.is_empty() {
-            failed.push(out.line);
+        if out.violations.is_empty() {
+            continue;
         }
+        if shrink {
+            let mut plan = out.plan.clone();
+            let mut i = 0;
+            while i < plan.len() {
+                let mut fewer = plan.clone();
+                let dropped = fewer.remove(i);
+                let again = run(seed, duration, only, Some(&fewer)).await;
+                println!(
+                    "shrink seed {seed}: without {}s {:?}: {}",
+                    dropped.0,
+                    dropped.1,
+                    if again.violations.is_empty() {
+                        "no violation, kept".to_string()
+                    } else {
+                        format!("still {}, dropped", again.violations.join("; "))
+                    }
+                );
+                if again.violations.is_empty() {
+                    i += 1;
+                } else {
+                    plan = fewer;
+                }
+            }
+            println!(
+                "shrink seed {seed}: {} of {} events left: {}\n  replay: {}",
+                plan.len(),
+                out.plan.len(),
+                schedule_text(&plan),
+                replay(seed, duration, only, Some(&plan))
+            );
+        }
+        failed.push(out.line);
     }
     assert!(
         failed.is_empty(),
@@ -1152,4 +1456,73 @@ async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// The picture holds one line per operation and fault, one Ready and one
+/// writes bar per second, the violations, and escapes what it writes.
+#[test]
+fn the_timeline_picture_shows_every_event_second_and_violation() {
+    let events = vec![
+        (0.0, "load started on Cluster <3 shards>".to_string()),
+        (5.0, "op: backup b1 asked".to_string()),
+        (9.5, "fault: kill -9 of cache-s0-0's server".to_string()),
+        (12.0, "fault: pod cache-s1-1 deleted".to_string()),
+        (40.0, "settled 3.1 s after the last event".to_string()),
+    ];
+    let samples: Vec<Sample> = (0..=40)
+        .map(|i| Sample {
+            at: f64::from(i),
+            state: String::new(),
+            ready: !(10..20).contains(&i),
+            // A stall from 10 to 14 s: no write confirmed.
+            confirmed: (i.min(10) + (i - 14).max(0)) as usize * 50,
+        })
+        .collect();
+    let svg = timeline_svg(
+        "seed 1: Cluster & co",
+        &events,
+        &samples,
+        &["1 of 2 confirmed writes lost".to_string()],
+    );
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("seed 1: Cluster &amp; co"), "{svg}");
+    assert_eq!(svg.matches(r#"class="op""#).count(), 1);
+    assert_eq!(svg.matches(r#"class="fault""#).count(), 2);
+    assert_eq!(svg.matches(r#"class="ready""#).count(), 40);
+    assert_eq!(svg.matches("#bdbdbd").count(), 10, "10 seconds not Ready");
+    let bars: Vec<f64> = svg
+        .lines()
+        .filter(|l| l.contains(r#"class="writes""#))
+        .map(|l| {
+            let h = l.split("height=\"").nth(1).expect("height");
+            h[..h.find('"').expect("quote")].parse().expect("a number")
+        })
+        .collect();
+    assert_eq!(bars.len(), 40);
+    assert_eq!(bars.iter().filter(|h| **h == 0.0).count(), 4, "{bars:?}");
+    assert!(bars.iter().all(|h| *h == 0.0 || (*h - 120.0).abs() < 0.01));
+    assert_eq!(svg.matches(r#"class="violation""#).count(), 1);
+    assert!(!svg.contains("<3 shards>"), "the label is escaped");
+}
+
+/// A schedule reads back as it was written; a bad entry is named.
+#[test]
+fn a_schedule_round_trips_and_a_bad_entry_is_named() {
+    let plan = vec![
+        (5, Action::Backup),
+        (12, Action::KillServer),
+        (30, Action::Grow),
+    ];
+    assert_eq!(parse_schedule(&schedule_text(&plan)), Ok(plan));
+    assert_eq!(
+        parse_schedule(" 30:Grow , 5:Backup"),
+        Ok(vec![(5, Action::Backup), (30, Action::Grow)])
+    );
+    let err = parse_schedule("5:Backup,7:Explode").expect_err("unknown action");
+    assert!(
+        err.contains("\"7:Explode\"") && err.contains("KillServer"),
+        "{err}"
+    );
+    let err = parse_schedule("soon:Backup").expect_err("bad second");
+    assert!(err.contains("\"soon\""), "{err}");
 }

@@ -206,6 +206,12 @@ impl ServiceWriter {
         self.tally.lock().map(|t| t.acks.len()).unwrap_or(0)
     }
 
+    /// [`Self::acked`] for another task to read while this one writes.
+    pub fn acked_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let tally = self.tally.clone();
+        move || tally.lock().map(|t| t.acks.len()).unwrap_or(0)
+    }
+
     /// Stops it and returns what it saw.
     pub async fn stop(self) -> Tally {
         self.stop.store(true, Ordering::SeqCst);
