@@ -1698,7 +1698,12 @@ async fn a_restore_into_retained_volumes_serves_the_backup() {
 /// reads the pod at its address, which the restart changes: the backup
 /// failed `SourceFailed` once, found by the composition harness, seed 4).
 /// It starts from an instance already on the new template, or waits for
-/// one, and completes.
+/// one, and completes. Then the same meeting across an operator's death:
+/// a restart-only change and a backup asked for while no operator runs;
+/// the next operator takes the spec and restarts instances moments after
+/// it starts, so the backup waits until it has (seed 7 of the harness:
+/// the backup started from an instance restarted 190 ms later and failed
+/// `SourceFailed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_with() {
     use k8s_openapi::api::apps::v1::StatefulSet;
@@ -1706,7 +1711,9 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
     let client = client().await;
     let tns = TestNamespace::new(&client, "backup-roll", &[]).await;
     let ns = tns.name.as_str();
-    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let mut opts = OperatorOptions::watching(&[ns]).named("backup-roll");
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut op = start_operator(&client, opts.clone()).await;
     support::operator::create_claim(&client, ns, "backups").await;
     apply_redis(
         &client,
@@ -1788,6 +1795,59 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
         recent_events(&client, ns, 20).await
     );
     wait_ready(&client, ns, "src", READY).await;
+
+    // 2. Across an operator's death.
+    op.kill();
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "src",
+        json!({"spec": {"config": {"tcp-backlog": "601"}}}),
+    )
+    .await;
+    create_backup(
+        &client,
+        ns,
+        "while-down",
+        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let _next = support::operator::spawn_operator(&client, opts.named("backup-roll-next")).await;
+    let (source, at_start) = wait_for(
+        "the backup asked for while no operator ran to start",
+        Duration::from_secs(180),
+        || async {
+            let st = backups.get("while-down").await.ok()?.status?;
+            let source = st.source.clone()?;
+            let p = pods.get(&source).await.ok()?;
+            Some((source, revision(&p)))
+        },
+    )
+    .await;
+    let b = ended(&client, ns, "while-down", Duration::from_secs(180)).await;
+    let st = b.status.clone().expect("status");
+    wait_ready(&client, ns, "src", READY).await;
+    let last = sets
+        .get("src")
+        .await
+        .expect("StatefulSet")
+        .status
+        .and_then(|s| s.update_revision);
+    println!(
+        "backup asked for while no operator ran, a roll pending: source {source} at revision {at_start:?} \
+         (the roll's {last:?}); {:?}, {:?} keys",
+        st.phase, st.keys
+    );
+    assert_eq!(
+        at_start, last,
+        "the backup started from {source}, which the new operator had yet to restart"
+    );
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, ns, 20).await
+    );
     let tally = writer.stop().await;
     assert!(
         tally.acked.len() > 200,

@@ -82,13 +82,15 @@ pub fn choose_source_where(redis: &Redis, usable: impl Fn(&str) -> bool) -> Opti
 }
 
 /// Whether the ordered restart under way will restart `pod`: its
-/// StatefulSet, observed, is at a template revision the pod does not run
-/// and that the operator does not keep for running instances (see
-/// `redis::kept`). A backup read from such a pod would lose its source
-/// half way: the restarted pod comes back at another address.
+/// StatefulSet is at a template revision the pod does not run and that
+/// the operator does not keep for running instances (see `redis::kept`),
+/// or its newest template is not observed yet (which revision that is,
+/// and so whether the pod restarts, is not known: it counts as pending).
+/// A backup read from such a pod would lose its source half way: the
+/// restarted pod comes back at another address.
 pub fn restart_pending(pod: &Pod, sts: &StatefulSet) -> bool {
     if !crate::controller::redis::facts::sts_observed(sts) {
-        return false;
+        return true;
     }
     let Some(want) = sts
         .status
@@ -714,8 +716,10 @@ mod tests {
             &pod_at("r1"),
             &set_at(2, 2, "r2", Some("r1"))
         ));
-        // Not observed yet: the update revision does not describe the spec.
-        assert!(!restart_pending(&pod_at("r1"), &set_at(3, 2, "r2", None)));
+        // Not observed yet: the update revision does not describe the
+        // newest template, so any pod may restart.
+        assert!(restart_pending(&pod_at("r1"), &set_at(3, 2, "r2", None)));
+        assert!(restart_pending(&pod_at("r2"), &set_at(3, 2, "r2", None)));
     }
 
     #[test]

@@ -221,6 +221,12 @@ impl Pass {
                 ))
                 .await;
         }
+        // A spec the operator has not taken yet may restart the instances
+        // (a roll asked for while no operator ran): which ones is known
+        // once it has built the StatefulSets for it.
+        if let Some(seen) = spec_not_taken(&redis) {
+            return self.pending(seen).await;
+        }
         if redis.spec.mode() == Mode::Cluster {
             return self.start_shards(&redis).await;
         }
@@ -760,5 +766,46 @@ impl Pass {
         let obj = self.b.object_ref(&());
         let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);
         super::publish_event(recorder, metrics, &obj, type_, reason, "Backup", note).await;
+    }
+}
+
+/// Why a source cannot be chosen yet: `redis`'s latest spec has not been
+/// taken by the operator (`status.observedGeneration` behind
+/// `metadata.generation`), so its StatefulSets may not yet say which
+/// instances a roll will restart.
+fn spec_not_taken(redis: &Redis) -> Option<String> {
+    let generation = redis.metadata.generation?;
+    let seen = redis.status.as_ref().and_then(|s| s.observed_generation);
+    (seen.is_none_or(|g| g < generation)).then(|| {
+        format!(
+            "waiting for the operator to take generation {generation} of Redis {} (it may restart instances a backup would read from)",
+            redis.name_any()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spec_not_taken;
+    use crate::api::v1alpha1::{Redis, RedisStatus};
+
+    fn redis(generation: Option<i64>, observed: Option<i64>) -> Redis {
+        let mut r = Redis::new("cache", Default::default());
+        r.metadata.generation = generation;
+        r.status = Some(RedisStatus {
+            observed_generation: observed,
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_backup_waits_until_the_latest_spec_is_taken() {
+        assert_eq!(spec_not_taken(&redis(Some(2), Some(2))), None);
+        let why = spec_not_taken(&redis(Some(3), Some(2))).expect("waits");
+        assert!(why.contains("generation 3 of Redis cache"), "{why}");
+        assert!(spec_not_taken(&redis(Some(1), None)).is_some());
+        // No generation (not from an API server): nothing to wait for.
+        assert_eq!(spec_not_taken(&redis(None, None)), None);
     }
 }
