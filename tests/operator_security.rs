@@ -2581,10 +2581,14 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
     // The operator cannot tell how it listens then, and must not take the
     // ConfigMap and the templates back to the flip's: a node started from
     // them the other way than its template says never becomes Ready.
+    // The stop waits for the switch watch below to have seen every node
+    // switch (a node stopped before an ask saw it would look switched late).
+    let switch_seen = std::sync::Arc::new(tokio::sync::Notify::new());
     let stop_watch = {
         let client = client.clone();
         let ns = ns.to_string();
         let tls = tls.clone();
+        let switch_seen = switch_seen.clone();
         tokio::spawn(async move {
             let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
             let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -2615,6 +2619,7 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            switch_seen.notified().await;
             // A replica of shard 2 (rolled last), switched to TLS by now.
             let mut silent = None;
             for (pod, ip) in ips(&client, &ns, "cflip").await {
@@ -2675,11 +2680,9 @@ async fn tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write() {
         json!({"spec": {"tls": {"secretName": "cflip-tls"}}}),
     )
     .await;
-    switched_at_once(
-        "on",
-        &switch_on.await.expect("the switch watch"),
-        SWITCH_SPREAD,
-    );
+    let seen_on = switch_on.await.expect("the switch watch");
+    switch_seen.notify_one();
+    switched_at_once("on", &seen_on, SWITCH_SPREAD);
     let (silent_pod, reads, back_to_flip, answered, stat) =
         stop_watch.await.expect("the stop watch");
     let state = stat
