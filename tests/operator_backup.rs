@@ -1763,19 +1763,27 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
     )
     .await;
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    // Once backup `name` has its source: the source, the template revision
+    // that pod runs then, and the backup's message before it started.
+    let started = |name: &'static str| {
+        let (backups, pods) = (&backups, &pods);
+        async move {
+            wait_for(
+                &format!("backup {name} to start"),
+                Duration::from_secs(180),
+                move || async move {
+                    let st = backups.get(name).await.ok()?.status?;
+                    let source = st.source.clone()?;
+                    let p = pods.get(&source).await.ok()?;
+                    Some((source, revision(&p), st.message))
+                },
+            )
+            .await
+        }
+    };
     // When it starts: its source runs the new template (the roll is done
     // with it) or it waited for one.
-    let (source, at_start, waited) = wait_for(
-        "the mid-roll backup to start",
-        Duration::from_secs(180),
-        || async {
-            let st = backups.get("mid-roll").await.ok()?.status?;
-            let source = st.source.clone()?;
-            let p = pods.get(&source).await.ok()?;
-            Some((source, revision(&p), st.message))
-        },
-    )
-    .await;
+    let (source, at_start, waited) = started("mid-roll").await;
     let b = ended(&client, ns, "mid-roll", Duration::from_secs(180)).await;
     let st = b.status.clone().expect("status");
     println!(
@@ -1813,17 +1821,7 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
     )
     .await;
     let _next = support::operator::spawn_operator(&client, opts.named("backup-roll-next")).await;
-    let (source, at_start) = wait_for(
-        "the backup asked for while no operator ran to start",
-        Duration::from_secs(180),
-        || async {
-            let st = backups.get("while-down").await.ok()?.status?;
-            let source = st.source.clone()?;
-            let p = pods.get(&source).await.ok()?;
-            Some((source, revision(&p)))
-        },
-    )
-    .await;
+    let (source, at_start, _) = started("while-down").await;
     let b = ended(&client, ns, "while-down", Duration::from_secs(180)).await;
     let st = b.status.clone().expect("status");
     wait_ready(&client, ns, "src", READY).await;
