@@ -19,7 +19,10 @@
 //!    as 1.);
 //! 3. a shard with no replica restarts its only pod only when it has a
 //!    volume (`nodes.conf` keeps its node ID and slots); without one the
-//!    restart would leave its slots to an empty node, and it waits.
+//!    restart would leave its slots to an empty node, and it waits;
+//! 4. a shard whose primary owns no slot yet (a new shard of a resharding
+//!    that paused for the restart) restarts that primary as it is: it
+//!    serves nothing, and its replica could not take over from it.
 //!
 //! A pod that is already down (not Ready) and outdated is not serving:
 //! restarting it onto the current template costs nothing, so it does not
@@ -67,12 +70,28 @@ pub fn next_restart(
         .iter()
         .filter_map(|s| s.primary.as_deref())
         .collect();
-    // A pod that is down and serves no slots restarts at once.
+    // A pod that is down and serves no slots restarts at once, unless its
+    // server still answers while its shard has no ready primary elsewhere:
+    // then it may hold the shard's only copy of the data (a replica taking
+    // over from a primary that is gone is not Ready while the cluster
+    // fails), and a restart would lose it where there is no volume.
+    let shard_served = |m: &Member| {
+        plan.shards.iter().any(|s| {
+            s.index == m.shard
+                && s.primary.as_deref().is_some_and(|p| {
+                    p != m.pod
+                        && members
+                            .iter()
+                            .any(|o| o.pod == p && o.ready && !o.terminating)
+                })
+        })
+    };
     if let Some(m) = members.iter().find(|m| {
         outdated.contains(&m.pod)
             && !m.ready
             && !m.terminating
             && !primaries.contains(m.pod.as_str())
+            && (m.view.is_none() || shard_served(m))
     }) {
         return Roll::Restart {
             pod: m.pod.clone(),
@@ -115,6 +134,16 @@ pub fn next_restart(
         };
         if !outdated.contains(primary) {
             continue;
+        }
+        // A primary that owns no slot (a new shard a resharding has not
+        // given one yet) serves nothing and holds no key, and its replica
+        // cannot take over from it (a replica fails over only from a
+        // primary that owns slots): it restarts as it is.
+        if shard.slots.is_empty() && !shard.replicas.is_empty() {
+            return Roll::Restart {
+                pod: primary.to_string(),
+                shard: shard.index,
+            };
         }
         let mut fresh: Vec<&String> = shard.replicas.iter().collect();
         fresh.sort_by_key(|r| ordinal(r));
@@ -206,7 +235,8 @@ mod tests {
     use super::*;
     use crate::controller::redis::cluster::plan::Shard;
 
-    /// A healthy 3 × `n` cluster: pods `r-s<i>-<o>`, ordinal 0 primary.
+    /// A healthy 3 × `n` cluster: pods `r-s<i>-<o>`, ordinal 0 primary,
+    /// each shard's primary owning a slot.
     fn cluster(n: i32) -> (Plan, Vec<Member>) {
         let mut shards = Vec::new();
         let mut members = Vec::new();
@@ -224,6 +254,10 @@ mod tests {
                 index: s,
                 primary: Some(format!("r-s{s}-0")),
                 replicas: (1..n).map(|o| format!("r-s{s}-{o}")).collect(),
+                slots: vec![crate::redis::cluster::SlotRange {
+                    start: s as u16,
+                    end: s as u16,
+                }],
                 pods: n as usize,
                 ready: n as usize,
                 ..Default::default()
@@ -345,6 +379,85 @@ mod tests {
             next_restart(&plan, &members, &set(&["r-s1-0"]), false),
             Roll::Wait(_)
         ));
+    }
+
+    #[test]
+    fn a_replica_taking_over_from_a_primary_that_is_gone_is_not_restarted() {
+        // Shard 1's primary pod was deleted as an upgrade rolled: its
+        // replica answers (it follows the lost node and is about to take
+        // over) but is not Ready while the cluster fails. Without a volume
+        // it holds the shard's only copy.
+        let (mut plan, mut members) = cluster(2);
+        plan.healthy = false;
+        plan.shards[1].primary = None;
+        members.retain(|m| m.pod != "r-s1-0");
+        let replica = members
+            .iter_mut()
+            .find(|m| m.pod == "r-s1-1")
+            .expect("r-s1-1");
+        replica.ready = false;
+        replica.view = Some(super::super::plan::View::default());
+        let outdated = set(&["r-s0-1", "r-s1-1", "r-s2-1"]);
+        assert!(matches!(
+            next_restart(&plan, &members, &outdated, false),
+            Roll::Wait(_)
+        ));
+        // Once it took over, it is the shard's primary and is not
+        // restarted until the cluster is healthy and a replica took over.
+        plan.shards[1].primary = Some("r-s1-1".into());
+        assert!(matches!(
+            next_restart(&plan, &members, &outdated, false),
+            Roll::Wait(_)
+        ));
+        // A down replica of a shard whose primary serves restarts at once
+        // even when its server answers (it holds nothing the primary lacks).
+        let (mut plan, mut members) = cluster(2);
+        plan.healthy = false;
+        members[3].ready = false;
+        members[3].view = Some(super::super::plan::View::default());
+        assert_eq!(
+            next_restart(&plan, &members, &set(&["r-s1-1"]), false),
+            restart("r-s1-1", 1)
+        );
+    }
+
+    #[test]
+    fn a_primary_that_owns_no_slot_restarts_without_a_failover() {
+        // A new shard 3 whose resharding paused for the roll before it got
+        // a slot (found by the composition harness, seeds 13 and 26: the
+        // failover to its replica never completed, and the roll and the
+        // resharding waited on each other for good).
+        let (mut plan, mut members) = cluster(2);
+        plan.shards.push(Shard {
+            index: 3,
+            primary: Some("r-s3-0".into()),
+            replicas: vec!["r-s3-1".into()],
+            pods: 2,
+            ready: 2,
+            ..Default::default()
+        });
+        for o in 0..2 {
+            members.push(Member {
+                pod: format!("r-s3-{o}"),
+                shard: 3,
+                ordinal: o,
+                ready: true,
+                ..Default::default()
+            });
+        }
+        assert_eq!(
+            next_restart(&plan, &members, &set(&["r-s3-0"]), false),
+            restart("r-s3-0", 3)
+        );
+        // A primary that owns slots still hands over first.
+        assert_eq!(
+            next_restart(&plan, &members, &set(&["r-s2-0"]), false),
+            Roll::Failover {
+                replica: "r-s2-1".into(),
+                primary: "r-s2-0".into(),
+                shard: 2
+            }
+        );
     }
 
     #[test]
