@@ -1487,3 +1487,147 @@ async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
         assert_eq!(whole(&mut reader, t, size).await, Some(true), "tag {t}");
     }
 }
+
+/// `cluster_slots_assigned` as the node sees it.
+async fn slots_assigned(n: &mut Node) -> u64 {
+    let info: String = n
+        .query("CLUSTER INFO", redis::cmd("CLUSTER").arg("INFO"))
+        .await
+        .expect("CLUSTER INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cluster_slots_assigned:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("cluster_slots_assigned")
+}
+
+/// A classic move whose source primary is `kill -9`ed while a slot is open
+/// (its replica takes over) leaves the target importing a slot whose owner
+/// it can no longer learn: a node importing a slot ignores news of that
+/// slot's owner, and the old owner, now a replica, owns nothing, so the
+/// target sees the slot served by no one and the cluster never looks whole
+/// again. Found by the composition harness (seed 204: a Redis 7.0 Cluster
+/// whose shard 0 primary was killed mid-move stayed "waiting for the
+/// cluster to settle" for good). The next operator finishes the slot toward
+/// the source's new primary, and the resharding ends, losing no
+/// acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_move_whose_source_fails_over_with_a_slot_open_finishes() {
+    let (tags, size) = (500, 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-reshard-src", &[]).await;
+    let (mut first, opts) =
+        stopping_at(&client, &ns.name, "op-reshard-src", "reshard-after-open").await;
+    // With volumes: the killed primary comes back with its node ID, as a
+    // replica (without one it would come back as a new node, and the
+    // target would go on naming the failed old ID as the slot's owner).
+    support::operator::sized_class(&client).await;
+    let spec = |shards: i32| {
+        json!({"mode": "Cluster", "shards": shards, "instances": 2, "engine": "Redis", "version": "7.0",
+               "storage": {"size": "64Mi", "storageClassName": support::operator::SIZED_CLASS}})
+    };
+    apply_redis(&client, &ns.name, "cache", spec(3)).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s1-0").await, 6379);
+    let mut filler = Client::new(seed.clone(), copts.clone());
+    fill(&mut filler, tags, size).await;
+    let load = Load::start(&seed, &copts, tags, size, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // 3 → 4: the operator stops right after opening a slot.
+    apply_redis(&client, &ns.name, "cache", spec(4)).await;
+    wait_failpoint(&mut first, READY).await;
+    let api = redis_api(&client, &ns.name);
+    let st = api
+        .get("cache")
+        .await
+        .expect("redis")
+        .status
+        .expect("status");
+    let intent = st
+        .resharding
+        .as_ref()
+        .and_then(|x| x.current.clone())
+        .expect("the move under way is recorded");
+    let shard = |i: i32| st.shards.get(usize::try_from(i).ok()?)?.primary.clone();
+    let source = shard(intent.from_shard).expect("the source's primary");
+    let target = shard(intent.to_shard).expect("the target's primary");
+    let open = open_anywhere(&endpoints(&client, &ns.name, 4).await, &copts).await;
+    assert!(
+        open.iter().any(|o| o.contains("Migrating"))
+            && open
+                .iter()
+                .any(|o| o.starts_with(&format!("{target}: Importing"))),
+        "the operator stopped after opening a slot, yet {target} imports none: {open:?}"
+    );
+    // The source's primary killed with the slot open; its replica takes over.
+    let mut n = connect_pod(&client, &ns.name, &source, &password)
+        .await
+        .expect("connect to the source's primary");
+    let pid = info_u64(&mut n, "server", "process_id").await;
+    drop(n);
+    kill_9(u32::try_from(pid).expect("pid"));
+    took_over(&client, &ns.name, &source, &password).await;
+    // An operator that stops once it has recorded the move that finishes
+    // the open slot, before any command of it: by then it has made the old
+    // primary a replica of the one that took over, and the target sees the
+    // slot served by no one (the fault, proven here). Where the resharding
+    // waited for the cluster to look whole first, it never got there.
+    let mut repair = spawn_operator(
+        &client,
+        armed(&opts, "op-reshard-src-repair", "reshard-after-intent"),
+    )
+    .await;
+    wait_failpoint(&mut repair, READY).await;
+    let mut n = connect_pod(&client, &ns.name, &source, &password)
+        .await
+        .expect("connect to the old primary");
+    let nodes = cluster::nodes(&mut n).await.expect("CLUSTER NODES");
+    assert!(
+        nodes.iter().any(|k| k.myself && !k.primary),
+        "{source} is not a replica: {nodes:?}"
+    );
+    drop(n);
+    let mut t = connect_pod(&client, &ns.name, &target, &password)
+        .await
+        .expect("connect to the target");
+    let seen = slots_assigned(&mut t).await;
+    drop(t);
+    assert!(
+        seen < u64::from(cluster::SLOTS),
+        "{target} sees every slot assigned: the fault did not happen"
+    );
+    println!(
+        "kill -9 of {source} with a slot open; {} took over; {target} sees {seen} slots assigned",
+        partner(&source)
+    );
+
+    // The next operator finishes the slot and the resharding.
+    let _next = spawn_operator(&client, opts.named("op-reshard-src-next")).await;
+    let t = Instant::now();
+    wait_for("the resharding to 4 shards done", READY, || async {
+        let r = api.get("cache").await.ok()?;
+        resharding_done(&r, 4).then_some(())
+    })
+    .await;
+    println!(
+        "resharding done {:.1} s after the next operator started",
+        t.elapsed().as_secs_f64()
+    );
+    let eps = endpoints(&client, &ns.name, 4).await;
+    assert_eq!(open_anywhere(&eps, &copts).await, Vec::<String>::new());
+    for (pod, ep) in &eps {
+        let mut n = Node::connect(ep, &copts)
+            .await
+            .unwrap_or_else(|e| panic!("{pod}: {e}"));
+        assert_eq!(
+            slots_assigned(&mut n).await,
+            u64::from(cluster::SLOTS),
+            "{pod} after the resharding"
+        );
+    }
+    load.finish(&seed, &copts).await;
+}

@@ -245,8 +245,15 @@ impl Reconciler {
         }
     }
 
-    /// Why no slot may move now, if a bound holds.
-    fn reshard_bound(&self, plan: &Plan, members: &[Member], facts: &[PodFacts]) -> Option<String> {
+    /// Why no slot may move now, if a bound holds. `step` is what the
+    /// resharding would do.
+    fn reshard_bound(
+        &self,
+        plan: &Plan,
+        members: &[Member],
+        facts: &[PodFacts],
+        step: &Next,
+    ) -> Option<String> {
         if self.redis.spec.hibernate {
             return Some("the Redis hibernates".into());
         }
@@ -275,7 +282,23 @@ impl Reconciler {
         if let Some(m) = members.iter().find(|m| !m.ready || m.view.is_none()) {
             return Some(format!("{} is not ready", m.pod));
         }
-        if !plan.healthy {
+        // A slot a stopped move left open can itself keep the nodes from
+        // agreeing on every slot: a node importing a slot ignores news of
+        // its owner, so when the source's primary fails over mid-move the
+        // target sees the slot served by no one, and no pass would ever
+        // find the cluster healthy. Finishing or settling that slot is the
+        // way out: it goes ahead when nothing else is wrong (every pod
+        // answers and is ready, as checked above; no step and no problem in
+        // the plan; every shard whole).
+        let want = usize::try_from(self.redis.spec.desired_instances() - 1).unwrap_or(0);
+        let repair = matches!(step, Next::Finish { .. } | Next::Settle { .. })
+            && plan.problems.is_empty()
+            && plan.steps.is_empty()
+            && plan
+                .shards
+                .iter()
+                .all(|s| s.primary.is_some() && s.replicas.len() == want);
+        if !plan.healthy && !repair {
             let why = plan
                 .problems
                 .first()
@@ -313,7 +336,7 @@ impl Reconciler {
             return Ok(false);
         }
         self.reshard_begin(plan, shards, path).await;
-        let bound = match self.reshard_bound(plan, members, facts) {
+        let bound = match self.reshard_bound(plan, members, facts, &step) {
             Some(why) => Some(why),
             // Only when a slot is about to move: one list of the backups.
             None if matches!(step, Next::Move { .. } | Next::Finish { .. }) => {
