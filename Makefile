@@ -147,15 +147,17 @@ test: setup lint unit tools release-bins cluster-up
 # runs that schedule instead of the drawn one (a shrunk one, say); SHRINK=1
 # runs a failing seed again without each event in turn and prints the
 # smallest schedule that still fails, with its replay command. Each run also
-# draws its timeline as seed-<n>.svg. `make test` runs three short seeds.
+# draws its timeline as seed-<n>.svg. JOBS=<j> runs j seeds at once (each in
+# its own namespace with its own operator). `make test` runs three short seeds.
 SEED ?= 1
 RUNS ?= 10
 DURATION ?= 120
 ONLY ?=
 SCHEDULE ?=
 SHRINK ?=
+JOBS ?= 1
 chaos: engines cluster-up
-	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) \
+	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) REDPILOT_CHAOS_JOBS=$(JOBS) \
 		REDPILOT_CHAOS_ONLY=$(ONLY) REDPILOT_CHAOS_SCHEDULE="$(SCHEDULE)" REDPILOT_CHAOS_SHRINK=$(SHRINK) \
 		$(CARGO) test --test chaos -- --nocapture
 

@@ -5,12 +5,13 @@
 //! roll with the `default` user off) shows as a violation with the seed that
 //! replays it.
 //!
-//! `make chaos SEED=<n> RUNS=<k> DURATION=<s>` runs seeds n..n+k (each run's
-//! schedule spans DURATION seconds); `make test` runs the fixed short seeds
-//! of [`SHORT_SEEDS`]. Environment: `REDPILOT_CHAOS_SEED`,
-//! `REDPILOT_CHAOS_RUNS`, `REDPILOT_CHAOS_DURATION`, `REDPILOT_CHAOS_ONLY`
-//! (`replication` or `cluster`: draw that mode only), `REDPILOT_CHAOS_DRAW=1`
-//! (print what each seed draws and run nothing).
+//! `make chaos SEED=<n> RUNS=<k> DURATION=<s> JOBS=<j>` runs seeds n..n+k
+//! (each run's schedule spans DURATION seconds; j of them at once, each in
+//! its own namespace with its own operator); `make test` runs the fixed
+//! short seeds of [`SHORT_SEEDS`]. Environment: `REDPILOT_CHAOS_SEED`,
+//! `REDPILOT_CHAOS_RUNS`, `REDPILOT_CHAOS_DURATION`, `REDPILOT_CHAOS_JOBS`,
+//! `REDPILOT_CHAOS_ONLY` (`replication` or `cluster`: draw that mode only),
+//! `REDPILOT_CHAOS_DRAW=1` (print what each seed draws and run nothing).
 //!
 //! What is drawn:
 //! - the shape: Replication (2 or 3 instances) or Cluster (3 shards of 2),
@@ -22,18 +23,27 @@
 //!   and, drawn from a second stream of the seed (so the first stream's
 //!   schedule is the one it always was), the operator's password rotated
 //!   (it comes from a Secret of the user's), and with storage hibernation
-//!   followed by a wake, and the volumes grown;
+//!   followed by a wake, and the volumes grown; from a third stream, an
+//!   upgrade (Redis 7.0 to Valkey 8.1, Valkey 8.1 to 9.1) and the
+//!   application user given a second password;
 //! - faults: a server `kill -9`ed, a pod deleted, a server stopped
 //!   (`SIGSTOP`) for three seconds, the operator `kill -9`ed and started
-//!   again.
+//!   again; from the third stream, a pod cut off the node's bridge for 8 s
+//!   and a server starved of CPU (stopped 90 ms of every 100) for 10 s.
+//!
+//! Writers: a Replication Redis has one through its Service (`WAIT 1`); a
+//! Cluster has three, each writing the keys of one shard's first slots
+//! (`WAIT 1`), so a shard that stalls stalls one writer and shows in its
+//! own row of the picture.
 //!
 //! Invariants: Ready within [`CONVERGE`] of the last event; no confirmed
 //! write lost; the status agrees with the servers (the primary it names
 //! answers `role:master`, every other instance is a replica with its link
 //! up; in a Cluster every slot is owned exactly once and none is open);
-//! every backup ends; the operator's user takes the last password on every
-//! instance; no password in the operator's log, the events or the status;
-//! no operator panic.
+//! every backup ends, Completed unless a fault took its source away while
+//! it ran (or hibernation did); the operator's user takes the last password
+//! and the application user its second on every instance; no password in
+//! the operator's log, the events or the status; no operator panic.
 //!
 //! Each run prints one line (seed, shape, events, writes, convergence,
 //! violations) and writes its timeline (events and, each second, the phase
@@ -44,6 +54,8 @@ mod cluster_client;
 mod support;
 
 use std::collections::BTreeMap;
+
+use futures::StreamExt;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -209,10 +221,20 @@ enum Action {
     Hibernate,
     /// `spec.storage.size` grown by 32Mi.
     Grow,
+    /// The engine or version moved on ([`upgrade_of`]: Redis 7.0 to
+    /// Valkey 8.1, Valkey 8.1 to 9.1).
+    Upgrade,
+    /// The application user `app` given a second password (both valid).
+    AppRotate,
+    /// A pod cut off the node's bridge for [`PARTITION`] (its veth down:
+    /// no reset, its peers and clients time out).
+    Partition,
+    /// A server starved of CPU for [`STARVE`]: stopped 90 ms of every 100.
+    Starve,
 }
 
 impl Action {
-    const ALL: [Action; 11] = [
+    const ALL: [Action; 15] = [
         Action::Switchover,
         Action::Roll,
         Action::Backup,
@@ -224,13 +246,40 @@ impl Action {
         Action::Rotate,
         Action::Hibernate,
         Action::Grow,
+        Action::Upgrade,
+        Action::AppRotate,
+        Action::Partition,
+        Action::Starve,
     ];
 
     fn is_fault(self) -> bool {
         matches!(
             self,
-            Action::KillServer | Action::DeletePod | Action::StopServer | Action::KillOperator
+            Action::KillServer
+                | Action::DeletePod
+                | Action::StopServer
+                | Action::KillOperator
+                | Action::Partition
+                | Action::Starve
         )
+    }
+}
+
+/// How long [`Action::Partition`] keeps a pod cut off.
+const PARTITION: Duration = Duration::from_secs(8);
+/// How long [`Action::Starve`] starves a server.
+const STARVE: Duration = Duration::from_secs(10);
+/// The application user's second password ([`Action::AppRotate`]).
+const APP_PASSWORD_2: &str = "chaos-app-password-2-0c5e";
+
+/// The engine and version an upgrade of `engine` `version` moves to, where
+/// the dev cluster has one: a Cluster only moves within Valkey (the engine
+/// change is stated for replication).
+fn upgrade_of(mode: Mode, engine: &str, version: &str) -> Option<(&'static str, &'static str)> {
+    match (engine, version) {
+        ("Redis", "7.0") if mode == Mode::Replication => Some(("Valkey", "8.1")),
+        ("Valkey", "8.1") => Some(("Valkey", "9.1")),
+        _ => None,
     }
 }
 
@@ -264,6 +313,19 @@ fn schedule(rng: &mut Rng, shape: &Shape, duration: u64) -> Vec<(u64, Action)> {
         out.push((
             5 + more.below(duration.saturating_sub(5)),
             more.pick(&later),
+        ));
+    }
+    // The third stream: an upgrade, the application user's rotation, a
+    // pod cut off, a server starved of CPU.
+    let mut third = Rng(rng.0 ^ 0x7a1d_c0de_3a3a_2026);
+    let mut third_ops = vec![Action::AppRotate, Action::Partition, Action::Starve];
+    if upgrade_of(shape.mode, shape.engine, shape.version).is_some() {
+        third_ops.push(Action::Upgrade);
+    }
+    for _ in 0..third.below(3) {
+        out.push((
+            5 + third.below(duration.saturating_sub(5)),
+            third.pick(&third_ops),
         ));
     }
     out.sort_by_key(|(t, _)| *t);
@@ -337,16 +399,35 @@ async fn some_pod(client: &kube::Client, ns: &str, rng_pick: u64) -> Option<Endp
     Some(Endpoint::new(&pods[(rng_pick as usize) % pods.len()], 6379))
 }
 
-/// A Cluster writer of unique keys `{c<id>t<n % 256>}:<n>`, confirming
-/// each with `WAIT 1 500`, no retry; after 20 failures in a row it starts
-/// again from another pod (its seed may be the pod that went away).
+/// Hash tags whose slots lie in the `lane`th of three even slot ranges
+/// (the first shards' homes when a 3-shard Cluster is made): a writer of
+/// those keys stalls only when that range's shard does.
+fn lane_tags(lane: usize) -> Vec<String> {
+    let range = redpilot::redis::cluster::spread(3)[lane];
+    (0..)
+        .map(|k| format!("w{lane}x{k}"))
+        .filter(|t| {
+            let slot = redpilot::redis::cluster::key_slot(format!("{{{t}}}").as_bytes());
+            (range.start..=range.end).contains(&slot)
+        })
+        .take(64)
+        .collect()
+}
+
+/// A Cluster writer of unique keys `{<tag>}:<id>:<n>`, its tags those of
+/// one slot range ([`lane_tags`]), confirming each with `WAIT 1 500`, no
+/// retry; after 3 failures in a row it starts again from another pod (its
+/// seed may be the pod that went away).
+#[allow(clippy::too_many_arguments)]
 fn cluster_writer(
     id: u64,
+    tags: Vec<String>,
     kube: kube::Client,
     ns: String,
     opts: ConnectOptions,
     stop: Arc<AtomicBool>,
     confirmed: Arc<AtomicU64>,
+    lane: Arc<AtomicU64>,
     tally: Arc<Mutex<Tally>>,
 ) -> tokio::task::JoinHandle<()> {
     let t = tally;
@@ -370,7 +451,7 @@ fn cluster_writer(
                 fails = 0;
             }
             let Some(client) = c.as_mut() else { continue };
-            let key = format!("{{c{id}t{}}}:{n}", n % 256);
+            let key = format!("{{{}}}:{id}:{n}", tags[(n as usize) % tags.len()]);
             n += 1;
             let r: Result<redis::Value, String> = client
                 .run(&key, redis::cmd("SET").arg(&key).arg(&key))
@@ -380,6 +461,7 @@ fn cluster_writer(
                 Ok(_) => {
                     t.acked.push(key);
                     confirmed.fetch_add(1, Ordering::Relaxed);
+                    lane.fetch_add(1, Ordering::Relaxed);
                     fails = 0;
                 }
                 Err(e) => {
@@ -400,7 +482,12 @@ fn cluster_writer(
 /// The writers of one run.
 enum Load {
     Replication(support::faults::ServiceWriter),
-    Cluster(Vec<tokio::task::JoinHandle<()>>, Arc<Mutex<Tally>>),
+    /// The writers, their shared tally, and each one's confirmed count.
+    Cluster(
+        Vec<tokio::task::JoinHandle<()>>,
+        Arc<Mutex<Tally>>,
+        Vec<Arc<AtomicU64>>,
+    ),
 }
 
 /// Confirmed keys and errors by kind, once the writers stopped.
@@ -419,7 +506,7 @@ impl Load {
                     errors: t.errors.clone(),
                 }
             }
-            Load::Cluster(ws, tally) => {
+            Load::Cluster(ws, tally, _) => {
                 for h in ws {
                     h.await.expect("writer");
                 }
@@ -434,13 +521,32 @@ impl Load {
 }
 
 impl Load {
-    /// A reader of the confirmed writes for the sampler's task.
-    fn counter(&self, cluster_count: &Arc<AtomicU64>) -> Arc<dyn Fn() -> usize + Send + Sync> {
+    /// A reader of the confirmed writes per writer lane, for the
+    /// sampler's task.
+    fn counter(&self) -> Arc<dyn Fn() -> Vec<usize> + Send + Sync> {
         match self {
-            Load::Replication(w) => Arc::new(w.acked_counter()),
-            Load::Cluster(..) => {
-                let c = cluster_count.clone();
-                Arc::new(move || c.load(Ordering::Relaxed) as usize)
+            Load::Replication(w) => {
+                let c = w.acked_counter();
+                Arc::new(move || vec![c()])
+            }
+            Load::Cluster(_, _, lanes) => {
+                let lanes = lanes.clone();
+                Arc::new(move || {
+                    lanes
+                        .iter()
+                        .map(|c| c.load(Ordering::Relaxed) as usize)
+                        .collect()
+                })
+            }
+        }
+    }
+
+    /// The lanes' names, as the picture labels its rows.
+    fn lanes(&self) -> Vec<String> {
+        match self {
+            Load::Replication(_) => vec!["writes/s".into()],
+            Load::Cluster(_, _, lanes) => {
+                (0..lanes.len()).map(|i| format!("slots of s{i}")).collect()
             }
         }
     }
@@ -452,7 +558,8 @@ struct Sample {
     at: f64,
     state: String,
     ready: bool,
-    confirmed: usize,
+    /// Confirmed writes so far, per writer lane.
+    confirmed: Vec<usize>,
 }
 
 /// Confirmed writes so far (for the timeline and the backups' cut).
@@ -461,6 +568,13 @@ fn confirmed_now(load: &Load, cluster_count: &AtomicU64) -> usize {
         Load::Replication(w) => w.acked(),
         Load::Cluster(..) => cluster_count.load(Ordering::Relaxed) as usize,
     }
+}
+
+/// Sends `sig` to `pid`, whether or not the process is still there.
+fn signal_quiet(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
 }
 
 /// A pod of the Redis, drawn.
@@ -652,6 +766,36 @@ async fn missing(
     }
 }
 
+/// The pods of the Redis that refuse `user` with `password` (or have no
+/// address), once every one takes it or 30 s have passed (a pass or two).
+async fn refused_anywhere(
+    client: &kube::Client,
+    ns: &str,
+    user: &str,
+    password: &str,
+) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut refused = Vec::new();
+        for (pod, p) in redis_pods(client, ns, NAME).await {
+            let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
+                refused.push(format!("{pod} has no address"));
+                continue;
+            };
+            let opts = ConnectOptions::default()
+                .with_user(user, password.to_string())
+                .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+            if let Err(e) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await {
+                refused.push(format!("{pod}: {e}"));
+            }
+        }
+        if refused.is_empty() || Instant::now() > deadline {
+            return refused;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// What one run found.
 struct Outcome {
     line: String,
@@ -727,24 +871,29 @@ async fn run(
         )),
         Mode::Cluster => {
             let tally = Arc::new(Mutex::new(Tally::default()));
+            let lanes: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
             Load::Cluster(
-                (0..2)
+                (0..3)
                     .map(|id| {
                         cluster_writer(
                             id,
+                            lane_tags(id as usize),
                             client.clone(),
                             ns.clone(),
                             app.clone(),
                             stop.clone(),
                             cluster_count.clone(),
+                            lanes[id as usize].clone(),
                             tally.clone(),
                         )
                     })
                     .collect(),
                 tally,
+                lanes,
             )
         }
     };
+    let lanes = load.lanes();
     let t0 = Instant::now();
     timeline.add(t0, format!("load started on {}", shape.describe()));
     // Once a second: the phase and the confirmed writes.
@@ -752,7 +901,7 @@ async fn run(
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let sampler = {
         let (api, sampling, samples) = (api.clone(), sampling.clone(), samples.clone());
-        let confirmed = load.counter(&cluster_count);
+        let confirmed = load.counter();
         tokio::spawn(async move {
             while !sampling.load(Ordering::Relaxed) {
                 let at = t0.elapsed().as_secs_f64();
@@ -774,7 +923,7 @@ async fn run(
                 let confirmed = confirmed();
                 samples.lock().await.push(Sample {
                     at,
-                    state: format!("{state}, {confirmed} writes confirmed"),
+                    state: format!("{state}, writes confirmed {confirmed:?}"),
                     ready,
                     confirmed,
                 });
@@ -782,7 +931,14 @@ async fn run(
             }
         })
     };
-    let mut backups: Vec<(String, usize)> = Vec::new();
+    // Each backup: its name, the writes confirmed before it was asked for,
+    // and when it was asked for.
+    let mut backups: Vec<(String, usize, Instant)> = Vec::new();
+    // Each fault that took a server away for a while: when, and the pod.
+    let mut hits: Vec<(Instant, String)> = Vec::new();
+    let mut hibernated_at: Vec<Instant> = Vec::new();
+    let mut engine = (shape.engine, shape.version);
+    let mut app_rotated = false;
     let mut roll = 0;
     // The logs of operators killed on the way (checked with the last one's).
     let mut earlier_logs = String::new();
@@ -828,7 +984,7 @@ async fn run(
                     json!({"redis": NAME, "target": {"volume": {"claimName": "chaos-backups", "path": "chaos"}}}),
                 )
                 .await;
-                backups.push((name.clone(), before));
+                backups.push((name.clone(), before, Instant::now()));
                 format!("backup {name} asked ({before} writes confirmed before)")
             }
             Action::Shards => {
@@ -846,9 +1002,11 @@ async fn run(
                     Some((name, pod)) => match pid_of(&pod, &app).await {
                         Ok(pid) if *action == Action::KillServer => {
                             kill_9(pid);
+                            hits.push((Instant::now(), name.clone()));
                             format!("kill -9 of {name}'s server (pid {pid})")
                         }
                         Ok(pid) => {
+                            hits.push((Instant::now(), name.clone()));
                             signal(pid, "-STOP");
                             tokio::spawn(async move {
                                 tokio::time::sleep(Duration::from_secs(3)).await;
@@ -869,7 +1027,10 @@ async fn run(
                 Some((name, _)) => {
                     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
                     match pods.delete(&name, &DeleteParams::default()).await {
-                        Ok(_) => format!("pod {name} deleted"),
+                        Ok(_) => {
+                            hits.push((Instant::now(), name.clone()));
+                            format!("pod {name} deleted")
+                        }
                         Err(e) => format!("deleting pod {name}: {e}"),
                     }
                 }
@@ -895,6 +1056,7 @@ async fn run(
             }
             Action::Hibernate => {
                 let t = Instant::now();
+                hibernated_at.push(t);
                 patch_redis(&client, &ns, NAME, json!({"spec": {"hibernate": true}})).await;
                 let mut saved = false;
                 while t.elapsed() < Duration::from_secs(90) {
@@ -927,6 +1089,102 @@ async fn run(
                 .await;
                 format!("spec.storage.size {size_mi}Mi")
             }
+            Action::Upgrade => match upgrade_of(shape.mode, engine.0, engine.1) {
+                Some(to) => {
+                    patch_redis(
+                        &client,
+                        &ns,
+                        NAME,
+                        json!({"spec": {"engine": to.0, "version": to.1}}),
+                    )
+                    .await;
+                    let from = std::mem::replace(&mut engine, to);
+                    format!("upgrade {} {} to {} {}", from.0, from.1, to.0, to.1)
+                }
+                None => format!(
+                    "upgrade drawn, none from {} {}: skipped",
+                    engine.0, engine.1
+                ),
+            },
+            Action::AppRotate => {
+                if app_rotated {
+                    "application user rotation drawn, done already: skipped".into()
+                } else {
+                    app_rotated = true;
+                    let s: Secret = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "chaos-app-2"},
+                        "stringData": {"password": APP_PASSWORD_2}
+                    }))
+                    .expect("secret");
+                    secrets
+                        .create(&PostParams::default(), &s)
+                        .await
+                        .expect("the application user's second Secret");
+                    let mut users = shape.spec()["users"].clone();
+                    users[0]["passwords"] =
+                        json!([{"secretName": "chaos-app"}, {"secretName": "chaos-app-2"}]);
+                    patch_redis(&client, &ns, NAME, json!({"spec": {"users": users}})).await;
+                    "user app given a second password".into()
+                }
+            }
+            Action::Partition => match drawn_pod(&client, &ns, &mut rng).await {
+                Some((name, pod)) => match pod.status.and_then(|s| s.pod_ip) {
+                    Some(ip) => {
+                        // The pod may go away between the look and the cut:
+                        // then there is nothing to cut (the helpers panic).
+                        let cut = tokio::task::spawn_blocking(move || {
+                            std::panic::catch_unwind(|| {
+                                let mut p = support::faults::Partition::of(&ip);
+                                p.cut();
+                                p
+                            })
+                            .ok()
+                        })
+                        .await
+                        .ok()
+                        .flatten();
+                        match cut {
+                            Some(p) => {
+                                hits.push((Instant::now(), name.clone()));
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(PARTITION).await;
+                                    // Dropping it brings the link up again.
+                                    drop(p);
+                                });
+                                format!("pod {name} cut off for {PARTITION:?}")
+                            }
+                            None => format!("partition drawn on {name}, gone: skipped"),
+                        }
+                    }
+                    None => format!("partition drawn on {name}, no address: skipped"),
+                },
+                None => "partition drawn, no pod: skipped".into(),
+            },
+            Action::Starve => match drawn_pod(&client, &ns, &mut rng).await {
+                Some((name, pod)) => match pid_of(&pod, &app).await {
+                    Ok(pid) => {
+                        hits.push((Instant::now(), name.clone()));
+                        tokio::spawn(async move {
+                            let until = Instant::now() + STARVE;
+                            while Instant::now() < until {
+                                signal_quiet(pid, "-STOP");
+                                tokio::time::sleep(Duration::from_millis(90)).await;
+                                signal_quiet(pid, "-CONT");
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            signal_quiet(pid, "-CONT");
+                        });
+                        format!(
+                            "{name}'s server (pid {pid}) starved: stopped 90 ms of every 100 for {STARVE:?}"
+                        )
+                    }
+                    Err(e) => {
+                        format!("starving drawn on {name}, which does not answer ({e}): skipped")
+                    }
+                },
+                None => "starving drawn, no pod: skipped".into(),
+            },
             Action::KillOperator => {
                 earlier_logs.push_str(&op.log_text());
                 op.kill();
@@ -976,7 +1234,7 @@ async fn run(
     let after_end = confirmed_now(&load, &cluster_count);
     if converged.is_some() && after_end <= before_end {
         let recent = match &load {
-            Load::Cluster(_, t) => t.lock().await.recent.clone(),
+            Load::Cluster(_, t, _) => t.lock().await.recent.clone(),
             Load::Replication(_) => Vec::new(),
         };
         violations.push(format!(
@@ -1008,41 +1266,32 @@ async fn run(
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         violations.extend(disagree);
-        // The operator's own user takes the last password everywhere.
+        // The operator's own user takes the last password everywhere, and
+        // the application user its second one.
         let password = AUTH_PASSWORDS[rotated];
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let refused = loop {
-            let mut refused = Vec::new();
-            for (pod, p) in redis_pods(&client, &ns, NAME).await {
-                let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
-                    refused.push(format!("{pod} has no address"));
-                    continue;
-                };
-                let opts = ConnectOptions::default()
-                    .with_user(OPERATOR_USER, password.to_string())
-                    .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
-                if let Err(e) = Node::connect(&Endpoint::new(&ip, 6379), &opts).await {
-                    refused.push(format!("{pod}: {e}"));
-                }
-            }
-            if refused.is_empty() || Instant::now() > deadline {
-                break refused;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        };
+        let refused = refused_anywhere(&client, &ns, OPERATOR_USER, password).await;
         if !refused.is_empty() {
             violations.push(format!(
                 "the operator's user does not take password #{rotated} everywhere: {refused:?}"
             ));
         }
+        if app_rotated {
+            let refused = refused_anywhere(&client, &ns, "app", APP_PASSWORD_2).await;
+            if !refused.is_empty() {
+                violations.push(format!(
+                    "user app does not take its second password everywhere: {refused:?}"
+                ));
+            }
+        }
     }
-    // Every backup ends; the last Completed one restores what was
-    // confirmed before it was asked for.
+    // Every backup ends, Completed unless a fault took its source away
+    // while it ran (or hibernation did); the last Completed one restores
+    // what was confirmed before it was asked for.
     let mut restored = None;
     let mut ended = Vec::new();
     let backup_api: Api<redpilot::api::v1alpha1::RedisBackup> =
         Api::namespaced(client.clone(), &ns);
-    for (name, before) in &backups {
+    for (name, before, asked) in &backups {
         let deadline = Instant::now() + Duration::from_secs(240);
         let phase = loop {
             let phase = backup_api
@@ -1060,7 +1309,33 @@ async fn run(
         ended.push(format!("{name} {phase:?}"));
         match phase {
             Some(BackupPhase::Completed) => restored = Some((name.clone(), *before)),
-            Some(BackupPhase::Failed) => {}
+            Some(BackupPhase::Failed) => {
+                let st = backup_api
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|b| b.status)
+                    .unwrap_or_default();
+                let sources: Vec<String> = st
+                    .source
+                    .iter()
+                    .cloned()
+                    .chain(st.shards.iter().map(|s| s.source.clone()))
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                let hit = hits
+                    .iter()
+                    .any(|(at, pod)| at >= asked && (sources.is_empty() || sources.contains(pod)));
+                let slept = hibernated_at.iter().any(|at| at >= asked);
+                if !hit && !slept {
+                    violations.push(format!(
+                        "backup {name} Failed ({}: {}) though no fault took its source ({}) away while it ran",
+                        st.reason.as_deref().unwrap_or("no reason"),
+                        st.message.as_deref().unwrap_or("no message"),
+                        if sources.is_empty() { "not chosen".to_string() } else { sources.join(", ") }
+                    ));
+                }
+            }
             other => violations.push(format!("backup {name} did not end in 240 s ({other:?})")),
         }
     }
@@ -1070,6 +1345,10 @@ async fn run(
         // The shape the backup was taken of (a resharding may have changed
         // the shard count since the Redis was made).
         let mut spec = shape.spec();
+        // What the Redis runs now (an upgrade may have moved it on; the
+        // backup of an older server loads into it).
+        spec["engine"] = json!(engine.0);
+        spec["version"] = json!(engine.1);
         if let Some(shards) = backup_api
             .get(backup)
             .await
@@ -1110,7 +1389,7 @@ async fn run(
         ("status", &status),
     ] {
         // The operator's password comes from `chaos-auth` (no generated one).
-        let mut secrets = vec![("app", APP_PASSWORD)];
+        let mut secrets = vec![("app", APP_PASSWORD), ("app's second", APP_PASSWORD_2)];
         secrets.extend(
             AUTH_PASSWORDS[..=rotated]
                 .iter()
@@ -1158,6 +1437,7 @@ async fn run(
         &format!("seed {seed}: {}", shape.describe()),
         &timeline.lines,
         &samples,
+        &lanes,
         &violations,
     );
     let mut all = timeline.lines;
@@ -1194,16 +1474,19 @@ fn xml(text: &str) -> String {
 /// A run's timeline as a picture: the operations (blue) and faults (red)
 /// on the time axis with their labels, beneath them whether the Redis was
 /// Ready each second (green, grey when not), and beneath that the writes
-/// confirmed per second (a gap is a stretch without bars); the violations,
-/// if any, in red under the title.
+/// confirmed per second, one row per writer lane (`lanes`: for a Cluster
+/// each lane writes the keys of one shard's first slots, so a shard's stall
+/// shows in its row alone; a gap is a stretch without bars); the
+/// violations, if any, in red under the title.
 fn timeline_svg(
     title: &str,
     events: &[(f64, String)],
     samples: &[Sample],
+    lanes: &[String],
     violations: &[String],
 ) -> String {
     const W: f64 = 1000.0;
-    const LEFT: f64 = 70.0;
+    const LEFT: f64 = 90.0;
     const RIGHT: f64 = 20.0;
     const LANES: usize = 7;
     let end = samples
@@ -1217,8 +1500,9 @@ fn timeline_svg(
     let lanes_y = top;
     let ready_y = lanes_y + 18.0 * LANES as f64 + 10.0;
     let writes_y = ready_y + 30.0;
-    let writes_h = 120.0;
-    let axis_y = writes_y + writes_h + 5.0;
+    let rows = lanes.len().max(1);
+    let row_h = if rows == 1 { 120.0 } else { 60.0 };
+    let axis_y = writes_y + (row_h + 10.0) * rows as f64 - 5.0;
     let h = axis_y + 30.0;
     let mut out = String::new();
     let _ = writeln!(
@@ -1288,37 +1572,47 @@ fn timeline_svg(
             (x(w[1].at) - x(w[0].at)).max(0.5)
         );
     }
-    // Confirmed writes per second.
-    let rates: Vec<(f64, f64, f64)> = samples
-        .windows(2)
-        .map(|w| {
-            let dt = (w[1].at - w[0].at).max(0.001);
-            let n = w[1].confirmed.saturating_sub(w[0].confirmed) as f64;
-            (w[0].at, w[1].at, n / dt)
+    // Confirmed writes per second, a row per lane on one scale.
+    let count = |s: &Sample, lane: usize| s.confirmed.get(lane).copied().unwrap_or(0);
+    let rates: Vec<Vec<(f64, f64, f64)>> = (0..rows)
+        .map(|lane| {
+            samples
+                .windows(2)
+                .map(|w| {
+                    let dt = (w[1].at - w[0].at).max(0.001);
+                    let n = count(&w[1], lane).saturating_sub(count(&w[0], lane)) as f64;
+                    (w[0].at, w[1].at, n / dt)
+                })
+                .collect()
         })
         .collect();
-    let peak = rates.iter().map(|r| r.2).fold(1.0_f64, f64::max);
-    let _ = writeln!(
-        out,
-        r#"<text x="10" y="{:.1}">writes/s</text><text x="10" y="{:.1}">{peak:.0}</text>"#,
-        writes_y + writes_h / 2.0,
-        writes_y + 10.0
-    );
-    let _ = writeln!(
-        out,
-        r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000000"/>"##,
-        writes_y + writes_h,
-        W - RIGHT
-    );
-    for (from, to, rate) in &rates {
-        let bar = writes_h * rate / peak;
+    let peak = rates.iter().flatten().map(|r| r.2).fold(1.0_f64, f64::max);
+    for (lane, row) in rates.iter().enumerate() {
+        let y = writes_y + (row_h + 10.0) * lane as f64;
+        let name = lanes.get(lane).map_or("writes/s", String::as_str);
         let _ = writeln!(
             out,
-            r##"<rect class="writes" x="{:.1}" y="{:.1}" width="{:.2}" height="{bar:.1}" fill="#455a64"/>"##,
-            x(*from),
-            writes_y + writes_h - bar,
-            (x(*to) - x(*from) - 0.5).max(0.5)
+            r#"<text x="10" y="{:.1}">{}</text><text x="10" y="{:.1}">{peak:.0}/s</text>"#,
+            y + row_h / 2.0,
+            xml(name),
+            y + 10.0
         );
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#000000"/>"##,
+            y + row_h,
+            W - RIGHT
+        );
+        for (from, to, rate) in row {
+            let bar = row_h * rate / peak;
+            let _ = writeln!(
+                out,
+                r##"<rect class="writes" data-lane="{lane}" x="{:.1}" y="{:.1}" width="{:.2}" height="{bar:.1}" fill="#455a64"/>"##,
+                x(*from),
+                y + row_h - bar,
+                (x(*to) - x(*from) - 0.5).max(0.5)
+            );
+        }
     }
     // The time axis, a tick every 10 s.
     let mut t = 0.0;
@@ -1410,10 +1704,22 @@ async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
     // without each event in turn, keeping every removal after which a
     // violation still shows, down to a schedule where every event counts.
     let shrink = std::env::var("REDPILOT_CHAOS_SHRINK").is_ok_and(|v| v == "1");
+    // REDPILOT_CHAOS_JOBS: this many seeds run at once (each in its own
+    // namespace with its own operator); shrinking runs one at a time.
+    let jobs = env_u64("REDPILOT_CHAOS_JOBS").unwrap_or(1).max(1) as usize;
+    let given = given.as_deref();
+    let mut outcomes: Vec<(u64, Outcome)> = futures::stream::iter(seeds)
+        .map(|seed| async move {
+            let out = run(seed, duration, only, given).await;
+            println!("{}", out.line);
+            (seed, out)
+        })
+        .buffer_unordered(jobs)
+        .collect()
+        .await;
+    outcomes.sort_by_key(|(seed, _)| *seed);
     let mut failed = Vec::new();
-    for seed in seeds {
-        let out = run(seed, duration, only, given.as_deref()).await;
-        println!("{}", out.line);
+    for (seed, out) in outcomes {
         if out.violations.is_empty() {
             continue;
         }
@@ -1474,14 +1780,16 @@ fn the_timeline_picture_shows_every_event_second_and_violation() {
             at: f64::from(i),
             state: String::new(),
             ready: !(10..20).contains(&i),
-            // A stall from 10 to 14 s: no write confirmed.
-            confirmed: (i.min(10) + (i - 14).max(0)) as usize * 50,
+            // Lane 0 stalls from 10 to 14 s (no write confirmed); lane 1
+            // writes on at the same rate.
+            confirmed: vec![(i.min(10) + (i - 14).max(0)) as usize * 50, i as usize * 50],
         })
         .collect();
     let svg = timeline_svg(
         "seed 1: Cluster & co",
         &events,
         &samples,
+        &["slots of s0".to_string(), "slots of s1".to_string()],
         &["1 of 2 confirmed writes lost".to_string()],
     );
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
@@ -1490,17 +1798,32 @@ fn the_timeline_picture_shows_every_event_second_and_violation() {
     assert_eq!(svg.matches(r#"class="fault""#).count(), 2);
     assert_eq!(svg.matches(r#"class="ready""#).count(), 40);
     assert_eq!(svg.matches("#bdbdbd").count(), 10, "10 seconds not Ready");
-    let bars: Vec<f64> = svg
-        .lines()
-        .filter(|l| l.contains(r#"class="writes""#))
-        .map(|l| {
-            let h = l.split("height=\"").nth(1).expect("height");
-            h[..h.find('"').expect("quote")].parse().expect("a number")
-        })
-        .collect();
-    assert_eq!(bars.len(), 40);
-    assert_eq!(bars.iter().filter(|h| **h == 0.0).count(), 4, "{bars:?}");
-    assert!(bars.iter().all(|h| *h == 0.0 || (*h - 120.0).abs() < 0.01));
+    let bars = |lane: usize| -> Vec<f64> {
+        svg.lines()
+            .filter(|l| l.contains(&format!(r#"class="writes" data-lane="{lane}""#)))
+            .map(|l| {
+                let h = l.split("height=\"").nth(1).expect("height");
+                h[..h.find('"').expect("quote")].parse().expect("a number")
+            })
+            .collect()
+    };
+    let (stalled, steady) = (bars(0), bars(1));
+    assert_eq!((stalled.len(), steady.len()), (40, 40));
+    assert_eq!(
+        stalled.iter().filter(|h| **h == 0.0).count(),
+        4,
+        "{stalled:?}"
+    );
+    assert!(
+        stalled
+            .iter()
+            .all(|h| *h == 0.0 || (*h - 60.0).abs() < 0.01)
+    );
+    assert!(
+        steady.iter().all(|h| (*h - 60.0).abs() < 0.01),
+        "{steady:?}"
+    );
+    assert!(svg.contains(">slots of s0<") && svg.contains(">slots of s1<"));
     assert_eq!(svg.matches(r#"class="violation""#).count(), 1);
     assert!(!svg.contains("<3 shards>"), "the label is escaped");
 }

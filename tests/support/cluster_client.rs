@@ -266,10 +266,25 @@ pub async fn missing_keys(client: &mut Client, keys: &[String]) -> Vec<String> {
             for k in chunk {
                 cmd.arg(k.as_str());
             }
-            let got: Vec<Option<String>> = client
-                .run(chunk[0], &cmd)
-                .await
-                .unwrap_or_else(|e| panic!("MGET of {} keys from {}: {e}", chunk.len(), chunk[0]));
+            // A read may meet a node that is busy a moment (a restart just
+            // done, a loaded machine): asked again a few times before the
+            // check gives up (reads change nothing, so asking again is safe).
+            let mut tries = 0;
+            let got: Vec<Option<String>> = loop {
+                match client.run(chunk[0], &cmd).await {
+                    Ok(got) => break got,
+                    Err(e) if tries < 4 => {
+                        tries += 1;
+                        eprintln!(
+                            "MGET of {} keys from {}: {e}; asking again",
+                            chunk.len(),
+                            chunk[0]
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("MGET of {} keys from {}: {e}", chunk.len(), chunk[0]),
+                }
+            };
             for (k, v) in chunk.iter().zip(got) {
                 if v.as_deref() != Some(k.as_str()) {
                     out.push((*k).clone());
