@@ -1705,8 +1705,13 @@ async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
     // violation still shows, down to a schedule where every event counts.
     let shrink = std::env::var("REDPILOT_CHAOS_SHRINK").is_ok_and(|v| v == "1");
     // REDPILOT_CHAOS_JOBS: this many seeds run at once (each in its own
-    // namespace with its own operator); shrinking runs one at a time.
-    let jobs = env_u64("REDPILOT_CHAOS_JOBS").unwrap_or(1).max(1) as usize;
+    // namespace with its own operator); shrinking runs one at a time. The
+    // short seeds of `make test` run side by side (their job's wall time
+    // within its 4 minutes); a seed range runs one at a time unless asked.
+    let short = std::env::var("REDPILOT_CHAOS_SEED").is_err();
+    let jobs = env_u64("REDPILOT_CHAOS_JOBS")
+        .unwrap_or(if short { SHORT_SEEDS.len() as u64 } else { 1 })
+        .max(1) as usize;
     let given = given.as_deref();
     let mut outcomes: Vec<(u64, Outcome)> = futures::stream::iter(seeds)
         .map(|seed| async move {
