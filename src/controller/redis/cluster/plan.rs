@@ -150,6 +150,10 @@ pub struct Plan {
     /// The cluster is as desired: every pod answers, every slot is served
     /// and `ok` on every node, every shard has its primary and replicas.
     pub healthy: bool,
+    /// All of [`Self::healthy`] but every node seeing every slot served:
+    /// what an open slot alone can leave (a target importing a slot
+    /// ignores news of its owner), and finishing that slot mends.
+    pub whole: bool,
 }
 
 impl Plan {
@@ -632,8 +636,8 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
     let shards_whole = plan.shards.iter().all(|s| {
         s.primary.is_some() && s.replicas.len() == usize::try_from(instances - 1).unwrap_or(0)
     });
-    plan.healthy =
-        all_answer && plan.steps.is_empty() && plan.problems.is_empty() && infos_ok && shards_whole;
+    plan.whole = all_answer && plan.steps.is_empty() && plan.problems.is_empty() && shards_whole;
+    plan.healthy = plan.whole && infos_ok;
     // Not healthy, and nothing above says why: the checks that failed are
     // named, so a pause or a Ready=False always explains itself.
     if !plan.healthy && plan.steps.is_empty() && plan.problems.is_empty() && plan.waiting.is_empty()

@@ -289,15 +289,8 @@ impl Reconciler {
         // find the cluster healthy. Finishing or settling that slot is the
         // way out: it goes ahead when nothing else is wrong (every pod
         // answers and is ready, as checked above; no step and no problem in
-        // the plan; every shard whole).
-        let want = usize::try_from(self.redis.spec.desired_instances() - 1).unwrap_or(0);
-        let repair = matches!(step, Next::Finish { .. } | Next::Settle { .. })
-            && plan.problems.is_empty()
-            && plan.steps.is_empty()
-            && plan
-                .shards
-                .iter()
-                .all(|s| s.primary.is_some() && s.replicas.len() == want);
+        // the plan; every shard whole: `plan.whole`).
+        let repair = matches!(step, Next::Finish { .. } | Next::Settle { .. }) && plan.whole;
         if !plan.healthy && !repair {
             let why = plan
                 .problems
