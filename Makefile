@@ -108,7 +108,10 @@ cluster-down:
 # job's seconds they hold its CPU seconds (the test process and the operators
 # it ran). A job that used the CPU for under 5 % of its time waits on timers
 # (cron minutes, cooldowns, deadlines, Prometheus's scrapes): TEST_LIGHT_SLOTS
-# more slots take only those, so waiting fills idle cores, not a slot.
+# more slots take only those, so waiting fills idle cores, not a slot. A job
+# that used the CPU for 20 % of its time or more is heavy: TEST_HEAVY_SLOTS
+# of those at most run at once (three at once on two cores slowed each past
+# its deadlines and cost the operators their leases).
 LOCAL_SUITES := backup_agent crd_drift image insights_rules redis_basics redis_cluster redis_reshard \
 	redis_failover redis_rdb redis_switchover redis_tls redis_topology redis_tuning setup_script
 ALONE_SUITES := olm_e2e
@@ -118,6 +121,7 @@ ALONE_TESTS := operator_autopilot:a_grow_the_node_defers_keeps_the_template_and_
 POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
 TEST_SLOTS ?= 3
 TEST_LIGHT_SLOTS ?= 1
+TEST_HEAVY_SLOTS ?= 2
 PYTHON ?= python3
 integration: engines
 	$(CARGO) test --workspace --test "*" --no-run
@@ -126,7 +130,7 @@ integration: engines
 	for t in $(ALONE_TESTS); do \
 		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || status=$$?; \
 	done; \
-	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --light-slots $(TEST_LIGHT_SLOTS) --split "$(POOL_SUITES)" \
+	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --light-slots $(TEST_LIGHT_SLOTS) --heavy-slots $(TEST_HEAVY_SLOTS) --split "$(POOL_SUITES)" \
 		--whole "$(LOCAL_SUITES)" $(addprefix --skip ,$(ALONE_TESTS)) \
 		--times "$${CARGO_TARGET_DIR:-target}/test-times.tsv" --seed hack/test-times.tsv \
 		--logs "$${CARGO_TARGET_DIR:-target}/test-pool" || status=$$?; \
@@ -148,16 +152,19 @@ test: setup lint unit tools release-bins cluster-up
 # runs a failing seed again without each event in turn and prints the
 # smallest schedule that still fails, with its replay command. Each run also
 # draws its timeline as seed-<n>.svg. JOBS=<j> runs j seeds at once (each in
-# its own namespace with its own operator). `make test` runs three short seeds.
+# its own namespace with its own operator). SEEDS=regressions runs every seed
+# that once found a defect (SEEDS=4,6,12: those), DURATION 40 for them.
+# `make test` runs one short seed.
 SEED ?= 1
+SEEDS ?=
 RUNS ?= 10
-DURATION ?= 120
+DURATION ?= $(if $(SEEDS),40,120)
 ONLY ?=
 SCHEDULE ?=
 SHRINK ?=
 JOBS ?= 1
 chaos: engines cluster-up
-	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) REDPILOT_CHAOS_JOBS=$(JOBS) \
+	REDPILOT_CHAOS_SEED=$(SEED) REDPILOT_CHAOS_SEEDS=$(SEEDS) REDPILOT_CHAOS_RUNS=$(RUNS) REDPILOT_CHAOS_DURATION=$(DURATION) REDPILOT_CHAOS_JOBS=$(JOBS) \
 		REDPILOT_CHAOS_ONLY=$(ONLY) REDPILOT_CHAOS_SCHEDULE="$(SCHEDULE)" REDPILOT_CHAOS_SHRINK=$(SHRINK) \
 		$(CARGO) test --test chaos -- --nocapture
 

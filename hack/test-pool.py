@@ -18,7 +18,10 @@ whose CPU time was under --light of its wall time (it waits on timers:
 cron minutes, cooldowns, deadlines) may also run in one of --light-slots
 extra slots, beside the --slots jobs, so waiting fills idle cores instead
 of a slot; every other job runs in the --slots only. A job never measured
-counts as busy.
+counts as busy. A job whose CPU time was --heavy of its wall time or more
+(a cluster of servers under writers, resharding, TLS handshakes) is heavy:
+at most --heavy-slots of those run at once, so two cores are not shared
+by three such jobs and every one of them slowed past its deadlines.
 
 Every job's own harness output (`test ... ok`, `test result: ...`) is
 printed when it ends, a failed job's output in full; the totals at the end
@@ -104,6 +107,8 @@ def main():
     ap.add_argument("--default", type=float, default=60.0)
     ap.add_argument("--light-slots", type=int, default=1, help="extra slots for jobs that mostly wait")
     ap.add_argument("--light", type=float, default=0.05, help="CPU share under which a job mostly waits")
+    ap.add_argument("--heavy", type=float, default=0.2, help="CPU share from which a job is heavy")
+    ap.add_argument("--heavy-slots", type=int, default=2, help="heavy jobs at most at once")
     ap.add_argument("--logs", help="directory for each job's output")
     args = ap.parse_args()
 
@@ -127,6 +132,10 @@ def main():
         secs, cpu = expected.get(name, (args.default, None))
         return cpu is not None and secs > 0 and cpu / secs < args.light
 
+    def heavy(name):
+        secs, cpu = expected.get(name, (args.default, None))
+        return cpu is not None and secs > 0 and cpu / secs >= args.heavy
+
     logs = args.logs or tempfile.mkdtemp(prefix="test-pool-")
     os.makedirs(logs, exist_ok=True)
     for old in os.listdir(logs):
@@ -140,9 +149,11 @@ def main():
     start = time.monotonic()
     cpu_took = {}
     waiting = sum(1 for name, _ in jobs if light(name))
+    heavies = sum(1 for name, _ in jobs if heavy(name))
     print(f"test-pool: {len(jobs)} jobs ({len(split)} suites a test per job, {len(whole)} whole) "
           f"in {args.slots} slots and {args.light_slots} for the {waiting} that mostly wait "
-          f"(CPU under {args.light:.0%} of their time); job output under {logs}", flush=True)
+          f"(CPU under {args.light:.0%} of their time), {args.heavy_slots} at most at once of the "
+          f"{heavies} heavy (CPU from {args.heavy:.0%}); job output under {logs}", flush=True)
 
     def run(job):
         name, cmd = job
@@ -190,17 +201,33 @@ def main():
             sys.stdout.flush()
 
     # Workers take the longest job left they may run: a slot any job, a
-    # light slot only a job that mostly waits.
+    # light slot only a job that mostly waits; a heavy job only while fewer
+    # than --heavy-slots heavy jobs run. A worker that may run none of the
+    # jobs left waits for a heavy one to end.
     queue = list(jobs)
+    ended = threading.Condition(lock)
+    heavy_running = [0]
 
     def worker(light_only):
         while True:
-            with lock:
-                job = next((j for j in queue if not light_only or light(j[0])), None)
-                if job is None:
-                    return
+            with ended:
+                while True:
+                    may = [j for j in queue if not light_only or light(j[0])]
+                    if not may:
+                        return
+                    job = next((j for j in may if not heavy(j[0]) or heavy_running[0] < args.heavy_slots), None)
+                    if job is not None:
+                        break
+                    ended.wait()
                 queue.remove(job)
-            run(job)
+                is_heavy = heavy(job[0])
+                heavy_running[0] += is_heavy
+            try:
+                run(job)
+            finally:
+                with ended:
+                    heavy_running[0] -= is_heavy
+                    ended.notify_all()
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.slots + args.light_slots) as pool:
         workers = [pool.submit(worker, False) for _ in range(args.slots)]

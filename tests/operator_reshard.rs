@@ -49,6 +49,7 @@ use serde_json::json;
 use support::operator::{
     OperatorOptions, apply_redis, connect_pod, info_u64, kill_9, pod_ip, recent_events, redis_api,
     redis_password, spawn_operator, start_operator, wait_failpoint, wait_ready,
+    wait_resharding_done,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -673,9 +674,8 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     let failures_before = load.failures();
     let asked = Instant::now();
     apply_redis(&client, &ns.name, "cache", spec(grow)).await;
-    let r = wait_for("growing resharding done", READY, || async {
-        let r = api.get("cache").await.ok()?;
-        resharding_done(&r, grow).then_some(r)
+    let r = wait_resharding_done(&client, &ns.name, "cache", grow, |r| {
+        resharding_done(r, grow)
     })
     .await;
     let grew = asked.elapsed();
@@ -752,10 +752,13 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
         intent.slots,
         killed.elapsed().as_secs_f64()
     );
-    let r = wait_for("resharding back to 3 shards done", READY, || async {
-        let r = api.get("cache").await.ok()?;
-        let known = r.status.as_ref()?.cluster.as_ref()?.known_nodes;
-        (resharding_done(&r, 3) && known == 6).then_some(r)
+    let r = wait_resharding_done(&client, &ns.name, "cache", 3, |r| {
+        let known = r
+            .status
+            .as_ref()
+            .and_then(|s| s.cluster.as_ref())
+            .map(|c| c.known_nodes);
+        resharding_done(r, 3) && known == Some(6)
     })
     .await;
     let shrank = asked.elapsed();

@@ -29,7 +29,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
-use redpilot::api::v1alpha1::Redis;
+use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize as _, Serialize};
@@ -1608,4 +1608,68 @@ pub async fn sized_class(client: &Client) {
         )
         .await
         .expect("the sized StorageClass");
+}
+
+/// A resharding that has moved nothing (phase, slots, keys) for this long
+/// stands still.
+pub const RESHARD_STALL: Duration = Duration::from_secs(120);
+/// A resharding that moves may take this long on a busy machine.
+pub const RESHARD_CAP: Duration = Duration::from_secs(900);
+
+/// Waits for the Redis `name`'s resharding to `to_shards` to be Done and
+/// `done` to hold of it, for as long as it moves: the wait fails when the
+/// resharding's phase, slots moved and keys moved have not changed for
+/// [`RESHARD_STALL`] (it stands still), or after [`RESHARD_CAP`] in all. A machine slowed by
+/// other work makes a resharding slower, not stuck, so its time alone does
+/// not fail a test; its standing still does.
+pub async fn wait_resharding_done(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    to_shards: i32,
+    done: impl Fn(&Redis) -> bool,
+) -> Redis {
+    let api = redis_api(client, ns);
+    let start = Instant::now();
+    let mut mark = None;
+    let mut moved_at = Instant::now();
+    loop {
+        if let Ok(r) = api.get(name).await {
+            let rs = r.status.as_ref().and_then(|s| s.resharding.clone());
+            if rs
+                .as_ref()
+                .is_some_and(|x| x.to_shards == to_shards && x.phase == ReshardingPhase::Done)
+                && done(&r)
+            {
+                return r;
+            }
+            let now = rs.map(|x| {
+                (
+                    x.to_shards,
+                    format!("{:?}", x.phase),
+                    x.slots_moved,
+                    x.keys_moved,
+                )
+            });
+            if now != mark {
+                mark = now;
+                moved_at = Instant::now();
+            }
+        }
+        let still = moved_at.elapsed() >= RESHARD_STALL;
+        if still || start.elapsed() >= RESHARD_CAP {
+            panic!(
+                "the resharding of {name} to {to_shards} shards is not Done after {:.1} s \
+                 ({}; last seen {mark:?}){}",
+                start.elapsed().as_secs_f64(),
+                if still {
+                    format!("it stood still for {:.0} s", RESHARD_STALL.as_secs_f64())
+                } else {
+                    format!("the cap is {:.0} s", RESHARD_CAP.as_secs_f64())
+                },
+                super::diag::report().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
