@@ -49,6 +49,14 @@ pub fn shard_of(names: &Names, pod: &str) -> Option<(i32, i32)> {
     Some((s.parse().ok()?, o.parse().ok()?))
 }
 
+/// Whether `pod` belongs to one of the first `shards` shards, the ones the
+/// spec keeps (a shard past them is one a resharding empties and removes:
+/// its StatefulSet is no longer applied, so it keeps its template and
+/// leaves with its pods).
+pub fn in_kept_shard(names: &Names, pod: &str, shards: i32) -> bool {
+    shard_of(names, pod).is_some_and(|(s, _)| s < shards)
+}
+
 /// redis.conf lines of Cluster mode.
 pub fn config_lines() -> Vec<String> {
     vec![
@@ -308,6 +316,19 @@ mod tests {
             shards: Some(3),
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn a_shard_past_the_spec_is_not_kept() {
+        let names = Names::new("cache");
+        assert!(in_kept_shard(&names, "cache-s0-1", 3));
+        assert!(in_kept_shard(&names, "cache-s2-0", 3));
+        // The 4th shard, which a resharding to 3 empties and removes.
+        assert!(!in_kept_shard(&names, "cache-s3-0", 3));
+        assert!(in_kept_shard(&names, "cache-s3-0", 4));
+        // Another Redis's pod, or no shard pod at all.
+        assert!(!in_kept_shard(&names, "cachex-s0-0", 3));
+        assert!(!in_kept_shard(&names, "cache-0", 3));
     }
 
     #[test]

@@ -168,7 +168,17 @@ impl Reconciler {
             .filter_map(|s| s.primary.as_deref())
             .collect();
         let first = sts.first().and_then(Option::as_ref);
-        self.track_upgrade(first, settled, &facts, &primaries)
+        // An upgrade is of the shards the spec keeps. Counting a shard a
+        // resharding empties to remove (it keeps the old template, the roll
+        // never restarts it) left an upgrade begun during a scale-down
+        // waiting for it for good, and the removal waiting for the upgrade
+        // (chaos seed 15).
+        let kept: Vec<PodFacts> = facts
+            .iter()
+            .filter(|f| build::in_kept_shard(&self.names, &f.name, shards))
+            .cloned()
+            .collect();
+        self.track_upgrade(first, settled, &kept, &primaries)
             .await?;
 
         self.track_live_config().await?;
@@ -525,10 +535,17 @@ impl Reconciler {
                 Ok(_) => {}
             }
         }
-        match roll::next_restart(plan, members, &outdated, self.redis.spec.storage.is_some()) {
+        let step = roll::next_restart(plan, members, &outdated, self.redis.spec.storage.is_some());
+        // A lone restart is of a pod that does not answer: no backup reads
+        // from it.
+        let lone = matches!(step, roll::Roll::RestartLone { .. });
+        match step {
             roll::Roll::Idle => {}
             roll::Roll::Wait(w) => self.progressing.push(w),
             roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
+                if !lone && self.backup_holds_restart(&pod).await? {
+                    return Ok(None);
+                }
                 self.restart_pod(&pod).await?;
                 let note = format!(
                     "restarted {pod} (shard {shard}) {}; {} of {} instances ran an older template",
