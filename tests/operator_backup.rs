@@ -1853,3 +1853,147 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
         tally.acked.len()
     );
 }
+
+/// The other way round: a roll begun while a backup reads from an
+/// instance waits to restart that instance until the backup ends (chaos
+/// seed 35: an upgrade asked for in the same second as a backup restarted
+/// its source and the backup failed `SourceFailed`). The backup's agent is
+/// held with `SIGSTOP` once it runs, so the backup reads for as long as
+/// the test needs; the only replica is its source and the first the roll
+/// would restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_roll_waits_to_restart_the_instance_a_running_backup_reads_from() {
+    use k8s_openapi::api::core::v1::Pod;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "backup-hold", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(
+        &client,
+        OperatorOptions::watching(&[ns]).named("backup-hold"),
+    )
+    .await;
+    support::operator::create_claim(&client, ns, "backups").await;
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    wait_ready(&client, ns, "src", READY).await;
+    let pw = redis_password(&client, ns, "src").await;
+    let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
+    writer.wait_progress(200, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+
+    create_backup(
+        &client,
+        ns,
+        "held",
+        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let source = wait_for("backup held to start", Duration::from_secs(120), || async {
+        backups.get("held").await.ok()?.status?.source
+    })
+    .await;
+    assert_eq!(source, "src-1", "the backup reads the only replica");
+    // Its agent: the process whose arguments name this backup's key. The
+    // source waits `repl-diskless-sync-delay` (5 s) before it sends the
+    // snapshot: time enough to stop the agent before it has read it.
+    let pattern = format!("source-name src-1 .*{ns}/src/held-");
+    let agent = wait_for(
+        "the backup agent's process",
+        Duration::from_secs(20),
+        || async {
+            let out = std::process::Command::new("pgrep")
+                .args(["-f", &pattern])
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+        },
+    )
+    .await;
+    support::operator::signal(agent, "-STOP");
+    let before = pods.get("src-1").await.expect("src-1");
+    println!("backup held reads {source}; its agent (pid {agent}) stopped");
+
+    // A restart-only change: the roll would restart src-1 first.
+    let asked = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "src",
+        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    let said = wait_for(
+        "the roll to say it waits for the backup",
+        Duration::from_secs(60),
+        || async {
+            let r = redis_api(&client, ns).get("src").await.ok()?;
+            let c = r
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Progressing")?;
+            c.message
+                .contains("waits for backup held, which is reading from it")
+                .then_some(c.message)
+        },
+    )
+    .await;
+    // It keeps waiting: 15 s on, src-1 is the pod it was and the backup
+    // still runs.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let still = pods.get("src-1").await.expect("src-1");
+    assert_eq!(
+        uid(&still),
+        uid(&before),
+        "src-1 was restarted under the backup"
+    );
+    let phase = backups
+        .get("held")
+        .await
+        .expect("held")
+        .status
+        .and_then(|s| s.phase);
+    assert_eq!(phase, Some(redpilot::api::v1alpha1::BackupPhase::Running));
+    println!(
+        "{:.1} s after the change: \"{said}\"; src-1 not restarted, the backup Running",
+        asked.elapsed().as_secs_f64()
+    );
+
+    // The agent goes on: the backup completes, then the roll restarts
+    // src-1 and finishes, no acknowledged write lost.
+    support::operator::signal(agent, "-CONT");
+    let b = ended(&client, ns, "held", Duration::from_secs(120)).await;
+    let st = b.status.clone().expect("status");
+    assert_eq!(
+        st.phase,
+        Some(redpilot::api::v1alpha1::BackupPhase::Completed),
+        "{st:?}\n{}",
+        recent_events(&client, ns, 20).await
+    );
+    let rolled = wait_for("the roll to finish", READY, || async {
+        let p = pods.get("src-1").await.ok()?;
+        let r = redis_api(&client, ns).get("src").await.ok()?;
+        (uid(&p) != uid(&before) && support::operator::is_ready(&r)).then_some(())
+    });
+    rolled.await;
+    let tally = writer.stop().await;
+    println!(
+        "backup Completed ({:?} keys), then the roll restarted src-1 and finished {:.1} s after \
+         the change; {} writes acknowledged",
+        st.keys,
+        asked.elapsed().as_secs_f64(),
+        tally.acked.len(),
+    );
+    assert!(tally.acked.len() > 200, "the writer wrote");
+    support::writer::assert_everywhere(&client, ns, "src", 2, &pw, &tally.acked).await;
+}

@@ -6,17 +6,37 @@
 //! and rolls them back.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 
 use super::build;
 use super::facts::{PodFacts, Role, ordinal};
 use super::{Error, Reconciler, plan};
+use crate::api::v1alpha1::{BackupPhase, RedisBackup};
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// Progressing reason while a restart that would empty the only instance
 /// waits for `spec.allowDataLossOnRestart`.
 pub const RESTART_WOULD_LOSE_DATA: &str = "RestartWouldLoseData";
+
+/// Whether backup `b` of Redis `redis` is reading from `pod` now: Running,
+/// with `pod` its source (a Cluster backup: the source of a shard not yet
+/// Completed). A restart of that pod would cut the read (the backup's Job
+/// reads it at its address, which the restart changes) and fail the
+/// backup `SourceFailed`.
+pub fn reads_from(b: &RedisBackup, redis: &str, pod: &str) -> bool {
+    let Some(st) = b.status.as_ref() else {
+        return false;
+    };
+    b.spec.redis == redis
+        && st.phase == Some(BackupPhase::Running)
+        && (st.source.as_deref() == Some(pod)
+            || st.shards.iter().any(|s| {
+                s.source == pod
+                    && !matches!(s.phase, Some(BackupPhase::Completed | BackupPhase::Failed))
+            }))
+}
 
 /// The replica to restart although not every instance is ready: one of an
 /// outdated template that runs an older server version than the primary
@@ -86,7 +106,16 @@ impl Reconciler {
             }
             return Ok(());
         }
-        let victim = match plan::next_to_restart(facts, primary, &self.names) {
+        let next = plan::next_to_restart(facts, primary, &self.names);
+        let next_pod = match &next {
+            Some(plan::Restart::Replica(name)) => name.as_str(),
+            Some(_) => primary,
+            None => return Ok(()),
+        };
+        if self.backup_holds_restart(next_pod).await? {
+            return Ok(());
+        }
+        let victim = match next {
             Some(plan::Restart::Replica(name)) => name,
             Some(plan::Restart::PrimaryAfterSwitchover { target }) => {
                 if self
@@ -124,6 +153,27 @@ impl Reconciler {
         )
         .await;
         Ok(())
+    }
+
+    /// Whether the ordered restart of `pod` waits for a backup reading from
+    /// it (see [`reads_from`]); says so in Progressing when it does. Only
+    /// the roll's own restarts wait: a pod that is down or cannot follow
+    /// its primary restarts at once.
+    pub(super) async fn backup_holds_restart(&mut self, pod: &str) -> Result<bool, Error> {
+        self.ctx.metrics.kube("list");
+        let backups = self
+            .api::<RedisBackup>()
+            .list(&ListParams::default())
+            .await?;
+        let name = self.redis.name_any();
+        let Some(b) = backups.items.iter().find(|b| reads_from(b, &name, pod)) else {
+            return Ok(false);
+        };
+        self.progressing.push(format!(
+            "the ordered restart of {pod} waits for backup {}, which is reading from it",
+            b.name_any()
+        ));
+        Ok(true)
     }
 
     /// Deletes pod `name` so the StatefulSet re-creates it from its current
@@ -339,5 +389,45 @@ mod tests {
             pod(2, "7.0.15", Role::Primary, None, true),
         ];
         assert_eq!(stranded(&linked, "cache-2", &names), None);
+    }
+
+    fn backup(redis: &str, phase: BackupPhase, source: Option<&str>) -> RedisBackup {
+        use crate::api::v1alpha1::{RedisBackupSpec, RedisBackupStatus};
+        let spec: RedisBackupSpec =
+            serde_json::from_value(serde_json::json!({"redis": redis, "target": {}}))
+                .unwrap_or_else(|e| panic!("spec: {e}"));
+        let mut b = RedisBackup::new("b1", spec);
+        b.status = Some(RedisBackupStatus {
+            phase: Some(phase),
+            source: source.map(String::from),
+            ..Default::default()
+        });
+        b
+    }
+
+    #[test]
+    fn a_running_backup_holds_the_restart_of_its_source_only() {
+        let running = backup("cache", BackupPhase::Running, Some("cache-1"));
+        assert!(reads_from(&running, "cache", "cache-1"));
+        assert!(!reads_from(&running, "cache", "cache-2"));
+        assert!(!reads_from(&running, "other", "cache-1"));
+        let done = backup("cache", BackupPhase::Completed, Some("cache-1"));
+        assert!(!reads_from(&done, "cache", "cache-1"));
+        // A Cluster backup: each shard's source until that shard is done.
+        let mut shards = backup("cache", BackupPhase::Running, None);
+        let st = shards.status.as_mut().unwrap_or_else(|| panic!("status"));
+        for (i, phase) in [
+            (0, Some(BackupPhase::Completed)),
+            (1, Some(BackupPhase::Running)),
+        ] {
+            st.shards.push(crate::api::v1alpha1::BackupShardStatus {
+                index: i,
+                source: format!("cache-s{i}-1"),
+                phase,
+                ..Default::default()
+            });
+        }
+        assert!(!reads_from(&shards, "cache", "cache-s0-1"));
+        assert!(reads_from(&shards, "cache", "cache-s1-1"));
     }
 }
