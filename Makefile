@@ -3,7 +3,8 @@
 #   make run     bring up the dev cluster if no cluster is configured, run the operator
 #   make test    everything: fmt, clippy, unit tests, tools, cluster, integration suites
 #   make bench   scale measurements on the dev cluster (not part of make test)
-#   make chaos   seeded schedules of operations and faults (SEED, RUNS, DURATION, ONLY)
+#   make chaos   seeded schedules of operations and faults (SEED, RUNS, SEEDS, DURATION, ONLY)
+#   make test-long  the long runs left out of make test, and every chaos seed that found a defect
 #
 # Tool binaries are built once per pinned version into ~/.cache/redpilot (or
 # $REDPILOT_CACHE) and linked into bin/.
@@ -34,7 +35,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down chaos release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -119,8 +120,15 @@ ALONE_TESTS := operator_autopilot:a_grow_the_node_defers_keeps_the_template_and_
 	operator_meetings:large_values_move_without_an_unplanned_failover \
 	plain_install:kubectl_apply_of_install_yaml_runs_the_operator
 POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(notdir $(wildcard tests/*.rs)))))
-TEST_SLOTS ?= 3
-TEST_LIGHT_SLOTS ?= 1
+# Long runs, behind `make test-long`; each capability they show has a case
+# of its own in `make test`: TLS turned on and off on a running Redis
+# (operator_security, Replication) and on a Cluster's bus, resharding 3 ->
+# 4 -> 3 under writers with a primary kill -9ed mid-move (operator_meetings)
+# and the operator killed mid-move (operator_reshard's failpoint tests).
+LONG_TESTS := operator_security:tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write \
+	operator_reshard:three_to_four_to_three_shards_under_writers_and_readers_across_an_operator_crash
+TEST_SLOTS ?= 4
+TEST_LIGHT_SLOTS ?= 2
 TEST_HEAVY_SLOTS ?= 2
 PYTHON ?= python3
 integration: engines
@@ -131,9 +139,19 @@ integration: engines
 		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || status=$$?; \
 	done; \
 	$(PYTHON) hack/test-pool.py --slots $(TEST_SLOTS) --light-slots $(TEST_LIGHT_SLOTS) --heavy-slots $(TEST_HEAVY_SLOTS) --split "$(POOL_SUITES)" \
-		--whole "$(LOCAL_SUITES)" $(addprefix --skip ,$(ALONE_TESTS)) \
+		--whole "$(LOCAL_SUITES)" $(addprefix --skip ,$(ALONE_TESTS) $(LONG_TESTS)) \
 		--times "$${CARGO_TARGET_DIR:-target}/test-times.tsv" --seed hack/test-times.tsv \
 		--logs "$${CARGO_TARGET_DIR:-target}/test-pool" || status=$$?; \
+	exit $$status
+
+# The long runs left out of `make test` (LONG_TESTS), then every chaos seed
+# that once found a defect. The cluster comes down even when a step fails.
+test-long: engines tools release-bins cluster-up
+	@status=0; for t in $(LONG_TESTS); do \
+		$(CARGO) test --workspace --test $${t%%:*} -- --exact $${t#*:} || status=$$?; \
+	done; \
+	$(MAKE) --no-print-directory chaos SEEDS=regressions || status=$$?; \
+	$(MAKE) --no-print-directory cluster-down || true; \
 	exit $$status
 
 # The whole test run. The cluster comes down even when a step fails.

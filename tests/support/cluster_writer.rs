@@ -371,14 +371,22 @@ pub async fn replicas_linked(members: &[Member], opts: &ConnectOptions, replicas
     let mut seen = Vec::new();
     let mut down = Vec::new();
     for m in members {
-        let mut n = Node::connect(&m.endpoint, opts)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {:?}: {e}", m.endpoint));
-        let r = n
-            .info_section("replication")
-            .await
-            .unwrap_or_else(|e| panic!("INFO replication of {:?}: {e}", m.endpoint))
-            .replication;
+        // What is asked is each link; a connection slower than the
+        // options' timeout on a busy machine is tried again (10 s).
+        let began = Instant::now();
+        let r = loop {
+            let read = match Node::connect(&m.endpoint, opts).await {
+                Ok(mut n) => n.info_section("replication").await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(i) => break i.replication,
+                Err(e) if began.elapsed() > Duration::from_secs(10) => {
+                    panic!("INFO replication of {:?} for 10 s: {e}", m.endpoint)
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
         if r.role == Some(Role::Replica) {
             seen.push(m.endpoint.clone());
             if r.link_status != Some(LinkStatus::Up) {
