@@ -18,7 +18,9 @@
 //! What is drawn:
 //! - the shape: Replication (2 or 3 instances) or Cluster (3 shards of 2),
 //!   Redis 7.0, Valkey 8.1 or 9.1, storage or none, the `default` user on or
-//!   off (the writers always log in as ACL user `app`);
+//!   off (the writers always log in as ACL user `app`); from a fourth
+//!   stream, an append-only file or none, and in Replication mode the
+//!   write fence on or off;
 //! - operations: a switchover, a restart-only config change (a roll), a
 //!   backup (the last Completed one is restored into a new Redis and must
 //!   hold every write confirmed before it was asked for), shards 3 ↔ 4;
@@ -145,6 +147,13 @@ struct Shape {
     instances: i32,
     storage: bool,
     default_off: bool,
+    /// An append-only file (`EverySec`): a killed server comes back with
+    /// every write it acknowledged (the file is in the kernel's cache the
+    /// moment it answers), and with a volume so does a deleted pod.
+    aof: bool,
+    /// Replication: `spec.failover.fence` off (a primary cut off from its
+    /// replicas keeps taking writes; none can be `WAIT`-confirmed).
+    fence_off: bool,
 }
 
 impl Shape {
@@ -159,13 +168,22 @@ impl Shape {
             Mode::Replication => rng.pick(&[2, 3]),
             Mode::Cluster => 2,
         };
+        let storage = rng.chance(0.5);
+        let default_off = rng.chance(0.5);
+        // A fourth stream, apart from the others, so each seed's earlier
+        // draws (shape and schedule) stay what they were.
+        let mut fourth = Rng(rng.0 ^ 0x0a0f_5eed_fe9c_2026);
+        let aof = fourth.chance(0.3);
+        let fence_off = mode == Mode::Replication && fourth.chance(0.3);
         Shape {
             mode,
             engine,
             version,
             instances,
-            storage: rng.chance(0.5),
-            default_off: rng.chance(0.5),
+            storage,
+            default_off,
+            aof,
+            fence_off,
         }
     }
 
@@ -188,12 +206,18 @@ impl Shape {
         if self.default_off {
             spec["auth"]["defaultUser"] = json!({"enabled": false});
         }
+        if self.aof {
+            spec["persistence"] = json!({"aof": "EverySec"});
+        }
+        if self.fence_off {
+            spec["failover"] = json!({"fence": false});
+        }
         spec
     }
 
     fn describe(&self) -> String {
         format!(
-            "{:?} {} {} x{}{}{}{}",
+            "{:?} {} {} x{}{}{}{}{}{}",
             self.mode,
             self.engine,
             self.version,
@@ -209,6 +233,8 @@ impl Shape {
             } else {
                 ""
             },
+            if self.aof { ", AOF" } else { "" },
+            if self.fence_off { ", fence off" } else { "" },
         )
     }
 }
@@ -1151,7 +1177,12 @@ async fn run(
                 match drawn_pod(&client, &ns, &mut rng).await {
                     Some((name, pod)) => match pid_of(&pod, &app).await {
                         Ok(pid) if *action == Action::KillServer => {
-                            let last = last_copy(&client, &ns, &name, shape.mode, &app).await;
+                            // With AOF a killed server keeps what it acknowledged.
+                            let last = if shape.aof {
+                                None
+                            } else {
+                                last_copy(&client, &ns, &name, shape.mode, &app).await
+                            };
                             kill_9(pid);
                             hits.push((Instant::now(), name.clone()));
                             if let Some(why) = last {
@@ -1181,7 +1212,12 @@ async fn run(
             Action::DeletePod => match drawn_pod(&client, &ns, &mut rng).await {
                 Some((name, _)) => {
                     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-                    let last = last_copy(&client, &ns, &name, shape.mode, &app).await;
+                    // With AOF on a volume a deleted pod keeps it too.
+                    let last = if shape.aof && shape.storage {
+                        None
+                    } else {
+                        last_copy(&client, &ns, &name, shape.mode, &app).await
+                    };
                     match pods.delete(&name, &DeleteParams::default()).await {
                         Ok(_) => {
                             hits.push((Instant::now(), name.clone()));
