@@ -127,8 +127,8 @@ POOL_SUITES := $(filter-out $(LOCAL_SUITES) $(ALONE_SUITES),$(sort $(basename $(
 # and the operator killed mid-move (operator_reshard's failpoint tests).
 LONG_TESTS := operator_security:tls_is_turned_on_and_off_on_a_running_cluster_losing_no_write \
 	operator_reshard:three_to_four_to_three_shards_under_writers_and_readers_across_an_operator_crash
-TEST_SLOTS ?= 4
-TEST_LIGHT_SLOTS ?= 2
+TEST_SLOTS ?= 3
+TEST_LIGHT_SLOTS ?= 1
 TEST_HEAVY_SLOTS ?= 2
 PYTHON ?= python3
 integration: engines

@@ -106,7 +106,7 @@ def main():
     ap.add_argument("--seed", help="checked-in per-job seconds, read when --times lacks a job")
     ap.add_argument("--default", type=float, default=60.0)
     ap.add_argument("--light-slots", type=int, default=1, help="extra slots for jobs that mostly wait")
-    ap.add_argument("--light", type=float, default=0.06, help="CPU share under which a job mostly waits")
+    ap.add_argument("--light", type=float, default=0.05, help="CPU share under which a job mostly waits")
     ap.add_argument("--heavy", type=float, default=0.2, help="CPU share from which a job is heavy")
     ap.add_argument("--heavy-slots", type=int, default=2, help="heavy jobs at most at once")
     ap.add_argument("--logs", help="directory for each job's output")
