@@ -1693,6 +1693,47 @@ async fn a_restore_into_retained_volumes_serves_the_backup() {
     );
 }
 
+/// The claim `backups` and a Replication Redis `src` of `instances`, Ready,
+/// under a writer that has had 200 writes acknowledged: its password and
+/// the writer.
+async fn src_under_a_writer(client: &Client, ns: &str, instances: i32) -> (String, Writer) {
+    support::operator::create_claim(client, ns, "backups").await;
+    apply_redis(
+        client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": instances}),
+    )
+    .await;
+    wait_ready(client, ns, "src", READY).await;
+    let pw = redis_password(client, ns, "src").await;
+    let writer = Writer::start(client, ns, "src", &pw, "w", 0);
+    writer.wait_progress(200, Duration::from_secs(30)).await;
+    (pw, writer)
+}
+
+/// A change of `src` that only a restart applies: `tcp-backlog`.
+async fn restart_only_change(client: &Client, ns: &str, backlog: u32) {
+    support::operator::patch_redis(
+        client,
+        ns,
+        "src",
+        json!({"spec": {"config": {"tcp-backlog": backlog.to_string()}}}),
+    )
+    .await;
+}
+
+/// Backup `name` of `src` onto the claim `backups`.
+async fn backup_of_src(client: &Client, ns: &str, name: &str) {
+    create_backup(
+        client,
+        ns,
+        name,
+        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
+    )
+    .await;
+}
+
 /// A backup asked for while a restart-only change rolls the instances is
 /// never started from an instance the roll is about to restart (the agent
 /// reads the pod at its address, which the restart changes: the backup
@@ -1714,18 +1755,7 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
     let mut opts = OperatorOptions::watching(&[ns]).named("backup-roll");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
     let mut op = start_operator(&client, opts.clone()).await;
-    support::operator::create_claim(&client, ns, "backups").await;
-    apply_redis(
-        &client,
-        ns,
-        "src",
-        json!({"mode": "Replication", "instances": 3}),
-    )
-    .await;
-    wait_ready(&client, ns, "src", READY).await;
-    let pw = redis_password(&client, ns, "src").await;
-    let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
-    writer.wait_progress(200, Duration::from_secs(30)).await;
+    let (_, writer) = src_under_a_writer(&client, ns, 3).await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let revision = |p: &Pod| {
@@ -1735,13 +1765,7 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
             .and_then(|l| l.get("controller-revision-hash").cloned())
     };
     // A restart-only change: every instance restarts, one at a time.
-    support::operator::patch_redis(
-        &client,
-        ns,
-        "src",
-        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
-    )
-    .await;
+    restart_only_change(&client, ns, 600).await;
     // Half way: one instance on the new template, others still to go.
     let update = wait_for("the roll half way", Duration::from_secs(120), || async {
         let s = sets.get("src").await.ok()?;
@@ -1755,13 +1779,7 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
         (rolled >= 1 && rolled < all.len()).then_some(update)
     })
     .await;
-    create_backup(
-        &client,
-        ns,
-        "mid-roll",
-        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
-    )
-    .await;
+    backup_of_src(&client, ns, "mid-roll").await;
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
     // Once backup `name` has its source: the source, the template revision
     // that pod runs then, and the backup's message before it started.
@@ -1806,20 +1824,8 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
 
     // 2. Across an operator's death.
     op.kill();
-    support::operator::patch_redis(
-        &client,
-        ns,
-        "src",
-        json!({"spec": {"config": {"tcp-backlog": "601"}}}),
-    )
-    .await;
-    create_backup(
-        &client,
-        ns,
-        "while-down",
-        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
-    )
-    .await;
+    restart_only_change(&client, ns, 601).await;
+    backup_of_src(&client, ns, "while-down").await;
     let _next = support::operator::spawn_operator(&client, opts.named("backup-roll-next")).await;
     let (source, at_start, _) = started("while-down").await;
     let b = ended(&client, ns, "while-down", Duration::from_secs(180)).await;
@@ -1872,28 +1878,11 @@ async fn a_roll_waits_to_restart_the_instance_a_running_backup_reads_from() {
         OperatorOptions::watching(&[ns]).named("backup-hold"),
     )
     .await;
-    support::operator::create_claim(&client, ns, "backups").await;
-    apply_redis(
-        &client,
-        ns,
-        "src",
-        json!({"mode": "Replication", "instances": 2}),
-    )
-    .await;
-    wait_ready(&client, ns, "src", READY).await;
-    let pw = redis_password(&client, ns, "src").await;
-    let writer = Writer::start(&client, ns, "src", &pw, "w", 0);
-    writer.wait_progress(200, Duration::from_secs(30)).await;
+    let (pw, writer) = src_under_a_writer(&client, ns, 2).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
 
-    create_backup(
-        &client,
-        ns,
-        "held",
-        json!({"redis": "src", "target": {"volume": {"claimName": "backups", "path": "redis"}}}),
-    )
-    .await;
+    backup_of_src(&client, ns, "held").await;
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
     let source = wait_for("backup held to start", Duration::from_secs(120), || async {
         backups.get("held").await.ok()?.status?.source
@@ -1925,13 +1914,7 @@ async fn a_roll_waits_to_restart_the_instance_a_running_backup_reads_from() {
 
     // A restart-only change: the roll would restart src-1 first.
     let asked = Instant::now();
-    support::operator::patch_redis(
-        &client,
-        ns,
-        "src",
-        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
-    )
-    .await;
+    restart_only_change(&client, ns, 600).await;
     let said = wait_for(
         "the roll to say it waits for the backup",
         Duration::from_secs(60),
