@@ -128,13 +128,18 @@ def main():
     expected = read_times(args.times, args.seed)
     jobs.sort(key=lambda j: expected.get(j[0], (args.default, None))[0], reverse=True)
 
-    def light(name):
+    def share(name):
+        """The job's CPU time over its wall time when measured, else None."""
         secs, cpu = expected.get(name, (args.default, None))
-        return cpu is not None and secs > 0 and cpu / secs < args.light
+        return cpu / secs if cpu is not None and secs > 0 else None
+
+    def light(name):
+        s = share(name)
+        return s is not None and s < args.light
 
     def heavy(name):
-        secs, cpu = expected.get(name, (args.default, None))
-        return cpu is not None and secs > 0 and cpu / secs >= args.heavy
+        s = share(name)
+        return s is not None and s >= args.heavy
 
     logs = args.logs or tempfile.mkdtemp(prefix="test-pool-")
     os.makedirs(logs, exist_ok=True)

@@ -735,16 +735,28 @@ fn started_within(pod: &Pod, within: Duration) -> bool {
         })
 }
 
+/// A server fault that hit the last copy in sync of its group's data (see
+/// [`last_copy`]).
+#[derive(Debug, Clone)]
+struct LastCopy {
+    /// The writes confirmed just after it.
+    confirmed: usize,
+    /// When it struck.
+    at: chrono::DateTime<chrono::Utc>,
+    /// Which instance, and where the other copies were.
+    why: String,
+}
+
 /// Splits `lost` into the writes a fault on the last copy in sync took
 /// (confirmed before it: their place among the confirmed writes, `acked`
 /// in the order they were confirmed, is below the count read just after
 /// the latest such fault of `last_copies`) and the rest.
-fn excuse_last_copy(
+fn excuse_last_copy<'a>(
     acked: &[String],
     lost: Vec<String>,
-    last_copies: &[(usize, String)],
+    last_copies: impl IntoIterator<Item = &'a LastCopy>,
 ) -> (Vec<String>, Vec<String>) {
-    let Some(bound) = last_copies.iter().map(|(n, _)| *n).max() else {
+    let Some(bound) = last_copies.into_iter().map(|c| c.confirmed).max() else {
         return (Vec::new(), lost);
     };
     let place: std::collections::HashMap<&str, usize> = acked
@@ -1107,11 +1119,8 @@ async fn run(
     let mut backups: Vec<(String, usize, Instant)> = Vec::new();
     // Each fault that took a server away for a while: when, and the pod.
     let mut hits: Vec<(Instant, String)> = Vec::new();
-    // Each server fault that hit the last copy in sync of its group's data
-    // (see [`last_copy`]): the writes confirmed just after it, and why.
-    let mut last_copies: Vec<(usize, String)> = Vec::new();
-    // When each of them struck.
-    let mut last_copy_at: Vec<chrono::DateTime<chrono::Utc>> = Vec::new();
+    // Each server fault that hit the last copy in sync of its group's data.
+    let mut last_copies: Vec<LastCopy> = Vec::new();
     let mut hibernated_at: Vec<Instant> = Vec::new();
     let mut engine = (shape.engine, shape.version);
     let mut app_rotated = false;
@@ -1185,10 +1194,11 @@ async fn run(
                             };
                             kill_9(pid);
                             hits.push((Instant::now(), name.clone()));
-                            if let Some(why) = last {
-                                last_copies.push((confirmed_now(&load, &cluster_count), why));
-                                last_copy_at.push(chrono::Utc::now());
-                            }
+                            last_copies.extend(last.map(|why| LastCopy {
+                                confirmed: confirmed_now(&load, &cluster_count),
+                                at: chrono::Utc::now(),
+                                why,
+                            }));
                             format!("kill -9 of {name}'s server (pid {pid})")
                         }
                         Ok(pid) => {
@@ -1221,10 +1231,11 @@ async fn run(
                     match pods.delete(&name, &DeleteParams::default()).await {
                         Ok(_) => {
                             hits.push((Instant::now(), name.clone()));
-                            if let Some(why) = last {
-                                last_copies.push((confirmed_now(&load, &cluster_count), why));
-                                last_copy_at.push(chrono::Utc::now());
-                            }
+                            last_copies.extend(last.map(|why| LastCopy {
+                                confirmed: confirmed_now(&load, &cluster_count),
+                                at: chrono::Utc::now(),
+                                why,
+                            }));
                             format!("pod {name} deleted")
                         }
                         Err(e) => format!("deleting pod {name}: {e}"),
@@ -1452,7 +1463,7 @@ async fn run(
                         excused.len(),
                         last_copies
                             .iter()
-                            .map(|(_, why)| why.as_str())
+                            .map(|c| c.why.as_str())
                             .collect::<Vec<_>>()
                             .join(", ")
                     ));
@@ -1594,13 +1605,10 @@ async fn run(
                         .ok()
                         .and_then(|b| b.status?.started_at)
                         .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok());
-                    let earlier: Vec<(usize, String)> = last_copies
+                    let earlier = last_copies
                         .iter()
-                        .zip(&last_copy_at)
-                        .filter(|(_, at)| started.is_some_and(|s| **at < s))
-                        .map(|(c, _)| c.clone())
-                        .collect();
-                    let (excused, lost) = excuse_last_copy(&written.acked, lost, &earlier);
+                        .filter(|c| started.is_some_and(|s| c.at < s));
+                    let (excused, lost) = excuse_last_copy(&written.acked, lost, earlier);
                     if !excused.is_empty() {
                         notes.push(format!(
                             "the restore of {backup} lacks {} writes the Redis had lost before it started",
@@ -2124,7 +2132,12 @@ fn only_writes_confirmed_before_a_fault_on_the_last_copy_are_excused() {
     // A fault on the last copy read 6 confirmed writes just after it:
     // chaos:2 and chaos:5 went with it; chaos:9 was confirmed later, by a
     // server the fault did not touch, and stays a violation.
-    let faults = [(3, "a".to_string()), (6, "b".to_string())];
+    let fault = |confirmed| LastCopy {
+        confirmed,
+        at: chrono::Utc::now(),
+        why: String::new(),
+    };
+    let faults = [fault(3), fault(6)];
     let (excused, rest) = excuse_last_copy(&acked, lost, &faults);
     assert_eq!(excused, ["chaos:2", "chaos:5"]);
     assert_eq!(rest, ["chaos:9"]);

@@ -1619,9 +1619,9 @@ pub const RESHARD_CAP: Duration = Duration::from_secs(900);
 /// Waits for the Redis `name`'s resharding to `to_shards` to be Done and
 /// `done` to hold of it, for as long as it moves: the wait fails when the
 /// resharding's phase, slots moved and keys moved have not changed for
-/// [`RESHARD_STALL`] (it stands still), or after [`RESHARD_CAP`] in all. A machine slowed by
-/// other work makes a resharding slower, not stuck, so its time alone does
-/// not fail a test; its standing still does.
+/// [`RESHARD_STALL`] (it stands still), or after [`RESHARD_CAP`] in all. A
+/// machine slowed by other work makes a resharding slower, not stuck, so
+/// its time alone does not fail a test; its standing still does.
 pub async fn wait_resharding_done(
     client: &Client,
     ns: &str,
@@ -1643,14 +1643,7 @@ pub async fn wait_resharding_done(
             {
                 return r;
             }
-            let now = rs.map(|x| {
-                (
-                    x.to_shards,
-                    format!("{:?}", x.phase),
-                    x.slots_moved,
-                    x.keys_moved,
-                )
-            });
+            let now = rs.map(|x| (x.to_shards, x.phase, x.slots_moved, x.keys_moved));
             if now != mark {
                 mark = now;
                 moved_at = Instant::now();

@@ -160,6 +160,9 @@ impl Reconciler {
     /// the roll's own restarts wait: a pod that is down or cannot follow
     /// its primary restarts at once.
     pub(super) async fn backup_holds_restart(&mut self, pod: &str) -> Result<bool, Error> {
+        // From the API, once per restart the roll is about to make: the
+        // backups are not among this controller's watches, and a backup
+        // that started a moment ago must be seen.
         self.ctx.metrics.kube("list");
         let backups = self
             .api::<RedisBackup>()
