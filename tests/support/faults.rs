@@ -212,6 +212,19 @@ impl ServiceWriter {
         move || tally.lock().map(|t| t.acks.len()).unwrap_or(0)
     }
 
+    /// For a reader: with `within` n, the `pick % n`th of the last n writes
+    /// acknowledged so far (of all of them with `None`); `None` before the
+    /// first.
+    pub fn acked_key(&self) -> impl Fn(u64, Option<u64>) -> Option<String> + Send + Sync + 'static {
+        let tally = self.tally.clone();
+        move |pick, within| {
+            let t = tally.lock().ok()?;
+            let all = t.acks.len() as u64;
+            let n = within.unwrap_or(all).min(all);
+            (n > 0).then(|| t.acks[(all - n + pick % n) as usize].key.clone())
+        }
+    }
+
     /// Stops it and returns what it saw.
     pub async fn stop(self) -> Tally {
         self.stop.store(true, Ordering::SeqCst);
@@ -495,4 +508,136 @@ impl Drop for RouteSplit {
     fn drop(&mut self) {
         self.heal();
     }
+}
+
+/// A TCP relay between an operator and the API server that a test can cut
+/// (the operator's kubeconfig names [`ApiRelay::url`]). While cut no byte
+/// passes either way and new connections are held unanswered, as behind a
+/// blackhole route: no reset, the client's own timeouts fire. A connection
+/// that saw a cut is dropped once it heals, so the client connects again.
+pub struct ApiRelay {
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// Even: open; odd: cut. Each cut and each heal adds one.
+    state: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiRelay {
+    /// A relay to the dev cluster's API server.
+    pub async fn start() -> ApiRelay {
+        let upstream = api_server_address();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the API relay");
+        let url = format!(
+            "https://{}",
+            listener.local_addr().expect("the relay's address")
+        );
+        let state = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (st, upstream) = (st.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let born = st.load(Ordering::SeqCst);
+                    if born % 2 == 1 {
+                        // Held unanswered until the cut heals, then dropped.
+                        changed(&st, born).await;
+                        return;
+                    }
+                    let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (cr, cw) = conn.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::select! {
+                        _ = pump(cr, uw, &st, born) => {}
+                        _ = pump(ur, cw, &st, born) => {}
+                    }
+                });
+            }
+        });
+        ApiRelay { url, state, task }
+    }
+
+    /// Stops every byte (no-op when cut already).
+    pub fn cut(&self) {
+        let _ = self
+            .state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                (s % 2 == 0).then_some(s + 1)
+            });
+    }
+
+    /// Lets bytes through again (no-op when not cut).
+    pub fn heal(&self) {
+        let _ = self
+            .state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                (s % 2 == 1).then_some(s + 1)
+            });
+    }
+}
+
+impl Drop for ApiRelay {
+    fn drop(&mut self) {
+        self.heal();
+        self.task.abort();
+    }
+}
+
+/// Waits until the relay's state is no longer `from`.
+async fn changed(state: &std::sync::atomic::AtomicU64, from: u64) {
+    while state.load(Ordering::SeqCst) == from {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Copies `from` to `to` while no cut has come since the connection began
+/// (`born`); the bytes read during a cut are held, and the copy ends once
+/// it heals.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: &std::sync::atomic::AtomicU64,
+    born: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let now = state.load(Ordering::SeqCst);
+        if now != born {
+            if now % 2 == 1 {
+                changed(state, now).await;
+            }
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `host:port` of the dev cluster's API server (from the admin kubeconfig).
+fn api_server_address() -> String {
+    let path = super::kubeconfig_path();
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config: serde_yaml::Value =
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+    let server = config["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no cluster server", path.display()));
+    server
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string()
 }

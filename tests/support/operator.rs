@@ -403,6 +403,9 @@ pub struct OperatorOptions {
     /// Another build of the operator to run (a bench comparing builds);
     /// `None`: the one under test ([`operator_binary`]).
     pub binary: Option<PathBuf>,
+    /// The API server's address as the operator reaches it (a relay that a
+    /// test can cut, [`super::faults::ApiRelay`]); `None`: the cluster's own.
+    pub api_server: Option<String>,
 }
 
 impl OperatorOptions {
@@ -416,6 +419,7 @@ impl OperatorOptions {
             env: Vec::new(),
             restart_on_lost_lease: true,
             binary: None,
+            api_server: None,
         }
     }
 
@@ -485,6 +489,16 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
     bind_watched_namespaces(client, &opts.watch_namespaces).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = service_account_kubeconfig(client, dir.path()).await;
+    if let Some(server) = &opts.api_server {
+        let text = std::fs::read_to_string(&kubeconfig).expect("the operator's kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
+        config["clusters"][0]["cluster"]["server"] = serde_yaml::Value::from(server.as_str());
+        std::fs::write(
+            &kubeconfig,
+            serde_yaml::to_string(&config).expect("kubeconfig yaml"),
+        )
+        .expect("writing the operator's kubeconfig");
+    }
     let log_path = log_dir().join(format!("{}.log", opts.name));
     // A fresh log; restarts append to it.
     std::fs::File::create(&log_path)
