@@ -32,7 +32,10 @@
 //! - (another, with volumes and the user's password Secret) hibernation
 //!   and waking on six new addresses with every confirmed write, then a
 //!   live password rotation on every node and a replica killed afterwards
-//!   relinking with the new password.
+//!   relinking with the new password;
+//! - (another, with volumes) a shard's replica restarted while its primary
+//!   is stopped, never linked: the cluster will not elect it, the operator
+//!   forces the takeover, and the resumed old primary follows it.
 
 #[path = "support/cluster_client.rs"]
 mod cluster_client;
@@ -2227,6 +2230,143 @@ async fn a_lone_shard_instance_without_a_volume_waits_rather_than_lose_its_slots
             cluster_client::whole(&mut keys, t, size).await,
             Some(true),
             "tag {t} after"
+        );
+    }
+}
+
+/// A shard's replica restarts while its primary does not answer (stopped),
+/// then stays a replica of a primary the cluster has marked failed: the
+/// cluster does not elect a replica that never linked to its primary since
+/// it started (`master_link_down_since_seconds:-1`, "disconnected from
+/// primary for longer than allowed"), and the shard's slots went unserved
+/// for good (chaos seed 324: a wake from hibernation, then the primary's
+/// claim deleted). The operator forces the takeover (`CLUSTER FAILOVER
+/// FORCE`, the primaries still vote); the old primary, resumed, follows the
+/// new one, and every key written before is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_never_linked_since_it_started_takes_over_a_failed_primary() {
+    let (tags, size) = (120, 64);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "op-cluster-force", &[]).await;
+    support::operator::sized_class(&client).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let spec = json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+                      "version": "9.1",
+                      "storage": {"size": "64Mi", "storageClassName": support::operator::SIZED_CLASS}});
+    apply_redis(&client, &ns.name, "cache", spec).await;
+    let r = wait_ready(&client, &ns.name, "cache", READY).await;
+    let password = redis_password(&client, &ns.name, "cache").await;
+    let copts = ConnectOptions::default()
+        .with_password(password.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(2));
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s1-0").await, 6379);
+    let mut keys = cluster_client::Client::new(seed, copts.clone());
+    cluster_client::fill(&mut keys, tags, size).await;
+    let primary = shard_primary(&r, 0).expect("shard 0's primary");
+    let replica = if primary == "cache-s0-0" {
+        "cache-s0-1"
+    } else {
+        "cache-s0-0"
+    };
+    let mut p = connect_pod(&client, &ns.name, &primary, &password)
+        .await
+        .expect("connecting to shard 0's primary");
+    let pid = support::operator::server_pid(&mut p).await;
+    drop(p);
+
+    // The primary stopped; the replica's pod deleted: it comes back from
+    // its volume as the primary's replica, and cannot link to it.
+    support::operator::signal(pid, "-STOP");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let uid = pods
+        .get(replica)
+        .await
+        .expect("the replica's pod")
+        .metadata
+        .uid;
+    pods.delete(replica, &DeleteParams::default())
+        .await
+        .expect("deleting the replica's pod");
+    let stopped = Instant::now();
+    // The fault as meant: the new server up, a replica never linked.
+    let down = wait_for(
+        "the restarted replica answering, never linked to its primary",
+        Duration::from_secs(90),
+        || async {
+            let p = pods.get(replica).await.ok()?;
+            if p.metadata.uid == uid {
+                return None;
+            }
+            let mut n = connect_pod(&client, &ns.name, replica, &password)
+                .await
+                .ok()?;
+            let r = n.info_section("replication").await.ok()?.replication;
+            (r.role == Some(redpilot::redis::info::Role::Replica))
+                .then_some(r.link_down_since_seconds)
+        },
+    )
+    .await;
+    println!("{replica} restarted as a replica, link down since {down:?}");
+    assert_eq!(down, Some(-1), "never linked to its stopped primary");
+
+    // The operator forces the takeover: the replica serves shard 0's slots.
+    wait_for(
+        "the replica to take over shard 0",
+        Duration::from_secs(120),
+        || async {
+            let mut n = connect_pod(&client, &ns.name, replica, &password)
+                .await
+                .ok()?;
+            let nodes = cluster::nodes(&mut n).await.ok()?;
+            nodes
+                .iter()
+                .find(|k| k.myself)
+                .is_some_and(|k| k.primary && k.slot_count() > 0)
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "{replica} took over shard 0 {:.1} s after its primary stopped",
+        stopped.elapsed().as_secs_f64()
+    );
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(
+        events.contains("ForcedFailover") && events.contains(replica),
+        "a ForcedFailover event names {replica}:\n{events}"
+    );
+
+    // The old primary resumed: it follows the new one; the Redis is Ready
+    // with it as shard 0's primary and every key whole.
+    support::operator::signal(pid, "-CONT");
+    let r = wait_until(&client, &ns.name, "shard 0 served by the replica", |r| {
+        shard_primary(r, 0).as_deref() == Some(replica)
+    })
+    .await;
+    println!(
+        "Ready again {:.1} s after the stop; shard 0 served by {:?}",
+        stopped.elapsed().as_secs_f64(),
+        shard_primary(&r, 0)
+    );
+    let mut old = connect_pod(&client, &ns.name, &primary, &password)
+        .await
+        .expect("the old primary answers");
+    let role = old
+        .info_section("replication")
+        .await
+        .expect("INFO of the old primary")
+        .replication
+        .role;
+    assert_eq!(
+        role,
+        Some(redpilot::redis::info::Role::Replica),
+        "{primary}, resumed, follows {replica}"
+    );
+    for t in 0..tags {
+        assert_eq!(
+            cluster_client::whole(&mut keys, t, size).await,
+            Some(true),
+            "tag {t} after the forced takeover"
         );
     }
 }

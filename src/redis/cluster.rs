@@ -345,6 +345,22 @@ pub async fn failover(node: &mut Node) -> Result<()> {
     Ok(())
 }
 
+/// `CLUSTER FAILOVER FORCE` on a replica whose primary is gone: it asks
+/// the primaries for votes at once, without its primary's agreement, and
+/// without the check of its data's age that keeps it from standing on its
+/// own (a replica that never linked to its primary since it started counts
+/// as disconnected for ever). A majority of primaries must still vote.
+#[tracing::instrument(name = "redis.cluster_failover_force", skip_all, fields(endpoint = %node.endpoint()))]
+pub async fn failover_force(node: &mut Node) -> Result<()> {
+    let _: redis::Value = node
+        .query(
+            "CLUSTER FAILOVER",
+            redis::cmd("CLUSTER").arg("FAILOVER").arg("FORCE"),
+        )
+        .await?;
+    Ok(())
+}
+
 /// `CLUSTER FORGET`: `node` drops `id` from its table (for a minute).
 #[tracing::instrument(name = "redis.cluster_forget", skip_all, fields(endpoint = %node.endpoint(), id))]
 pub async fn forget(node: &mut Node, id: &str) -> Result<()> {

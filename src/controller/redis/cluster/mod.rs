@@ -9,14 +9,17 @@
 //! | observe | [`Reconciler::cluster_views`] | `CLUSTER NODES` and `CLUSTER INFO` from every node |
 //! | decide | [`plan`] | pure: meet, assign slots, attach replicas, forget stale IDs |
 //! | act | [`Reconciler::cluster_steps`] | the steps, each reported |
+//! | unstick | [`elect`] | a shard whose replicas cannot elect one on their own: `FAILOVER FORCE` |
 //! | status | [`Reconciler::cluster_finish`] | per-shard primaries, the cluster's state |
 //!
 //! Failover is the cluster's own: when a shard's primary fails, its
 //! replicas elect one of themselves within about three node timeouts. The
 //! operator finishes what the cluster cannot (empty nodes attached, stale
-//! IDs forgotten) and reports a shard that has no one left to take over.
+//! IDs forgotten, a replica too long unlinked to stand promoted: [`elect`])
+//! and reports a shard that has no one left to take over.
 
 pub mod build;
+pub mod elect;
 pub mod plan;
 pub mod reshard;
 pub mod roll;
@@ -207,6 +210,7 @@ impl Reconciler {
                 self.apply_users(&facts, &auth).await?;
             }
             self.cluster_steps(&plan, &members, &mut conns).await;
+            self.force_stuck_elections(&plan, &mut conns).await;
             // Slots moving after `spec.shards` changed: one step per pass,
             // and nothing else touches the servers in that pass.
             let resharded = plan.steps.is_empty()

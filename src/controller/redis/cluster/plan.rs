@@ -154,6 +154,19 @@ pub struct Plan {
     /// what an open slot alone can leave (a target importing a slot
     /// ignores news of its owner), and finishing that slot mends.
     pub whole: bool,
+    /// Shards whose primary is gone and whose replicas are to elect one.
+    pub electing: Vec<Electing>,
+}
+
+/// A shard that lost its primary, with the replicas that could take over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Electing {
+    /// The shard.
+    pub shard: i32,
+    /// Pods following the lost primary whose own view marks it failed (the
+    /// cluster agreed it is gone: a majority of primaries lost it for the
+    /// node timeout), so a vote is what promotes one.
+    pub candidates: Vec<String>,
 }
 
 impl Plan {
@@ -592,6 +605,24 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
                 shard.index,
                 show(&slots)
             ));
+            let candidates = live
+                .iter()
+                .filter(|m| m.shard == shard.index)
+                .filter(|m| {
+                    let follows = m.me().and_then(|n| n.replica_of.as_deref());
+                    follows.is_some_and(|o| {
+                        lost.contains(o)
+                            && m.view
+                                .as_ref()
+                                .is_some_and(|v| v.nodes.iter().any(|n| n.id == o && n.fail))
+                    })
+                })
+                .map(|m| m.pod.clone())
+                .collect();
+            plan.electing.push(Electing {
+                shard: shard.index,
+                candidates,
+            });
         } else {
             plan.problems.push(format!(
                 "shard {}: no primary and no replica to take over; slots {} are not served",
@@ -1255,6 +1286,28 @@ mod tests {
             plan.waiting
         );
         assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        // Its replica, which sees the primary failed, is the candidate a
+        // forced takeover would promote.
+        assert_eq!(
+            plan.electing,
+            vec![Electing {
+                shard: 0,
+                candidates: vec!["r-s0-1".to_string()],
+            }]
+        );
+        // Suspected only (`pfail`): the cluster has not agreed it is gone,
+        // and no one is a candidate.
+        lines[0] = line(IDS[0], &ip(0, 0), "master,pfail", "-", 1, "0-5461");
+        let members: Vec<Member> = (1..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, false))
+            .collect();
+        let plan = decide(&members, 3, 2);
+        assert_eq!(plan.electing.len(), 1, "{:?}", plan.electing);
+        assert!(
+            plan.electing[0].candidates.is_empty(),
+            "{:?}",
+            plan.electing
+        );
     }
 
     #[test]
