@@ -34,8 +34,9 @@
 //!   live password rotation on every node and a replica killed afterwards
 //!   relinking with the new password;
 //! - (another, with volumes) a shard's replica restarted while its primary
-//!   is stopped, never linked: the cluster will not elect it, the operator
-//!   forces the takeover, and the resumed old primary follows it.
+//!   is stopped, never linked: the cluster will not elect it; nothing is
+//!   forced while the primary's pod may come back; once it is deleted with
+//!   its claim the operator forces the takeover, no key lost.
 
 #[path = "support/cluster_client.rs"]
 mod cluster_client;
@@ -2235,16 +2236,18 @@ async fn a_lone_shard_instance_without_a_volume_waits_rather_than_lose_its_slots
 }
 
 /// A shard's replica restarts while its primary does not answer (stopped),
-/// then stays a replica of a primary the cluster has marked failed: the
+/// and the primary is then lost for good (its pod and claim deleted): the
 /// cluster does not elect a replica that never linked to its primary since
 /// it started (`master_link_down_since_seconds:-1`, "disconnected from
 /// primary for longer than allowed"), and the shard's slots went unserved
 /// for good (chaos seed 324: a wake from hibernation, then the primary's
-/// claim deleted). The operator forces the takeover (`CLUSTER FAILOVER
-/// FORCE`, the primaries still vote); the old primary, resumed, follows the
-/// new one, and every key written before is there.
+/// claim deleted). While the primary's pod is there but silent (it may be
+/// restarting with its data) nothing is forced; once every pod of the shard
+/// answers and none is the primary, the operator forces the takeover
+/// (`CLUSTER FAILOVER FORCE`, the primaries still vote), the new node is
+/// attached to it, and every key written before is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_never_linked_since_it_started_takes_over_a_failed_primary() {
+async fn a_replica_that_never_linked_since_it_started_takes_over_a_primary_lost_for_good() {
     let (tags, size) = (120, 64);
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-cluster-force", &[]).await;
@@ -2287,7 +2290,6 @@ async fn a_replica_that_never_linked_since_it_started_takes_over_a_failed_primar
     pods.delete(replica, &DeleteParams::default())
         .await
         .expect("deleting the replica's pod");
-    let stopped = Instant::now();
     // The fault as meant: the new server up, a replica never linked.
     let down = wait_for(
         "the restarted replica answering, never linked to its primary",
@@ -2308,60 +2310,80 @@ async fn a_replica_that_never_linked_since_it_started_takes_over_a_failed_primar
     .await;
     println!("{replica} restarted as a replica, link down since {down:?}");
     assert_eq!(down, Some(-1), "never linked to its stopped primary");
+    let is_primary = || async {
+        let mut n = connect_pod(&client, &ns.name, replica, &password)
+            .await
+            .ok()?;
+        let nodes = cluster::nodes(&mut n).await.ok()?;
+        nodes
+            .iter()
+            .find(|k| k.myself)
+            .map(|k| k.primary && k.slot_count() > 0)
+    };
+    // The primary's pod is there, silent: it may come back with its data,
+    // so nothing is forced (15 s: the cluster marked it failed long since).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        is_primary().await,
+        Some(false),
+        "{replica} is not promoted while {primary}'s pod may come back"
+    );
+
+    // The primary lost for good: its claim and pod deleted.
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns.name);
+    claims
+        .delete(&format!("data-{primary}"), &DeleteParams::default())
+        .await
+        .expect("deleting the primary's claim");
+    pods.delete(
+        &primary,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("deleting the primary's pod");
+    let lost = Instant::now();
 
     // The operator forces the takeover: the replica serves shard 0's slots.
     wait_for(
         "the replica to take over shard 0",
         Duration::from_secs(120),
-        || async {
-            let mut n = connect_pod(&client, &ns.name, replica, &password)
-                .await
-                .ok()?;
-            let nodes = cluster::nodes(&mut n).await.ok()?;
-            nodes
-                .iter()
-                .find(|k| k.myself)
-                .is_some_and(|k| k.primary && k.slot_count() > 0)
-                .then_some(())
-        },
+        || async { is_primary().await.filter(|p| *p).map(|_| ()) },
     )
     .await;
     println!(
-        "{replica} took over shard 0 {:.1} s after its primary stopped",
-        stopped.elapsed().as_secs_f64()
+        "{replica} took over shard 0 {:.1} s after its primary's pod was deleted",
+        lost.elapsed().as_secs_f64()
     );
-    let events = recent_events(&client, &ns.name, 60).await;
+    let events = recent_events(&client, &ns.name, 80).await;
+    let forced: Vec<&str> = events
+        .lines()
+        .filter(|l| l.contains("ForcedFailover"))
+        .collect();
+    println!("{forced:?}");
     assert!(
-        events.contains("ForcedFailover") && events.contains(replica),
-        "a ForcedFailover event names {replica}:\n{events}"
+        forced.len() == 1 && forced[0].contains(replica),
+        "one ForcedFailover event, naming {replica}:\n{events}"
     );
 
-    // The old primary resumed: it follows the new one; the Redis is Ready
-    // with it as shard 0's primary and every key whole.
-    support::operator::signal(pid, "-CONT");
+    // The new node (the primary's pod made anew, empty) follows it; the
+    // Redis is Ready with it as shard 0's primary and every key whole.
     let r = wait_until(&client, &ns.name, "shard 0 served by the replica", |r| {
         shard_primary(r, 0).as_deref() == Some(replica)
     })
     .await;
     println!(
-        "Ready again {:.1} s after the stop; shard 0 served by {:?}",
-        stopped.elapsed().as_secs_f64(),
+        "Ready again {:.1} s after the deletion; shard 0 served by {:?}",
+        lost.elapsed().as_secs_f64(),
         shard_primary(&r, 0)
     );
-    let mut old = connect_pod(&client, &ns.name, &primary, &password)
-        .await
-        .expect("the old primary answers");
-    let role = old
-        .info_section("replication")
-        .await
-        .expect("INFO of the old primary")
-        .replication
-        .role;
-    assert_eq!(
-        role,
-        Some(redpilot::redis::info::Role::Replica),
-        "{primary}, resumed, follows {replica}"
-    );
+    // A client that starts anew (its old one held a connection to the
+    // deleted pod's address).
+    let seed = Endpoint::new(pod_ip(&client, &ns.name, "cache-s1-0").await, 6379);
+    let mut keys = cluster_client::Client::new(seed, copts);
     for t in 0..tags {
         assert_eq!(
             cluster_client::whole(&mut keys, t, size).await,

@@ -14,7 +14,12 @@
 //! until someone ran `CLUSTER FAILOVER FORCE` by hand (chaos seed 324).
 //!
 //! The operator runs it, when every candidate of the shard is past that
-//! bound: the one with the most data. `FORCE` skips the primary's
+//! bound: the one with the most data. Only once the primary is gone for
+//! good: every pod of the shard is there and answers, none as it (a pod
+//! that does not answer may be the primary restarting with its data, which
+//! would then follow the promoted replica and drop what it holds: chaos
+//! seed 344), and only a candidate holding some of the primary's stream
+//! (a new node that never synced would be an empty primary). `FORCE` skips the primary's
 //! agreement and the age check, not the vote: a majority of primaries
 //! must still grant it, and each candidate's own view must already mark the
 //! primary failed (the cluster agreed it is gone), so a primary that is
@@ -64,7 +69,12 @@ impl Reconciler {
                 };
                 let r = info.replication;
                 let down = r.link_down_since_seconds.unwrap_or(0);
-                looks.push((pod.clone(), down, r.applied_offset().unwrap_or(0)));
+                let offset = r.applied_offset().unwrap_or(0);
+                // A replica that holds nothing of the primary's stream (a
+                // new node never synced) would be an empty primary.
+                if offset > 0 {
+                    looks.push((pod.clone(), down, offset));
+                }
             }
             if looks.is_empty() || looks.iter().any(|(_, down, _)| can_stand(*down)) {
                 continue;

@@ -165,7 +165,8 @@ pub struct Electing {
     pub shard: i32,
     /// Pods following the lost primary whose own view marks it failed (the
     /// cluster agreed it is gone: a majority of primaries lost it for the
-    /// node timeout), so a vote is what promotes one.
+    /// node timeout), so a vote is what promotes one; none while a pod of
+    /// the shard does not answer (it may be the lost primary restarting).
     pub candidates: Vec<String>,
 }
 
@@ -605,8 +606,18 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
                 shard.index,
                 show(&slots)
             ));
+            // The lost primary is gone for good only when every pod of the
+            // shard is there and answers (none as it): a pod that does not
+            // answer may be it, restarting with its data (the boot rule
+            // holds it up to 30 s), and would then follow whoever was
+            // promoted and drop what it holds.
+            let of_shard: Vec<&Member> =
+                members.iter().filter(|m| m.shard == shard.index).collect();
+            let gone = of_shard.len() == usize::try_from(instances).unwrap_or(0)
+                && of_shard.iter().all(|m| m.live());
             let candidates = live
                 .iter()
+                .filter(|_| gone)
                 .filter(|m| m.shard == shard.index)
                 .filter(|m| {
                     let follows = m.me().and_then(|n| n.replica_of.as_deref());
@@ -1286,8 +1297,27 @@ mod tests {
             plan.waiting
         );
         assert!(plan.steps.is_empty(), "{:?}", plan.steps);
-        // Its replica, which sees the primary failed, is the candidate a
-        // forced takeover would promote.
+        // The primary's pod missing or silent (restarting with its data,
+        // say): no candidate, whatever the others see.
+        assert_eq!(
+            plan.electing,
+            vec![Electing {
+                shard: 0,
+                candidates: vec![],
+            }]
+        );
+        // Its pod answering as another node (made anew, its data gone): the
+        // replica, which sees the primary failed, is the candidate a forced
+        // takeover would promote.
+        let new_id = "9000000000000000000000000000000000000000";
+        lines.push(line(new_id, &ip(0, 0), "master", "-", 0, ""));
+        let members: Vec<Member> = (0..6)
+            .map(|k| {
+                let id = if k == 0 { new_id } else { IDS[k as usize] };
+                member(k / 2, k % 2, id, &lines, false)
+            })
+            .collect();
+        let plan = decide(&members, 3, 2);
         assert_eq!(
             plan.electing,
             vec![Electing {
