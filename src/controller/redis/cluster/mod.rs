@@ -325,6 +325,8 @@ impl Reconciler {
                     ready: serving(f),
                     terminating: f.terminating,
                     view: views.get(&f.name).cloned(),
+                    following: f.following.clone(),
+                    link_up: f.link_up,
                 })
             })
             .collect();

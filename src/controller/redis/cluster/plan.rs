@@ -35,6 +35,11 @@ pub struct Member {
     pub terminating: bool,
     /// What the server answered; `None` when it did not.
     pub view: Option<View>,
+    /// A replica's replication link: the address it follows
+    /// (`master_host`), and whether the link is up.
+    pub following: Option<String>,
+    /// See `following`.
+    pub link_up: Option<bool>,
 }
 
 /// One node's view of the cluster.
@@ -536,7 +541,32 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
         let (Some(primary), Some(primary_id)) = (&shard.primary, &shard.primary_id) else {
             continue;
         };
-        if primary == &m.pod || me.replica_of.as_deref() == Some(primary_id.as_str()) {
+        if primary == &m.pod {
+            continue;
+        }
+        if me.replica_of.as_deref() == Some(primary_id.as_str()) {
+            // Following the right node at an address it no longer has: a
+            // primary made anew on another address (its volume kept) is
+            // learned by gossip, but the engines keep the replication link
+            // on the address the replica started with, down for good
+            // (chaos seed 306). `CLUSTER REPLICATE` again points the link
+            // at the address the replica's own view now has.
+            let known = m.view.as_ref().and_then(|v| {
+                v.nodes
+                    .iter()
+                    .find(|n| n.id == *primary_id)
+                    .and_then(|n| n.addr.as_ref().map(|a| a.host().to_string()))
+            });
+            if m.link_up == Some(false)
+                && let (Some(at), Some(known)) = (&m.following, known)
+                && *at != known
+            {
+                plan.steps.push(Step::Replicate {
+                    pod: m.pod.clone(),
+                    primary: primary.clone(),
+                    primary_id: primary_id.clone(),
+                });
+            }
             continue;
         }
         let follows_lost_owner = me
@@ -831,6 +861,7 @@ mod tests {
                 },
                 open: crate::redis::reshard::open_slots(&text.join("\n")),
             }),
+            ..Default::default()
         }
     }
 
@@ -1280,6 +1311,36 @@ mod tests {
         assert_eq!(plan.problems.len(), 1, "{:?}", plan.problems);
         assert!(plan.problems[0].contains("slots 0-5461 are not served"));
         assert!(!plan.healthy);
+    }
+
+    #[test]
+    fn a_replica_linked_to_its_primary_s_old_address_is_pointed_at_the_new_one() {
+        let lines = formed_lines();
+        let mut members: Vec<Member> = (0..6)
+            .map(|k| member(k / 2, k % 2, IDS[k as usize], &lines, true))
+            .collect();
+        // r-s0-1 follows the right node, its view has its address, its link
+        // is on that address: nothing to do.
+        members[1].following = Some(ip(0, 0));
+        members[1].link_up = Some(false);
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
+        // Its link on an address the primary had before (made anew): it is
+        // pointed at the one its view now has.
+        members[1].following = Some("10.0.9.9".into());
+        let plan = decide(&members, 3, 2);
+        assert_eq!(
+            plan.steps,
+            vec![Step::Replicate {
+                pod: "r-s0-1".into(),
+                primary: "r-s0-0".into(),
+                primary_id: IDS[0].into(),
+            }]
+        );
+        // The same with the link up (the engine moved it itself): nothing.
+        members[1].link_up = Some(true);
+        let plan = decide(&members, 3, 2);
+        assert!(plan.steps.is_empty(), "{:?}", plan.steps);
     }
 
     #[test]
