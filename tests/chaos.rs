@@ -102,8 +102,10 @@ const SHORT_SEEDS: &[u64] = &[6];
 /// `RedisNotFound`), 13 and 26 (a primary owning no slot was not restarted
 /// by a roll), 202 (a down, outdated pod of a shard without a ready primary
 /// was restarted), 203 (a restore refused a resharded layout) and 206
-/// (`MIGRATE` logged in as `default`, off there).
-const REGRESSION_SEEDS: &[u64] = &[4, 6, 12, 13, 26, 202, 203, 206];
+/// (`MIGRATE` logged in as `default`, off there); from the fifth stream,
+/// 306 (a replica's link left on its primary's old address), 324 and 328
+/// (a shard whose replicas the cluster would not elect).
+const REGRESSION_SEEDS: &[u64] = &[4, 6, 12, 13, 26, 202, 203, 206, 306, 324, 328];
 /// The first seed that draws the fifth stream (Standalone, TLS, backups to
 /// S3; the operator cut off the API server, a pod deleted with its claim,
 /// the S3 server down). Seeds below it draw what they drew before it came,
