@@ -19,9 +19,9 @@
 //! that does not answer may be the primary restarting with its data, which
 //! would then follow the promoted replica and drop what it holds: chaos
 //! seed 344), and only a candidate holding some of the primary's stream
-//! (a new node that never synced would be an empty primary). `FORCE` skips the primary's
-//! agreement and the age check, not the vote: a majority of primaries
-//! must still grant it, and each candidate's own view must already mark the
+//! (a new node that never synced would be an empty primary). `FORCE`
+//! skips the primary's agreement and the age check, not the vote: a
+//! majority of primaries must still grant it, and each candidate's own view must already mark the
 //! primary failed (the cluster agreed it is gone), so a primary that is
 //! only slow or cut off from the replica is not replaced. What the
 //! promoted replica lacks is what no other copy holds: a write confirmed

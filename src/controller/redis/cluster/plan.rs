@@ -645,10 +645,9 @@ pub fn decide_shape(members: &[Member], shape: &Shape) -> Plan {
                 members.iter().filter(|m| m.shard == shard.index).collect();
             let gone = of_shard.len() == usize::try_from(instances).unwrap_or(0)
                 && of_shard.iter().all(|m| m.live());
-            let candidates = live
+            let candidates = of_shard
                 .iter()
                 .filter(|_| gone)
-                .filter(|m| m.shard == shard.index)
                 .filter(|m| {
                     let follows = m.me().and_then(|n| n.replica_of.as_deref());
                     follows.is_some_and(|o| {
