@@ -186,6 +186,11 @@ struct BackupArgs {
     /// The private key of `--tls-cert-file`.
     #[arg(long, requires = "tls_cert_file")]
     tls_key_file: Option<std::path::PathBuf>,
+    /// Read only a snapshot at this replication offset or past it (where
+    /// the instance was when it was chosen); one behind fails with
+    /// `SourceChanged`.
+    #[arg(long)]
+    min_offset: Option<i64>,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -537,6 +542,7 @@ async fn backup(args: BackupArgs) -> Result<String, redpilot::backup::BackupErro
         endpoint,
         options,
         shard: args.shard.zip(args.slots),
+        min_offset: args.min_offset,
     };
     let m = backup::backup(&source, store, &location, &args.store.key).await?;
     manifest_json(&m)

@@ -281,6 +281,77 @@ fn bad_requests_fail_with_the_cause_and_leave_nothing() {
     );
 }
 
+/// `master_repl_offset` of the server.
+fn repl_offset(srv: &RedisServer) -> i64 {
+    let out = cli(srv)
+        .args(["INFO", "replication"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no master_repl_offset: {out:?}"))
+}
+
+/// The check of a source's replication offset (`--min-offset`, given by
+/// the operator when it chose the source on what its server said): a
+/// server still at or past it is read; one restarted empty since is behind
+/// it, and the read fails `SourceChanged`, storing nothing.
+#[test]
+fn a_source_restarted_since_it_was_chosen_is_not_read() {
+    let s3 = S3Server::start(&[BUCKET]);
+    let mut srv = source(1_000, 10);
+    let port = srv.port().to_string();
+    let reading = |min: Option<i64>, key: &str| {
+        let min = min.map(|m| m.to_string());
+        let mut args = vec!["backup", "--host", "127.0.0.1", "--port", &port];
+        args.extend(["--source-name", "cache-1"]);
+        if let Some(m) = &min {
+            args.extend(["--min-offset", m]);
+        }
+        run_agent(&args, &s3.endpoint(), BUCKET, key, SECRET_KEY)
+    };
+    // A first reader makes the server start its replication backlog; the
+    // writes after it move the offset on.
+    assert!(reading(None, "r/first.rdb").ok);
+    for i in 0..100 {
+        let out = cli(&srv)
+            .args(["SET", &format!("after:{i}"), "v"])
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "{out:?}");
+    }
+    let chosen = repl_offset(&srv);
+    assert!(chosen > 0, "the offset moved: {chosen}");
+    let run = reading(Some(chosen), "r/same.rdb");
+    assert!(run.ok, "{}", run.stderr);
+    let m: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("a JSON manifest");
+    assert!(m["offset"].as_i64().is_some_and(|o| o >= chosen), "{m}");
+    assert_eq!(m["keys"], 1_100, "{m}");
+    // The server restarts empty (no snapshot to load).
+    srv.kill9();
+    for f in ["dump.rdb", "appendonlydir"] {
+        let _ = std::fs::remove_file(srv.dir().join(f));
+        let _ = std::fs::remove_dir_all(srv.dir().join(f));
+    }
+    srv.restart();
+    let run = reading(Some(chosen), "r/after.rdb");
+    println!(
+        "source restarted since it was chosen: {}",
+        run.stderr.trim()
+    );
+    assert!(!run.ok, "a restarted source was read: {}", run.stdout);
+    assert_eq!(reason(&run), "SourceChanged", "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("behind {chosen}")),
+        "{}",
+        run.stderr
+    );
+    let files = s3.files(BUCKET);
+    assert!(!files.iter().any(|f| f.starts_with("r/after")), "{files:?}");
+}
+
 /// Waits until the S3 server holds more upload data than `before` bytes,
 /// then runs `act`.
 fn when_uploading(s3: &S3Server, before: u64, act: impl FnOnce()) {

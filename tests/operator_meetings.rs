@@ -1010,3 +1010,151 @@ async fn the_default_user_stays_off_through_upgrade_rotation_tls_hibernation_and
         assert!(missing.is_empty(), "{pod}: {missing:?}");
     }
 }
+
+/// A backup asked for while the Redis's status is older than the servers
+/// (its operator was stopped; a replica's pod was deleted and came back
+/// empty, outside the cluster, in the meantime; the next operator's Redis
+/// cache fills late, so its backup controller acts on the old status):
+/// the instance the status ranks first for shard 0 is refused on what its
+/// server says, the shard is read from its primary, and every shard's file
+/// holds every key written to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_reads_no_instance_that_came_back_empty_since_the_status_was_written() {
+    use redpilot::controller::backup::job::choose_shard_source;
+    use support::operator::{connect_pod, create_backup, create_claim, ended, spawn_operator};
+    const PER_SHARD: usize = 200;
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "meet-stale", &[]).await;
+    let ns = tns.name.as_str();
+    create_claim(&client, ns, "backups").await;
+    let mut opts = OperatorOptions::watching(&[ns]).named("meet-stale");
+    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let mut first = start_operator(&client, opts.clone()).await;
+    apply_redis(
+        &client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+               "version": "8.1"}),
+    )
+    .await;
+    let r = wait_ready(&client, ns, "c", READY).await;
+    let password = redis_password(&client, ns, "c").await;
+    // PER_SHARD keys on every shard, written to its primary and
+    // confirmed by its replica.
+    let st = r.status.clone().expect("status");
+    for shard in &st.shards {
+        let ranges = parse_ranges(shard.slots.as_deref().expect("slots")).expect("ranges");
+        let primary = shard.primary.as_deref().expect("primary");
+        let mut node = connect_pod(&client, ns, primary, &password)
+            .await
+            .expect("primary");
+        let mut written = 0;
+        for n in 0.. {
+            let key = format!("k{n}");
+            let slot = cluster::key_slot(key.as_bytes());
+            if !ranges.iter().any(|r| r.contains(slot)) {
+                continue;
+            }
+            let _: () = node
+                .query("SET", redis::cmd("SET").arg(&key).arg(n))
+                .await
+                .expect("SET");
+            written += 1;
+            if written == PER_SHARD {
+                break;
+            }
+        }
+        let acked: i64 = node
+            .query("WAIT", redis::cmd("WAIT").arg(1).arg(5000))
+            .await
+            .expect("WAIT");
+        assert_eq!(acked, 1, "shard {}'s replica took the keys", shard.index);
+    }
+    let r = wait_for("the status to list linked replicas", READY, || async {
+        let r = redis_api(&client, ns).get("c").await.ok()?;
+        let first = choose_shard_source(&r, 0)?;
+        r.status
+            .as_ref()?
+            .instances
+            .iter()
+            .any(|i| i.name == first && i.role == "replica")
+            .then_some(r)
+    })
+    .await;
+    let victim = choose_shard_source(&r, 0).expect("a source for shard 0");
+    // The operator stops; the replica's pod is deleted and its
+    // StatefulSet makes it again, with no storage: an empty server.
+    first.kill();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let old_uid = pods.get(&victim).await.expect("pod").metadata.uid;
+    pods.delete(&victim, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .expect("deleting the replica's pod");
+    let mut fresh = wait_for("the pod made again to answer", READY, || async {
+        let p = pods.get_opt(&victim).await.ok()??;
+        if p.metadata.uid == old_uid {
+            return None;
+        }
+        connect_pod(&client, ns, &victim, &password).await.ok()
+    })
+    .await;
+    // The fault: the server is empty and serves no slot, while the
+    // status still ranks it first for shard 0.
+    let keys: i64 = fresh
+        .query("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE");
+    let nodes = cluster::nodes(&mut fresh).await.expect("CLUSTER NODES");
+    let me = nodes.iter().find(|n| n.myself).expect("myself");
+    assert_eq!(keys, 0, "{victim} came back empty");
+    assert!(
+        me.primary && me.slots.is_empty(),
+        "{victim} came back owning nothing: {me:?}"
+    );
+    let stale = redis_api(&client, ns).get("c").await.expect("c");
+    assert_eq!(
+        choose_shard_source(&stale, 0).as_deref(),
+        Some(victim.as_str()),
+        "the status still ranks {victim} first"
+    );
+    create_backup(
+        &client,
+        ns,
+        "b",
+        json!({"redis": "c", "target": {"volume": {"claimName": "backups"}}}),
+    )
+    .await;
+    let mut late = opts.named("meet-stale-next");
+    late.env
+        .push(("REDPILOT_FAILPOINTS".into(), "redis-cache-late".into()));
+    let next = spawn_operator(&client, late).await;
+    let b = ended(&client, ns, "b", Duration::from_secs(180)).await;
+    let st = b.status.expect("status");
+    assert_eq!(
+        st.phase,
+        Some(BackupPhase::Completed),
+        "{st:?}\n{}",
+        next.log_tail(40)
+    );
+    let primary0 = stale.status.as_ref().expect("status").shards[0]
+        .primary
+        .clone()
+        .expect("primary of shard 0");
+    let s0 = st.shards.iter().find(|s| s.index == 0).expect("shard 0");
+    assert_eq!(s0.source, primary0, "shard 0 read from its primary: {st:?}");
+    for s in &st.shards {
+        assert_eq!(
+            s.keys,
+            Some(PER_SHARD as i64),
+            "shard {}'s file (from {}) holds every key written to it: {st:?}",
+            s.index,
+            s.source
+        );
+    }
+    println!(
+        "backup after {victim} came back empty: shards from {:?}, keys {:?}",
+        st.shards.iter().map(|s| &s.source).collect::<Vec<_>>(),
+        st.shards.iter().map(|s| s.keys).collect::<Vec<_>>()
+    );
+}

@@ -43,6 +43,17 @@ pub enum BackupError {
         /// What happened.
         error: object_store::Error,
     },
+    /// The instance is behind where it was when the operator checked and
+    /// chose it (it restarted empty since): reading it would store a
+    /// snapshot missing what the backup was asked to hold; running again
+    /// reads the same instance.
+    #[error("reading the snapshot from {source_name}: {message}")]
+    SourceChanged {
+        /// The instance.
+        source_name: String,
+        /// What differed.
+        message: String,
+    },
     /// The request itself is wrong (a malformed endpoint, a missing value).
     #[error("invalid backup request: {0}")]
     Invalid(String),
@@ -63,6 +74,7 @@ impl BackupError {
     pub fn category(&self) -> &'static str {
         match self {
             BackupError::Source { .. } => "SourceFailed",
+            BackupError::SourceChanged { .. } => "SourceChanged",
             BackupError::Store { error, .. } => match error {
                 object_store::Error::Unauthenticated { .. }
                 | object_store::Error::PermissionDenied { .. } => "StoreAccessDenied",
@@ -87,6 +99,9 @@ pub struct Source {
     pub options: ConnectOptions,
     /// The shard of a Cluster Redis it serves, and its slot ranges.
     pub shard: Option<(i32, String)>,
+    /// Its replication offset when the operator checked and chose it
+    /// ([`RdbOptions::min_offset`]).
+    pub min_offset: Option<i64>,
 }
 
 /// Hashes what goes through to the upload, and keeps the upload's own
@@ -145,13 +160,11 @@ pub async fn backup(
         sha: Sha256::new(),
         write_error: None,
     };
-    let streamed = stream_rdb(
-        &source.endpoint,
-        &source.options,
-        &RdbOptions::default(),
-        &mut out,
-    )
-    .await;
+    let rdb = RdbOptions {
+        min_offset: source.min_offset,
+        ..RdbOptions::default()
+    };
+    let streamed = stream_rdb(&source.endpoint, &source.options, &rdb, &mut out).await;
     let report = match streamed {
         Ok(r) => r,
         Err(e) => {
@@ -161,6 +174,14 @@ pub async fn backup(
             // stream; name the store when that is what failed.
             return Err(match out.write_error.take() {
                 Some(w) => store_error("uploading", at(key), w),
+                None if source.min_offset.is_some()
+                    && e.category() == crate::redis::ErrorCategory::State =>
+                {
+                    BackupError::SourceChanged {
+                        source_name: source.name.clone(),
+                        message: e.to_string(),
+                    }
+                }
                 None => BackupError::Source {
                     source_name: source.name.clone(),
                     error: e,

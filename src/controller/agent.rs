@@ -259,6 +259,7 @@ pub fn outcome(message: &str) -> Option<Outcome> {
 pub fn bounded_reason(reason: &str) -> &'static str {
     match reason {
         "SourceFailed" => "SourceFailed",
+        "SourceChanged" => "SourceChanged",
         "StoreAccessDenied" => "StoreAccessDenied",
         "StoreNotFound" => "StoreNotFound",
         "StoreFailed" => "StoreFailed",

@@ -39,6 +39,12 @@ pub struct RdbOptions {
     /// Advertise `capa eof`, letting diskless servers stream without writing
     /// to their disk. When `false`, the server always uses a disk-based save.
     pub allow_diskless: bool,
+    /// The replication offset the snapshot must have reached
+    /// (`+FULLRESYNC <id> <offset>`): the instance's when it was checked
+    /// and chosen. A snapshot behind it is of a server that restarted empty
+    /// or lost its history since (a failover keeps the offset counting),
+    /// and nothing is read.
+    pub min_offset: Option<i64>,
 }
 
 impl Default for RdbOptions {
@@ -48,6 +54,7 @@ impl Default for RdbOptions {
             idle_timeout: Duration::from_secs(60),
             chunk_size: 1024 * 1024,
             allow_diskless: true,
+            min_offset: None,
         }
     }
 }
@@ -786,7 +793,7 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
             let mut parts = rest.split_whitespace();
             (
                 parts.next().map(str::to_string),
-                parts.next().and_then(|o| o.parse().ok()),
+                parts.next().and_then(|o| o.parse::<i64>().ok()),
             )
         }
         None if reply.starts_with('-') => return Err(reply_error(&label, "PSYNC", &reply)),
@@ -797,6 +804,15 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
             });
         }
     };
+    if let Some(min) = rdb.min_offset
+        && offset.is_none_or(|o| o < min)
+    {
+        return Err(Error::State(format!(
+            "{label} offers a snapshot at replication offset {}, behind {min} where it was when it \
+             was chosen: it restarted empty or lost its history since, and is not read",
+            offset.map_or("(none)".to_string(), |o| o.to_string())
+        )));
+    }
     let header = next_reply(
         &mut conn,
         &label,

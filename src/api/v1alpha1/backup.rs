@@ -270,6 +270,11 @@ pub struct RedisBackupStatus {
     /// The instance (pod) it was taken from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The source's replication offset when the operator checked it on
+    /// its server and chose it: the agent reads only a snapshot that
+    /// reached it (a source restarted empty since fails `SourceChanged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_offset: Option<i64>,
     /// Replication offset of the snapshot on that instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<i64>,
@@ -287,7 +292,8 @@ pub struct RedisBackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<BackupOrigin>,
     /// Why it failed, as a bounded category: RedisNotFound,
-    /// CredentialsNotFound, ClaimNotFound, SourceFailed, StoreAccessDenied,
+    /// CredentialsNotFound, ClaimNotFound, SourceFailed, SourceChanged,
+    /// StoreAccessDenied,
     /// StoreNotFound, StoreFailed, InvalidRequest, DeadlineExceeded,
     /// ImagePullFailed, PodConfigInvalid, Unschedulable, JobNotOwned,
     /// JobRejected, ManifestMismatch, JobFailed.
@@ -309,6 +315,10 @@ pub struct BackupShardStatus {
     pub slots: String,
     /// The instance (pod) its snapshot is taken from.
     pub source: String,
+    /// Its replication offset when the operator checked and chose it (see
+    /// `sourceOffset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_offset: Option<i64>,
     /// Object key of its RDB file (its manifest is `<key>.manifest.json`).
     pub key: String,
     /// The Job taking it.

@@ -71,14 +71,25 @@ pub fn choose_source(redis: &Redis) -> Option<String> {
 /// [`choose_source`] among the instances `usable` accepts (those no
 /// ordered restart is about to take down).
 pub fn choose_source_where(redis: &Redis, usable: impl Fn(&str) -> bool) -> Option<String> {
-    let status = redis.status.as_ref()?;
+    source_candidates(redis, usable).into_iter().next()
+}
+
+/// Every instance [`choose_source_where`] could take, best first: the
+/// ready replicas with a live link by offset, then the ready primary. The
+/// status may be older than the servers (an operator that was cut off, a
+/// server restarted since): the backup checks each on its server in turn.
+pub fn source_candidates(redis: &Redis, usable: impl Fn(&str) -> bool) -> Vec<String> {
+    let Some(status) = redis.status.as_ref() else {
+        return Vec::new();
+    };
     let candidates = || status.instances.iter().filter(|i| usable(&i.name));
-    if let Some(r) = best_replica(candidates()) {
-        return Some(r);
-    }
-    candidates()
-        .find(|i| i.role == "primary" && i.ready)
-        .map(|i| i.name.clone())
+    let mut out = ranked_replicas(candidates());
+    out.extend(
+        candidates()
+            .filter(|i| i.role == "primary" && i.ready)
+            .map(|i| i.name.clone()),
+    );
+    out
 }
 
 /// Whether the ordered restart under way will restart `pod`: its
@@ -120,42 +131,58 @@ pub fn choose_shard_source_where(
     shard: i32,
     usable: impl Fn(&str) -> bool,
 ) -> Option<String> {
-    let status = redis.status.as_ref()?;
-    let prefix = format!("{}-s{shard}-", redis.metadata.name.as_deref()?);
+    shard_source_candidates(redis, shard, usable)
+        .into_iter()
+        .next()
+}
+
+/// Every instance [`choose_shard_source_where`] could take, best first
+/// (see [`source_candidates`]).
+pub fn shard_source_candidates(
+    redis: &Redis,
+    shard: i32,
+    usable: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let (Some(status), Some(name)) = (redis.status.as_ref(), redis.metadata.name.as_deref()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{name}-s{shard}-");
     let of_shard = |name: &str| {
         name.strip_prefix(&prefix)
             .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
     };
-    if let Some(r) = best_replica(
+    let mut out = ranked_replicas(
         status
             .instances
             .iter()
             .filter(|i| of_shard(&i.name) && usable(&i.name)),
-    ) {
-        return Some(r);
-    }
+    );
     let primary = status
         .shards
         .iter()
-        .find(|s| s.index == shard)?
-        .primary
-        .as_ref()?;
-    status
-        .instances
-        .iter()
-        .find(|i| &i.name == primary && i.role == "primary" && i.ready && usable(&i.name))
-        .map(|i| i.name.clone())
+        .find(|s| s.index == shard)
+        .and_then(|s| s.primary.as_ref());
+    out.extend(
+        status
+            .instances
+            .iter()
+            .filter(|i| Some(&i.name) == primary && i.role == "primary" && i.ready)
+            .filter(|i| usable(&i.name))
+            .map(|i| i.name.clone()),
+    );
+    out
 }
 
-/// Of `instances`, the ready replica with a live link furthest ahead (the
-/// first by name among equals).
-fn best_replica<'a>(
+/// Of `instances`, the ready replicas with a live link, furthest ahead
+/// first (by name among equals).
+fn ranked_replicas<'a>(
     instances: impl Iterator<Item = &'a crate::api::v1alpha1::InstanceStatus>,
-) -> Option<String> {
-    instances
+) -> Vec<String> {
+    let mut r: Vec<_> = instances
         .filter(|i| i.role == "replica" && i.ready && i.link_up == Some(true))
-        .max_by_key(|i| (i.offset.unwrap_or(0), std::cmp::Reverse(i.name.clone())))
-        .map(|i| i.name.clone())
+        .collect();
+    r.sort_by_key(|i| (std::cmp::Reverse(i.offset.unwrap_or(0)), i.name.clone()));
+    r.into_iter().map(|i| i.name.clone()).collect()
 }
 
 /// The key of shard `shard`'s file in a Cluster Redis's backup stored
@@ -324,6 +351,9 @@ pub struct JobSource<'a> {
     /// `spec.tls.clientAuth` asks clients for a certificate: the agent
     /// mounts the Secret's `tls.crt` and `tls.key` too and presents them.
     pub tls_present: bool,
+    /// The instance's replication offset when it was checked: the agent
+    /// reads only a snapshot that reached it (`--min-offset`).
+    pub min_offset: Option<i64>,
 }
 
 /// The Job `name` that runs `redpilot backup` against `from` and stores
@@ -356,6 +386,9 @@ pub fn job(
             "--slots".into(),
             slots.to_string(),
         ]);
+    }
+    if let Some(o) = from.min_offset {
+        args.extend(["--min-offset".to_string(), o.to_string()]);
     }
     if from.tls_secret.is_some() {
         args.extend([
@@ -975,6 +1008,7 @@ mod tests {
                 shard: None,
                 tls_secret: None,
                 tls_present: false,
+                min_offset: Some(4711),
             },
             "ns/cache/b1-t.rdb",
             true,
@@ -991,7 +1025,8 @@ mod tests {
         let args = c.args.clone().unwrap_or_default().join(" ");
         assert!(
             args.starts_with(
-                "backup --host 10.244.0.5 --port 6379 --source-name cache-1 --bucket bk"
+                "backup --host 10.244.0.5 --port 6379 --source-name cache-1 \
+                 --min-offset 4711 --bucket bk"
             ),
             "{args}"
         );
@@ -1055,6 +1090,7 @@ mod tests {
                     shard: None,
                     tls_secret: Some("cache-tls"),
                     tls_present: present,
+                    min_offset: None,
                 },
                 "k",
                 true,

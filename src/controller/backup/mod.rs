@@ -29,6 +29,7 @@
 mod delete;
 pub mod job;
 mod shards;
+mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,7 +232,8 @@ impl Pass {
             return self.start_shards(&redis).await;
         }
         let restarting = self.restarting(&redis).await?;
-        let Some(source) = job::choose_source_where(&redis, |n| !restarting.contains(n)) else {
+        let candidates = job::source_candidates(&redis, |n| !restarting.contains(n));
+        if candidates.is_empty() {
             if let Some(s) = job::choose_source(&redis) {
                 return self
                     .pending(format!(
@@ -247,11 +249,19 @@ impl Pass {
                     spec.redis
                 ))
                 .await;
+        }
+        let confirmed = match self.confirm_source(&redis, &candidates, None).await? {
+            Ok(c) => c,
+            Err(why) => {
+                return self
+                    .pending(format!(
+                        "waiting for an instance of Redis {} whose server confirms it can serve: {why}",
+                        spec.redis
+                    ))
+                    .await;
+            }
         };
-        let host = match self.source_address(&redis, &source).await? {
-            Ok(host) => host,
-            Err(wait) => return self.pending(wait).await,
-        };
+        let (source, host) = (confirmed.pod.clone(), confirmed.host.clone());
         let now = chrono::Utc::now();
         let key = self.object_key(now);
         let job_name = job::job_name(&self.name, &self.uid()?, "backup");
@@ -261,6 +271,7 @@ impl Pass {
             location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             source: Some(source.clone()),
+            source_offset: confirmed.offset,
             job: Some(job_name.clone()),
             origin: Some(BackupOrigin::of(&redis.spec)),
             ..Default::default()
@@ -268,10 +279,8 @@ impl Pass {
         // The key and source first: a pass after a crash here re-creates
         // the same Job.
         self.write_status(&st).await?;
-        if let Some(refused) = self
-            .apply_job(&job_name, &source, &host, &key, None)
-            .await?
-        {
+        let from = (source.as_str(), host.as_str(), confirmed.offset);
+        if let Some(refused) = self.apply_job(&job_name, from, &key, None).await? {
             return self.fail("JobRejected", refused).await;
         }
         let note = format!(
@@ -297,8 +306,7 @@ impl Pass {
     async fn apply_job(
         &self,
         name: &str,
-        source: &str,
-        host: &str,
+        (source, host, min_offset): (&str, &str, Option<i64>),
         key: &str,
         shard: Option<(i32, &str)>,
     ) -> Result<Option<String>, Error> {
@@ -321,6 +329,7 @@ impl Pass {
             shard,
             tls_secret: tls_secret.as_deref(),
             tls_present,
+            min_offset,
         };
         let j = job::job(&self.b, name, self.target()?, &from, key, as_user);
         match self.apply(j).await {
@@ -349,7 +358,13 @@ impl Pass {
     async fn follow(&mut self, st: RedisBackupStatus) -> Result<Action, Error> {
         let job_name = st.job.clone().unwrap_or_default();
         match self
-            .follow_part(&job_name, st.source.as_deref(), st.key.as_deref(), None)
+            .follow_part(
+                &job_name,
+                st.source.as_deref(),
+                st.source_offset,
+                st.key.as_deref(),
+                None,
+            )
             .await?
         {
             Part::Done(m) => self.complete(st, *m).await,
@@ -369,6 +384,7 @@ impl Pass {
         &self,
         job_name: &str,
         source: Option<&str>,
+        min_offset: Option<i64>,
         key: Option<&str>,
         shard: Option<(i32, &str)>,
     ) -> Result<Part, Error> {
@@ -391,7 +407,11 @@ impl Pass {
                 let msg = format!("the source instance {source} is gone");
                 return Ok(Part::Failed("SourceFailed", msg));
             };
-            if let Some(refused) = self.apply_job(job_name, source, &host, key, shard).await? {
+            // The agent reads the source only at the replication offset
+            // it had reached when it was chosen, or past it: one restarted
+            // empty since fails the part `SourceChanged` rather than be read.
+            let from = (source, host.as_str(), min_offset);
+            if let Some(refused) = self.apply_job(job_name, from, key, shard).await? {
                 return Ok(Part::Failed("JobRejected", refused));
             }
             return Ok(Part::Running { started: false });

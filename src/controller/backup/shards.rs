@@ -58,7 +58,8 @@ impl Pass {
         let mut sources = Vec::new();
         for (index, slots) in serving {
             let usable = |n: &str| !restarting.contains(n);
-            let Some(source) = job::choose_shard_source_where(redis, index, usable) else {
+            let candidates = job::shard_source_candidates(redis, index, usable);
+            if candidates.is_empty() {
                 if let Some(s) = job::choose_shard_source(redis, index) {
                     return self
                         .pending(format!(
@@ -74,22 +75,31 @@ impl Pass {
                         spec.redis
                     ))
                     .await;
-            };
-            let host = match self.source_address(redis, &source).await? {
-                Ok(host) => host,
-                Err(wait) => return self.pending(wait).await,
-            };
-            sources.push((index, slots, source, host));
+            }
+            let at = Some((index, slots.as_str()));
+            match self.confirm_source(redis, &candidates, at).await? {
+                Ok(c) => sources.push((index, slots, c)),
+                Err(why) => {
+                    return self
+                        .pending(format!(
+                            "waiting for an instance of shard {index} of Redis {} whose server \
+                             confirms it can serve: {why}",
+                            spec.redis
+                        ))
+                        .await;
+                }
+            }
         }
         let now = chrono::Utc::now();
         let key = self.object_key(now).trim_end_matches(".rdb").to_string();
         let uid = self.uid()?;
         let shards: Vec<BackupShardStatus> = sources
             .iter()
-            .map(|(index, slots, source, _)| BackupShardStatus {
+            .map(|(index, slots, c)| BackupShardStatus {
                 index: *index,
                 slots: slots.clone(),
-                source: source.clone(),
+                source: c.pod.clone(),
+                source_offset: c.offset,
                 key: job::shard_key(&key, *index),
                 job: job::job_name(&self.name, &uid, &format!("backup-s{index}")),
                 phase: Some(BackupPhase::Running),
@@ -106,12 +116,10 @@ impl Pass {
             ..Default::default()
         };
         self.write_status(&st).await?;
-        for (s, (_, _, _, host)) in shards.iter().zip(&sources) {
+        for (s, (_, _, c)) in shards.iter().zip(&sources) {
             let shard = Some((s.index, s.slots.as_str()));
-            if let Some(refused) = self
-                .apply_job(&s.job, &s.source, host, &s.key, shard)
-                .await?
-            {
+            let from = (s.source.as_str(), c.host.as_str(), s.source_offset);
+            if let Some(refused) = self.apply_job(&s.job, from, &s.key, shard).await? {
                 return self.fail("JobRejected", refused).await;
             }
             // A test stops the operator here: one shard's Job exists, the
@@ -147,7 +155,7 @@ impl Pass {
         {
             let at = Some((s.index, s.slots.as_str()));
             match self
-                .follow_part(&s.job, Some(&s.source), Some(&s.key), at)
+                .follow_part(&s.job, Some(&s.source), s.source_offset, Some(&s.key), at)
                 .await?
             {
                 Part::Running { started } => waiting_for_a_pod |= !started,
