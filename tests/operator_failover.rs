@@ -1134,3 +1134,102 @@ async fn a_switchover_the_old_primary_refuses_is_rolled_back_and_reported() {
     );
     assert_everywhere(&client, &ns.name, "cache", 3, &pw, &tally.keys()).await;
 }
+
+/// Two faults at once (chaos seed 423): the primary's server `kill -9`ed
+/// (no persistence: it restarts empty) just after its only replica, which
+/// holds every confirmed write, was cut off the node's bridge. The
+/// restarted server is not brought back as primary while the replica does
+/// not answer; once the replica is back it takes over, and no `WAIT`-
+/// confirmed write is lost. (Before, the operator promoted the restarted
+/// server at offset 1 and the replica wiped itself copying from it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_empty_while_its_replica_is_cut_off_is_not_brought_back() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fo-double", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let spec = json!({"mode": "Replication", "instances": 2, "persistence": {"rdb": false}});
+    apply_redis(&client, &ns.name, "cache", spec).await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    let pw = redis_password(&client, &ns.name, "cache").await;
+    let old = primary_of(&client, &ns.name).await;
+    let replica = if old == "cache-0" {
+        "cache-1"
+    } else {
+        "cache-0"
+    };
+    // The writer's confirmations (`WAIT 1`) show the replica holds them.
+    let waiting = ServiceWriter::start(&client, &ns.name, "cache", &pw, "double", 1);
+    wait_for("writes", READY, || async {
+        (waiting.acked() > 300).then_some(())
+    })
+    .await;
+    let mut node = connect_pod(&client, &ns.name, &old, &pw)
+        .await
+        .expect("connect to the primary");
+    let pid = server_pid(&mut node).await;
+    let before = waiting.acked();
+    let replica_ip = pod_ip(&client, &ns.name, replica).await;
+    let mut partition = Partition::of(&replica_ip);
+    partition.cut();
+    kill_9(pid);
+    // The faults happened: the primary's server is a new, empty process,
+    // and the replica does not answer.
+    let mut restarted = wait_for("the primary's server to start again", READY, || async {
+        let mut n = connect_pod(&client, &ns.name, &old, &pw).await.ok()?;
+        (server_pid(&mut n).await != pid).then_some(n)
+    })
+    .await;
+    let keys: i64 = restarted
+        .query("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE");
+    assert_eq!(keys, 0, "{old} restarted empty");
+    assert!(
+        connect_pod(&client, &ns.name, replica, &pw).await.is_err(),
+        "{replica} is cut off"
+    );
+    // While the replica is cut off, the restarted server is not made
+    // primary again: nothing takes writes.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let role = restarted
+        .replication()
+        .await
+        .expect("INFO replication")
+        .role;
+    let waited = redis_api(&client, &ns.name)
+        .get("cache")
+        .await
+        .expect("cache")
+        .status
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Progressing")
+                .map(|c| c.message.clone())
+        })
+        .unwrap_or_default();
+    partition.heal();
+    assert_ne!(
+        role,
+        Some(redpilot::redis::info::Role::Primary),
+        "{old} restarted empty was made primary again while {replica} was cut off"
+    );
+    println!("while {replica} was cut off: {old} is {role:?}; Progressing: {waited}");
+    let new = wait_for("a new primary", READY, || async {
+        let p = primary_of(&client, &ns.name).await;
+        (p == replica).then_some(p)
+    })
+    .await;
+    wait_ready(&client, &ns.name, "cache", READY).await;
+    wait_for("writes through the new primary", READY, || async {
+        (waiting.acked() > before + 100).then_some(())
+    })
+    .await;
+    let tally = waiting.stop().await;
+    assert_everywhere(&client, &ns.name, "cache", 2, &pw, &tally.keys()).await;
+    println!(
+        "{old} killed as {replica} was cut off: {new} took over once back; {} WAIT writes \
+         acked ({before} before the faults), 0 lost",
+        tally.acks.len()
+    );
+}

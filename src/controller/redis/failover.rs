@@ -277,6 +277,33 @@ pub fn decide(
         ));
     }
     match candidate(facts, primary, names) {
+        // The lost primary itself, restarted in place, is brought back only
+        // when every other instance with an address answers: one that does
+        // not (cut off, stopped) may hold writes the restarted server lacks
+        // (a server without persistence comes back empty), and would wipe
+        // them copying from it once it is back. Waiting keeps them: the
+        // restarted server boots following nothing, so that instance keeps
+        // its data until the operator sees it and promotes it (chaos seed
+        // 423: a kill -9 of the primary as its only replica was cut off).
+        Some(candidate) if candidate == primary => {
+            let unseen: Vec<&str> = facts
+                .iter()
+                .filter(|f| f.name != primary && f.ip.is_some() && !f.reachable)
+                .map(|f| f.name.as_str())
+                .collect();
+            if unseen.is_empty() {
+                Decision::Promote { candidate, loss }
+            } else {
+                Decision::Wait(format!(
+                    "primary {primary} is lost ({}) and only it could take over again, while {} \
+                     does not answer and may hold writes it lacks; waiting until {} answers or \
+                     is gone",
+                    loss.reason(),
+                    unseen.join(", "),
+                    if unseen.len() == 1 { "it" } else { "they" }
+                ))
+            }
+        }
         Some(candidate) => Decision::Promote { candidate, loss },
         None => Decision::Blocked(format!(
             "primary {primary} is lost ({}) and no replica can take over \

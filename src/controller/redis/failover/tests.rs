@@ -412,3 +412,33 @@ fn fencing_is_on_for_replication_with_replicas_only() {
         Duration::from_secs(5)
     );
 }
+
+#[test]
+fn a_restarted_primary_is_not_brought_back_while_a_replica_that_may_be_ahead_does_not_answer() {
+    // c-0 restarted empty (it boots following nothing); c-1, its replica
+    // with every write, is cut off from the operator.
+    let mut restarted = replica(0, 1, false, 0);
+    restarted.link_age = None;
+    restarted.following = Some("127.0.0.1".into());
+    let facts = [restarted.clone(), lost(replica(1, 900, false, 0))];
+    let d = decide(&facts, "c-0", None, &on(), &names());
+    let Decision::Wait(why) = &d else {
+        panic!("expected a wait, got {d:?}");
+    };
+    assert!(why.contains("c-1 does not answer"), "{why}");
+    // Once c-1 answers it takes over.
+    let facts = [restarted.clone(), replica(1, 900, false, 8)];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        promote("c-1", Loss::Restarted)
+    );
+    // Gone (no address: its pod is being made again) it holds nothing:
+    // the restarted server comes back.
+    let mut gone = lost(replica(1, 900, false, 0));
+    gone.ip = None;
+    let facts = [restarted, gone];
+    assert_eq!(
+        decide(&facts, "c-0", None, &on(), &names()),
+        promote("c-0", Loss::Restarted)
+    );
+}
