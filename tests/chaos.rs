@@ -40,7 +40,12 @@
 //!   (`tls: {}`) on two in five Redis 7.0 shapes, backups to a real S3
 //!   server in half; and the operator cut off the API server for 20 s
 //!   (through a relay whose connections hang), a pod deleted with its
-//!   claim, the S3 server down for 20 s.
+//!   claim, the S3 server down for 20 s;
+//! - from a sixth stream, for seeds from [`SIXTH_FROM`] on: the memory
+//!   autopilot (and in a Cluster the shard autopilot) on two in five
+//!   shapes, with fills ([`Action::Fill`]) that make them act, a plain
+//!   writer beside the confirming ones (its losses counted, not checked),
+//!   and the operator armed at its [`FAILPOINTS`] ([`Action::ArmFailpoints`]).
 //!
 //! Writers: a Replication Redis has one through its Service (`WAIT 1`; a
 //! Standalone one counts a write once the server answers it); a Cluster
@@ -111,6 +116,36 @@ const REGRESSION_SEEDS: &[u64] = &[4, 6, 12, 13, 26, 202, 203, 206, 306, 324, 32
 /// the S3 server down). Seeds below it draw what they drew before it came,
 /// so every seed run before (1 to 212) and its timeline replay as they were.
 const FIFTH_FROM: u64 = 300;
+/// The first seed that draws the sixth stream: the memory autopilot (and in
+/// a Cluster the shard autopilot) with fills that make them act, a plain
+/// writer beside the confirming ones, the operator armed at its
+/// failpoints. Seeds below it draw what they drew before it came.
+const SIXTH_FROM: u64 = 400;
+/// The points where an operator armed by [`Action::ArmFailpoints`] stops
+/// as a crash would (the first it reaches; each lies between two writes of
+/// a multi-step action); the harness starts it again without them.
+const FAILPOINTS: &[&str] = &[
+    "after-promote",
+    "after-switchover",
+    "cluster-after-slots",
+    "reshard-after-intent",
+    "reshard-after-open",
+    "reshard-after-batch",
+    "reshard-after-owner",
+    "volumes-orphaned",
+    "after-resize-replica",
+    "shards-after-record",
+    "backup-after-first-shard-job",
+];
+/// What one [`Action::Fill`] writes by default (MiB, `REDPILOT_CHAOS_FILL_MIB`
+/// to change it), in values of [`FILL_VALUE`] bytes (not compressible),
+/// over about [`FILL_TIME`]. 24 MiB into a 64Mi instance makes the memory
+/// autopilot grow it (the fill's rate, projected, crosses its threshold);
+/// 40 MiB makes the instances of the filled shard die of OOM once the
+/// autopilot is at its 96Mi maximum (seeds 407 and 408, in the README).
+const FILL_MIB: usize = 24;
+const FILL_VALUE: usize = 32 << 10;
+const FILL_TIME: Duration = Duration::from_secs(10);
 /// A run's schedule spans this long in `make test`.
 const SHORT_DURATION: u64 = 40;
 /// Ready, and every change done, within this of the last event.
@@ -183,10 +218,14 @@ struct Shape {
     /// Backups go to an S3 server (a real one, started for the run on the
     /// node's bridge) rather than a volume.
     s3: bool,
+    /// 64Mi memory limits with the memory autopilot on (and in a Cluster
+    /// the shard autopilot, 3 to 4 shards): [`Action::Fill`] makes them act.
+    autopilot: bool,
 }
 
 impl Shape {
-    fn draw(rng: &mut Rng, only: Option<Mode>, fifth_on: bool) -> Shape {
+    fn draw(rng: &mut Rng, only: Option<Mode>, seed: u64) -> Shape {
+        let (fifth_on, sixth_on) = (seed >= FIFTH_FROM, seed >= SIXTH_FROM);
         let mode = only.unwrap_or(if rng.chance(0.5) {
             Mode::Replication
         } else {
@@ -219,6 +258,10 @@ impl Shape {
         }
         let tls = fifth_on && engine == "Redis" && fifth.chance(0.4);
         let s3 = fifth_on && fifth.chance(0.5);
+        // A sixth stream: the autopilots in two of five Replication and
+        // Cluster shapes.
+        let mut sixth = Rng(rng.0 ^ 0x6a07_0f11_5eed_2026);
+        let autopilot = sixth_on && mode != Mode::Standalone && sixth.chance(0.4);
         Shape {
             mode,
             engine,
@@ -230,7 +273,14 @@ impl Shape {
             fence_off,
             tls,
             s3,
+            autopilot,
         }
+    }
+
+    /// The volumes' first size: room for the fills' snapshots (and their
+    /// rewrite beside them) where the autopilots are drawn.
+    fn storage_mi(&self) -> u32 {
+        if self.autopilot { 256 } else { 64 }
     }
 
     fn spec(&self) -> Value {
@@ -247,7 +297,16 @@ impl Shape {
             spec["shards"] = json!(3);
         }
         if self.storage {
-            spec["storage"] = json!({"size": "64Mi", "storageClassName": SIZED_CLASS});
+            spec["storage"] = json!({"size": format!("{}Mi", self.storage_mi()),
+                                     "storageClassName": SIZED_CLASS});
+        }
+        if self.autopilot {
+            spec["resources"] = json!({"limits": {"memory": "64Mi"},
+                                       "requests": {"memory": "64Mi"}});
+            spec["autopilot"] = json!({"memory": {"maxMemory": self.autopilot_max()}});
+            if self.mode == Mode::Cluster {
+                spec["autopilot"]["shards"] = json!({"minShards": 3, "maxShards": 4});
+            }
         }
         if self.default_off {
             spec["auth"]["defaultUser"] = json!({"enabled": false});
@@ -264,6 +323,16 @@ impl Shape {
         spec
     }
 
+    /// The memory autopilot's largest limit: one grow in a Cluster (then
+    /// the shard autopilot adds a shard), two in Replication.
+    fn autopilot_max(&self) -> &'static str {
+        if self.mode == Mode::Cluster {
+            "96Mi"
+        } else {
+            "160Mi"
+        }
+    }
+
     /// `WAIT` confirms a write on this many replicas (none in Standalone
     /// mode: a write counts once the server answers it).
     fn confirm_on(&self) -> i64 {
@@ -272,7 +341,7 @@ impl Shape {
 
     fn describe(&self) -> String {
         format!(
-            "{:?} {} {} x{}{}{}{}{}{}{}{}",
+            "{:?} {} {} x{}{}{}{}{}{}{}{}{}",
             self.mode,
             self.engine,
             self.version,
@@ -292,6 +361,7 @@ impl Shape {
             if self.fence_off { ", fence off" } else { "" },
             if self.tls { ", TLS" } else { "" },
             if self.s3 { ", backups to S3" } else { "" },
+            if self.autopilot { ", autopilots" } else { "" },
         )
     }
 }
@@ -329,10 +399,19 @@ enum Action {
     /// The operator cut off the API server for [`OPERATOR_CUT`]: its
     /// connections hang (no reset), as behind a blackhole route.
     CutOperator,
+    /// [`fill_mib`] MiB of values written to one shard (or the primary) over
+    /// [`FILL_TIME`], unconfirmed: the autopilots act.
+    Fill,
+    /// The operator killed and started again armed at its [`FAILPOINTS`]:
+    /// it stops at the first it reaches and is started again without them.
+    ArmFailpoints,
+    /// `spec.tls` removed (every server rolls to plain text), then, once
+    /// settled (or after [`FLIP_WAIT`]), `tls: {}` again.
+    TlsFlip,
 }
 
 impl Action {
-    const ALL: [Action; 18] = [
+    const ALL: [Action; 21] = [
         Action::Switchover,
         Action::Roll,
         Action::Backup,
@@ -351,6 +430,9 @@ impl Action {
         Action::DeleteClaim,
         Action::S3Down,
         Action::CutOperator,
+        Action::Fill,
+        Action::ArmFailpoints,
+        Action::TlsFlip,
     ];
 
     fn is_fault(self) -> bool {
@@ -365,6 +447,7 @@ impl Action {
                 | Action::DeleteClaim
                 | Action::S3Down
                 | Action::CutOperator
+                | Action::ArmFailpoints
         )
     }
 }
@@ -378,6 +461,9 @@ const S3_DOWN: Duration = Duration::from_secs(20);
 /// How long [`Action::CutOperator`] keeps the operator off the API server
 /// (longer than its 15 s lease: it loses it and is started again).
 const OPERATOR_CUT: Duration = Duration::from_secs(20);
+/// How long [`Action::TlsFlip`] waits for TLS off to settle before it
+/// turns TLS on again.
+const FLIP_WAIT: Duration = Duration::from_secs(120);
 /// The application user's second password ([`Action::AppRotate`]).
 const APP_PASSWORD_2: &str = "chaos-app-password-2-0c5e";
 
@@ -393,7 +479,8 @@ fn upgrade_of(mode: Mode, engine: &str, version: &str) -> Option<(&'static str, 
 }
 
 /// The schedule: actions at seconds from the start of the load.
-fn schedule(rng: &mut Rng, shape: &Shape, duration: u64, fifth_on: bool) -> Vec<(u64, Action)> {
+fn schedule(rng: &mut Rng, shape: &Shape, duration: u64, seed: u64) -> Vec<(u64, Action)> {
+    let fifth_on = seed >= FIFTH_FROM;
     let mut ops = vec![Action::Switchover, Action::Roll, Action::Backup];
     if shape.mode == Mode::Cluster {
         ops.push(Action::Shards);
@@ -452,6 +539,33 @@ fn schedule(rng: &mut Rng, shape: &Shape, duration: u64, fifth_on: bool) -> Vec<
             5 + fifth.below(duration.saturating_sub(5)),
             fifth.pick(&fifth_ops),
         ));
+    }
+    // The sixth stream: a fill in the first half wherever the autopilots
+    // are on, and up to two of another fill and the operator armed at its
+    // failpoints. With the shard autopilot the user does not set
+    // `spec.shards` (it does).
+    if seed >= SIXTH_FROM {
+        let mut sixth = Rng(rng.0 ^ 0x6a07_5c4e_d01e_2026);
+        let mut sixth_ops = vec![Action::ArmFailpoints];
+        if shape.autopilot {
+            sixth_ops.push(Action::Fill);
+            out.push((5 + sixth.below(duration / 2), Action::Fill));
+            if shape.mode == Mode::Cluster {
+                out.retain(|(_, a)| *a != Action::Shards);
+            }
+        }
+        for _ in 0..sixth.below(3) {
+            out.push((
+                5 + sixth.below(duration.saturating_sub(5)),
+                sixth.pick(&sixth_ops),
+            ));
+        }
+        // TLS turned off and on again in half of the TLS shapes (drawn
+        // apart, so the draws above stay what they were).
+        let mut flip = Rng(rng.0 ^ 0x7150_f11b_0ff0_2026);
+        if shape.tls && flip.chance(0.5) {
+            out.push((5 + flip.below(duration.saturating_sub(5)), Action::TlsFlip));
+        }
     }
     out.sort_by_key(|(t, _)| *t);
     out
@@ -540,16 +654,19 @@ fn lane_tags(lane: usize) -> Vec<String> {
 }
 
 /// A Cluster writer of unique keys `{<tag>}:<id>:<n>`, its tags those of
-/// one slot range ([`lane_tags`]), confirming each with `WAIT 1 500`, no
+/// one slot range ([`lane_tags`]), confirming each with `WAIT 1 500` (a
+/// plain one, `confirm` false, counts a write once a server answers it), no
 /// retry; after 3 failures in a row it starts again from another pod (its
-/// seed may be the pod that went away).
+/// seed may be the pod that went away), with the next of `ways` (TLS and
+/// plain text while TLS may be turned off and on).
 #[allow(clippy::too_many_arguments)]
 fn cluster_writer(
     id: u64,
+    confirm: bool,
     tags: Vec<String>,
     kube: kube::Client,
     ns: String,
-    opts: ConnectOptions,
+    ways: Vec<ConnectOptions>,
     stop: Arc<AtomicBool>,
     confirmed: Arc<AtomicU64>,
     lane: Arc<AtomicU64>,
@@ -560,6 +677,7 @@ fn cluster_writer(
         let mut c: Option<cluster_client::Client> = None;
         let mut fails = 0u32;
         let mut n = 0u64;
+        let mut starts = 0usize;
         let mut pace = support::pace::pacer();
         while !stop.load(Ordering::Relaxed) {
             pace.tick().await;
@@ -570,8 +688,10 @@ fn cluster_writer(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 };
-                let mut client = cluster_client::Client::new(seed, opts.clone());
-                client.confirm = Some((1, 500));
+                let opts = ways[starts % ways.len()].clone();
+                starts += 1;
+                let mut client = cluster_client::Client::new(seed, opts);
+                client.confirm = confirm.then_some((1, 500));
                 c = Some(client);
                 fails = 0;
             }
@@ -601,6 +721,138 @@ fn cluster_writer(
                 }
             }
         }
+    })
+}
+
+/// The plain writer of a run (from the sixth stream): a write counts once
+/// a server answers it. Nothing is promised of such a write (a failover
+/// may lose it); how many are lost is counted and said.
+enum Plain {
+    Service(support::faults::ServiceWriter),
+    Cluster(tokio::task::JoinHandle<()>, Arc<Mutex<Tally>>),
+}
+
+impl Plain {
+    fn start(
+        shape: &Shape,
+        client: &kube::Client,
+        ns: &str,
+        ways: &[ConnectOptions],
+        stop: Arc<AtomicBool>,
+    ) -> Plain {
+        match shape.mode {
+            Mode::Cluster => {
+                let tally = Arc::new(Mutex::new(Tally::default()));
+                let h = cluster_writer(
+                    9,
+                    false,
+                    lane_tags(1),
+                    client.clone(),
+                    ns.to_string(),
+                    ways.to_vec(),
+                    stop,
+                    Arc::default(),
+                    Arc::default(),
+                    tally.clone(),
+                );
+                Plain::Cluster(h, tally)
+            }
+            _ => Plain::Service(support::faults::ServiceWriter::trying(
+                client,
+                ns,
+                NAME,
+                ways.to_vec(),
+                "plain",
+                0,
+                Duration::ZERO,
+            )),
+        }
+    }
+
+    /// The answered keys, once it stopped (`stop` is set by then).
+    async fn stop(self) -> Vec<String> {
+        match self {
+            Plain::Service(w) => w.stop().await.keys(),
+            Plain::Cluster(h, tally) => {
+                let _ = h.await;
+                tally.lock().await.acked.clone()
+            }
+        }
+    }
+}
+
+/// How many MiB a fill writes ([`FILL_MIB`] unless the environment says).
+fn fill_mib() -> usize {
+    std::env::var("REDPILOT_CHAOS_FILL_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FILL_MIB)
+}
+
+/// [`Action::Fill`]: [`fill_mib`] MiB of values that do not compress, under
+/// keys of the `lane`th slot range in a Cluster (through the slot owners),
+/// else through the Service to the primary; unconfirmed, no retry (a
+/// failed write is counted and the next one sent). What was written (MiB)
+/// and how many writes failed.
+fn fill(
+    mode: Mode,
+    kube: kube::Client,
+    ns: String,
+    opts: ConnectOptions,
+    lane: usize,
+    seed: u64,
+) -> tokio::task::JoinHandle<(usize, u64)> {
+    tokio::spawn(async move {
+        let mut rng = Rng(seed ^ 0x0f11_0f11_2026);
+        let count = (fill_mib() << 20) / FILL_VALUE;
+        let tags = lane_tags(lane);
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(kube.clone(), &ns);
+        let mut pace = tokio::time::interval(FILL_TIME / count as u32);
+        let (mut cluster, mut node): (Option<cluster_client::Client>, Option<Node>) = (None, None);
+        let (mut written, mut failed) = (0usize, 0u64);
+        for k in 0..count {
+            pace.tick().await;
+            let value: Vec<u8> = (0..FILL_VALUE / 8)
+                .flat_map(|_| rng.next().to_le_bytes())
+                .collect();
+            let key = format!("{{{}}}:fill:{seed}:{k}", tags[k % tags.len()]);
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&key).arg(value);
+            let ok = if mode == Mode::Cluster {
+                if cluster.is_none() {
+                    cluster = some_pod(&kube, &ns, k as u64)
+                        .await
+                        .map(|seed| cluster_client::Client::new(seed, opts.clone()));
+                }
+                match cluster.as_mut() {
+                    Some(c) => c.run::<redis::Value>(&key, &cmd).await.is_ok(),
+                    None => false,
+                }
+            } else {
+                if node.is_none()
+                    && let Some(ip) = support::faults::ready_endpoint(&slices, NAME).await
+                {
+                    node = Node::connect(&Endpoint::new(&ip, 6379), &opts).await.ok();
+                }
+                match node.as_mut() {
+                    Some(n) => {
+                        let r: Result<redis::Value, _> = n.query("SET", &cmd).await;
+                        if r.is_err() {
+                            node = None;
+                        }
+                        r.is_ok()
+                    }
+                    None => false,
+                }
+            };
+            if ok {
+                written += FILL_VALUE;
+            } else {
+                failed += 1;
+            }
+        }
+        (written >> 20, failed)
     })
 }
 
@@ -1247,7 +1499,7 @@ async fn missing(
                 .find_map(|p| p.status.as_ref()?.pod_ip.clone())
                 .ok_or("no pod with an IP")?;
             let mut c = cluster_client::Client::new(Endpoint::new(pod, 6379), opts.clone());
-            Ok(cluster_client::missing_keys(&mut c, keys).await)
+            cluster_client::try_missing_keys(&mut c, keys).await
         }
         Mode::Replication | Mode::Standalone => {
             let r = redis_api(client, ns)
@@ -1332,8 +1584,8 @@ async fn run(
     given: Option<&[(u64, Action)]>,
 ) -> Outcome {
     let mut rng = Rng(seed);
-    let shape = Shape::draw(&mut rng, only, seed >= FIFTH_FROM);
-    let drawn = schedule(&mut rng, &shape, duration, seed >= FIFTH_FROM);
+    let shape = Shape::draw(&mut rng, only, seed);
+    let drawn = schedule(&mut rng, &shape, duration, seed);
     let plan = given.map(<[_]>::to_vec).unwrap_or(drawn);
     let client = client().await;
     let tns = TestNamespace::new(&client, &format!("chaos{seed}"), &[]).await;
@@ -1354,7 +1606,7 @@ async fn run(
         support::operator::sized_class(&client).await;
     }
     let mut rotated = 0;
-    let mut size_mi = 64;
+    let mut size_mi = shape.storage_mi();
     let backs_up = plan.iter().any(|(_, a)| *a == Action::Backup);
     if backs_up && !shape.s3 {
         create_claim(&client, &ns, "chaos-backups").await;
@@ -1421,15 +1673,27 @@ async fn run(
             .expect("Secret redpilot-ca with ca.crt once a Redis with `tls: {}` is Ready");
         app = app.with_tls(redpilot::redis::TlsOptions::servers_of_ca(ca));
     }
+    // The ways the clients connect: with TLS, and where the schedule turns
+    // TLS off and on again, in plain text too (each reconnect tries the
+    // next).
+    let flips = plan.iter().any(|(_, a)| *a == Action::TlsFlip);
+    let mut ways = vec![app.clone()];
+    if flips {
+        ways.push(
+            ConnectOptions::default()
+                .with_user("app", APP_PASSWORD)
+                .with_timeouts(Duration::from_millis(500), Duration::from_secs(2)),
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let cluster_count = Arc::new(AtomicU64::new(0));
     let load = match shape.mode {
         Mode::Replication | Mode::Standalone => {
-            Load::Replication(support::faults::ServiceWriter::with_options(
+            Load::Replication(support::faults::ServiceWriter::trying(
                 &client,
                 &ns,
                 NAME,
-                app.clone(),
+                ways.clone(),
                 "chaos",
                 shape.confirm_on(),
                 Duration::ZERO,
@@ -1443,10 +1707,11 @@ async fn run(
                     .map(|id| {
                         cluster_writer(
                             id,
+                            true,
                             lane_tags(id as usize),
                             client.clone(),
                             ns.clone(),
-                            app.clone(),
+                            ways.clone(),
                             stop.clone(),
                             cluster_count.clone(),
                             lanes[id as usize].clone(),
@@ -1459,6 +1724,10 @@ async fn run(
             )
         }
     };
+    // From the sixth stream: a plain writer beside the confirming ones.
+    let plain =
+        (seed >= SIXTH_FROM).then(|| Plain::start(&shape, &client, &ns, &ways, stop.clone()));
+    let mut fills: Vec<tokio::task::JoinHandle<(usize, u64)>> = Vec::new();
     let lanes = load.lanes();
     let t0 = Instant::now();
     timeline.add(t0, format!("load started on {}", shape.describe()));
@@ -1880,6 +2149,58 @@ async fn run(
                 op = spawn_operator(&client, opts.clone().named(&format!("chaos{seed}"))).await;
                 "operator kill -9, a new one started".into()
             }
+            Action::ArmFailpoints => {
+                earlier_logs.push_str(&op.log_text());
+                op.kill();
+                let mut armed = opts.clone().named(&format!("chaos{seed}"));
+                armed
+                    .env
+                    .push(("REDPILOT_FAILPOINTS".into(), FAILPOINTS.join(",")));
+                armed.restart_after_failpoint = true;
+                op = spawn_operator(&client, armed).await;
+                "operator kill -9, a new one started armed at its failpoints".into()
+            }
+            Action::TlsFlip => {
+                let t = Instant::now();
+                patch_redis(&client, &ns, NAME, json!({"spec": {"tls": null}})).await;
+                let mut off = false;
+                while t.elapsed() < FLIP_WAIT {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if api.get(NAME).await.ok().is_some_and(|r| settled(&r)) {
+                        off = true;
+                        break;
+                    }
+                }
+                let took = t.elapsed().as_secs_f64();
+                patch_redis(&client, &ns, NAME, json!({"spec": {"tls": {}}})).await;
+                faults_end = faults_end.max(Instant::now());
+                if off {
+                    format!("TLS turned off (settled in {took:.1} s), then on again")
+                } else {
+                    format!("TLS turned off, not settled within {FLIP_WAIT:?}; on again")
+                }
+            }
+            Action::Fill => {
+                let lane = fills.len() % 3;
+                let seed = seed ^ ((fills.len() as u64 + 1) << 32);
+                fills.push(fill(
+                    shape.mode,
+                    client.clone(),
+                    ns.clone(),
+                    app.clone(),
+                    lane,
+                    seed,
+                ));
+                format!(
+                    "a fill of {} MiB over {FILL_TIME:?} into {}",
+                    fill_mib(),
+                    if shape.mode == Mode::Cluster {
+                        format!("the slots of s{lane}")
+                    } else {
+                        "the primary".to_string()
+                    }
+                )
+            }
         };
         let kind = if action.is_fault() { "fault" } else { "op" };
         timeline.add(t0, format!("{kind}: {done}"));
@@ -1939,6 +2260,14 @@ async fn run(
     }
     stop.store(true, Ordering::Relaxed);
     let written = load.stop().await;
+    let answered = match plain {
+        Some(p) => Some(p.stop().await),
+        None => None,
+    };
+    let mut filled = Vec::new();
+    for f in fills {
+        filled.push(f.await.unwrap_or_default());
+    }
     let reads = reader.await.unwrap_or_default();
     violations.extend(watch.await.unwrap_or_default());
     sampling.store(true, Ordering::Relaxed);
@@ -2088,6 +2417,15 @@ async fn run(
             spec["shards"] = json!(shards);
         }
         spec["bootstrap"] = json!({"fromBackup": {"backup": backup}});
+        // The fills may hold more than a first 64Mi instance takes: the
+        // restore gets the autopilot's largest size from the start.
+        if shape.autopilot {
+            let max = shape.autopilot_max();
+            spec["resources"] = json!({"limits": {"memory": max}, "requests": {"memory": max}});
+            if let Some(o) = spec.as_object_mut() {
+                o.remove("autopilot");
+            }
+        }
         // A restore is made without AOF (admission says so: a server with
         // AOF on would ignore the restored RDB file); AOF comes after.
         if let Some(o) = spec.as_object_mut() {
@@ -2167,9 +2505,62 @@ async fn run(
         violations.push("the operator panicked (see its log)".into());
     }
 
+    // The sixth stream's facts: the plain writes lost (counted, nothing
+    // promised of them), the fills, what the autopilots did, the
+    // failpoints the operator stopped at.
+    let mut sixth = Vec::new();
+    if let Some(keys) = &answered {
+        let lost = if converged.is_some() {
+            match missing(&client, &ns, NAME, shape.mode, &app, keys).await {
+                Ok(l) => l.len().to_string(),
+                Err(e) => format!("? ({e})"),
+            }
+        } else {
+            "?".into()
+        };
+        sixth.push(format!("plain writes {} answered, {lost} lost", keys.len()));
+    }
+    if !filled.is_empty() {
+        let f: Vec<String> = filled
+            .iter()
+            .map(|(mib, failed)| format!("{mib} MiB ({failed} failed)"))
+            .collect();
+        sixth.push(format!("fills {}", f.join(", ")));
+    }
+    if shape.autopilot {
+        let r = api.get(NAME).await.ok();
+        let a = r
+            .as_ref()
+            .and_then(|r| r.status.as_ref()?.autopilot.clone());
+        let ap = serde_json::to_string(&a).unwrap_or_default();
+        timeline.add(t0, format!("autopilot status at the end: {ap}"));
+        let limit = a
+            .as_ref()
+            .and_then(|a| Some(a.memory.as_ref()?.limit.clone()))
+            .unwrap_or_else(|| "64Mi".into());
+        sixth.push(format!(
+            "autopilots: memory limit {limit}, shards {}",
+            r.and_then(|r| r.spec.shards)
+                .map(|n| n.to_string())
+                .unwrap_or("-".into())
+        ));
+    }
+    let stopped_at: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("stopped at failpoint ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    if plan.iter().any(|(_, a)| *a == Action::ArmFailpoints) {
+        sixth.push(format!("failpoints stopped at {stopped_at:?}"));
+    }
+    let sixth = if sixth.is_empty() {
+        String::new()
+    } else {
+        format!(" | {}", sixth.join(", "))
+    };
     let events_drawn: Vec<String> = plan.iter().map(|(t, a)| format!("{t}s {a:?}")).collect();
     let line = format!(
-        "seed {seed}: {} | Ready in {:.0} s | {} | {} writes confirmed, errors {:?} | reads {} as written, {} absent, {} failed | {} | backups [{}] | {}{}",
+        "seed {seed}: {} | Ready in {:.0} s | {} | {} writes confirmed, errors {:?} | reads {} as written, {} absent, {} failed{sixth} | {} | backups [{}] | {}{}",
         shape.describe(),
         ready_in.as_secs_f64(),
         events_drawn.join(", "),
@@ -2469,8 +2860,8 @@ async fn seeded_schedules_of_operations_and_faults_keep_every_invariant() {
     if std::env::var("REDPILOT_CHAOS_DRAW").is_ok_and(|v| v == "1") {
         for seed in seeds {
             let mut rng = Rng(seed);
-            let shape = Shape::draw(&mut rng, only, seed >= FIFTH_FROM);
-            let plan = schedule(&mut rng, &shape, duration, seed >= FIFTH_FROM);
+            let shape = Shape::draw(&mut rng, only, seed);
+            let plan = schedule(&mut rng, &shape, duration, seed);
             println!(
                 "seed {seed}: {} | {}",
                 shape.describe(),

@@ -252,6 +252,14 @@ pub async fn whole(client: &mut Client, t: usize, size: usize) -> Option<bool> {
 /// slot. Call it when no slot is open (a resharding done): a multi-key read
 /// of an open slot is refused with `TRYAGAIN`.
 pub async fn missing_keys(client: &mut Client, keys: &[String]) -> Vec<String> {
+    try_missing_keys(client, keys)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`missing_keys`], saying why when the cluster cannot be read (a node
+/// that still refuses after a few tries) rather than failing the test.
+pub async fn try_missing_keys(client: &mut Client, keys: &[String]) -> Result<Vec<String>, String> {
     let mut by_slot: BTreeMap<u16, Vec<&String>> = BTreeMap::new();
     for k in keys {
         by_slot
@@ -282,7 +290,13 @@ pub async fn missing_keys(client: &mut Client, keys: &[String]) -> Vec<String> {
                         );
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
-                    Err(e) => panic!("MGET of {} keys from {}: {e}", chunk.len(), chunk[0]),
+                    Err(e) => {
+                        return Err(format!(
+                            "MGET of {} keys from {}: {e}",
+                            chunk.len(),
+                            chunk[0]
+                        ));
+                    }
                 }
             };
             for (k, v) in chunk.iter().zip(got) {
@@ -292,5 +306,5 @@ pub async fn missing_keys(client: &mut Client, keys: &[String]) -> Vec<String> {
             }
         }
     }
-    out
+    Ok(out)
 }

@@ -406,6 +406,11 @@ pub struct OperatorOptions {
     /// The API server's address as the operator reaches it (a relay that a
     /// test can cut, [`super::faults::ApiRelay`]); `None`: the cluster's own.
     pub api_server: Option<String>,
+    /// Start it again, without `REDPILOT_FAILPOINTS`, when it exits at a
+    /// failpoint (as the Deployment's pod would be restarted after a
+    /// crash); the log says which point it stopped at. Without it such an
+    /// exit is left for the test to see.
+    pub restart_after_failpoint: bool,
 }
 
 impl OperatorOptions {
@@ -420,6 +425,7 @@ impl OperatorOptions {
             restart_on_lost_lease: true,
             binary: None,
             api_server: None,
+            restart_after_failpoint: false,
         }
     }
 
@@ -514,15 +520,29 @@ pub async fn spawn_operator(client: &Client, opts: OperatorOptions) -> Operator 
             log_path.clone(),
             opts.clone(),
         );
-        move || operator_command(&bin, &kubeconfig, &log_path, &opts, metrics_addr)
+        move |disarmed: bool| {
+            let mut opts = opts.clone();
+            if disarmed {
+                opts.env.retain(|(k, _)| k != "REDPILOT_FAILPOINTS");
+            }
+            operator_command(&bin, &kubeconfig, &log_path, &opts, metrics_addr)
+        }
     };
-    let child = command()
+    let child = command(false)
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
     let child = Arc::new(Mutex::new(Some(child)));
-    let supervisor = opts
-        .restart_on_lost_lease
-        .then(|| Supervisor::start(child.clone(), log_path.clone(), opts.name.clone(), command));
+    let supervisor = opts.restart_on_lost_lease.then(|| {
+        let name = opts.name.clone();
+        let after_failpoint = opts.restart_after_failpoint;
+        Supervisor::start(
+            child.clone(),
+            log_path.clone(),
+            name,
+            after_failpoint,
+            command,
+        )
+    });
     let mut op = Operator {
         child,
         supervisor,
@@ -579,7 +599,10 @@ fn operator_command(
 
 /// Restarts an operator that exited because it lost its lease (its last
 /// log line says so), as the Deployment's pod would be restarted; says so
-/// on stderr and in the log. Any other exit is left alone.
+/// on stderr and in the log. With `after_failpoint`, one that exited at a
+/// failpoint too, and from then on without failpoints (the log names the
+/// point: `harness: operator … stopped at failpoint <name>`). Any other
+/// exit is left alone.
 struct Supervisor {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -590,12 +613,14 @@ impl Supervisor {
         child: Arc<Mutex<Option<Child>>>,
         log_path: PathBuf,
         name: String,
-        command: impl Fn() -> Command + Send + 'static,
+        after_failpoint: bool,
+        command: impl Fn(bool) -> Command + Send + 'static,
     ) -> Self {
         use std::sync::atomic::Ordering;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::spawn(move || {
+            let mut disarmed = false;
             while !halt.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(200));
                 let Ok(mut guard) = child.lock() else { return };
@@ -607,18 +632,31 @@ impl Supervisor {
                 };
                 let text = std::fs::read_to_string(&log_path).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                if !tail.iter().any(|l| l.contains("lost leadership")) {
-                    return;
-                }
-                let note = format!(
-                    "harness: operator {name} exited ({status}) after losing its lease; \
-                     restarting it, as its pod would be"
-                );
+                let failpoint = tail
+                    .iter()
+                    .find(|l| l.contains("failpoint reached"))
+                    .and_then(|l| l.split("failpoint=").nth(1))
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .map(|p| p.trim_matches('"').to_string());
+                let note = match failpoint {
+                    Some(point) if after_failpoint => {
+                        disarmed = true;
+                        format!(
+                            "harness: operator {name} stopped at failpoint {point} ({status}); \
+                             restarting it without failpoints, as its pod would be"
+                        )
+                    }
+                    _ if tail.iter().any(|l| l.contains("lost leadership")) => format!(
+                        "harness: operator {name} exited ({status}) after losing its lease; \
+                         restarting it, as its pod would be"
+                    ),
+                    _ => return,
+                };
                 eprintln!("warning: {note}");
                 if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log_path) {
                     let _ = writeln!(f, "--- {note} ---");
                 }
-                match command().spawn() {
+                match command(disarmed).spawn() {
                     Ok(c) => *guard = Some(c),
                     Err(e) => {
                         eprintln!("warning: restarting operator {name}: {e}");
@@ -647,6 +685,14 @@ async fn wait_serving(op: &mut Operator, bin: &std::path::Path) {
     let start = Instant::now();
     loop {
         if let Some(status) = op.exit_status() {
+            // Stopped at a failpoint already: the supervisor starts it
+            // again without failpoints.
+            if op.opts.restart_after_failpoint
+                && status.code() == Some(redpilot::failpoint::EXIT_CODE)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             panic!(
                 "the operator `{} run` exited at start with {status}; log {}:\n{}",
                 bin.display(),
