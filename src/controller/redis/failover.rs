@@ -291,7 +291,38 @@ pub fn decide(
                 .filter(|f| f.name != primary && f.ip.is_some() && !f.reachable)
                 .map(|f| f.name.as_str())
                 .collect();
-            if unseen.is_empty() {
+            // Nor while another instance answers further ahead than it (a
+            // replica in the middle of being re-pointed, say): promoting
+            // the restarted one would have that instance copy from it and
+            // drop what it holds (the shrunk schedule of seed 423: the
+            // primary's pod deleted as the old primary, back from a cut
+            // with every write, was being re-pointed to it).
+            let own = pf.and_then(|f| f.offset).unwrap_or(0);
+            let ahead: Vec<String> = facts
+                .iter()
+                .filter(|f| f.name != primary && f.reachable && f.offset.unwrap_or(0) > own)
+                .map(|f| format!("{} at offset {}", f.name, f.offset.unwrap_or(0)))
+                .collect();
+            // One of them still a primary (an old primary back from a cut,
+            // never demoted): it holds the data, and takes over as it is.
+            let stale_primary = facts
+                .iter()
+                .filter(|f| f.name != primary && f.reachable && !f.terminating)
+                .filter(|f| f.role == Some(Role::Primary) && f.offset.unwrap_or(0) > own)
+                .max_by_key(|f| f.offset.unwrap_or(0));
+            if let Some(f) = stale_primary {
+                Decision::Promote {
+                    candidate: f.name.clone(),
+                    loss,
+                }
+            } else if !ahead.is_empty() {
+                Decision::Wait(format!(
+                    "primary {primary} is lost ({}) and came back at offset {own}, behind {}; \
+                     waiting until that instance can take over rather than lose what it holds",
+                    loss.reason(),
+                    ahead.join(", ")
+                ))
+            } else if unseen.is_empty() {
                 Decision::Promote { candidate, loss }
             } else {
                 Decision::Wait(format!(

@@ -442,3 +442,44 @@ fn a_restarted_primary_is_not_brought_back_while_a_replica_that_may_be_ahead_doe
         promote("c-0", Loss::Restarted)
     );
 }
+
+#[test]
+fn a_restarted_primary_is_not_brought_back_behind_an_instance_that_answers_further_ahead() {
+    // c-1 restarted empty (offset 1); c-0, the old primary back from a
+    // cut with every write, answers but cannot take over yet (it is in a
+    // sync that cannot finish).
+    let mut restarted = replica(1, 1, false, 0);
+    restarted.link_age = None;
+    restarted.following = Some("127.0.0.1".into());
+    let mut ahead = replica(0, 345_000, false, 0);
+    ahead.syncing = true;
+    let facts = [ahead.clone(), restarted.clone()];
+    let d = decide(&facts, "c-1", None, &on(), &names());
+    let Decision::Wait(why) = &d else {
+        panic!("expected a wait, got {d:?}");
+    };
+    assert!(why.contains("c-0 at offset 345000"), "{why}");
+    // Once it can, it takes over.
+    ahead.syncing = false;
+    let facts = [ahead, restarted];
+    assert_eq!(
+        decide(&facts, "c-1", None, &on(), &names()),
+        promote("c-0", Loss::Restarted)
+    );
+}
+
+#[test]
+fn an_old_primary_further_ahead_takes_over_from_a_restarted_one() {
+    // c-0, the primary before a cut (never demoted, every write), answers
+    // again as a primary; the recorded primary c-1 restarted empty.
+    let mut restarted = replica(1, 1, false, 0);
+    restarted.link_age = None;
+    restarted.following = Some("127.0.0.1".into());
+    let mut old = primary(0);
+    old.offset = Some(345_000);
+    let facts = [old, restarted];
+    assert_eq!(
+        decide(&facts, "c-1", None, &on(), &names()),
+        promote("c-0", Loss::Restarted)
+    );
+}
