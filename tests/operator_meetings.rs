@@ -637,6 +637,18 @@ async fn large_values_move_without_an_unplanned_failover() {
 /// again: its owner took the loan back meanwhile, so no further Job is
 /// made and the backup fails `CredentialsNotAllowed`, sending no other
 /// shard's file.
+/// Redis `c`: a 3 x 2 Valkey 8.1 Cluster.
+async fn valkey_cluster(client: &kube::Client, ns: &str) {
+    apply_redis(
+        client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
+               "version": "8.1"}),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_job_made_again_checks_the_secrets_mark_again() {
     use support::operator::{spawn_operator, wait_failpoint};
@@ -663,14 +675,7 @@ async fn a_backup_job_made_again_checks_the_secrets_mark_again() {
         "backup-after-first-shard-job".into(),
     ));
     let mut first = start_operator(&client, crashing).await;
-    apply_redis(
-        &client,
-        ns,
-        "c",
-        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
-               "version": "8.1"}),
-    )
-    .await;
+    valkey_cluster(&client, ns).await;
     wait_ready(&client, ns, "c", READY).await;
     let b = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackup",
                    "metadata": {"name": "b"},
@@ -1030,14 +1035,7 @@ async fn a_backup_reads_no_instance_that_came_back_empty_since_the_status_was_wr
     let mut opts = OperatorOptions::watching(&[ns]).named("meet-stale");
     opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
     let mut first = start_operator(&client, opts.clone()).await;
-    apply_redis(
-        &client,
-        ns,
-        "c",
-        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey",
-               "version": "8.1"}),
-    )
-    .await;
+    valkey_cluster(&client, ns).await;
     let r = wait_ready(&client, ns, "c", READY).await;
     let password = redis_password(&client, ns, "c").await;
     // PER_SHARD keys on every shard, written to its primary and

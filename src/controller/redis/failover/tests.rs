@@ -35,6 +35,14 @@ fn replica(i: i32, offset: i64, up: bool, age: i64) -> PodFacts {
     }
 }
 
+/// `c-<i>` restarted in place at `offset`: it boots following nothing.
+fn restarted(i: i32, offset: i64) -> PodFacts {
+    let mut r = replica(i, offset, false, 0);
+    r.link_age = None;
+    r.following = Some("127.0.0.1".into());
+    r
+}
+
 fn lost(mut f: PodFacts) -> PodFacts {
     f.reachable = false;
     f.role = None;
@@ -417,9 +425,7 @@ fn fencing_is_on_for_replication_with_replicas_only() {
 fn a_restarted_primary_is_not_brought_back_while_a_replica_that_may_be_ahead_does_not_answer() {
     // c-0 restarted empty (it boots following nothing); c-1, its replica
     // with every write, is cut off from the operator.
-    let mut restarted = replica(0, 1, false, 0);
-    restarted.link_age = None;
-    restarted.following = Some("127.0.0.1".into());
+    let restarted = restarted(0, 1);
     let facts = [restarted.clone(), lost(replica(1, 900, false, 0))];
     let d = decide(&facts, "c-0", None, &on(), &names());
     let Decision::Wait(why) = &d else {
@@ -448,9 +454,7 @@ fn a_restarted_primary_is_not_brought_back_behind_an_instance_that_answers_furth
     // c-1 restarted empty (offset 1); c-0, the old primary back from a
     // cut with every write, answers but cannot take over yet (it is in a
     // sync that cannot finish).
-    let mut restarted = replica(1, 1, false, 0);
-    restarted.link_age = None;
-    restarted.following = Some("127.0.0.1".into());
+    let restarted = restarted(1, 1);
     let mut ahead = replica(0, 345_000, false, 0);
     ahead.syncing = true;
     let facts = [ahead.clone(), restarted.clone()];
@@ -472,9 +476,7 @@ fn a_restarted_primary_is_not_brought_back_behind_an_instance_that_answers_furth
 fn an_old_primary_further_ahead_takes_over_from_a_restarted_one() {
     // c-0, the primary before a cut (never demoted, every write), answers
     // again as a primary; the recorded primary c-1 restarted empty.
-    let mut restarted = replica(1, 1, false, 0);
-    restarted.link_age = None;
-    restarted.following = Some("127.0.0.1".into());
+    let restarted = restarted(1, 1);
     let mut old = primary(0);
     old.offset = Some(345_000);
     let facts = [old, restarted];
