@@ -1156,3 +1156,165 @@ async fn a_backup_reads_no_instance_that_came_back_empty_since_the_status_was_wr
         st.shards.iter().map(|s| s.keys).collect::<Vec<_>>()
     );
 }
+
+/// What TLS turned on under a failover leaves (chaos seed 416, minimal
+/// schedule `18:Switchover,24:TlsFlip,30:DeletePod`): the replica restarted
+/// first with TLS follows the plain-text primary with `tls-replication no`;
+/// the primary's pod is deleted mid-roll and that replica is promoted; the
+/// old primary comes back with TLS and the switchover pinned in
+/// `switchoverTo` makes it primary again. The instance promoted in between
+/// is a replica once more with `tls-replication no`, against a primary that
+/// now takes TLS only, after the turn is done: its link can never come up.
+/// The repair of a stuck link (credentials set again, link dropped) does
+/// not help, and where the link never came up at all it does not even fire
+/// (the server reports no time since it went down) — Recovering for good. The
+/// meeting's timing (the roll switches over within a second of the replica
+/// being ready) cannot be held in a test; its end state can: on a settled
+/// TLS Redis, the replica is set to `tls-replication no` and its link
+/// dropped (proven down), under a writer confirming with `WAIT 1`. Within
+/// 60 s the replica follows over TLS again (an event says so), the Redis
+/// is Ready, and every confirmed write is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_left_replicating_in_plain_text_after_a_tls_turn_follows_over_tls_again() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "tls-meet", &[]).await;
+    let ns = tns.name.as_str();
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "flip",
+        json!({"mode": "Replication", "instances": 2, "version": "7.0", "tls": {}}),
+    )
+    .await;
+    let r = wait_ready(&client, ns, "flip", READY).await;
+    let primary = r
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("primary");
+    let replica = if primary == "flip-0" {
+        "flip-1"
+    } else {
+        "flip-0"
+    }
+    .to_string();
+    let ca = Api::<Secret>::namespaced(client.clone(), ns)
+        .get("redpilot-ca")
+        .await
+        .ok()
+        .and_then(|s| s.data?.get("ca.crt").map(|b| b.0.clone()))
+        .expect("the namespace's CA");
+    let pw = redis_password(&client, ns, "flip").await;
+    let tls = ConnectOptions::default()
+        .with_password(pw.clone())
+        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1))
+        .with_tls(redpilot::redis::TlsOptions::servers_of_ca(ca));
+    let writer = support::faults::ServiceWriter::with_options(
+        &client,
+        ns,
+        "flip",
+        tls.clone(),
+        "meet",
+        1,
+        Duration::from_millis(2),
+    );
+    wait_for("writes flowing", Duration::from_secs(30), || async {
+        (writer.acked() > 50).then_some(())
+    })
+    .await;
+    let ip = pod_ip(&client, ns, &replica).await;
+    let mut n = Node::connect(&Endpoint::new(&ip, 6379), &tls)
+        .await
+        .expect("TLS client to the replica");
+    let _: () = n
+        .query(
+            "CONFIG SET",
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("tls-replication")
+                .arg("no"),
+        )
+        .await
+        .expect("CONFIG SET tls-replication no");
+    let _: redis::Value = n
+        .query(
+            "CLIENT KILL",
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("master"),
+        )
+        .await
+        .expect("CLIENT KILL TYPE master");
+    let acked_at_fault = writer.acked();
+    let t = Instant::now();
+    // The fault holds: the link is down, the replica asks in plain text.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let info: String = n
+        .query("INFO", redis::cmd("INFO").arg("replication"))
+        .await
+        .expect("INFO replication");
+    assert!(
+        info.contains("master_link_status:down"),
+        "the replica's link is down after the fault: {info}"
+    );
+    let down_since = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("master_link_down_since_seconds:"))
+        .map(str::to_string);
+    println!("fault in place: link down, master_link_down_since_seconds {down_since:?}");
+    // The outcome: the link up again over TLS, the setting set right.
+    wait_for(
+        "the replica following over TLS again",
+        Duration::from_secs(60),
+        || async {
+            let mut n = Node::connect(&Endpoint::new(&ip, 6379), &tls).await.ok()?;
+            let info: String = n
+                .query("INFO", redis::cmd("INFO").arg("replication"))
+                .await
+                .ok()?;
+            let v: Vec<String> = n
+                .query(
+                    "CONFIG GET",
+                    redis::cmd("CONFIG").arg("GET").arg("tls-replication"),
+                )
+                .await
+                .ok()?;
+            (info.contains("master_link_status:up") && v.get(1).map(String::as_str) == Some("yes"))
+                .then_some(())
+        },
+    )
+    .await;
+    let repaired = t.elapsed();
+    let events = recent_events(&client, ns, 40).await;
+    assert!(
+        events.contains("ReplicaLinkRepaired") && events.contains("tls-replication set to yes"),
+        "an event says what was set right: {events}"
+    );
+    let r = wait_ready(&client, ns, "flip", Duration::from_secs(60)).await;
+    assert_eq!(
+        r.status.as_ref().and_then(|s| s.primary.clone()),
+        Some(primary.clone())
+    );
+    let at = writer.acked();
+    wait_for(
+        "writes after the repair",
+        Duration::from_secs(30),
+        || async { (writer.acked() > at + 50).then_some(()) },
+    )
+    .await;
+    let tally = writer.stop().await;
+    let pip = pod_ip(&client, ns, &primary).await;
+    let mut p = Node::connect(&Endpoint::new(&pip, 6379), &tls)
+        .await
+        .expect("TLS client to the primary");
+    let keys = tally.keys();
+    let lost = support::writer::missing_on(&mut p, &keys).await.len();
+    println!(
+        "link repaired {:.1} s after the fault; {} confirmed writes ({acked_at_fault} before the \
+         fault), {} unconfirmed, {lost} lost, errors {:?}",
+        repaired.as_secs_f64(),
+        keys.len(),
+        tally.unreplicated,
+        tally.errors
+    );
+    assert_eq!(lost, 0, "confirmed writes lost");
+}

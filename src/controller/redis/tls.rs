@@ -570,18 +570,19 @@ impl Reconciler {
         true
     }
 
-    /// While the servers do not all listen the same way: a replica whose
-    /// link to its primary is down replicates the way the primary listens
-    /// (`tls-replication`), which a replica restarted with the other
-    /// template does not at boot; given the primary itself, it takes the
-    /// way it listens.
+    /// A replica whose link to its primary is down replicates the way the
+    /// primary listens (`tls-replication`): a replica restarted with the
+    /// other template while TLS is turned on or off does not at boot, and
+    /// one given the other way then keeps it after the turn is done. Given
+    /// the primary itself, it takes the way it listens. Whether it changed
+    /// the setting (a failure is reported, and counts as no change).
     pub(super) async fn match_replication_tls(
         &mut self,
         f: &PodFacts,
         ep: &Endpoint,
         primary_ip: &str,
         opts: &ConnectOptions,
-    ) {
+    ) -> bool {
         let want = opts
             .tls_for(Endpoint::new(primary_ip, build::REDIS_PORT).host())
             .is_some();
@@ -603,21 +604,30 @@ impl Reconciler {
         .await;
         match done {
             Ok(true) => {
+                let how = if want { "with TLS" } else { "in plain text" };
                 self.progressing.push(format!(
-                    "{}: tls-replication {value}, as {primary_ip} listens while TLS is turned {}",
-                    f.name,
-                    if self.redis.spec.tls.is_some() {
-                        "on"
-                    } else {
-                        "off"
-                    }
+                    "{}: tls-replication {value}, as {primary_ip} listens {how}",
+                    f.name
                 ));
+                if opts.listeners.is_none() {
+                    // Outside a turn this is a repair: said in an event.
+                    let note = format!(
+                        "{} replicated {} from {primary_ip}, which listens {how}; \
+                         tls-replication set to {value}",
+                        f.name,
+                        if want { "in plain text" } else { "with TLS" }
+                    );
+                    self.event(EventType::Warning, "ReplicaLinkRepaired", "Replicate", note)
+                        .await;
+                }
                 self.recheck_within(RELOAD_RECHECK);
+                true
             }
-            Ok(false) => {}
+            Ok(false) => false,
             Err(e) => {
                 self.data_plane_failed(format!("setting tls-replication on {}", f.name), &e)
-                    .await
+                    .await;
+                false
             }
         }
     }

@@ -69,11 +69,16 @@ impl Reconciler {
                 f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
             let ep = Endpoint::new(ip, build::REDIS_PORT);
             if follows {
-                // While TLS is turned on or off, a replica restarted with
-                // the other template follows the primary the way the
-                // primary listens.
-                if opts.listeners.is_some() && f.link_up != Some(true) {
-                    self.match_replication_tls(f, &ep, &pip, opts).await;
+                // A replica whose link is not up follows the primary the
+                // way the primary listens: while TLS is turned on or off, a
+                // replica restarted with the other template does not at
+                // boot; after it, a replica promoted mid-roll that is a
+                // replica again (a failover, then a switchover back) kept
+                // the setting it was given then. Its link never came up, so
+                // the server reports no time since it went down and the
+                // repair below never fires. One `CONFIG GET` while a link
+                // is down; nothing while it is up.
+                if f.link_up != Some(true) && self.match_replication_tls(f, &ep, &pip, opts).await {
                     continue;
                 }
                 // The server retries a broken link every second; one still
