@@ -10,7 +10,9 @@
 //! - a backup taken after the resharding (no even slot layout) restores
 //!   into a new Redis that names only the backup: the new cluster gets the
 //!   backed-up layout shard by shard and holds every acknowledged write;
-//! - large values (200 of 5 MB) move with no node failed over.
+//! - large values (200 of 5 MB) move with no node failed over;
+//! - a replica left replicating in plain text by a TLS turn (promoted
+//!   mid-roll, switched back after) follows over TLS again.
 
 #[path = "support/cluster_client.rs"]
 mod cluster_client;
