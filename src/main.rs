@@ -685,7 +685,7 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let lease_client = kube::Client::try_default().await?;
     leader::acquire(&lease_client, &lease, &health).await;
     metrics.leader.set(1);
-    let namespaces = controller::watch_namespaces(Some(&args.watch_namespace));
+    let namespaces = controller::base::watch_namespaces(Some(&args.watch_namespace));
     give_back_freed_heap();
     tracing::info!(
         version = redpilot::VERSION,

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::{Api, Client};
 
-use super::FIELD_MANAGER;
+use crate::controller::base::FIELD_MANAGER;
 
 /// Lease settings.
 #[derive(Debug, Clone)]

@@ -7,7 +7,10 @@
 
 pub mod agent;
 pub mod backup;
+pub mod base;
 pub mod cache;
+pub mod error;
+pub mod events;
 pub mod images;
 pub mod insights;
 pub mod leader;
@@ -26,13 +29,16 @@ use tracing::Instrument;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use self::base::{FIELD_MANAGER, backoff};
 pub use self::cache::Stores;
 use self::cache::{cached_watch, slim_pod};
+use self::error::Error;
+use self::events::{Events, recorder};
+use self::queue::DEBOUNCE;
 
 use crate::api::v1alpha1::Redis;
 use crate::telemetry::Metrics;
@@ -50,116 +56,6 @@ pub struct Settings {
     /// How often each Redis's servers are looked at for tuning advice
     /// (zero: never).
     pub tuning_interval: std::time::Duration,
-}
-
-/// The field manager of every write the operator makes.
-pub const FIELD_MANAGER: &str = "redpilot";
-
-/// How long the controller holds a trigger for a Redis before reconciling
-/// it, merging what arrives meanwhile: the burst of watch events one
-/// change makes (a pod's status, its StatefulSet's, within milliseconds of
-/// each other) becomes one pass. Every trigger waits this long, the failure
-/// monitor's too, so it is part of every failover (it was 200 ms; the
-/// events of a burst come well within 50).
-pub const DEBOUNCE: Duration = Duration::from_millis(50);
-
-/// Why a reconcile failed. Each variant maps to a bounded [`Error::category`]
-/// used as a metric label and an event reason.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The Kubernetes API refused or failed a request.
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// A Redis instance could not be observed or changed.
-    #[error("redis: {0}")]
-    Redis(#[from] crate::redis::Error),
-    /// An object we would create exists and belongs to someone else.
-    #[error(
-        "{kind} {name} already exists and belongs to {owner}, not this Redis; nothing was written to it (rename the Redis, or remove or rename the {kind})"
-    )]
-    Conflict {
-        /// Kind of the object.
-        kind: &'static str,
-        /// Its name.
-        name: String,
-        /// Who holds it ([`holder`]).
-        owner: String,
-    },
-    /// `spec.image` names a repository the operator may not run (see
-    /// [`images::Images::allows`]).
-    #[error("{0}")]
-    ImageNotAllowed(String),
-    /// The auth Secret named by the spec is missing or lacks its key.
-    #[error("secret {name}: {reason}")]
-    Secret {
-        /// Secret name.
-        name: String,
-        /// What is wrong (never the value).
-        reason: String,
-    },
-    /// An object could not be serialised.
-    #[error("serialising {0}: {1}")]
-    Serialize(&'static str, serde_json::Error),
-    /// The OS random source failed.
-    #[error("generating a password: {0}")]
-    Random(String),
-    /// The object lacks a namespace or name.
-    #[error("object without {0}")]
-    Incomplete(&'static str),
-    /// A certificate could not be made (never a key's bytes).
-    #[error("certificate: {0}")]
-    Certificate(String),
-    /// A stored backup could not be reached or changed.
-    #[error("{message}")]
-    Backup {
-        /// The agent's bounded category.
-        category: &'static str,
-        /// What happened (never a secret).
-        message: String,
-    },
-}
-
-/// Who holds an object this operator will not write: its controller
-/// (`Kind name`), else its first owner, else that it has none.
-pub fn holder(meta: &kube::api::ObjectMeta) -> String {
-    let refs = meta.owner_references.as_deref().unwrap_or_default();
-    match refs
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .or(refs.first())
-    {
-        Some(o) => format!("{} {}", o.kind, o.name),
-        None => "no owner (made by hand or by another tool)".into(),
-    }
-}
-
-impl Error {
-    /// A bounded, stable category for metrics and events.
-    pub fn category(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "kubernetes",
-            Error::Redis(e) => redis_category(e),
-            Error::Conflict { .. } => "conflict",
-            Error::ImageNotAllowed(_) => "image",
-            Error::Secret { .. } => "secret",
-            Error::Serialize(..) => "internal",
-            Error::Random(_) => "internal",
-            Error::Incomplete(_) => "internal",
-            Error::Backup { .. } => "backup_store",
-            Error::Certificate(_) => "certificate",
-        }
-    }
-}
-
-/// The bounded category of a data-plane error, for metrics and conditions.
-pub fn redis_category(e: &crate::redis::Error) -> &'static str {
-    match e.category() {
-        crate::redis::ErrorCategory::Auth => "redis_auth",
-        crate::redis::ErrorCategory::Timeout | crate::redis::ErrorCategory::Connection => {
-            "redis_unreachable"
-        }
-        _ => "redis",
-    }
 }
 
 /// Shared by every reconcile.
@@ -332,140 +228,6 @@ impl Context {
     }
 }
 
-/// A time as the statuses write it: RFC 3339, whole seconds, UTC (`Z`).
-pub fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// The API of `K` in the watched namespace `ns`, or in all namespaces.
-pub fn scoped_api<K>(client: &Client, ns: &Option<String>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// The event recorder of every controller: reported as `redpilot`, the
-/// instance being the operator's pod.
-pub fn recorder(client: &Client) -> Recorder {
-    Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "redpilot".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    )
-}
-
-/// How long one [`Recorder`] serves before [`Events`] starts a new one:
-/// its cache's time to live (kube-runtime keeps an event for six minutes,
-/// to fold a repeat into a series).
-const RECORDER_TERM: Duration = Duration::from_secs(6 * 60);
-
-/// The Redis controller's event recorder: the first event published more
-/// than [`RECORDER_TERM`] after the current recorder was made gets a new
-/// one. A recorder's cache forgets events after six minutes but keeps the
-/// room they took: with 1,100 Redis starting at once it held 7.4 MB
-/// (`heaptrack`, `make bench`) for the life of the process. A new
-/// recorder starts with an empty cache; a repeat that falls across the
-/// change starts a new event instead of counting on in the old one's
-/// series.
-pub struct Events {
-    client: Client,
-    current: Mutex<(Recorder, std::time::Instant)>,
-}
-
-impl Events {
-    /// A recorder for `client`.
-    pub fn new(client: &Client) -> Self {
-        Events {
-            client: client.clone(),
-            current: Mutex::new((recorder(client), std::time::Instant::now())),
-        }
-    }
-
-    /// The recorder to publish with now.
-    pub fn recorder(&self) -> Recorder {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.1.elapsed() >= RECORDER_TERM {
-            *current = (recorder(&self.client), std::time::Instant::now());
-        }
-        current.0.clone()
-    }
-}
-
-/// Publishes one event about `obj` (its note cut to the API's bound);
-/// a failure to publish is logged, never fatal.
-pub async fn publish_event(
-    recorder: &Recorder,
-    metrics: &Metrics,
-    obj: &k8s_openapi::api::core::v1::ObjectReference,
-    type_: kube::runtime::events::EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    metrics.kube("create_event");
-    // Every event is also a log line (inside a reconcile: with its trace id).
-    let object = format!(
-        "{}/{}/{}",
-        obj.kind.as_deref().unwrap_or(""),
-        obj.namespace.as_deref().unwrap_or(""),
-        obj.name.as_deref().unwrap_or("")
-    );
-    match type_ {
-        kube::runtime::events::EventType::Warning => {
-            tracing::warn!(reason, object, note = %note, "event")
-        }
-        kube::runtime::events::EventType::Normal => {
-            tracing::info!(reason, object, note = %note, "event")
-        }
-    }
-    let ev = kube::runtime::events::Event {
-        type_,
-        reason: reason.into(),
-        note: Some(event_note(note)),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, obj).await {
-        tracing::warn!(error = %e, reason, "publishing an event failed");
-    }
-}
-
-/// An event's note within the API's bound (1,024 characters).
-pub fn event_note(note: String) -> String {
-    const MAX: usize = 1000;
-    if note.chars().count() <= MAX {
-        return note;
-    }
-    let mut n: String = note.chars().take(MAX - 1).collect();
-    n.push('…');
-    n
-}
-
-/// Exponential backoff for the `n`th consecutive failure (n >= 1).
-pub fn backoff(n: u32) -> Duration {
-    let secs = 2u64.saturating_pow(n.clamp(1, 16)).min(300);
-    Duration::from_secs(secs)
-}
-
-/// Which namespaces to watch, from `WATCH_NAMESPACE` (comma-separated; empty
-/// or unset means all).
-pub fn watch_namespaces(value: Option<&str>) -> Vec<String> {
-    value
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
 /// A Redis as the controller caches it (see [`cache::Frozen`]).
 type FrozenRedis = cache::Frozen<Redis>;
 
@@ -627,7 +389,7 @@ pub async fn run_controllers(
         let settings = settings.clone();
         let health = health.clone();
         async move {
-            use self::scoped_api as api;
+            use self::base::scoped_api as api;
             let managed =
                 watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
             fn keep<K>(_: &mut K) {}
@@ -795,6 +557,8 @@ pub async fn run_controllers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::base::watch_namespaces;
+    use crate::controller::events::event_note;
 
     #[test]
     fn watch_namespaces_parse() {

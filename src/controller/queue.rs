@@ -11,7 +11,7 @@
 //!
 //! A Redis *waits* from the moment its entry is due until its reconcile
 //! starts: behind busy workers (`MAX_CONCURRENT_RECONCILES`), behind its
-//! own running reconcile, or in the scheduler's debounce ([`super::DEBOUNCE`]), which is
+//! own running reconcile, or in the scheduler's debounce ([`DEBOUNCE`]), which is
 //! time the change waits too. A requeue due later is *scheduled*, not
 //! waiting.
 
@@ -23,6 +23,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::v1alpha1::Redis;
+
+/// How long the controller holds a trigger for a Redis before reconciling
+/// it, merging what arrives meanwhile: the burst of watch events one
+/// change makes (a pod's status, its StatefulSet's, within milliseconds of
+/// each other) becomes one pass. Every trigger waits this long, the failure
+/// monitor's too, so it is part of every failover (it was 200 ms; the
+/// events of a burst come well within 50).
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// What a reconcile asks of the scheduler: run again after a delay, or only
 /// on a change. Kept readable (kube-runtime's [`Action`] hides its delay)

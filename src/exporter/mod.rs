@@ -250,7 +250,7 @@ impl Exporter {
                                 text.push_str(&cluster);
                             }
                             Err(e) => tracing::warn!(
-                                category = crate::controller::redis_category(&e),
+                                category = crate::controller::error::redis_category(&e),
                                 error = %e,
                                 "CLUSTER INFO failed; the cluster series are left out of this scrape"
                             ),
@@ -307,7 +307,7 @@ impl Exporter {
             }
             Err(e) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(category = crate::controller::redis_category(&e), error = %e, "scrape failed");
+                tracing::warn!(category = crate::controller::error::redis_category(&e), error = %e, "scrape failed");
                 false
             }
         };

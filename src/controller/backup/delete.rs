@@ -9,8 +9,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::{FINALIZER, FINALIZER_MANAGER, Pass, job};
-use crate::controller::Error;
 use crate::controller::agent;
+use crate::controller::error::Error;
 
 impl Pass {
     /// The finalizer, added or removed with server-side apply (this

@@ -45,11 +45,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::agent::{self, Target};
-use super::{Error, FIELD_MANAGER};
 use crate::api::v1alpha1::{
     BackupOrigin, BackupPhase, DeletionPolicy, Mode, Redis, RedisBackup, RedisBackupStatus,
     S3Location,
 };
+use crate::controller::base::FIELD_MANAGER;
+use crate::controller::error::Error;
 
 use crate::telemetry::Metrics;
 
@@ -79,8 +80,8 @@ pub struct BackupContext {
 
 /// Runs the RedisBackup controller in `ns` (all namespaces when `None`).
 pub async fn run(client: Client, ns: Option<String>, ctx: Arc<BackupContext>) {
-    let backups: Api<RedisBackup> = super::scoped_api(&client, &ns);
-    let jobs: Api<Job> = super::scoped_api(&client, &ns);
+    let backups: Api<RedisBackup> = crate::controller::base::scoped_api(&client, &ns);
+    let jobs: Api<Job> = crate::controller::base::scoped_api(&client, &ns);
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=redpilot");
     let controller = Controller::new(backups, watcher::Config::default());
     // The per-Redis series (phase, last backup) are read from these caches.
@@ -267,7 +268,7 @@ impl Pass {
         let job_name = job::job_name(&self.name, &self.uid()?, "backup");
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
-            started_at: Some(crate::controller::rfc3339(now)),
+            started_at: Some(crate::controller::base::rfc3339(now)),
             location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             source: Some(source.clone()),
@@ -590,7 +591,7 @@ impl Pass {
     async fn fail(&mut self, reason: &'static str, message: String) -> Result<Action, Error> {
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Failed),
-            completed_at: Some(crate::controller::rfc3339(chrono::Utc::now())),
+            completed_at: Some(crate::controller::base::rfc3339(chrono::Utc::now())),
             reason: Some(reason.into()),
             message: Some(message.clone()),
             ..self.status()
@@ -785,7 +786,10 @@ impl Pass {
     async fn event(&self, type_: EventType, reason: &str, note: String) {
         let obj = self.b.object_ref(&());
         let (recorder, metrics) = (&self.ctx.recorder, &self.ctx.metrics);
-        super::publish_event(recorder, metrics, &obj, type_, reason, "Backup", note).await;
+        crate::controller::events::publish_event(
+            recorder, metrics, &obj, type_, reason, "Backup", note,
+        )
+        .await;
     }
 }
 

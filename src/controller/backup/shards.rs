@@ -12,7 +12,7 @@ use crate::api::v1alpha1::{
     BackupOrigin, BackupPhase, BackupShardStatus, Redis, RedisBackupStatus, ReshardingPhase,
     ReshardingStatus,
 };
-use crate::controller::Error;
+use crate::controller::error::Error;
 
 impl Pass {
     /// A backup of a Cluster Redis: one Job per shard, all at once, each
@@ -108,7 +108,7 @@ impl Pass {
             .collect();
         let st = RedisBackupStatus {
             phase: Some(BackupPhase::Running),
-            started_at: Some(crate::controller::rfc3339(now)),
+            started_at: Some(crate::controller::base::rfc3339(now)),
             location: Some(self.target()?.location(&key)),
             key: Some(key.clone()),
             shards: shards.clone(),
@@ -219,7 +219,7 @@ impl Pass {
         let last = manifests.last();
         let done = RedisBackupStatus {
             phase: Some(BackupPhase::Completed),
-            completed_at: Some(crate::controller::rfc3339(chrono::Utc::now())),
+            completed_at: Some(crate::controller::base::rfc3339(chrono::Utc::now())),
             size_bytes: Some(size),
             keys,
             engine: last.map(|m| m.engine.clone()).or(st.engine.clone()),

@@ -33,7 +33,7 @@ use kube::Api;
 
 use super::Pass;
 use crate::api::v1alpha1::Redis;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::controller::redis::{build, tls};
 use crate::redis::cluster::{self, ClusterNode};
 use crate::redis::info::{LinkStatus, ReplicationInfo, Role};

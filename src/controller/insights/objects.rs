@@ -195,7 +195,7 @@ pub async fn reconcile(
                         return Err(Error::Conflict {
                             kind,
                             name: name.clone(),
-                            owner: crate::controller::holder(&l.metadata),
+                            owner: crate::controller::error::holder(&l.metadata),
                         });
                     }
                     if live.as_ref().and_then(build::stamped_hash) == h.as_deref() {

@@ -147,7 +147,7 @@ impl Reconciler {
             return Err(Error::Conflict {
                 kind: "Certificate",
                 name,
-                owner: crate::controller::holder(&l.metadata),
+                owner: crate::controller::error::holder(&l.metadata),
             });
         }
         let want = desired(&self.redis, issuer);

@@ -29,7 +29,7 @@ use kube::runtime::events::EventType;
 use super::build;
 use super::facts::PodFacts;
 use super::{Error, Reconciler};
-use crate::controller::FIELD_MANAGER;
+use crate::controller::base::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// The server-auth Secret as the operator last wrote it.
@@ -280,7 +280,7 @@ impl Reconciler {
     /// A rotation step failed on one instance: Degraded by category, without
     /// the server's message (it could echo a password).
     async fn credential_failed(&mut self, what: String, e: &crate::redis::Error) {
-        let category = crate::controller::redis_category(e);
+        let category = crate::controller::error::redis_category(e);
         self.data_plane_category(format!("{what} failed ({category})"), category)
             .await;
     }

@@ -20,7 +20,7 @@ use super::Reconciler;
 use super::build;
 use super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::HibernationStatus;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// How long writes stay paused on the primary while the instances save
@@ -77,7 +77,7 @@ impl Reconciler {
                             format!("at {} shard primaries' offsets {offsets:?}", offsets.len())
                         }
                     };
-                    let now = crate::controller::rfc3339(chrono::Utc::now());
+                    let now = crate::controller::base::rfc3339(chrono::Utc::now());
                     let note = format!(
                         "saved the dataset on {} instance(s) {at}; removing the pods (volumes and Secret stay)",
                         running.len()
@@ -107,7 +107,7 @@ impl Reconciler {
             && let Some(h) = self.hibernation.as_mut()
             && h.since.is_none()
         {
-            h.since = Some(crate::controller::rfc3339(chrono::Utc::now()));
+            h.since = Some(crate::controller::base::rfc3339(chrono::Utc::now()));
             let note = "all pods stopped; the volumes and the Secret are kept".to_string();
             self.event(EventType::Normal, "Hibernated", "Hibernate", note)
                 .await;

@@ -68,8 +68,9 @@ use kube::{Api, Resource, ResourceExt};
 
 use self::build::Names;
 use self::observe::Auth;
-use super::{Context, Error};
+use super::Context;
 use crate::api::v1alpha1::{Engine, Mode, Redis};
+use crate::controller::error::Error;
 use crate::redis::ConnectOptions;
 use crate::redis::info::{EngineKind, Version};
 
@@ -227,14 +228,17 @@ impl Reconciler {
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
         let obj = self.redis.object_ref(&());
         let (recorder, metrics) = (self.ctx.events.recorder(), &self.ctx.metrics);
-        super::publish_event(&recorder, metrics, &obj, type_, reason, action, note).await;
+        crate::controller::events::publish_event(
+            &recorder, metrics, &obj, type_, reason, action, note,
+        )
+        .await;
     }
 
     /// A data-plane action failed: Degraded with a reason by category, a
     /// Warning event, and `reconcile_errors_total{category}`. The pass goes
     /// on with the other instances; the next pass retries.
     async fn data_plane_failed(&mut self, what: String, e: &crate::redis::Error) {
-        let category = super::redis_category(e);
+        let category = crate::controller::error::redis_category(e);
         self.data_plane_category(format!("{what}: {e}"), category)
             .await;
     }
@@ -310,7 +314,7 @@ impl Reconciler {
         .then(|| Error::Conflict {
             kind,
             name,
-            owner: super::holder(meta),
+            owner: crate::controller::error::holder(meta),
         })
     }
 

@@ -275,7 +275,7 @@ impl Reconciler {
                 // Nothing moved (a switchover that cannot demote the old
                 // primary is rolled back): say so, and try again next pass.
                 let msg = format!("switchover {from} → {to} ({why}) failed: {e}");
-                let category = crate::controller::redis_category(&e);
+                let category = crate::controller::error::redis_category(&e);
                 self.report_failure("SwitchoverFailed", "Switchover", category, msg)
                     .await;
                 None

@@ -15,7 +15,7 @@ use super::build;
 use super::credentials::ServerAuth;
 use super::facts::PodFacts;
 use crate::api::v1alpha1::Redis;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions, certs};
 
 /// The server certificate file in the TLS volume.

@@ -508,7 +508,7 @@ impl Reconciler {
     /// One instance refused a step: Degraded by category, without the
     /// server's reply (the command carried a password hash).
     async fn users_failed(&mut self, what: &str, pod: &str, e: &crate::redis::Error) {
-        let category = crate::controller::redis_category(e);
+        let category = crate::controller::error::redis_category(e);
         self.data_plane_category(
             format!("applying {what} on {pod} failed ({category})"),
             category,

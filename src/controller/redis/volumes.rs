@@ -178,7 +178,7 @@ impl Reconciler {
                     .api::<PersistentVolumeClaim>()
                     .patch(
                         &claim,
-                        &PatchParams::apply(crate::controller::FIELD_MANAGER).force(),
+                        &PatchParams::apply(crate::controller::base::FIELD_MANAGER).force(),
                         &Patch::Apply(&patch),
                     )
                     .await;

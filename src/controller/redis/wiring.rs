@@ -10,7 +10,7 @@ use kube::runtime::events::EventType;
 use super::build::{self, ROLE_LABEL};
 use super::facts::{PodFacts, Role};
 use super::{Error, Reconciler, plan};
-use crate::controller::FIELD_MANAGER;
+use crate::controller::base::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// A replica following the primary whose link has been down this long is

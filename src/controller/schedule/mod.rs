@@ -23,10 +23,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::{Error, FIELD_MANAGER, rfc3339};
 use crate::api::v1alpha1::{
     BackupPhase, RedisBackup, RedisBackupSchedule, RedisBackupScheduleStatus, ScheduledRun,
 };
+use crate::controller::base::{FIELD_MANAGER, rfc3339};
+use crate::controller::error::Error;
 use crate::controller::redis::build;
 use crate::telemetry::Metrics;
 
@@ -47,8 +48,8 @@ pub struct ScheduleContext {
 
 /// Runs the schedule controller in `ns` (all namespaces when `None`).
 pub async fn run(client: Client, ns: Option<String>, ctx: Arc<ScheduleContext>) {
-    let schedules: Api<RedisBackupSchedule> = super::scoped_api(&client, &ns);
-    let backups: Api<RedisBackup> = super::scoped_api(&client, &ns);
+    let schedules: Api<RedisBackupSchedule> = crate::controller::base::scoped_api(&client, &ns);
+    let backups: Api<RedisBackup> = crate::controller::base::scoped_api(&client, &ns);
     Controller::new(schedules, watcher::Config::default())
         // A backup of a schedule that ends lets the next run start and
         // retention prune.
@@ -322,7 +323,7 @@ async fn publish(
     note: String,
 ) {
     let obj = s.object_ref(&());
-    super::publish_event(
+    crate::controller::events::publish_event(
         &ctx.recorder,
         &ctx.metrics,
         &obj,

@@ -26,7 +26,7 @@ use kube::runtime::events::EventType;
 
 use super::policy::{human, maxmemory_of};
 use super::{Reconciler, record, resources};
-use crate::controller::FIELD_MANAGER;
+use crate::controller::base::FIELD_MANAGER;
 use crate::controller::redis::build;
 use crate::controller::redis::facts::PodFacts;
 use crate::redis::{ConnectOptions, Endpoint};

@@ -377,7 +377,7 @@ impl Reconciler {
         });
         self.ctx.metrics.kube("apply_redis_spec");
         let api: kube::Api<crate::api::v1alpha1::Redis> = self.api();
-        let pp = kube::api::PatchParams::apply(crate::controller::FIELD_MANAGER).force();
+        let pp = kube::api::PatchParams::apply(crate::controller::base::FIELD_MANAGER).force();
         match api
             .patch(&self.redis.name_any(), &pp, &kube::api::Patch::Apply(&body))
             .await
