@@ -209,7 +209,7 @@ fn security_context() -> SecurityContext {
     SecurityContext {
         run_as_user: Some(65532),
         run_as_group: Some(65532),
-        ..super::redis::build::restricted_security_context()
+        ..super::layout::restricted_security_context()
     }
 }
 

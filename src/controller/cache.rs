@@ -310,7 +310,7 @@ impl Stores {
 /// the readiness probe only whether it speaks TLS (its `--tls` flag, how
 /// the server listens) or answers either way, and of the volumes the TLS one (its Secret).
 pub(crate) fn slim_pod(pod: &mut Pod) {
-    use crate::controller::redis::facts::{
+    use crate::controller::layout::{
         EITHER_STARTS_PLAIN, EITHER_STARTS_TLS, TLS_PROBE_FLAG, probes_either, probes_tls,
     };
     if let Some(spec) = pod.spec.take() {
@@ -318,7 +318,7 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
             .volumes
             .into_iter()
             .flatten()
-            .filter(|v| v.name == crate::controller::redis::statefulset::TLS_VOLUME)
+            .filter(|v| v.name == crate::controller::layout::TLS_VOLUME)
             .map(|v| Volume {
                 name: v.name,
                 secret: v.secret.map(|s| SecretVolumeSource {
@@ -495,8 +495,8 @@ mod tests {
     #[test]
     fn a_frozen_statefulset_thaws_to_the_same_object() {
         use crate::api::v1alpha1::{RedisSpec, StorageSpec, TlsSpec};
+        use crate::controller::names::Names;
         use crate::controller::redis::build::test_redis;
-        use crate::controller::redis::names::Names;
         use crate::controller::redis::statefulset::statefulset;
         let r = test_redis(RedisSpec {
             tls: Some(TlsSpec {

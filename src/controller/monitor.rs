@@ -14,7 +14,7 @@
 //! - **silent**: no answer (connect or command timed out). A silent primary
 //!   may only be slow (`DEBUG SLEEP`, a CPU stall, a long command): it is
 //!   reported with how long it has been silent, and the failover module
-//!   replaces it only after a bound (see [`super::redis::failover`]).
+//!   replaces it only after a bound (the Redis controller's failover step).
 //!
 //! For a Redis with the memory autopilot on, the probe also reads the
 //! primary's `used_memory` every [`MEMORY_INTERVAL`] over the same
@@ -463,7 +463,7 @@ async fn probe_loop(
     let endpoint = Endpoint::new(&target.ip, target.port);
     let opts = ConnectOptions::default()
         .with_user_or_default(
-            crate::controller::redis::build::OPERATOR_USER,
+            crate::controller::names::OPERATOR_USER,
             target.password.clone(),
         )
         .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);

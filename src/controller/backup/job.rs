@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::v1alpha1::{Redis, RedisBackup};
 use crate::controller::agent::{self, Target};
-use crate::controller::redis::build::{self, Names};
+use crate::controller::names::{self, Names};
 
 /// The agent's container in the Job.
 pub const CONTAINER: &str = "backup";
@@ -36,14 +36,14 @@ pub const RETRIES: i32 = 2;
 /// its two rolls, switched live). `None` when it can, or when the pod says
 /// nothing of it (no server container).
 pub fn listens_otherwise(pod: &Pod, tls: bool) -> Option<String> {
-    use crate::controller::redis::facts::{probes_either, probes_tls};
+    use crate::controller::layout::{probes_either, probes_tls};
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let c = pod
         .spec
         .as_ref()?
         .containers
         .iter()
-        .find(|c| c.name == crate::controller::redis::names::SERVER_CONTAINER)?;
+        .find(|c| c.name == crate::controller::names::SERVER_CONTAINER)?;
     if probes_either(c) {
         return Some(format!(
             "TLS is being turned {} on the cluster: {name} may listen either way until its last restart",
@@ -100,7 +100,7 @@ pub fn source_candidates(redis: &Redis, usable: impl Fn(&str) -> bool) -> Vec<St
 /// A backup read from such a pod would lose its source half way: the
 /// restarted pod comes back at another address.
 pub fn restart_pending(pod: &Pod, sts: &StatefulSet) -> bool {
-    if !crate::controller::redis::facts::sts_observed(sts) {
+    if !crate::controller::layout::sts_observed(sts) {
         return true;
     }
     let Some(want) = sts
@@ -375,7 +375,7 @@ pub fn job(
         "--host".into(),
         host.to_string(),
         "--port".into(),
-        build::REDIS_PORT.to_string(),
+        names::REDIS_PORT.to_string(),
         "--source-name".into(),
         source.to_string(),
     ];
@@ -393,10 +393,10 @@ pub fn job(
     if from.tls_secret.is_some() {
         args.extend([
             "--tls-ca-file".to_string(),
-            crate::controller::redis::tls::ca_path(),
+            crate::controller::layout::ca_path(),
         ]);
         if from.tls_present {
-            use crate::controller::redis::tls::{CERT_FILE, KEY_FILE, mounted};
+            use crate::controller::layout::{CERT_FILE, KEY_FILE, mounted};
             args.extend([
                 "--tls-cert-file".to_string(),
                 mounted(CERT_FILE),
@@ -410,9 +410,9 @@ pub fn job(
     // (see `users::system_users`); the default user only for a Redis
     // without a password.
     let (user, key_of_password) = if as_backup_user {
-        (Some(build::BACKUP_USER), build::BACKUP_PASSWORD_KEY)
+        (Some(names::BACKUP_USER), names::BACKUP_PASSWORD_KEY)
     } else {
-        (None, build::PASSWORD_KEY)
+        (None, names::PASSWORD_KEY)
     };
     let mut env = vec![EnvVar {
         name: "REDIS_PASSWORD".into(),
@@ -444,14 +444,13 @@ pub fn job(
     j
 }
 
-/// Mounts `ca.crt` of the TLS Secret `secret` at [`build::TLS_DIR`] in
+/// Mounts `ca.crt` of the TLS Secret `secret` at [`names::TLS_DIR`] in
 /// the agent's container: the CA only (no key), readable by any user (the
 /// agent's user is the image's); with `present`, the certificate and its
 /// key too, readable by the pod's group only ([`AGENT_KEY_GROUP`], which
 /// the kubelet gives the files and the agent's process, whatever its user).
 fn add_ca_volume(pod: &mut PodSpec, secret: &str, present: bool) {
-    use crate::controller::redis::statefulset::{tls_mount, tls_volume};
-    use crate::controller::redis::tls::{CA_FILE, CERT_FILE, KEY_FILE};
+    use crate::controller::layout::{CA_FILE, CERT_FILE, KEY_FILE, tls_mount, tls_volume};
     const VOLUME: &str = "tls-ca";
     let files: &[&str] = if present {
         &[CA_FILE, CERT_FILE, KEY_FILE]
@@ -533,7 +532,7 @@ fn agent_job(
         (BACKUP_LABEL.to_string(), name.clone()),
     ]);
     let mut labels = pod_labels.clone();
-    labels.insert(build::MANAGED_BY_LABEL.into(), build::MANAGED_BY.into());
+    labels.insert(names::MANAGED_BY_LABEL.into(), names::MANAGED_BY.into());
     Job {
         metadata: ObjectMeta {
             name: Some(job_name.to_string()),
@@ -598,7 +597,7 @@ mod tests {
             },
             spec: Some(PodSpec {
                 containers: vec![Container {
-                    name: crate::controller::redis::names::SERVER_CONTAINER.into(),
+                    name: crate::controller::names::SERVER_CONTAINER.into(),
                     readiness_probe: Some(Probe {
                         exec: Some(ExecAction {
                             command: Some(vec!["sh".into(), "-c".into(), probe.into()]),
@@ -615,7 +614,7 @@ mod tests {
 
     #[test]
     fn a_backup_waits_for_a_source_that_listens_as_the_agent_speaks() {
-        use crate::controller::redis::facts::{EITHER_STARTS_PLAIN, TLS_PROBE_FLAG};
+        use crate::controller::layout::{EITHER_STARTS_PLAIN, TLS_PROBE_FLAG};
         let plain = server_pod("redis-cli -h 127.0.0.1 -p 6379 info");
         let tls = server_pod(&format!(
             "redis-cli{TLS_PROBE_FLAG} --insecure -h 127.0.0.1 info"
@@ -1071,8 +1070,8 @@ mod tests {
             .metadata
             .and_then(|m| m.labels)
             .unwrap_or_default();
-        assert!(!pod_labels.contains_key(build::INSTANCE_LABEL));
-        assert!(!pod_labels.contains_key(build::MANAGED_BY_LABEL));
+        assert!(!pod_labels.contains_key(names::INSTANCE_LABEL));
+        assert!(!pod_labels.contains_key(names::MANAGED_BY_LABEL));
     }
 
     #[test]

@@ -320,10 +320,10 @@ impl Pass {
             .and_then(|r| r.thaw());
         let tls_secret = redis
             .as_ref()
-            .and_then(crate::controller::redis::tls::secret_of);
+            .and_then(crate::controller::layout::secret_of);
         let tls_present = redis
             .as_ref()
-            .is_some_and(crate::controller::redis::tls::asks_clients);
+            .is_some_and(crate::controller::layout::asks_clients);
         let from = job::JobSource {
             pod: source,
             host,
@@ -664,7 +664,7 @@ impl Pass {
     /// the user is not on every instance yet (read from the Redis's
     /// server-auth Secret, which records both).
     async fn agent_user(&self) -> Result<Option<bool>, Error> {
-        use crate::controller::redis::build;
+        use crate::controller::names as build;
         let name = build::Names::new(&self.b.spec.redis).server_auth();
         self.ctx.metrics.kube("get_secret");
         let secret: Option<k8s_openapi::api::core::v1::Secret> =
@@ -695,7 +695,7 @@ impl Pass {
         pod: &str,
     ) -> Result<std::result::Result<String, String>, Error> {
         let p = self.pod(pod).await?;
-        let tls = crate::controller::redis::tls::secret_of(redis).is_some();
+        let tls = crate::controller::layout::secret_of(redis).is_some();
         if let Some(why) = p.as_ref().and_then(|p| job::listens_otherwise(p, tls)) {
             return Ok(Err(format!(
                 "waiting for the source to listen as the agent speaks: {why}"

@@ -34,7 +34,8 @@ use kube::Api;
 use super::Pass;
 use crate::api::v1alpha1::Redis;
 use crate::controller::error::Error;
-use crate::controller::redis::{build, tls};
+use crate::controller::layout;
+use crate::controller::names;
 use crate::redis::cluster::{self, ClusterNode};
 use crate::redis::info::{LinkStatus, ReplicationInfo, Role};
 use crate::redis::{ConnectOptions, Endpoint, Node, TlsOptions};
@@ -160,7 +161,7 @@ impl Pass {
                     continue;
                 }
             };
-            let endpoint = Endpoint::new(&host, build::REDIS_PORT);
+            let endpoint = Endpoint::new(&host, names::REDIS_PORT);
             let asked = async {
                 let mut node = Node::connect(&endpoint, &opts).await?;
                 let repl = node.replication().await?;
@@ -195,7 +196,7 @@ impl Pass {
     /// (the Secret's CA; its certificate presented where clients must
     /// present one). `None` while the Secret has no password entry.
     async fn operator_options(&self, redis: &Redis) -> Result<Option<ConnectOptions>, Error> {
-        let names = build::Names::new(&self.b.spec.redis);
+        let names = names::Names::new(&self.b.spec.redis);
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         self.ctx.metrics.kube("get_secret");
         let Some(data) = secrets
@@ -205,7 +206,7 @@ impl Pass {
         else {
             return Ok(None);
         };
-        let Some(password) = data.get(build::PASSWORD_KEY) else {
+        let Some(password) = data.get(names::PASSWORD_KEY) else {
             return Ok(None);
         };
         let password = String::from_utf8_lossy(&password.0).into_owned();
@@ -214,9 +215,9 @@ impl Pass {
         let opts = if password.is_empty() {
             opts
         } else {
-            opts.with_user_or_default(build::OPERATOR_USER, password)
+            opts.with_user_or_default(names::OPERATOR_USER, password)
         };
-        let Some(name) = tls::secret_of(redis) else {
+        let Some(name) = layout::secret_of(redis) else {
             return Ok(Some(opts));
         };
         self.ctx.metrics.kube("get_secret");
@@ -228,13 +229,13 @@ impl Pass {
                 .map(|b| b.0.clone())
                 .filter(|b| !b.is_empty())
         };
-        let Some(ca) = file(tls::CA_FILE) else {
+        let Some(ca) = file(layout::CA_FILE) else {
             return Ok(None);
         };
         let mut t = TlsOptions::servers_of_ca(ca);
-        if tls::asks_clients(redis) {
-            t.client_cert_pem = file(tls::CERT_FILE);
-            t.client_key_pem = file(tls::KEY_FILE);
+        if layout::asks_clients(redis) {
+            t.client_cert_pem = file(layout::CERT_FILE);
+            t.client_key_pem = file(layout::KEY_FILE);
         }
         Ok(Some(opts.with_tls(t)))
     }

@@ -18,9 +18,10 @@ use serde_json::json;
 use super::rules::{self, Scope};
 use super::sidecar;
 use crate::api::v1alpha1::Redis;
-use crate::controller::redis::build;
+use crate::controller::base::FIELD_MANAGER;
+use crate::controller::error::Error;
+use crate::controller::names;
 use crate::controller::served::Served;
-use crate::controller::{Error, FIELD_MANAGER};
 
 const GROUP_VERSION: &str = "monitoring.coreos.com/v1";
 const RECHECK: Duration = Duration::from_secs(30);
@@ -102,13 +103,13 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
     let ns = redis.namespace().unwrap_or_default();
     let name = redis.name_any();
     let mut labels = m.labels.clone();
-    labels.extend(build::labels(redis));
+    labels.extend(names::labels(redis));
     let object = |(kind, plural): (&'static str, &str), spec: serde_json::Value| {
         let mut obj = DynamicObject::new(&name, &resource(kind, plural)).within(&ns);
         obj.metadata.labels = Some(labels.clone());
-        obj.metadata.owner_references = build::owner_reference(redis).map(|o| vec![o]);
+        obj.metadata.owner_references = names::owner_reference(redis).map(|o| vec![o]);
         obj.data = json!({ "spec": spec });
-        (kind, build::stamp_hash(obj))
+        (kind, names::stamp_hash(obj))
     };
     let mut out = Vec::new();
     if m.exporter {
@@ -128,7 +129,7 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
         out.push(object(
             KINDS[0],
             json!({
-                "selector": {"matchLabels": build::selector_labels(redis)},
+                "selector": {"matchLabels": names::selector_labels(redis)},
                 "namespaceSelector": {"matchNames": [ns]},
                 "podMetricsEndpoints": [{
                     "port": sidecar::PORT_NAME,
@@ -170,9 +171,7 @@ pub async fn reconcile(
         Vec::new()
     };
     let uid = redis.metadata.uid.clone().unwrap_or_default();
-    let ours = |meta: &kube::api::ObjectMeta| {
-        crate::controller::redis::children::controlled_by(meta, &uid)
-    };
+    let ours = |meta: &kube::api::ObjectMeta| crate::controller::names::controlled_by(meta, &uid);
     let mut wrote = false;
     for (kind, plural) in KINDS {
         let api: Api<DynamicObject> =
@@ -180,7 +179,7 @@ pub async fn reconcile(
         let known = insights.written(&oref, kind);
         match desired.iter().find(|(k, _)| *k == kind) {
             Some((_, obj)) => {
-                let h = build::stamped_hash(obj).map(String::from);
+                let h = names::stamped_hash(obj).map(String::from);
                 if known.as_ref() == Some(&h) {
                     continue;
                 }
@@ -198,7 +197,7 @@ pub async fn reconcile(
                             owner: crate::controller::error::holder(&l.metadata),
                         });
                     }
-                    if live.as_ref().and_then(build::stamped_hash) == h.as_deref() {
+                    if live.as_ref().and_then(names::stamped_hash) == h.as_deref() {
                         insights.remember(&oref, kind, h);
                         continue;
                     }
@@ -283,7 +282,7 @@ mod tests {
             assert_eq!(v["metadata"]["namespace"], "shop");
             assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
             assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
-            assert!(build::stamped_hash(o).is_some());
+            assert!(names::stamped_hash(o).is_some());
         }
         let pm = serde_json::to_value(&objs[0].1).expect("json");
         assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics");

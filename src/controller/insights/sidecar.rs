@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::v1alpha1::Redis;
-use crate::controller::redis::build::{PASSWORD_KEY, REDIS_PORT};
-use crate::controller::redis::tls::{CERT_FILE, KEY_FILE, asks_clients, ca_path, mounted};
+use crate::controller::layout::{CERT_FILE, KEY_FILE, asks_clients, ca_path, mounted};
+use crate::controller::names::{PASSWORD_KEY, REDIS_PORT};
 
 /// Name of the sidecar container.
 pub const CONTAINER: &str = "exporter";
@@ -41,7 +41,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
     if !m.exporter {
         return None;
     }
-    let tls = crate::controller::redis::tls::listens(redis);
+    let tls = crate::controller::layout::listens(redis);
     let present = asks_clients(redis);
     let (image, command, env) = match &m.exporter_image {
         // The operator's image runs its own exporter (a small binary of its
@@ -62,12 +62,10 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 .chain(tls.then(|| "--tls-loopback".to_string()))
                 // The servers ask clients for a certificate: the mounted
                 // one, read at each connection (a renewal is followed).
-                .chain(present.then(|| {
-                    format!(
-                        "--tls-client-dir={}",
-                        crate::controller::redis::build::TLS_DIR
-                    )
-                }))
+                .chain(
+                    present
+                        .then(|| format!("--tls-client-dir={}", crate::controller::names::TLS_DIR)),
+                )
                 .collect(),
             ),
             vec![],
@@ -130,7 +128,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
         ..Default::default()
     }];
     if tls {
-        use crate::controller::redis::statefulset::{TLS_VOLUME, tls_mount};
+        use crate::controller::layout::{TLS_VOLUME, tls_mount};
         mounts.push(tls_mount(TLS_VOLUME));
     }
     let container = Container {
@@ -151,7 +149,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                 .unwrap_or_else(default_resources),
         ),
         volume_mounts: Some(mounts),
-        security_context: Some(crate::controller::redis::build::restricted_security_context()),
+        security_context: Some(crate::controller::layout::restricted_security_context()),
         ..Default::default()
     };
     let volume = Volume {

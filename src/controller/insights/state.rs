@@ -110,7 +110,7 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
             let fenced = status.conditions.iter().any(|c| {
                 c.type_ == "PrimaryAvailable"
                     && c.status == "False"
-                    && c.reason == crate::controller::redis::status::FENCED
+                    && c.reason == crate::controller::layout::FENCED
             });
             out.add(
                 "redpilot_redis_primary_fenced",
@@ -125,7 +125,7 @@ pub fn series(out: &mut Exposition, redis: &[Arc<Redis>], backups: &[Arc<RedisBa
         let at_maximum = status
             .conditions
             .iter()
-            .find(|c| c.type_ == crate::controller::redis::autopilot::CONDITION)
+            .find(|c| c.type_ == crate::controller::layout::MEMORY_AT_MAXIMUM)
             .filter(|_| r.spec.memory_autopilot().is_some());
         if let Some(c) = at_maximum {
             out.add(

@@ -41,7 +41,8 @@ use crate::api::v1alpha1::{
     RedisBackupStatus, RedisSpec, S3Location, VolumeLocation,
 };
 use crate::controller::agent::{self, Outcome, Target};
-use crate::controller::{Error, FIELD_MANAGER};
+use crate::controller::base::FIELD_MANAGER;
+use crate::controller::error::Error;
 
 /// Name of the restore init container.
 pub const RESTORE_CONTAINER: &str = "restore";

@@ -5,133 +5,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::{Resource, ResourceExt};
 
-use crate::api::v1alpha1::{Engine, Mode, Redis};
+use crate::api::v1alpha1::{Mode, Redis};
 
-pub use super::names::*;
-
-/// The container security context every container the operator creates
-/// runs with: non-root, no privilege escalation, no capabilities, a
-/// read-only root filesystem.
-pub fn restricted_security_context() -> k8s_openapi::api::core::v1::SecurityContext {
-    k8s_openapi::api::core::v1::SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// Labels every child carries.
-pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
-    let mut l = selector_labels(redis);
-    l.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-    l.insert("app.kubernetes.io/component".into(), "database".into());
-    l.insert(
-        "app.kubernetes.io/version".into(),
-        label_safe(redis.spec.version()),
-    );
-    l
-}
-
-/// In-memory annotation (never written) carrying the `app.kubernetes.io/name`
-/// of the live StatefulSet's selector into the builders: a selector cannot
-/// change, so after a move from Redis to Valkey the pods keep the name the
-/// Redis was created with.
-pub const SELECTOR_NAME_ANNOTATION: &str = "redpilot.io/selector-name";
-
-/// `app.kubernetes.io/name` of a Redis created with `engine`.
-pub fn engine_name(engine: Engine) -> &'static str {
-    match engine {
-        Engine::Redis => "redis",
-        Engine::Valkey => "valkey",
-    }
-}
-
-/// Labels selecting the pods of one Redis.
-pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
-    let name = redis
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SELECTOR_NAME_ANNOTATION).cloned())
-        .unwrap_or_else(|| engine_name(redis.spec.engine()).to_string());
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), name),
-        (INSTANCE_LABEL.to_string(), redis.name_any()),
-    ])
-}
-
-fn label_safe(value: &str) -> String {
-    value
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(63)
-        .collect()
-}
-
-/// The controller owner reference every child gets.
-pub fn owner_reference(redis: &Redis) -> Option<OwnerReference> {
-    redis.controller_owner_ref(&())
-}
-
-pub(crate) fn meta(redis: &Redis, name: String) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: redis.namespace(),
-        labels: Some(labels(redis)),
-        owner_references: owner_reference(redis).map(|o| vec![o]),
-        ..Default::default()
-    }
-}
-
-/// A stable 64-bit FNV-1a hash, rendered in hex. Used to tell whether a child
-/// must be re-applied and whether pods must restart; it must not change
-/// between builds of the operator, so std's randomised hasher will not do.
-pub fn stable_hash(parts: &[&str]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain(std::iter::once(0u8)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
-}
-
-/// Sets [`HASH_ANNOTATION`] from the object's own JSON form (without the
-/// annotation), so an unchanged object can be skipped without a write.
-pub fn stamp_hash<K: serde::Serialize + Resource>(mut obj: K) -> K {
-    let text = serde_json::to_string(&obj).unwrap_or_default();
-    let hash = stable_hash(&[&text]);
-    obj.meta_mut()
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(HASH_ANNOTATION.into(), hash);
-    obj
-}
-
-/// The hash an object was stamped with.
-pub fn stamped_hash<K: Resource>(obj: &K) -> Option<&str> {
-    obj.meta()
-        .annotations
-        .as_ref()?
-        .get(HASH_ANNOTATION)
-        .map(String::as_str)
-}
+pub use crate::controller::layout::restricted_security_context;
+pub use crate::controller::names::*;
 
 /// A generated auth Secret with `password`.
 pub fn auth_secret(redis: &Redis, names: &Names, password: &str) -> Secret {

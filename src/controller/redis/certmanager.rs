@@ -24,8 +24,9 @@ use super::Reconciler;
 use super::build;
 use super::children::controlled_by;
 use crate::api::v1alpha1::{IssuerRef, Redis};
+use crate::controller::base::FIELD_MANAGER;
+use crate::controller::error::Error;
 use crate::controller::served::Served;
-use crate::controller::{Error, FIELD_MANAGER};
 
 /// The API group and version of cert-manager's `Certificate`.
 pub const GROUP_VERSION: &str = "cert-manager.io/v1";

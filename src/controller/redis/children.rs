@@ -18,11 +18,12 @@ use kube::runtime::reflector::Store;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::build::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use super::build;
 use super::facts::PodFacts;
 use super::{Error, Reconciler, drift, kept, plan, statefulset};
+use crate::controller::Stores;
+use crate::controller::base::FIELD_MANAGER;
 use crate::controller::cache::Frozen;
-use crate::controller::{FIELD_MANAGER, Stores};
 
 /// A namespaced child object the reconciler reads (from its watch cache)
 /// and applies.
@@ -62,26 +63,7 @@ impl Child for Secret {
     }
 }
 
-/// Whether `obj` is controlled by the Redis with `uid`.
-pub fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid)
-}
-
-/// Whether an object without our owner reference may be adopted: it carries
-/// our instance and managed-by labels (left by an earlier install).
-pub fn adoptable(meta: &kube::api::ObjectMeta, instance: &str) -> bool {
-    let labels = meta.labels.as_ref();
-    let has = |k: &str, v: &str| labels.and_then(|l| l.get(k)).map(String::as_str) == Some(v);
-    let has_other_controller = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true));
-    !has_other_controller && has(INSTANCE_LABEL, instance) && has(MANAGED_BY_LABEL, MANAGED_BY)
-}
+pub use crate::controller::names::{adoptable, controlled_by};
 
 /// Whether `live` still holds every field of `desired`.
 pub fn in_sync<K: Serialize>(live: &K, desired: &K) -> Result<bool, Error> {

@@ -5,14 +5,16 @@
 //! and Cluster) decide from them, status reports them; this module imports
 //! none of those.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::names::{Names, ROLE_LABEL, SERVER_CONTAINER};
+pub use crate::controller::layout::{
+    EITHER_STARTS_PLAIN, EITHER_STARTS_TLS, TLS_PROBE_FLAG, probes_either, probes_tls, sts_observed,
+};
+use crate::controller::names::{Names, ROLE_LABEL, SERVER_CONTAINER};
 use crate::redis::info;
 use crate::redis::topology::Topology;
 
@@ -145,7 +147,7 @@ pub struct PodFacts {
     /// Pod Ready condition.
     pub ready: bool,
     /// Running an older template revision than the StatefulSet's (and not
-    /// one it keeps, see [`super::kept`]).
+    /// one it keeps, see the `kept` module).
     pub outdated: bool,
     /// The template revision the pod runs.
     pub revision: Option<String>,
@@ -310,43 +312,6 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
     out
 }
 
-/// The flag of `redis-cli` in a readiness probe that speaks TLS.
-pub const TLS_PROBE_FLAG: &str = " --tls";
-
-/// The line of a readiness probe that answers whichever way its server
-/// listens (a Cluster Redis turning TLS on or off, switched live), when
-/// the server starts in plain text.
-pub const EITHER_STARTS_PLAIN: &str = "# either way; starts in plain text";
-/// The same, when the server starts with TLS.
-pub const EITHER_STARTS_TLS: &str = "# either way; starts with TLS";
-
-fn probe_command(c: &k8s_openapi::api::core::v1::Container) -> &[String] {
-    c.readiness_probe
-        .as_ref()
-        .and_then(|p| p.exec.as_ref())
-        .and_then(|e| e.command.as_deref())
-        .unwrap_or_default()
-}
-
-/// Whether a server container's readiness probe speaks TLS (`--tls`), or
-/// first tries TLS: how the template it runs has the server start.
-pub fn probes_tls(c: &k8s_openapi::api::core::v1::Container) -> bool {
-    let cmd = probe_command(c);
-    if cmd.iter().any(|a| a.contains(EITHER_STARTS_PLAIN)) {
-        return false;
-    }
-    cmd.iter()
-        .any(|a| a.contains(TLS_PROBE_FLAG) || a.contains(EITHER_STARTS_TLS))
-}
-
-/// Whether a server container's readiness probe answers either way: its
-/// server may listen otherwise than it started, switched live.
-pub fn probes_either(c: &k8s_openapi::api::core::v1::Container) -> bool {
-    probe_command(c)
-        .iter()
-        .any(|a| a.contains(EITHER_STARTS_PLAIN) || a.contains(EITHER_STARTS_TLS))
-}
-
 /// The memory limit (or, without one, the request) of a container.
 pub fn memory_limit(r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>) -> Option<u64> {
     let r = r?;
@@ -356,12 +321,6 @@ pub fn memory_limit(r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>
         .and_then(|l| l.get("memory"))
         .or_else(|| r.requests.as_ref().and_then(|l| l.get("memory")))?;
     quantity_bytes(q)
-}
-
-/// Whether the StatefulSet controller has seen the StatefulSet's latest
-/// spec (its status, e.g. the update revision, describes it).
-pub fn sts_observed(s: &StatefulSet) -> bool {
-    s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
 }
 
 pub(crate) fn ordinal_of(name: &str) -> Option<i32> {

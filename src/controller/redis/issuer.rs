@@ -42,7 +42,8 @@ use super::build::{
     NOT_AFTER_ANNOTATION,
 };
 use super::tls::{CA_FILE, CERT_FILE, KEY_FILE};
-use crate::controller::{Error, FIELD_MANAGER};
+use crate::controller::base::FIELD_MANAGER;
+use crate::controller::error::Error;
 
 /// The CA's private key in [`NAMESPACE_CA_SECRET`].
 pub const CA_KEY_FILE: &str = "ca.key";

@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 
-use super::build;
-use super::facts::sts_observed;
+use crate::controller::layout::{self, sts_observed};
+use crate::controller::names;
 
 /// The Redis generation the StatefulSet's template was built for.
 pub const GENERATION_ANNOTATION: &str = "redpilot.io/generation";
@@ -65,7 +65,7 @@ fn server_container(sts: &StatefulSet) -> Option<&k8s_openapi::api::core::v1::Co
         .as_ref()?
         .containers
         .iter()
-        .find(|c| c.name == build::SERVER_CONTAINER)
+        .find(|c| c.name == names::SERVER_CONTAINER)
 }
 
 /// Whether the StatefulSet's template mounts the servers' TLS files.
@@ -75,14 +75,17 @@ fn mounts_tls(sts: &StatefulSet) -> bool {
         .spec
         .as_ref()
         .and_then(|p| p.volumes.as_ref())
-        .is_some_and(|vs| vs.iter().any(|v| v.name == super::statefulset::TLS_VOLUME))
+        .is_some_and(|vs| {
+            vs.iter()
+                .any(|v| v.name == crate::controller::layout::TLS_VOLUME)
+        })
 }
 
 /// How the template's server starts listening (TLS or not), and whether
 /// its probe answers either way (a Cluster Redis turning TLS on or off).
 pub(super) fn listens_as(sts: &StatefulSet) -> (bool, bool) {
     server_container(sts).map_or((false, false), |c| {
-        (super::facts::probes_tls(c), super::facts::probes_either(c))
+        (layout::probes_tls(c), layout::probes_either(c))
     })
 }
 
@@ -113,7 +116,7 @@ pub fn kept_revisions(live: Option<&StatefulSet>) -> Vec<String> {
 /// A hash of the desired StatefulSet's pod template.
 pub fn template_hash(desired: &StatefulSet) -> String {
     let tpl = serde_json::to_string(&desired.spec.template).unwrap_or_default();
-    build::stable_hash(&[&tpl])
+    names::stable_hash(&[&tpl])
 }
 
 /// Decides the kept revisions (pure). `generation` is the Redis's;
@@ -202,7 +205,7 @@ mod tests {
                 template: PodTemplateSpec {
                     spec: Some(PodSpec {
                         containers: vec![Container {
-                            name: build::SERVER_CONTAINER.into(),
+                            name: names::SERVER_CONTAINER.into(),
                             image: Some(image.into()),
                             args: Some(vec![probe.into()]),
                             ..Default::default()

@@ -1,8 +1,14 @@
 //! Reconciles one `Redis`. Layers, bottom up:
 //!
-//! - [`names`] and [`facts`]: the children's names and labels; what a pass
-//!   knows about each pod and server, the conditions it decides, and the
-//!   pure helpers on them. They import no other module here.
+//! - Below the controller (imported, never importing back):
+//!   [`crate::controller::names`] (the children's names, labels, keys and
+//!   the metadata every child gets) and [`crate::controller::layout`] (the
+//!   TLS files and mounts, the probes' marks, the containers' security
+//!   context), which the sidecar, the cache, the backup Job and the monitor
+//!   share with this controller; [`crate::controller::error`],
+//!   [`crate::controller::base`] and [`crate::controller::events`].
+//! - [`facts`]: what a pass knows about each pod and server, the
+//!   conditions it decides, and the pure helpers on them.
 //! - The shared steps every pass calls, whatever the mode.
 //! - Two topologies, entered from `run` (the one place that tells the modes
 //!   apart for a whole pass): [`replication`] (Standalone and Replication:
@@ -42,7 +48,6 @@ pub mod failover;
 pub mod hibernate;
 pub mod issuer;
 pub mod kept;
-pub mod names;
 pub mod network;
 pub mod observe;
 pub mod plan;

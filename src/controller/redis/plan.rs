@@ -2,7 +2,7 @@
 
 use super::facts::ordinal_of;
 pub use super::facts::{PodFacts, Role, ordinal};
-use super::names::Names;
+use crate::controller::names::Names;
 
 /// Chooses the primary:
 /// 1. what the servers say: the one reachable primary that linked replicas

@@ -5,6 +5,7 @@
 //! (containers, probes, volumes, security context), with the two shell
 //! scripts it runs kept beside it.
 
+pub use crate::controller::layout::{TLS_VOLUME, tls_mount, tls_volume};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
@@ -23,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::build::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
-    PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, TLS_DIR,
-    VERSION_ANNOTATION, labels, meta, restricted_security_context, selector_labels, stamp_hash,
+    PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION,
+    labels, meta, restricted_security_context, selector_labels, stamp_hash,
 };
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 
@@ -232,44 +233,6 @@ while [ $n -lt {HANDOVER_POLLS} ]; do
   n=$((n+1))
 done"#
     )
-}
-
-/// A volume named `volume` with `files` of the Secret `secret` (each under
-/// its own name), mode `mode`: the servers' TLS files, or the backup
-/// agent's CA alone.
-pub(crate) fn tls_volume(volume: &str, secret: &str, files: &[&str], mode: i32) -> Volume {
-    let items = files
-        .iter()
-        .map(|k| k8s_openapi::api::core::v1::KeyToPath {
-            key: k.to_string(),
-            path: k.to_string(),
-            ..Default::default()
-        })
-        .collect();
-    Volume {
-        name: volume.into(),
-        secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
-            secret_name: Some(secret.to_string()),
-            items: Some(items),
-            default_mode: Some(mode),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// The volume name of `spec.tls`'s Secret in the Redis pods.
-pub(crate) const TLS_VOLUME: &str = "tls";
-
-/// Where a container finds the files of the TLS volume `volume`
-/// ([`TLS_DIR`]).
-pub(crate) fn tls_mount(volume: &str) -> VolumeMount {
-    VolumeMount {
-        name: volume.into(),
-        mount_path: TLS_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    }
 }
 
 /// `name` from key `key` of the Redis's ConfigMap, resolved when the
@@ -756,7 +719,7 @@ mod tests {
                 c.volume_mounts
                     .iter()
                     .flatten()
-                    .any(|m| m.name == "tls" && m.mount_path == TLS_DIR),
+                    .any(|m| m.name == "tls" && m.mount_path == crate::controller::names::TLS_DIR),
                 "{} mounts it",
                 c.name
             );

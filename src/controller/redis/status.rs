@@ -50,8 +50,7 @@ pub fn stuck_backoff(n: u32) -> Duration {
         .min(STUCK_REQUEUE_MAX)
 }
 
-/// The `PrimaryAvailable` reason of a primary whose write fence is closed.
-pub const FENCED: &str = "Fenced";
+pub use crate::controller::layout::FENCED;
 
 /// `PrimaryAvailable`: whether the primary accepts writes, and, after a
 /// failover to it, what happened, when, and the offsets involved.

@@ -16,84 +16,11 @@ use super::credentials::ServerAuth;
 use super::facts::PodFacts;
 use crate::api::v1alpha1::Redis;
 use crate::controller::error::Error;
+pub use crate::controller::layout::{
+    CA_FILE, CERT_FILE, KEY_FILE, asks_clients, ca_path, cli_flags, either_flags, issues_own,
+    listens, mounted, secret_of,
+};
 use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions, certs};
-
-/// The server certificate file in the TLS volume.
-pub const CERT_FILE: &str = "tls.crt";
-/// Its private key.
-pub const KEY_FILE: &str = "tls.key";
-/// The CA bundle clients trust.
-pub const CA_FILE: &str = "ca.crt";
-
-/// Where a container finds the CA bundle of `spec.tls`.
-pub fn ca_path() -> String {
-    mounted(CA_FILE)
-}
-
-/// Where a container finds `file` of the TLS volume.
-pub fn mounted(file: &str) -> String {
-    format!("{}/{file}", build::TLS_DIR)
-}
-
-/// Whether the servers of `redis` ask clients for a certificate
-/// (`spec.tls.clientAuth` `Optional` or `Required`): then the probe, the
-/// sidecar, the Cluster boot rule and the backup agent present theirs.
-pub fn asks_clients(redis: &crate::api::v1alpha1::Redis) -> bool {
-    redis
-        .spec
-        .tls
-        .as_ref()
-        .is_some_and(|t| !t.files_only && t.client_auth().asks())
-}
-
-/// Whether the servers of `redis` listen with TLS: `spec.tls` is set and
-/// is not being turned off (see `TlsSpec::files_only`).
-pub fn listens(redis: &crate::api::v1alpha1::Redis) -> bool {
-    redis.spec.tls.as_ref().is_some_and(|t| !t.files_only)
-}
-
-/// The TLS flags of `redis-cli` in a container of the Redis's pods, with a
-/// leading space: none without `spec.tls`; `--tls`, then `--cacert` with
-/// the mounted CA (`check`) or `--insecure` (the pod's own loopback), and
-/// the mounted certificate and key when `spec.tls.clientAuth` asks
-/// clients for one.
-pub fn cli_flags(redis: &crate::api::v1alpha1::Redis, check: bool) -> String {
-    if !listens(redis) {
-        return String::new();
-    }
-    let mut out = if check {
-        format!(" --tls --cacert {}", ca_path())
-    } else {
-        " --tls --insecure".to_string()
-    };
-    if asks_clients(redis) {
-        out.push_str(&format!(
-            " --cert {} --key {}",
-            mounted(CERT_FILE),
-            mounted(KEY_FILE)
-        ));
-    }
-    out
-}
-
-/// While a Cluster Redis turns TLS on or off (`TlsSpec::either`): the
-/// `redis-cli` flags of the other way than its servers start, with a
-/// leading space (none for plain text); `None` otherwise.
-pub fn either_flags(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
-    let tls = redis.spec.tls.as_ref().filter(|t| t.either)?;
-    if !tls.files_only {
-        return Some(String::new());
-    }
-    let mut out = " --tls --insecure".to_string();
-    if tls.client_auth().asks() {
-        out.push_str(&format!(
-            " --cert {} --key {}",
-            mounted(CERT_FILE),
-            mounted(KEY_FILE)
-        ));
-    }
-    Some(out)
-}
 
 /// What a Cluster Redis's servers are told live to turn TLS on (`on`,
 /// with `spec.tls.clientAuth`'s setting) or off: the one port switches
@@ -132,29 +59,6 @@ pub(super) fn flip_in_progress(facts: &[PodFacts], wanted: bool, final_template:
     let mut known = facts.iter().filter(|f| !f.listen_unknown).peekable();
     let switched = known.peek().is_some() && known.all(|f| f.listens_tls == wanted);
     behind && !arrived && !switched && !final_template
-}
-
-/// The Secret the servers of `redis` mount for `spec.tls`: the user's, the
-/// one cert-manager fills, or the one the operator issues.
-pub fn secret_of(redis: &crate::api::v1alpha1::Redis) -> Option<String> {
-    let tls = redis.spec.tls.as_ref()?;
-    let names = super::build::Names::new(&kube::ResourceExt::name_any(redis));
-    Some(match (&tls.secret_name, &tls.issuer_ref) {
-        (Some(name), _) => name.clone(),
-        (None, Some(_)) => names.certificate_secret(),
-        (None, None) => names.issued_tls(),
-    })
-}
-
-/// Whether the operator issues `redis`'s certificate itself (`spec.tls`
-/// with neither `secretName` nor `issuerRef`): it then writes
-/// `<name>-tls`.
-pub fn issues_own(redis: &crate::api::v1alpha1::Redis) -> bool {
-    redis
-        .spec
-        .tls
-        .as_ref()
-        .is_some_and(|t| t.secret_name.is_none() && t.issuer_ref.is_none())
 }
 
 /// The Secret a pod mounts as its server's TLS files.

@@ -919,8 +919,8 @@ mod tests {
 
     #[test]
     fn keys_are_sampled_on_a_replica_of_every_shard_else_its_primary() {
+        use crate::controller::names::Names;
         use crate::controller::redis::cluster::build::shard_of;
-        use crate::controller::redis::names::Names;
         let names = Names::new("cache");
         let shard = |p: &str| shard_of(&names, p).map(|(s, _)| s);
         // Shard 0 with two replicas, shard 1 without, shard 2 whose

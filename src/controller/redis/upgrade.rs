@@ -15,7 +15,7 @@
 //! The pure rules (proven, failed, the condition) are in `judge.rs`.
 //!
 //! What the instances run is recorded on the StatefulSet (annotations
-//! [`super::names::ENGINE_ANNOTATION`], [`super::names::VERSION_ANNOTATION`] and the
+//! [`crate::controller::names::ENGINE_ANNOTATION`], [`crate::controller::names::VERSION_ANNOTATION`] and the
 //! container image), so an operator restarted mid-way finds the upgrade.
 //!
 //! Length: ~400 lines of code; its pure rules already live in `judge.rs`.

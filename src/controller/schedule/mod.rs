@@ -28,7 +28,7 @@ use crate::api::v1alpha1::{
 };
 use crate::controller::base::{FIELD_MANAGER, rfc3339};
 use crate::controller::error::Error;
-use crate::controller::redis::build;
+use crate::controller::names;
 use crate::telemetry::Metrics;
 
 /// Label on a backup naming the schedule that started it.
@@ -285,8 +285,8 @@ pub fn backup_for(s: &RedisBackupSchedule, ns: &str, due: DateTime<Utc>) -> Redi
         [
             (SCHEDULE_LABEL.to_string(), s.name_any()),
             (
-                build::MANAGED_BY_LABEL.to_string(),
-                build::MANAGED_BY.to_string(),
+                names::MANAGED_BY_LABEL.to_string(),
+                names::MANAGED_BY.to_string(),
             ),
         ]
         .into(),

@@ -27,8 +27,7 @@ use super::facts::Cond;
 use super::facts::{PodFacts, memory_limit};
 use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision, Redis};
 
-/// The condition the autopilot reports.
-pub const CONDITION: &str = "MemoryAtMaximum";
+pub use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
 
 /// The memory limit of `spec.resources`.
 pub fn spec_limit(redis: &Redis) -> Option<u64> {

@@ -1,6 +1,13 @@
-//! The bottom of the Redis controller: the names of a Redis's children and
-//! the labels, annotations and keys they carry. Every other module may use
-//! it; it uses none of them.
+//! The names of a Redis's children and the labels, annotations and keys
+//! they carry, and the metadata every child gets: the bottom of the
+//! controller. Every other module may use it; it uses none of them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::api::v1alpha1::{Engine, Redis};
 
 /// The port every instance listens on.
 pub const REDIS_PORT: u16 = 6379;
@@ -135,7 +142,7 @@ impl Names {
         format!("{}-auth", self.base)
     }
     /// The operator-owned Secret with the password the servers run (pods
-    /// start from it; see [`super::credentials`]).
+    /// start from it; see the Redis controller's credentials step).
     pub fn server_auth(&self) -> String {
         format!("{}-server-auth", self.base)
     }
@@ -164,4 +171,129 @@ impl Names {
     pub fn pod(&self, i: i32) -> String {
         format!("{}-{i}", self.base)
     }
+}
+
+/// Labels every child carries.
+pub fn labels(redis: &Redis) -> BTreeMap<String, String> {
+    let mut l = selector_labels(redis);
+    l.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    l.insert("app.kubernetes.io/component".into(), "database".into());
+    l.insert(
+        "app.kubernetes.io/version".into(),
+        label_safe(redis.spec.version()),
+    );
+    l
+}
+
+/// In-memory annotation (never written) carrying the `app.kubernetes.io/name`
+/// of the live StatefulSet's selector into the builders: a selector cannot
+/// change, so after a move from Redis to Valkey the pods keep the name the
+/// Redis was created with.
+pub const SELECTOR_NAME_ANNOTATION: &str = "redpilot.io/selector-name";
+
+/// `app.kubernetes.io/name` of a Redis created with `engine`.
+pub fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Redis => "redis",
+        Engine::Valkey => "valkey",
+    }
+}
+
+/// Labels selecting the pods of one Redis.
+pub fn selector_labels(redis: &Redis) -> BTreeMap<String, String> {
+    let name = redis
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SELECTOR_NAME_ANNOTATION).cloned())
+        .unwrap_or_else(|| engine_name(redis.spec.engine()).to_string());
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), name),
+        (INSTANCE_LABEL.to_string(), redis.name_any()),
+    ])
+}
+
+fn label_safe(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(63)
+        .collect()
+}
+
+/// The controller owner reference every child gets.
+pub fn owner_reference(redis: &Redis) -> Option<OwnerReference> {
+    redis.controller_owner_ref(&())
+}
+
+pub fn meta(redis: &Redis, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: redis.namespace(),
+        labels: Some(labels(redis)),
+        owner_references: owner_reference(redis).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+/// A stable 64-bit FNV-1a hash, rendered in hex. Used to tell whether a child
+/// must be re-applied and whether pods must restart; it must not change
+/// between builds of the operator, so std's randomised hasher will not do.
+pub fn stable_hash(parts: &[&str]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes().chain(std::iter::once(0u8)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// Sets [`HASH_ANNOTATION`] from the object's own JSON form (without the
+/// annotation), so an unchanged object can be skipped without a write.
+pub fn stamp_hash<K: serde::Serialize + Resource>(mut obj: K) -> K {
+    let text = serde_json::to_string(&obj).unwrap_or_default();
+    let hash = stable_hash(&[&text]);
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(HASH_ANNOTATION.into(), hash);
+    obj
+}
+
+/// The hash an object was stamped with.
+pub fn stamped_hash<K: Resource>(obj: &K) -> Option<&str> {
+    obj.meta()
+        .annotations
+        .as_ref()?
+        .get(HASH_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Whether `obj` is controlled by the Redis with `uid`.
+pub fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Whether an object without our owner reference may be adopted: it carries
+/// our instance and managed-by labels (left by an earlier install).
+pub fn adoptable(meta: &kube::api::ObjectMeta, instance: &str) -> bool {
+    let labels = meta.labels.as_ref();
+    let has = |k: &str, v: &str| labels.and_then(|l| l.get(k)).map(String::as_str) == Some(v);
+    let has_other_controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true));
+    !has_other_controller && has(INSTANCE_LABEL, instance) && has(MANAGED_BY_LABEL, MANAGED_BY)
 }
