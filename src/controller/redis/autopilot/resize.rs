@@ -111,24 +111,36 @@ fn settled(facts: &[PodFacts], target: u64) -> bool {
 /// Which instances to resize now (pure): grows replicas first and the
 /// primaries (in Cluster mode, every shard's) once every replica runs the
 /// target; a shrink once the instance's `maxmemory` is below the target's.
-pub fn to_resize(facts: &[PodFacts], primaries: &[&str], target: u64) -> Vec<String> {
+/// `replicas` is how many replicas the spec asks for: one whose pod is
+/// gone (deleted, not yet made again) is not among the facts, and is not
+/// done either.
+pub fn to_resize(
+    facts: &[PodFacts],
+    primaries: &[&str],
+    target: u64,
+    replicas: usize,
+) -> Vec<String> {
     let primary = |f: &PodFacts| primaries.contains(&f.name.as_str());
     let live: Vec<&PodFacts> = facts
         .iter()
         .filter(|f| !f.terminating && f.ip.is_some() && f.mem_limit.is_some())
         .collect();
-    // Every replica must run the target first. One being deleted or not
-    // yet started is not done (its pod comes back from the template and
-    // needs the room the primary's grow would take), nor is one whose
-    // resize the kubelet has not finished, whatever limit its status shows.
-    let others_done = facts.iter().filter(|f| !primary(f)).all(|f| {
-        !f.terminating
-            && f.ip.is_some()
-            && f.resize.is_none()
-            && f.mem_limit_applied
-                .or(f.mem_limit)
-                .is_some_and(|l| l >= target)
-    });
+    // Every replica must run the target first. One being deleted, gone or
+    // not yet started is not done (its pod comes back from the template
+    // and needs the room the primary's grow would take: grown first, the
+    // primary takes it and the new pod cannot be scheduled), nor is one
+    // whose resize the kubelet has not finished, whatever limit its status
+    // shows.
+    let present = facts.iter().filter(|f| !primary(f)).count();
+    let others_done = present >= replicas
+        && facts.iter().filter(|f| !primary(f)).all(|f| {
+            !f.terminating
+                && f.ip.is_some()
+                && f.resize.is_none()
+                && f.mem_limit_applied
+                    .or(f.mem_limit)
+                    .is_some_and(|l| l >= target)
+        });
     live.iter()
         .filter(|f| match f.mem_limit {
             Some(l) if l < target => !primary(f) || others_done,
@@ -169,7 +181,9 @@ impl Reconciler {
         let Some(res) = resources(&self.redis) else {
             return Ok(());
         };
-        for name in to_resize(facts, primaries, target) {
+        let per_shard = usize::try_from(self.redis.spec.desired_instances() - 1).unwrap_or(0);
+        let replicas = primaries.len() * per_shard;
+        for name in to_resize(facts, primaries, target, replicas) {
             let shrink = facts
                 .iter()
                 .find(|f| f.name == name)
@@ -418,20 +432,20 @@ mod tests {
             pod("c-1", 64, 64, 48),
             pod("c-2", 64, 64, 48),
         ];
-        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI), vec!["c-1", "c-2"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI, 2), vec!["c-1", "c-2"]);
         // Replicas patched, not yet in effect: the primary waits.
         let facts = vec![
             pod("c-0", 64, 64, 48),
             pod("c-1", 96, 64, 48),
             pod("c-2", 96, 96, 48),
         ];
-        assert!(to_resize(&facts, &["c-0"], 96 * MI).is_empty());
+        assert!(to_resize(&facts, &["c-0"], 96 * MI, 2).is_empty());
         let facts = vec![
             pod("c-0", 64, 64, 48),
             pod("c-1", 96, 96, 72),
             pod("c-2", 96, 96, 72),
         ];
-        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI), vec!["c-0"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI, 2), vec!["c-0"]);
         // A replica whose resize the node defers keeps the primary waiting,
         // even when its status shows the new limit or none.
         for applied in [Some(96 * MI), None] {
@@ -444,7 +458,7 @@ mod tests {
             ));
             let facts = vec![pod("c-0", 64, 64, 48), pod("c-1", 96, 96, 48), deferred];
             assert!(
-                to_resize(&facts, &["c-0"], 96 * MI).is_empty(),
+                to_resize(&facts, &["c-0"], 96 * MI, 2).is_empty(),
                 "{applied:?}"
             );
         }
@@ -453,11 +467,18 @@ mod tests {
         let mut leaving = pod("c-2", 96, 64, 48);
         leaving.terminating = true;
         let facts = vec![pod("c-0", 64, 64, 48), pod("c-1", 96, 96, 48), leaving];
-        assert!(to_resize(&facts, &["c-0"], 96 * MI).is_empty());
+        assert!(to_resize(&facts, &["c-0"], 96 * MI, 2).is_empty());
+        // A replica whose pod is gone (deleted, not yet made again) is not
+        // among the facts: the primary waits for it all the same.
+        let facts = vec![pod("c-0", 64, 64, 48), pod("c-1", 96, 96, 72)];
+        assert!(to_resize(&facts, &["c-0"], 96 * MI, 2).is_empty());
+        assert_eq!(to_resize(&facts, &["c-0"], 96 * MI, 1), vec!["c-0"]);
     }
 
     #[test]
     fn in_cluster_mode_every_shard_s_replicas_grow_before_any_primary() {
+        // Two shards of one primary and one replica each.
+        const REPLICAS_OF_PRIMARIES: usize = 2;
         let primaries = ["r-s0-0", "r-s1-0"];
         let facts = vec![
             pod("r-s0-0", 64, 64, 48),
@@ -466,7 +487,7 @@ mod tests {
             pod("r-s1-1", 64, 64, 48),
         ];
         assert_eq!(
-            to_resize(&facts, &primaries, 96 * MI),
+            to_resize(&facts, &primaries, 96 * MI, REPLICAS_OF_PRIMARIES),
             vec!["r-s0-1", "r-s1-1"]
         );
         // Shard 0's replica done, shard 1's not yet in effect: no primary.
@@ -476,7 +497,7 @@ mod tests {
             pod("r-s1-0", 64, 64, 48),
             pod("r-s1-1", 96, 64, 48),
         ];
-        assert!(to_resize(&facts, &primaries, 96 * MI).is_empty());
+        assert!(to_resize(&facts, &primaries, 96 * MI, REPLICAS_OF_PRIMARIES).is_empty());
         let facts = vec![
             pod("r-s0-0", 64, 64, 48),
             pod("r-s0-1", 96, 96, 72),
@@ -484,7 +505,7 @@ mod tests {
             pod("r-s1-1", 96, 96, 72),
         ];
         assert_eq!(
-            to_resize(&facts, &primaries, 96 * MI),
+            to_resize(&facts, &primaries, 96 * MI, REPLICAS_OF_PRIMARIES),
             vec!["r-s0-0", "r-s1-0"]
         );
     }
@@ -510,7 +531,7 @@ mod tests {
     #[test]
     fn a_shrink_resizes_once_maxmemory_is_down() {
         let facts = vec![pod("c-0", 96, 96, 72), pod("c-1", 96, 96, 48)];
-        assert_eq!(to_resize(&facts, &["c-0"], 64 * MI), vec!["c-1"]);
+        assert_eq!(to_resize(&facts, &["c-0"], 64 * MI, 1), vec!["c-1"]);
     }
 
     fn api_error(code: u16, message: &str) -> kube::Error {
