@@ -196,11 +196,11 @@ impl Pass {
     /// (the Secret's CA; its certificate presented where clients must
     /// present one). `None` while the Secret has no password entry.
     async fn operator_options(&self, redis: &Redis) -> Result<Option<ConnectOptions>, Error> {
-        let names = names::Names::new(&self.b.spec.redis);
+        let children = names::Names::new(&self.b.spec.redis);
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         self.ctx.metrics.kube("get_secret");
         let Some(data) = secrets
-            .get_opt(&names.server_auth())
+            .get_opt(&children.server_auth())
             .await?
             .and_then(|s| s.data)
         else {
