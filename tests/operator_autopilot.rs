@@ -154,7 +154,7 @@ fn condition(r: &Redis, type_: &str) -> Option<(String, String, String)> {
 
 /// A quantity in bytes (the API server writes `1024Mi` as `1Gi`).
 fn bytes(q: &str) -> u64 {
-    redpilot::controller::redis::config::quantity_bytes(
+    redpilot::controller::redis::facts::quantity_bytes(
         &k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.to_string()),
     )
     .unwrap_or(0)
@@ -980,7 +980,7 @@ async fn node_memory(client: &kube::Client) -> (u64, u64) {
         .status
         .and_then(|s| s.allocatable)
         .and_then(|a| a.get("memory").cloned())
-        .and_then(|q| redpilot::controller::redis::config::quantity_bytes(&q))
+        .and_then(|q| redpilot::controller::redis::facts::quantity_bytes(&q))
         .expect("allocatable memory");
     let pods = Api::<Pod>::all(client.clone())
         .list(&kube::api::ListParams::default().fields("spec.nodeName=localnode"))
@@ -1002,7 +1002,7 @@ async fn node_memory(client: &kube::Client) -> (u64, u64) {
                 .requests
                 .as_ref()?
                 .get("memory")
-                .and_then(redpilot::controller::redis::config::quantity_bytes)
+                .and_then(redpilot::controller::redis::facts::quantity_bytes)
         })
         .sum();
     (alloc, used)

@@ -1480,7 +1480,7 @@ async fn the_memory_autopilot_grows_every_shard_in_place_without_oom() {
     );
     // maxmemory follows the limit on every node (75 % of it).
     let want_max = redpilot::controller::redis::autopilot::policy::maxmemory_of(
-        redpilot::controller::redis::config::quantity_bytes(
+        redpilot::controller::redis::facts::quantity_bytes(
             &k8s_openapi::apimachinery::pkg::api::resource::Quantity(target.clone()),
         )
         .expect("limit"),

@@ -32,6 +32,12 @@ use crate::api::v1alpha1::Redis;
 /// events of a burst come well within 50).
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 
+/// How long to wait before looking again while something is in progress.
+pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
+
+/// How often a healthy Redis is re-observed to keep status fresh.
+pub const STEADY_REQUEUE: Duration = Duration::from_secs(60);
+
 /// What a reconcile asks of the scheduler: run again after a delay, or only
 /// on a change. Kept readable (kube-runtime's [`Action`] hides its delay)
 /// so the ledger knows when the next run is due.

@@ -407,7 +407,7 @@ pub fn job(
     }
     args.extend(target.args(key));
     // The agent's own user, which may only run the replication handshake
-    // (see `users::system_users`); the default user only for a Redis
+    // (see `auth::system_users`); the default user only for a Redis
     // without a password.
     let (user, key_of_password) = if as_backup_user {
         (Some(names::BACKUP_USER), names::BACKUP_PASSWORD_KEY)

@@ -1,9 +1,7 @@
 //! Pure builders: desired child objects of a `Redis`, from its spec and the
 //! facts the reconciler observed. Nothing here talks to the network.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -12,156 +10,6 @@ use crate::api::v1alpha1::{Mode, Redis};
 
 pub use crate::controller::layout::restricted_security_context;
 pub use crate::controller::names::*;
-
-/// A generated auth Secret with `password`.
-pub fn auth_secret(redis: &Redis, names: &Names, password: &str) -> Secret {
-    Secret {
-        metadata: meta(redis, names.generated_secret()),
-        // `data`, not `stringData`: the API server stores and returns
-        // `data`, so drift detection can compare it with the live Secret.
-        data: Some(BTreeMap::from([(
-            PASSWORD_KEY.to_string(),
-            k8s_openapi::ByteString(password.as_bytes().to_vec()),
-        )])),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    }
-}
-
-/// A redis.conf value in double quotes, with the escapes the server's
-/// parser understands (any byte is safe: passwords are user input).
-pub fn conf_quoted(v: &str) -> String {
-    let mut out = String::from("\"");
-    for b in v.bytes() {
-        match b {
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            b'\n' => out.push_str("\\n"),
-            b'\r' => out.push_str("\\r"),
-            b'\t' => out.push_str("\\t"),
-            0x20..=0x7e => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// The server-auth Secret: the password the servers run (`password`), the
-/// same as redis.conf lines (`auth.conf`, so it never appears on a command
-/// line) with the readiness probe's user ([`PROBE_USER`], password
-/// `probe-password`), and during a rotation the password being retired
-/// (`previous`).
-pub fn server_auth_secret(
-    redis: &Redis,
-    names: &Names,
-    auth: &super::credentials::ServerAuth,
-) -> Secret {
-    let (password, previous, probe) = (
-        auth.current.as_str(),
-        auth.previous.as_deref(),
-        auth.probe.as_str(),
-    );
-    let mut conf = if password.is_empty() {
-        String::new()
-    } else {
-        let q = conf_quoted(password);
-        let mut conf = format!("requirepass {q}\nmasterauth {q}\n");
-        if !probe.is_empty() {
-            let p = conf_quoted(&format!(">{probe}"));
-            // In Cluster mode it also reads the cluster's view: a node that
-            // served slots asks its peers at boot whether they moved.
-            let cluster = if redis.spec.mode() == Mode::Cluster {
-                " +cluster|nodes +cluster|info"
-            } else {
-                ""
-            };
-            conf.push_str(&format!(
-                "user {PROBE_USER} on {p} -@all +ping +info{cluster}\n"
-            ));
-        }
-        conf
-    };
-    // The operator's users and those of `spec.users` (see `users`): the
-    // servers start with them. Replication as the operator's user and the
-    // default user's rights only once every instance has that user (a
-    // replica starting before would be refused by a primary without it).
-    for u in super::users::system_users(auth) {
-        conf.push_str(&u.conf_line());
-    }
-    conf.push_str(&auth.users);
-    if !password.is_empty() && auth.users_applied.is_some() {
-        conf.push_str(&format!("masteruser {}\n", conf_quoted(OPERATOR_USER)));
-        conf.push_str(&super::users::default_line(&redis.spec.default_user(), auth).conf_line());
-    }
-    let bytes = |s: &str| k8s_openapi::ByteString(s.as_bytes().to_vec());
-    let mut data = BTreeMap::from([
-        (PASSWORD_KEY.to_string(), bytes(password)),
-        (AUTH_CONF_KEY.to_string(), bytes(&conf)),
-        (
-            PROBE_PASSWORD_KEY.to_string(),
-            bytes(if password.is_empty() { "" } else { probe }),
-        ),
-    ]);
-    if let Some(p) = previous {
-        data.insert(PREVIOUS_KEY.to_string(), bytes(p));
-    }
-    if !auth.users.is_empty() {
-        data.insert(USERS_CONF_KEY.to_string(), bytes(&auth.users));
-    }
-    if !password.is_empty() {
-        for (k, v) in [
-            (EXPORTER_PASSWORD_KEY, &auth.exporter),
-            (BACKUP_PASSWORD_KEY, &auth.backup),
-        ] {
-            if !v.is_empty() {
-                data.insert(k.to_string(), bytes(v));
-            }
-        }
-    }
-    if let Some(h) = &auth.users_applied {
-        data.insert(USERS_APPLIED_KEY.to_string(), bytes(h));
-    }
-    if let Some(ca) = &auth.tls_ca {
-        data.insert(TLS_CA_APPLIED_KEY.to_string(), bytes(ca));
-    }
-    if let Some(h) = &auth.tls_served {
-        data.insert(TLS_SERVED_KEY.to_string(), bytes(h));
-    }
-    Secret {
-        metadata: meta(redis, names.server_auth()),
-        data: Some(data),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    }
-}
-
-/// The ConfigMap: redis.conf and the current primary. A Standalone
-/// publishes none: its one instance follows nobody, and a restarted pod
-/// with a new address must not boot as a replica of its old one.
-pub fn config_map(
-    redis: &Redis,
-    names: &Names,
-    primary: Option<&str>,
-    bootstrapped: Option<&str>,
-) -> ConfigMap {
-    let primary = primary.filter(|_| redis.spec.mode() == crate::api::v1alpha1::Mode::Replication);
-    let mut data = BTreeMap::from([(CONFIG_KEY.to_string(), super::config::redis_conf(redis))]);
-    if let Some(location) = bootstrapped {
-        data.insert(BOOTSTRAPPED_KEY.to_string(), location.to_string());
-    }
-    data.insert(
-        PRIMARY_KEY.to_string(),
-        primary
-            .map(|ip| format!("{ip} {REDIS_PORT}"))
-            .unwrap_or_default(),
-    );
-    stamp_hash(ConfigMap {
-        metadata: meta(redis, names.config()),
-        data: Some(data),
-        ..Default::default()
-    })
-}
 
 fn port(name: &str) -> ServicePort {
     ServicePort {
@@ -231,13 +79,6 @@ pub fn pdb(redis: &Redis, names: &Names) -> PodDisruptionBudget {
     })
 }
 
-/// A strong random password: 32 bytes from the OS, hex-encoded.
-pub fn generate_password() -> Result<String, getrandom::Error> {
-    let mut buf = [0u8; 32];
-    getrandom::fill(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// A Redis `cache` in namespace `shop`, as the builders' tests use it.
 #[cfg(test)]
 pub(crate) fn test_redis(spec: crate::api::v1alpha1::RedisSpec) -> Redis {
@@ -251,6 +92,8 @@ pub(crate) fn test_redis(spec: crate::api::v1alpha1::RedisSpec) -> Redis {
 mod tests {
     use super::*;
     use crate::api::v1alpha1::RedisSpec;
+    use crate::controller::redis::auth::generate_password;
+    use crate::controller::redis::conf::config_map;
 
     use super::test_redis as redis;
 

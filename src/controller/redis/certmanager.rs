@@ -3,7 +3,7 @@
 //! `<name>-server`, owned by it, for the names an operator-issued
 //! certificate carries ([`super::issuer::names_for`]), and serves the
 //! Secret cert-manager fills (`<name>-server-tls`) as it serves a user's:
-//! checked on every pass, renewals read live ([`super::tls`]).
+//! checked on every pass, renewals read live (the `tls` step).
 //!
 //! Whether the cluster serves the kind is looked up through discovery (at
 //! most every 10 s, so cert-manager installed later is picked up); without
@@ -117,7 +117,7 @@ pub fn issuance(cert: Option<&DynamicObject>, name: &str) -> Result<String, Stri
 
 /// Where `spec.tls.issuerRef` stands this pass.
 pub enum Issued {
-    /// The Secret to serve (it holds files; [`super::tls::read`] checks
+    /// The Secret to serve (it holds files; [`super::material::read`] checks
     /// them).
     Secret(Box<Secret>),
     /// Not yet: what the pass is waiting for.
@@ -162,8 +162,8 @@ impl Reconciler {
         let secret_name = self.names.certificate_secret();
         let secret: Option<Secret> = self.fetch(&secret_name).await?;
         if let Some(s) = secret
-            && super::tls::file(&s, super::tls::CERT_FILE).is_some()
-            && super::tls::file(&s, super::tls::KEY_FILE).is_some()
+            && super::material::file(&s, crate::controller::layout::CERT_FILE).is_some()
+            && super::material::file(&s, crate::controller::layout::KEY_FILE).is_some()
         {
             return Ok(Issued::Secret(Box::new(s)));
         }

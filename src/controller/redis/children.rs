@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::build;
+use super::conf;
 use super::facts::PodFacts;
 use super::{Error, Reconciler, drift, kept, plan, statefulset};
 use crate::controller::Stores;
@@ -163,7 +164,7 @@ impl Reconciler {
     /// the server image.
     pub(super) fn template_inputs(&self) -> (String, String) {
         let (engine, version) = self.engine_version();
-        let restart = super::config::restart_hash(&self.redis, |k| {
+        let restart = super::conf::restart_hash(&self.redis, |k| {
             crate::redis::config::is_dynamic(k, engine, version)
         });
         (restart, self.ctx.images.image_for(&self.redis.spec))
@@ -219,7 +220,7 @@ impl Reconciler {
         // While TLS is turned off, a Replication Redis keeps its
         // certificate files until no instance listens with TLS.
         let view = self.children_view(facts);
-        let cm = build::config_map(
+        let cm = conf::config_map(
             &view,
             &self.names,
             cm_primary.as_deref(),
@@ -253,7 +254,7 @@ impl Reconciler {
         (sts, kept) = self.keep_operator_revisions(live_sts.as_ref(), sts, facts);
         // The memory autopilot's resize changes the template too; its pods
         // are resized in place (see `autopilot::resize`), not kept.
-        let resized = super::autopilot::record(&self.redis).is_some()
+        let resized = super::autopilot::limits::record(&self.redis).is_some()
             && live_sts.as_ref().is_some_and(|l| {
                 super::kept::server_resources(l) != super::kept::server_resources(&sts)
             });
@@ -307,11 +308,11 @@ impl Reconciler {
 impl Reconciler {
     /// The memory limit a StatefulSet's template carries while the memory
     /// autopilot moves `facts`' instances in place: a size they run (see
-    /// `autopilot::template_limit`). `None` without the autopilot.
+    /// `autopilot::limits::template_limit`). `None` without the autopilot.
     pub(super) fn template_memory_limit(&self, facts: &[PodFacts]) -> Option<u64> {
-        super::autopilot::record(&self.redis).map(|rec| {
-            let restart = rec.method.as_deref() == Some(super::autopilot::resize::RESTART);
-            super::autopilot::template_limit(facts, rec.limit_bytes as u64, restart)
+        super::autopilot::limits::record(&self.redis).map(|rec| {
+            let restart = rec.method.as_deref() == Some(super::autopilot::limits::RESTART);
+            super::autopilot::limits::template_limit(facts, rec.limit_bytes as u64, restart)
         })
     }
 

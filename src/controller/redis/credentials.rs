@@ -3,7 +3,7 @@
 //!
 //! The desired password is the user's Secret (`spec.auth.secretName`) or the
 //! generated one. What the servers run is kept apart, in the operator-owned
-//! server-auth Secret ([`build::server_auth_secret`]): pods start from it
+//! server-auth Secret ([`auth::server_auth_secret`]): pods start from it
 //! (redis.conf includes its `auth.conf`, so the password is never on a
 //! command line) and the operator connects with it. When the two differ, the
 //! rotation goes in steps a restart can interrupt at any point:
@@ -26,86 +26,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
+use super::auth::{self, ServerAuth, Step, next_step, read_server_auth};
 use super::build;
 use super::facts::PodFacts;
 use super::{Error, Reconciler};
 use crate::controller::base::FIELD_MANAGER;
 use crate::redis::{ConnectOptions, Endpoint, Node};
-
-/// The server-auth Secret as the operator last wrote it.
-#[derive(Debug, Clone, Default)]
-pub struct ServerAuth {
-    /// The password the servers run and pods start with.
-    pub current: String,
-    /// During a rotation: the password being retired.
-    pub previous: Option<String>,
-    /// The readiness probe's password ([`build::PROBE_USER`]): generated
-    /// once, never rotated; empty until generated.
-    pub probe: String,
-    /// The metrics sidecar's password ([`build::EXPORTER_USER`]).
-    pub exporter: String,
-    /// The backup agent's password ([`build::BACKUP_USER`]).
-    pub backup: String,
-    /// The `user` lines (the sidecar's, the agent's and `spec.users`) the
-    /// servers start with (see [`super::users`]).
-    pub users: String,
-    /// The hash of `users` once every instance runs them.
-    pub users_applied: Option<String>,
-    /// With `spec.tls`: the CA bundle of the certificate every instance
-    /// was last seen to serve ([`build::TLS_CA_APPLIED_KEY`]).
-    pub tls_ca: Option<String>,
-    /// With `spec.tls`: the hash of the certificate Secret's `tls.crt` and
-    /// `ca.crt` ([`super::tls::files_hash`]) once every instance was seen
-    /// to serve them ([`build::TLS_SERVED_KEY`]).
-    pub tls_served: Option<String>,
-}
-
-fn key(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-}
-
-/// The server-auth Secret's contents.
-pub fn read_server_auth(secret: &Secret) -> Option<ServerAuth> {
-    Some(ServerAuth {
-        current: key(secret, build::PASSWORD_KEY)?,
-        previous: key(secret, build::PREVIOUS_KEY),
-        probe: key(secret, build::PROBE_PASSWORD_KEY).unwrap_or_default(),
-        exporter: key(secret, build::EXPORTER_PASSWORD_KEY).unwrap_or_default(),
-        backup: key(secret, build::BACKUP_PASSWORD_KEY).unwrap_or_default(),
-        users: key(secret, build::USERS_CONF_KEY).unwrap_or_default(),
-        users_applied: key(secret, build::USERS_APPLIED_KEY),
-        tls_ca: key(secret, build::TLS_CA_APPLIED_KEY),
-        tls_served: key(secret, build::TLS_SERVED_KEY),
-    })
-}
-
-/// What one rotation step does next, from the recorded state and the
-/// desired password (pure; table-tested).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Nothing to rotate.
-    Steady,
-    /// Add the desired password next to the current one everywhere.
-    Add,
-    /// Remove `previous` everywhere, then drop it from the Secret.
-    Retire,
-}
-
-/// The next rotation step. A rotation requested while one is retiring its
-/// old password finishes that first.
-pub fn next_step(auth: &ServerAuth, desired: &str) -> Step {
-    if auth.previous.is_some() {
-        Step::Retire
-    } else if auth.current != desired {
-        Step::Add
-    } else {
-        Step::Steady
-    }
-}
 
 /// `ACL SETUSER <user> <modifier>` for the default user and the
 /// operator's own, which share the password (a server without the
@@ -140,7 +66,7 @@ impl Reconciler {
     /// Writes the server-auth Secret with server-side apply, always (a key
     /// left out, such as `previous`, is removed from it).
     pub(super) async fn write_server_auth(&mut self, auth: &ServerAuth) -> Result<(), Error> {
-        let secret = build::server_auth_secret(&self.redis, &self.names, auth);
+        let secret = auth::server_auth_secret(&self.redis, &self.names, auth);
         self.ctx.metrics.kube("apply");
         self.wrote = true;
         self.api::<Secret>()
@@ -195,7 +121,7 @@ impl Reconciler {
         if auth.backup.is_empty() {
             auth.backup = new_probe_password()?;
         }
-        let want = build::server_auth_secret(&self.redis, &self.names, &auth);
+        let want = auth::server_auth_secret(&self.redis, &self.names, &auth);
         if !paused && !super::children::in_sync(live, &want)? {
             self.write_server_auth(&auth).await?;
         }
@@ -289,7 +215,7 @@ impl Reconciler {
 /// A new password for one of the operator's users (the readiness probe's,
 /// the sidecar's, the backup agent's).
 fn new_probe_password() -> Result<String, Error> {
-    build::generate_password().map_err(|e| Error::Random(e.to_string()))
+    auth::generate_password().map_err(|e| Error::Random(e.to_string()))
 }
 
 type StepError = (&'static str, crate::redis::Error);
@@ -370,9 +296,9 @@ mod tests {
 
     #[test]
     fn passwords_are_quoted_for_redis_conf() {
-        assert_eq!(build::conf_quoted("plain"), "\"plain\"");
+        assert_eq!(auth::conf_quoted("plain"), "\"plain\"");
         assert_eq!(
-            build::conf_quoted("a \"b\" \\c\nd\u{1}"),
+            auth::conf_quoted("a \"b\" \\c\nd\u{1}"),
             "\"a \\\"b\\\" \\\\c\\nd\\x01\""
         );
     }

@@ -24,7 +24,7 @@
 
 use serde_json::Value;
 
-use super::config::quantity_value;
+use super::facts::quantity_value;
 
 /// Whether `live` holds every field of `desired` with the same value.
 pub fn covers(live: &Value, desired: &Value) -> bool {

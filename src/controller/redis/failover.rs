@@ -41,8 +41,9 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::build::{self, Names};
+use super::conf::fencing_config;
 use super::facts::{PodFacts, Role, ordinal};
-use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, FailoverTimeline, Mode, Redis};
+use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, FailoverTimeline, Mode};
 use crate::controller::monitor::{Health, Target, Verdict};
 use crate::redis::{ConnectOptions, Endpoint};
 
@@ -64,42 +65,6 @@ const RECENCY_SLACK_SECS: i64 = 2;
 /// How long a primary may be silent before it is replaced.
 pub fn silence_bound(spec: &FailoverSpec) -> Duration {
     Duration::from_secs(spec.max_lag_seconds.clamp(2, 60) as u64 + 3)
-}
-
-/// The parameters the operator keeps on every instance (live, with
-/// `CONFIG SET`). The primary pings its replicas every second, so they can
-/// tell a live link from a dead one. With fencing on, a primary that hears
-/// from no replica for `maxLagSeconds`:
-/// - refuses writes (`min-replicas-to-write 1`, `min-replicas-max-lag`);
-/// - drops its replicas' connections (`repl-timeout`). This matters when a
-///   partition heals: the replicas' acknowledgements queued in the network
-///   during the partition would otherwise reach it, count as live replicas
-///   and let it take writes again for a moment, beside the new primary.
-///   Dropped by then, those connections are refused, not counted.
-///
-/// Both happen within `maxLagSeconds + 2` s of the last acknowledgement (the
-/// server counts whole seconds and checks once a second), before a silent
-/// primary is replaced ([`silence_bound`]). Replicas loading a large
-/// dataset keep the connection alive (they send newlines while loading).
-/// Off (`min-replicas-to-write 0`, `repl-timeout 60`, the default) for a
-/// single instance, with failover disabled, or with `fence: false`.
-pub fn fencing_config(redis: &Redis) -> Vec<(&'static str, String)> {
-    let f = redis.spec.failover();
-    let on = redis.spec.mode() == Mode::Replication
-        && redis.spec.desired_instances() >= 2
-        && f.enabled
-        && f.fence;
-    let mut out = vec![("repl-ping-replica-period", "1".to_string())];
-    if on {
-        let lag = f.max_lag_seconds.clamp(2, 60).to_string();
-        out.push(("min-replicas-max-lag", lag.clone()));
-        out.push(("repl-timeout", lag));
-        out.push(("min-replicas-to-write", "1".to_string()));
-    } else {
-        out.push(("repl-timeout", "60".to_string()));
-        out.push(("min-replicas-to-write", "0".to_string()));
-    }
-    out
 }
 
 /// Why the primary is being replaced.

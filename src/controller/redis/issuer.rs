@@ -4,11 +4,11 @@
 //! certificate (`<name>-tls`, owned by it) for its Services, signed by that
 //! CA. It is issued again when it is missing, was signed by another CA, or
 //! expires within [`CertPolicy::renew_before`]; the servers then read it
-//! live (see [`super::tls`]).
+//! live (see the `tls` step).
 //!
 //! A new CA (`redpilot-ca` deleted) is taken on in three steps, each once
 //! every instance serves the files of the one before (the hash the
-//! reload step records, [`super::tls::files_hash`]). The servers read their
+//! reload step records, [`super::material::files_hash`]). The servers read their
 //! mounted files when told to, and the kubelet refreshes each pod's at its
 //! own moment, so for a while instances hold different versions of the
 //! Secret; on the Cluster bus each node checks every peer's certificate
@@ -41,9 +41,9 @@ use super::build::{
     self, ISSUER_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_CA_SECRET,
     NOT_AFTER_ANNOTATION,
 };
-use super::tls::{CA_FILE, CERT_FILE, KEY_FILE};
 use crate::controller::base::FIELD_MANAGER;
 use crate::controller::error::Error;
+use crate::controller::layout::{CA_FILE, CERT_FILE, KEY_FILE};
 
 /// The CA's private key in [`NAMESPACE_CA_SECRET`].
 pub const CA_KEY_FILE: &str = "ca.key";
@@ -174,7 +174,7 @@ pub fn names_for(name: &str, ns: &str) -> Vec<String> {
 }
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
-    super::tls::file(secret, key).map(|b| String::from_utf8_lossy(b).into_owned())
+    super::material::file(secret, key).map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
 fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
@@ -253,7 +253,7 @@ pub fn next_issue(
         return Next::Issue;
     };
     let everywhere =
-        served == Some(super::tls::files_hash(cert.as_bytes(), ca.as_bytes()).as_str());
+        served == Some(super::material::files_hash(cert.as_bytes(), ca.as_bytes()).as_str());
     if annotation(s, ISSUER_ANNOTATION) == Some(ca_hash) {
         if chain.len() > 1 || bundle != new {
             return if everywhere {
@@ -435,7 +435,7 @@ impl Reconciler {
         let (cert, key, ca, not_after, issuer, event) = match next {
             Next::Keep(wait) => {
                 // Renewed on time, not at the periodic pass after.
-                if wait < super::status::STEADY_REQUEUE {
+                if wait < crate::controller::queue::STEADY_REQUEUE {
                     self.recheck_in = Some(wait + Duration::from_secs(1));
                 }
                 return Ok(live);
@@ -665,7 +665,7 @@ mod tests {
         let (leaf, _, _) =
             issue("old CA", &old_key, &names, Duration::from_secs(3600)).expect("leaf");
         let served = |s: &Secret| {
-            Some(super::super::tls::files_hash(
+            Some(super::super::material::files_hash(
                 text(s, CERT_FILE).unwrap_or_default().as_bytes(),
                 text(s, CA_FILE).unwrap_or_default().as_bytes(),
             ))

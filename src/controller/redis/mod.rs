@@ -34,12 +34,14 @@
 //!
 //! This file holds the entry point and what every step shares.
 
+pub mod auth;
 pub mod autopilot;
 pub mod bootstrap;
 pub mod build;
 pub mod certmanager;
 pub mod children;
 pub mod cluster;
+pub mod conf;
 pub mod config;
 pub mod credentials;
 pub mod drift;
@@ -48,6 +50,7 @@ pub mod failover;
 pub mod hibernate;
 pub mod issuer;
 pub mod kept;
+pub mod material;
 pub mod network;
 pub mod observe;
 pub mod plan;
@@ -136,7 +139,7 @@ struct Begun {
     /// The password the user wants (rolled out live by `rotate_password`).
     wanted: String,
     /// The password the servers run, and the one before it.
-    auth: credentials::ServerAuth,
+    auth: auth::ServerAuth,
     /// Connection options with the running password.
     opts: ConnectOptions,
     /// Pods and servers as observed.
@@ -190,10 +193,10 @@ pub struct Reconciler {
     /// When the memory autopilot wants to look again (a cooldown ending).
     autopilot_due: Option<Duration>,
     /// The certificate Secret of `spec.tls`, checked this pass.
-    tls: Option<tls::TlsMaterial>,
+    tls: Option<material::TlsMaterial>,
     /// While TLS is turned off: the certificate Secret the instances that
     /// still listen with TLS serve (the one their pods mount).
-    leaving_tls: Option<tls::TlsMaterial>,
+    leaving_tls: Option<material::TlsMaterial>,
     /// While TLS is turned off: the name of the Secret a pod that still
     /// listens with TLS mounts (known even when it cannot be read).
     leaving_secret: Option<String>,
@@ -356,7 +359,7 @@ impl Reconciler {
     async fn passwords(
         &mut self,
         paused: bool,
-    ) -> Result<Result<(String, credentials::ServerAuth), Error>, Error> {
+    ) -> Result<Result<(String, auth::ServerAuth), Error>, Error> {
         let server_auth: Option<k8s_openapi::api::core::v1::Secret> =
             self.lookup(&self.names.server_auth()).await?;
         // Secrets of this Redis's names that someone else holds are never
@@ -376,7 +379,7 @@ impl Reconciler {
         }
         let running = server_auth
             .as_ref()
-            .and_then(credentials::read_server_auth)
+            .and_then(auth::read_server_auth)
             .map(|a| a.current);
         let wanted = match self.auth(paused, running.as_deref()).await? {
             Auth::Ok { password, .. } => password,

@@ -28,6 +28,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
+use super::auth;
 use super::build;
 use super::children::{Child, controlled_by};
 use super::facts::{PodFacts, caught_up, merge_topology, pod_facts, sts_observed};
@@ -180,7 +181,7 @@ impl Reconciler {
                     // Adopt it: the same password, now owned by this Redis
                     // (so it goes with it). The data is applied too, so the
                     // apply can never drop the password.
-                    let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                    let secret = auth::auth_secret(&self.redis, &self.names, &pw);
                     self.apply("Secret", &secret, Some(&s)).await?;
                 }
                 pw
@@ -193,11 +194,11 @@ impl Reconciler {
                         format!("re-created Secret {name} with the password the servers run"),
                     ),
                     None => (
-                        build::generate_password().map_err(|e| Error::Random(e.to_string()))?,
+                        auth::generate_password().map_err(|e| Error::Random(e.to_string()))?,
                         format!("generated a password in Secret {name}"),
                     ),
                 };
-                let secret = build::auth_secret(&self.redis, &self.names, &pw);
+                let secret = auth::auth_secret(&self.redis, &self.names, &pw);
                 self.apply("Secret", &secret, None).await?;
                 self.event(EventType::Normal, "SecretCreated", "Create", note)
                     .await;

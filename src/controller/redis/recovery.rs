@@ -57,7 +57,7 @@ impl Reconciler {
             return;
         }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
-        let fence = super::failover::fencing_config(&self.redis);
+        let fence = super::conf::fencing_config(&self.redis);
         match crate::redis::actions::make_primary(&ep, opts, &fence).await {
             Ok(()) => {
                 crate::failpoint::hit("after-promote");

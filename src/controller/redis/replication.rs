@@ -150,9 +150,7 @@ impl Reconciler {
         if obs.servers_observed {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
-            if super::credentials::next_step(&auth, &wanted_password)
-                == super::credentials::Step::Steady
-            {
+            if super::auth::next_step(&auth, &wanted_password) == super::auth::Step::Steady {
                 self.apply_users(&facts, &auth).await?;
             }
         }

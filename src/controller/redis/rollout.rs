@@ -246,7 +246,7 @@ impl Reconciler {
             return None;
         }
         let sw = crate::redis::actions::SwitchoverOptions {
-            promote_settings: super::failover::fencing_config(&self.redis),
+            promote_settings: super::conf::fencing_config(&self.redis),
             ..Default::default()
         };
         let result = crate::redis::actions::switchover(&members, &target, opts, &sw).await;

@@ -164,7 +164,7 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// rotation. Without a password (auth off) it sends none.
 fn probe_script(cli: &str, tls: &str, either: Option<&str>) -> String {
     let user = super::build::PROBE_USER;
-    // With TLS (`tls`: the CLI's flags, `super::tls::cli_flags`) the CLI
+    // With TLS (`tls`: the CLI's flags, `crate::controller::layout::cli_flags`) the CLI
     // checks nothing of the certificate: the server is the pod's own, on
     // its loopback, and while a CA changes the mounted CA runs ahead of
     // the certificate served until the operator has the server read its
@@ -258,7 +258,7 @@ pub fn config_env(names: &Names, name: &str, key: &str) -> EnvVar {
 /// (see [`crate::controller::images::Images::image_for`]). `memory_limit`
 /// replaces the memory autopilot's target in the server's resources (the
 /// template keeps a size the instances run, see
-/// [`super::autopilot::template_limit`]).
+/// [`super::autopilot::limits::template_limit`]).
 pub fn statefulset(
     redis: &Redis,
     names: &Names,
@@ -370,7 +370,7 @@ pub fn statefulset(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        resources: super::autopilot::resources_at(redis, memory_limit),
+        resources: super::autopilot::limits::resources_at(redis, memory_limit),
         volume_mounts: Some(mounts),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
@@ -379,8 +379,8 @@ pub fn statefulset(
                     "-c".into(),
                     probe_script(
                         cli,
-                        &super::tls::cli_flags(redis, false),
-                        super::tls::either_flags(redis).as_deref(),
+                        &crate::controller::layout::cli_flags(redis, false),
+                        crate::controller::layout::either_flags(redis).as_deref(),
                     ),
                 ]),
             }),
@@ -407,7 +407,7 @@ pub fn statefulset(
                     command: Some(vec![
                         "sh".into(),
                         "-c".into(),
-                        handover_script(cli, &super::tls::cli_flags(redis, false)),
+                        handover_script(cli, &crate::controller::layout::cli_flags(redis, false)),
                     ]),
                 }),
                 ..Default::default()
@@ -438,12 +438,12 @@ pub fn statefulset(
             ..Default::default()
         },
     ];
-    if let Some(secret) = super::tls::secret_of(redis) {
+    if let Some(secret) = crate::controller::layout::secret_of(redis) {
         // The key too: readable by the pod's group only.
         let files = [
-            super::tls::CERT_FILE,
-            super::tls::KEY_FILE,
-            super::tls::CA_FILE,
+            crate::controller::layout::CERT_FILE,
+            crate::controller::layout::KEY_FILE,
+            crate::controller::layout::CA_FILE,
         ];
         volumes.push(tls_volume(TLS_VOLUME, &secret, &files, 0o440));
     }
@@ -669,7 +669,7 @@ mod tests {
         );
         let text = serde_json::to_string(&spec.containers).expect("json");
         assert!(!text.contains("--tls"), "plain text everywhere: {text}");
-        let conf = crate::controller::redis::config::redis_conf(&leaving);
+        let conf = crate::controller::redis::conf::redis_conf(&leaving);
         assert!(conf.contains("\nport 6379\n"), "{conf}");
         assert!(
             conf.contains("tls-cert-file /etc/redis-tls/tls.crt"),
@@ -1189,7 +1189,7 @@ mod tests {
                     .any(|v| v.name == TLS_VOLUME),
                 "the files are mounted"
             );
-            let conf = crate::controller::redis::config::redis_conf(&flip(files_only));
+            let conf = crate::controller::redis::conf::redis_conf(&flip(files_only));
             assert_eq!(conf.contains("tls-cluster yes"), starts_tls, "{conf}");
             last = Some(sts);
         }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::controller::queue::Next;
+use crate::controller::queue::{Next, PROGRESS_REQUEUE, STEADY_REQUEUE};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -21,10 +21,6 @@ use super::{Error, Reconciler, build, plan};
 use crate::api::v1alpha1::{InstanceStatus, MemoryStatus, Mode, Phase, Redis, RedisStatus};
 use crate::redis::info::EngineKind;
 
-/// How long to wait before looking again while something is in progress.
-pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
-/// How often a healthy Redis is re-observed to keep status fresh.
-pub const STEADY_REQUEUE: Duration = Duration::from_secs(60);
 /// The longest a pass waiting for a certificate to be issued waits for
 /// the next look.
 const WAIT_RECHECK: Duration = Duration::from_secs(5);

@@ -11,9 +11,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
+use super::auth::ServerAuth;
 use super::build;
-use super::credentials::ServerAuth;
 use super::facts::PodFacts;
+use super::material::{TlsMaterial, Uses, read};
 use crate::api::v1alpha1::Redis;
 use crate::controller::error::Error;
 pub use crate::controller::layout::{
@@ -68,7 +69,7 @@ pub(super) fn mounted_secret(pod: &k8s_openapi::api::core::v1::Pod) -> Option<St
         .volumes
         .as_ref()?
         .iter()
-        .find(|v| v.name == super::statefulset::TLS_VOLUME)?
+        .find(|v| v.name == crate::controller::layout::TLS_VOLUME)?
         .secret
         .as_ref()?
         .secret_name
@@ -82,116 +83,6 @@ pub enum Unready {
     Unusable(Error),
     /// Issuance under way (cert-manager's): what the pass waits for.
     Waiting(String),
-}
-
-/// A usable certificate Secret.
-#[derive(Clone, Debug)]
-pub struct TlsMaterial {
-    /// The Secret's name.
-    pub secret: String,
-    /// Every certificate of `tls.crt` (DER, leaf first).
-    pub chain: Vec<Vec<u8>>,
-    /// A hash of `tls.crt` and `ca.crt`: recorded once every instance
-    /// serves them (see [`Reconciler::reload_certificates`]).
-    pub files_hash: String,
-    /// The Secret's CA bundle (PEM).
-    pub ca_pem: String,
-    /// How the operator connects: the Secret's CA bundle and the one of
-    /// the certificate the instances last served, no name check.
-    pub options: TlsOptions,
-}
-
-/// The non-empty value of `key` in `secret`.
-pub(super) fn file<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
-    secret
-        .data
-        .as_ref()?
-        .get(key)
-        .map(|b| b.0.as_slice())
-        .filter(|b| !b.is_empty())
-}
-
-/// Checks the Secret `name` holds a certificate, its key and the CA that
-/// signed it, valid now; `applied_ca` (the CA bundle of what the instances
-/// last served) is trusted too. For the Cluster bus, and when the
-/// servers ask clients for a certificate, it must also authenticate its
-/// holder as a client. When it can, the operator presents it on its own
-/// connections. The error names the Secret, the field (`field`: where the
-/// Secret comes from) and the file, never a key's bytes.
-pub fn read(
-    name: &str,
-    secret: Option<&Secret>,
-    applied_ca: Option<&str>,
-    field: &str,
-    uses: Uses,
-) -> Result<TlsMaterial, Error> {
-    let fail = |reason: String| Error::Secret {
-        name: name.to_string(),
-        reason: format!("{reason} ({field})"),
-    };
-    let secret = secret.ok_or_else(|| fail("not found".into()))?;
-    let mut files = Vec::new();
-    for key in [CERT_FILE, KEY_FILE, CA_FILE] {
-        files.push(file(secret, key).ok_or_else(|| fail(format!("has no {key}")))?);
-    }
-    let (cert, key, ca) = (files[0], files[1], files[2]);
-    let chain = crate::redis::certs::check_server_certificate(
-        cert,
-        key,
-        ca,
-        rustls::pki_types::UnixTime::now(),
-    )
-    .map_err(|p| fail(format!("{p}")))?;
-    // The operator presents the certificate wherever it may, whatever
-    // `clientAuth` says: while a change of it rolls the pods, instances
-    // that still ask for one must keep answering the operator.
-    let client_use =
-        crate::redis::certs::check_client_use(cert, ca, rustls::pki_types::UnixTime::now());
-    if let Err(p) = &client_use
-        && (uses.bus || uses.client_auth)
-    {
-        let needs = if uses.client_auth {
-            "spec.tls.clientAuth has the operator's processes present it"
-        } else {
-            "the Cluster bus asks every node for it"
-        };
-        return Err(fail(format!("{p}: {needs}")));
-    }
-    let ca_pem = String::from_utf8_lossy(ca).into_owned();
-    let mut trusted = ca_pem.clone();
-    if let Some(applied) = applied_ca.filter(|a| *a != ca_pem)
-        && crate::redis::certs::roots(applied.as_bytes()).is_ok()
-    {
-        trusted.push('\n');
-        trusted.push_str(applied);
-    }
-    let mut options = TlsOptions::servers_of_ca(trusted.into_bytes());
-    if client_use.is_ok() {
-        options.client_cert_pem = Some(cert.to_vec());
-        options.client_key_pem = Some(key.to_vec());
-    }
-    Ok(TlsMaterial {
-        secret: name.to_string(),
-        chain,
-        files_hash: files_hash(cert, ca),
-        ca_pem,
-        options,
-    })
-}
-
-/// The hash of a certificate Secret's `tls.crt` and `ca.crt` as recorded
-/// once every instance serves them.
-pub fn files_hash(cert: &[u8], ca: &[u8]) -> String {
-    build::stable_hash(&[&String::from_utf8_lossy(cert), &String::from_utf8_lossy(ca)])
-}
-
-/// What a certificate is used for besides serving clients.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Uses {
-    /// The Cluster bus: each node presents it to its peers.
-    pub bus: bool,
-    /// `spec.tls.clientAuth` asks clients for one.
-    pub client_auth: bool,
 }
 
 /// How soon an instance whose mounted files still hold the old certificate
@@ -666,7 +557,7 @@ impl Reconciler {
         if all && !recorded(auth) {
             // Read again: an earlier step of this pass may have written it.
             let live: Option<Secret> = self.fetch(&self.names.server_auth()).await?;
-            if let Some(mut next) = live.as_ref().and_then(super::credentials::read_server_auth)
+            if let Some(mut next) = live.as_ref().and_then(super::auth::read_server_auth)
                 && !recorded(&next)
             {
                 next.tls_ca = Some(t.ca_pem.clone());

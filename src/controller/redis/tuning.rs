@@ -26,8 +26,9 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
+use super::conf::{APPLIED, CLEARED, REFUSED};
 use super::facts::{Cond, PodFacts, Role};
-use crate::api::v1alpha1::{AppliedTuning, Insight, Redis, TunableRule, TuningStatus};
+use crate::api::v1alpha1::{AppliedTuning, Insight, TunableRule, TuningStatus};
 use crate::redis::advice::{self, Advice, Severity, Subject, Thresholds, Verdict};
 use crate::redis::tuning::{self, KeyScan, Sample};
 use crate::redis::{ConnectOptions, Endpoint, Node};
@@ -257,34 +258,11 @@ pub fn condition(insights: &[Insight], redis: &str) -> Cond {
     )
 }
 
-/// `status.tuning.applied[].state` of a setting in effect, its finding
-/// still standing...
-pub const APPLIED: &str = "Applied";
-/// ...in effect, its finding gone...
-pub const CLEARED: &str = "Cleared";
-/// ...or refused by a server (not in effect, not tried again).
-pub const REFUSED: &str = "Refused";
 /// An applied setting stands this long before its rule may change the same
 /// key again (a rule that keeps firing does not double a value each look).
 const REAPPLY_AFTER: Duration = Duration::from_secs(60 * 60);
 /// Records `status.tuning.applied` keeps at most.
 pub const MAX_APPLIED: usize = 20;
-
-/// The settings in effect for `spec.tuning`: of each key the last record
-/// not refused, unless `spec.config` sets the key (the user's wins).
-pub fn tuned_settings(redis: &Redis) -> Vec<(String, String)> {
-    let Some(t) = redis.status.as_ref().and_then(|s| s.tuning.as_ref()) else {
-        return Vec::new();
-    };
-    let mut out: BTreeMap<&str, &str> = BTreeMap::new();
-    for a in t.applied.iter().filter(|a| a.state != REFUSED) {
-        out.insert(&a.key, &a.to);
-    }
-    out.into_iter()
-        .filter(|(k, _)| !redis.spec.config.contains_key(*k))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 /// The records after a look, and those it added. A finding of a rule in
 /// `apply` whose advised key the user does not set gets a record unless the
@@ -526,7 +504,7 @@ impl Reconciler {
                 .await;
         }
         if !added.is_empty() {
-            self.recheck_in = Some(super::status::PROGRESS_REQUEUE);
+            self.recheck_in = Some(crate::controller::queue::PROGRESS_REQUEUE);
         }
         if records != old.applied {
             self.tuning_status = Some(TuningStatus { applied: records });
@@ -614,6 +592,8 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::v1alpha1::Redis;
+    use crate::controller::redis::conf::tuned_settings;
 
     fn fired(rule: &'static str, severity: Severity, evidence: &str) -> Verdict {
         Verdict::Fires(Advice {

@@ -1,5 +1,5 @@
 //! Upgrades: a change of the engine version (or the move from Redis to
-//! Valkey) is rolled out by [`super::rollout`]'s ordered restart — replicas
+//! Valkey) is rolled out by the rollout's ordered restart — replicas
 //! one at a time, each proven (Ready, linked, caught up) before the next,
 //! then a zero-loss switchover to an upgraded replica, then the old primary.
 //! This module owns what makes that an upgrade: `status.upgrade` (from, to,

@@ -34,196 +34,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::EventType;
-use sha2::{Digest, Sha256};
 
+use super::auth::{
+    CHECK_USER, Desired, ServerAuth, args, conf_hash, default_line, line_args, parse_conf, render,
+    rules_of, system_users,
+};
 use super::build;
-use super::credentials::ServerAuth;
 use super::facts::PodFacts;
 use super::{Error, Reconciler};
-use crate::api::v1alpha1::UserSpec;
 use crate::redis::{Endpoint, Node};
-
-/// The scratch user a server parses rules with (it never logs in).
-pub const CHECK_USER: &str = "redpilot-check";
-
-/// One user as the servers should run it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Desired {
-    /// The user's name.
-    pub name: String,
-    /// `ACL SETUSER <name>`'s arguments: `reset`, `on`/`off`, the password
-    /// hashes, the rules.
-    pub args: Vec<String>,
-}
-
-impl Desired {
-    /// The user's line in `users.conf`.
-    pub fn conf_line(&self) -> String {
-        let mut line = format!("user {}", build::conf_quoted(&self.name));
-        for a in &self.args {
-            line.push(' ');
-            line.push_str(&build::conf_quoted(a));
-        }
-        line.push('\n');
-        line
-    }
-}
-
-/// The arguments of `u` with the passwords `passwords` (plain text, hashed
-/// here).
-pub fn args(u: &UserSpec, passwords: &[String]) -> Vec<String> {
-    let mut args = vec![
-        "reset".to_string(),
-        if u.enabled.unwrap_or(true) {
-            "on"
-        } else {
-            "off"
-        }
-        .to_string(),
-    ];
-    args.extend(passwords.iter().map(|p| password_hash(p)));
-    args.extend(u.rules.iter().cloned());
-    args
-}
-
-/// A password as `ACL SETUSER` takes its hash: `#<sha256 hex>`.
-fn password_hash(password: &str) -> String {
-    format!(
-        "#{}",
-        crate::backup::agent::hex(&Sha256::digest(password.as_bytes()))
-    )
-}
-
-/// The hashes of the `spec.auth` passwords the servers accept: the current
-/// one and, during a rotation, the one being retired.
-fn spec_auth_hashes(auth: &ServerAuth) -> Vec<String> {
-    [Some(auth.current.as_str()), auth.previous.as_deref()]
-        .into_iter()
-        .flatten()
-        .filter(|p| !p.is_empty())
-        .map(password_hash)
-        .collect()
-}
-
-/// The operator's own users, when the servers have a password: its own
-/// (the `spec.auth` password, current and previous, every command but
-/// those that wipe data), the metrics sidecar's and the backup agent's,
-/// each with only the commands it runs.
-pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
-    if auth.current.is_empty() {
-        return Vec::new();
-    }
-    let user = |name: &str, password: &str, rules: &[&str]| {
-        let mut args = vec![
-            "reset".to_string(),
-            "on".to_string(),
-            password_hash(password),
-            "-@all".to_string(),
-        ];
-        args.extend(rules.iter().map(|r| r.to_string()));
-        Desired {
-            name: name.to_string(),
-            args,
-        }
-    };
-    let mut operator = vec!["reset".to_string(), "on".to_string()];
-    operator.extend(spec_auth_hashes(auth));
-    operator.extend(
-        [
-            "allkeys",
-            "allchannels",
-            "+@all",
-            "-flushall",
-            "-flushdb",
-            "-swapdb",
-        ]
-        .iter()
-        .map(|r| r.to_string()),
-    );
-    let mut out = vec![Desired {
-        name: build::OPERATOR_USER.to_string(),
-        args: operator,
-    }];
-    if !auth.exporter.is_empty() {
-        out.push(user(
-            build::EXPORTER_USER,
-            &auth.exporter,
-            &["+ping", "+info", "+cluster|info"],
-        ));
-    }
-    if !auth.backup.is_empty() {
-        out.push(user(
-            build::BACKUP_USER,
-            &auth.backup,
-            &["+ping", "+replconf", "+psync", "+sync"],
-        ));
-    }
-    out
-}
-
-/// The default user's line: `on`/`off`, its rights, and the `spec.auth`
-/// passwords it already has (a `user default` line at start-up resets the
-/// user, so the line carries them; live, adding them again changes
-/// nothing).
-pub fn default_line(d: &crate::api::v1alpha1::DefaultUserSpec, auth: &ServerAuth) -> Desired {
-    let flag = if d.enabled.unwrap_or(true) {
-        "on"
-    } else {
-        "off"
-    };
-    let mut args = vec![flag.to_string()];
-    args.extend(spec_auth_hashes(auth));
-    if d.rules.is_empty() {
-        args.extend(
-            ["allkeys", "allchannels", "+@all"]
-                .iter()
-                .map(|r| r.to_string()),
-        );
-    } else {
-        args.extend(
-            ["resetkeys", "resetchannels", "-@all"]
-                .iter()
-                .map(|r| r.to_string()),
-        );
-        args.extend(d.rules.iter().cloned());
-    }
-    Desired {
-        name: "default".to_string(),
-        args,
-    }
-}
-
-/// The rules among `ACL SETUSER` arguments (no flag, no password).
-fn rules_of(args: &[String]) -> Vec<String> {
-    args.iter()
-        .filter(|a| !matches!(a.as_str(), "reset" | "on" | "off") && !a.starts_with('#'))
-        .cloned()
-        .collect()
-}
-
-/// The name of each line of a `users.conf`, with the line.
-pub fn parse_conf(conf: &str) -> BTreeMap<String, String> {
-    conf.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("user ")?;
-            // The name is quoted by `conf_quoted`: `"name"`; names hold no
-            // quote or backslash (admission).
-            let name = rest.strip_prefix('"')?.split('"').next()?;
-            Some((name.to_string(), format!("{l}\n")))
-        })
-        .collect()
-}
-
-/// `users.conf` from lines by name (sorted, so the same set is the same
-/// text).
-pub fn render(lines: &BTreeMap<String, String>) -> String {
-    lines.values().map(String::as_str).collect()
-}
-
-/// The hash `users-applied` records for a `users.conf`.
-pub fn conf_hash(conf: &str) -> String {
-    build::stable_hash(&[conf])
-}
 
 impl Reconciler {
     /// The users of the spec whose passwords can be read, and, for the
@@ -517,59 +336,10 @@ impl Reconciler {
     }
 }
 
-/// A recorded line back into `ACL SETUSER` arguments (a user kept as it
-/// was): the tokens after the name, unquoted.
-fn line_args(name: &str, line: &str) -> Option<Desired> {
-    let mut tokens = Vec::new();
-    let mut chars = line.trim_end().chars().peekable();
-    while chars.peek().is_some() {
-        while chars.peek() == Some(&' ') {
-            chars.next();
-        }
-        let mut t = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            while let Some(c) = chars.next() {
-                match c {
-                    '"' => break,
-                    '\\' => match chars.next()? {
-                        'n' => t.push('\n'),
-                        'r' => t.push('\r'),
-                        't' => t.push('\t'),
-                        'x' => {
-                            let h: String = [chars.next()?, chars.next()?].iter().collect();
-                            t.push(u8::from_str_radix(&h, 16).ok()? as char);
-                        }
-                        c => t.push(c),
-                    },
-                    c => t.push(c),
-                }
-            }
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c == ' ' {
-                    break;
-                }
-                t.push(c);
-                chars.next();
-            }
-        }
-        if !t.is_empty() {
-            tokens.push(t);
-        }
-    }
-    // `user <name> <args>…`
-    (tokens.first().map(String::as_str) == Some("user")
-        && tokens.get(1).map(String::as_str) == Some(name))
-    .then(|| Desired {
-        name: name.to_string(),
-        args: tokens[2..].to_vec(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::v1alpha1::UserSpec;
 
     fn user(json: serde_json::Value) -> UserSpec {
         serde_json::from_value(json).expect("user")

@@ -8,6 +8,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::build::{self, ROLE_LABEL};
+use super::conf;
 use super::facts::{PodFacts, Role};
 use super::{Error, Reconciler, plan};
 use crate::controller::base::FIELD_MANAGER;
@@ -329,7 +330,7 @@ impl Reconciler {
             .find(|f| f.name == primary)
             .and_then(|f| f.ip.clone());
         let live: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
-        let cm = build::config_map(&self.redis, &self.names, ip.as_deref(), self.bootstrapped());
+        let cm = conf::config_map(&self.redis, &self.names, ip.as_deref(), self.bootstrapped());
         self.apply("ConfigMap", &cm, live.as_ref()).await?;
         self.record_primary_with(primary, extra).await
     }

@@ -10,102 +10,25 @@
 //! `used_memory` every second while the autopilot is on and asks for a
 //! reconcile as soon as the use reaches the level where the policy acts.
 
+pub mod limits;
 pub mod policy;
 pub mod resize;
 pub mod shards;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ResourceQuota, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::runtime::events::EventType;
 
+use self::limits::{limit, record, resources, spec_limit};
 use self::policy::{Bound, Decision, Observed, Policy, human, maxmemory_of, quantity};
 use super::Reconciler;
-use super::config::quantity_bytes;
 use super::facts::Cond;
-use super::facts::{PodFacts, memory_limit};
-use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision, Redis};
+use super::facts::PodFacts;
+use super::facts::quantity_bytes;
+use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision};
 
 pub use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
-
-/// The memory limit of `spec.resources`.
-pub fn spec_limit(redis: &Redis) -> Option<u64> {
-    memory_limit(redis.spec.resources.as_ref())
-}
-
-/// The autopilot's record, when it applies: it was made for the spec's
-/// current limit (a limit changed by hand starts over from the new one).
-pub fn record(redis: &Redis) -> Option<&MemoryAutopilotStatus> {
-    let st = redis.status.as_ref()?.autopilot.as_ref()?.memory.as_ref()?;
-    let base = spec_limit(redis)?;
-    (quantity_bytes(&Quantity(st.base.clone())) == Some(base) && st.limit_bytes > 0).then_some(st)
-}
-
-/// The memory limit the instances are to run: the autopilot's target, or
-/// the spec's.
-pub fn limit(redis: &Redis) -> Option<u64> {
-    record(redis)
-        .map(|r| r.limit_bytes as u64)
-        .or_else(|| spec_limit(redis))
-}
-
-/// The server container's resources: the spec's, with the memory limit the
-/// autopilot set; the request keeps its ratio to the limit (no request:
-/// the same as the limit, as Kubernetes defaults it).
-pub fn resources(redis: &Redis) -> Option<ResourceRequirements> {
-    resources_at(redis, None)
-}
-
-/// [`resources`] with the memory limit `at` in place of the autopilot's
-/// target (for the template: a size the instances run, see
-/// [`template_limit`]).
-pub fn resources_at(redis: &Redis, at: Option<u64>) -> Option<ResourceRequirements> {
-    let mut r = redis.spec.resources.clone()?;
-    let (Some(rec), Some(base)) = (record(redis), spec_limit(redis)) else {
-        return Some(r);
-    };
-    let target = at.unwrap_or(rec.limit_bytes as u64);
-    let request = r
-        .requests
-        .as_ref()
-        .and_then(|q| q.get("memory"))
-        .and_then(quantity_bytes)
-        .filter(|req| *req < base)
-        .map_or(target, |req| {
-            let scaled = (req as f64 * target as f64 / base as f64).ceil() as u64;
-            scaled.div_ceil(policy::ROUND) * policy::ROUND
-        });
-    r.limits
-        .get_or_insert_with(Default::default)
-        .insert("memory".into(), Quantity(quantity(target)));
-    r.requests
-        .get_or_insert_with(Default::default)
-        .insert("memory".into(), Quantity(quantity(request.min(target))));
-    Some(r)
-}
-
-/// The memory limit the StatefulSet's template carries while the
-/// instances move to `target` in place: the smallest limit a live
-/// instance has in effect, up to the target. A pod re-created mid-grow
-/// then comes back at a size the node took before (and is resized again),
-/// never at one the node may not hold: a resize the node defers or
-/// refuses leaves the template where it was. A pod being deleted counts
-/// too: its replacement comes from the template, and the room it frees
-/// may go to another pod's deferred resize first (seen: the replacement
-/// of a deleted replica asked for the grown size and could not be
-/// scheduled). With the `Restart` method the template is how the
-/// instances get the target, so it has it.
-pub fn template_limit(facts: &[PodFacts], target: u64, restart: bool) -> u64 {
-    if restart {
-        return target;
-    }
-    facts
-        .iter()
-        .filter_map(|f| f.mem_limit_applied.or(f.mem_limit))
-        .min()
-        .map_or(target, |applied| applied.min(target))
-}
 
 /// What a decision other than `Keep` records, counts and says.
 struct Report<'a> {
@@ -396,9 +319,12 @@ fn condition(decision: Option<&Decision>, facts: &[PodFacts]) -> Cond {
 
 #[cfg(test)]
 mod tests {
+    use super::limits::{resources, template_limit};
     use super::*;
-    use crate::api::v1alpha1::{AutopilotStatus, RedisStatus};
+    use crate::api::v1alpha1::{AutopilotStatus, Redis, RedisStatus};
     use crate::controller::redis::build::test_redis;
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use std::collections::BTreeMap;
 
     fn with_limit(limit: &str, request: Option<&str>) -> Redis {
@@ -473,7 +399,7 @@ mod tests {
         assert_eq!(resources(&r).unwrap().requests.unwrap()["memory"].0, "96Mi");
         // maxmemory follows the target.
         assert_eq!(
-            crate::controller::redis::config::maxmemory_bytes(&r),
+            super::limits::maxmemory_bytes(&r),
             Some((96u64 << 20) / 4 * 3)
         );
     }

@@ -3,7 +3,7 @@
 //! cluster's bound in; keep, grow, shrink, at maximum or bounded out.
 //!
 //! Sizes are container memory limits; `maxmemory` is 75 % of the limit
-//! (the operator's rule, see [`super::super::config::maxmemory_bytes`]).
+//! (the operator's rule, see `limits::maxmemory_bytes`).
 //!
 //! Hysteresis: a grow is sized so that the projected use lands at the
 //! middle of the band between the two thresholds, and a shrink so that the
@@ -42,7 +42,7 @@ impl Policy {
     /// cannot compare the two within the API server's validation budget).
     /// `None` when a size does not parse.
     pub fn from_spec(spec: &MemoryAutopilotSpec, base: u64) -> Option<Policy> {
-        let bytes = super::super::config::quantity_bytes;
+        let bytes = crate::controller::redis::facts::quantity_bytes;
         let max = bytes(&spec.max_memory)?.max(base);
         let min = match &spec.min_memory {
             Some(q) => bytes(q)?,

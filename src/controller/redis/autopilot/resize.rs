@@ -24,17 +24,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
+use super::limits::{RESTART, record, resources};
 use super::policy::{human, maxmemory_of};
-use super::{Reconciler, record, resources};
 use crate::controller::base::FIELD_MANAGER;
+use crate::controller::redis::Reconciler;
 use crate::controller::redis::build;
 use crate::controller::redis::facts::PodFacts;
 use crate::redis::{ConnectOptions, Endpoint};
-
-/// Method recorded when the cluster resizes pods in place.
-pub const IN_PLACE: &str = "InPlace";
-/// Method recorded when it does not: ordered rolling restarts.
-pub const RESTART: &str = "Restart";
 
 /// A pod whose resize the node refuses or defers, said for people.
 pub fn node_refusal(facts: &[PodFacts]) -> Option<String> {

@@ -57,20 +57,6 @@ pub fn in_kept_shard(names: &Names, pod: &str, shards: i32) -> bool {
     shard_of(names, pod).is_some_and(|(s, _)| s < shards)
 }
 
-/// redis.conf lines of Cluster mode.
-pub fn config_lines() -> Vec<String> {
-    vec![
-        "cluster-enabled yes".to_string(),
-        // On the data volume: a node with storage keeps its ID.
-        "cluster-config-file nodes.conf".to_string(),
-        format!("cluster-node-timeout {NODE_TIMEOUT_MS}"),
-        // A shard without a primary fails only its own slots.
-        "cluster-require-full-coverage no".to_string(),
-        // The operator, not gossip, decides which shard a replica serves.
-        "cluster-allow-replica-migration no".to_string(),
-    ]
-}
-
 /// The start-up script of a Cluster node. The node announces its pod IP.
 ///
 /// Boot rule: a node whose `nodes.conf` says it served slots and had
@@ -95,10 +81,10 @@ pub fn config_lines() -> Vec<String> {
 /// replica would resync from it.
 ///
 /// With `spec.tls` (`tls`: the CLI's flags, from
-/// [`crate::controller::redis::tls::cli_flags`]) the peers are asked over
+/// [`crate::controller::layout::cli_flags`]) the peers are asked over
 /// TLS, their certificates checked against the mounted `ca.crt`. While
 /// TLS is turned on or off (`other`: the flags of the other way, from
-/// [`crate::controller::redis::tls::either_flags`]) a peer that does not
+/// [`crate::controller::layout::either_flags`]) a peer that does not
 /// answer one way is asked the other: once the servers are switched live,
 /// they listen the way the pod's template does not, and a node restarted
 /// then would otherwise hear no peer and start as primary after the bound.
@@ -240,8 +226,8 @@ pub fn shard_statefulset(
                 "-c".into(),
                 start_script(
                     redis.spec.engine(),
-                    &crate::controller::redis::tls::cli_flags(redis, true),
-                    crate::controller::redis::tls::either_flags(redis).as_deref(),
+                    &crate::controller::layout::cli_flags(redis, true),
+                    crate::controller::layout::either_flags(redis).as_deref(),
                 ),
             ]);
             c.env
@@ -376,7 +362,7 @@ mod tests {
         ));
         let b = serde_json::to_value(shard_statefulset(&four, &names, 1, "s", "h", "img", None));
         assert_eq!(a.ok(), b.ok());
-        let restart = |r: &Redis| crate::controller::redis::config::restart_hash(r, |_| false);
+        let restart = |r: &Redis| crate::controller::redis::conf::restart_hash(r, |_| false);
         assert_eq!(restart(&cluster()), restart(&four));
     }
 

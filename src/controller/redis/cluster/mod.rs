@@ -204,9 +204,7 @@ impl Reconciler {
         if obs.servers_observed {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
-            if super::credentials::next_step(&auth, &wanted_password)
-                == super::credentials::Step::Steady
-            {
+            if super::auth::next_step(&auth, &wanted_password) == super::auth::Step::Steady {
                 self.apply_users(&facts, &auth).await?;
             }
             self.cluster_steps(&plan, &members, &mut conns).await;
@@ -338,7 +336,7 @@ impl Reconciler {
     async fn apply_cluster_children(&mut self, facts: &[PodFacts]) -> Result<(), Error> {
         // While TLS is turned on or off: the flip's templates.
         let view = self.children_view(facts);
-        let mut cm = super::build::config_map(&view, &self.names, None, self.bootstrapped());
+        let mut cm = super::conf::config_map(&view, &self.names, None, self.bootstrapped());
         // Saved for hibernation: the nodes that start next (on waking) skip
         // the boot rule's wait; cleared once the Redis is Ready again.
         if let Some(saved) = self.hibernation.as_ref().and_then(|h| h.saved_at.clone()) {
