@@ -59,7 +59,7 @@ pub enum BackupError {
     Invalid(String),
     /// A restore refused what it fetched.
     #[error("{0}")]
-    Refused(#[from] super::restore::Refused),
+    Refused(#[from] Refused),
 }
 
 impl BackupError {
@@ -82,8 +82,8 @@ impl BackupError {
                 _ => "StoreFailed",
             },
             BackupError::Invalid(_) => "InvalidRequest",
-            BackupError::Refused(super::restore::Refused::TooNew { .. }) => "IncompatibleVersion",
-            BackupError::Refused(super::restore::Refused::Mismatch(_)) => "ChecksumMismatch",
+            BackupError::Refused(Refused::TooNew { .. }) => "IncompatibleVersion",
+            BackupError::Refused(Refused::Mismatch(_)) => "ChecksumMismatch",
         }
     }
 }
@@ -315,4 +315,29 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Why the fetched bytes cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The backup was written by a server whose format the one restoring
+    /// does not read.
+    #[error(
+        "the backup is {engine} RDB version {have} (written by {version}); a {loader} server that writes RDB {max} cannot load it"
+    )]
+    TooNew {
+        /// The engine of the server that would load it.
+        loader: &'static str,
+        /// RDB version of the backup.
+        have: u32,
+        /// Newest the server reads.
+        max: u32,
+        /// Engine that wrote it.
+        engine: String,
+        /// Its version.
+        version: String,
+    },
+    /// The bytes are not what the manifest describes.
+    #[error("the object does not match its manifest: {0}")]
+    Mismatch(String),
 }

@@ -12,33 +12,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use super::agent::{BackupError, hex, read_manifest};
+use super::agent::{BackupError, Refused, hex, read_manifest};
 use super::manifest::Manifest;
-
-/// Why the fetched bytes cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum Refused {
-    /// The backup was written by a server whose format the one restoring
-    /// does not read.
-    #[error(
-        "the backup is {engine} RDB version {have} (written by {version}); a {loader} server that writes RDB {max} cannot load it"
-    )]
-    TooNew {
-        /// The engine of the server that would load it.
-        loader: &'static str,
-        /// RDB version of the backup.
-        have: u32,
-        /// Newest the server reads.
-        max: u32,
-        /// Engine that wrote it.
-        engine: String,
-        /// Its version.
-        version: String,
-    },
-    /// The bytes are not what the manifest describes.
-    #[error("the object does not match its manifest: {0}")]
-    Mismatch(String),
-}
 
 /// The server that will load a restored file: its engine and the newest
 /// RDB version it writes.

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 
-use super::conn::{ConnectOptions, Endpoint, Node};
+use super::conn::{ConnectOptions, Node};
+use super::endpoint::Endpoint;
 use super::error::{Error, Result};
 use super::info::{LinkStatus, ReplicationInfo, Role};
 use super::topology::observe;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::conn::Endpoint;
+use super::endpoint::Endpoint;
 
 /// Which server software answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -13,6 +13,7 @@ pub mod certs;
 pub mod cluster;
 pub mod config;
 mod conn;
+mod endpoint;
 mod error;
 pub mod info;
 pub mod probe;
@@ -21,5 +22,6 @@ pub mod reshard;
 pub mod topology;
 pub mod tuning;
 
-pub use conn::{ConnectOptions, Endpoint, Listeners, Node, Secret, TlsOptions, redis_client};
+pub use conn::{ConnectOptions, Listeners, Node, Secret, TlsOptions, redis_client};
+pub use endpoint::Endpoint;
 pub use error::{Error, ErrorCategory, Result};

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::conn::{ConnectOptions, Endpoint};
+use super::conn::ConnectOptions;
+use super::endpoint::Endpoint;
 use super::error::{Error, Result};
 use super::info::Info;
 use super::rdb::{Stream, encode, open_stream, read_line_into, reply_error};

@@ -22,7 +22,8 @@ use tokio::io::{
 };
 use tokio::net::TcpStream;
 
-use super::conn::{ConnectOptions, Endpoint, TlsOptions};
+use super::conn::{ConnectOptions, TlsOptions};
+use super::endpoint::Endpoint;
 use super::error::{Error, Result};
 
 /// Bounds and behaviour of a snapshot download.

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 
 use futures::future::join_all;
 
-use super::conn::{ConnectOptions, Endpoint, Node};
+use super::conn::{ConnectOptions, Node};
+use super::endpoint::Endpoint;
 use super::error::{Error, ErrorCategory};
 use super::info::{Info, LinkStatus, Role, Version};
 

@@ -2,7 +2,7 @@
 //! default sections and `commandstats`), the slow log, the latency monitor's
 //! latest events, the settings the rules weigh, and, where asked, a bounded
 //! sample of key sizes. The rules that turn samples into advice are pure and
-//! live in [`super::advice`].
+//! live in `redis::advice`.
 //!
 //! Cost of a sweep without key sampling: five round trips (two `INFO`, one
 //! `SLOWLOG GET`, one `LATENCY LATEST`, one pipeline of `CONFIG GET`s),

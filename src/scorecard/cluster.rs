@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::levels::{create_ready, redis_failed};
+use super::levels::create_ready;
+use super::redis_failed;
 use super::{Ctx, Failure};
 use crate::redis::cluster::{SLOTS, SlotRange, key_slot, parse_ranges};
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::writer::Writer;
-use super::{Ctx, Failure};
+use super::{Ctx, Failure, redis_failed};
 use crate::api::v1alpha1::{BackupPhase, Redis};
 use crate::redis::Node;
 
@@ -36,13 +36,6 @@ fn redis(name: &str, spec: Value) -> Value {
 
 fn key(i: usize) -> String {
     format!("scorecard:{i}")
-}
-
-pub(super) fn redis_failed(what: &str, e: impl std::fmt::Display) -> Failure {
-    Failure::new(
-        format!("{what}: {e}"),
-        "see the server's log (`kubectl logs <pod> -c redis`) and the Redis's events",
-    )
 }
 
 /// Writes [`KEYS`] keys with values derived from `tag` on `node`.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::levels::{create_ready, redis_failed, topology};
+use super::levels::{create_ready, topology};
+use super::redis_failed;
 use super::{Ctx, Failure};
 
 /// Bytes per value, values per `MSET`, and how much is written: more than

@@ -515,6 +515,13 @@ fn describe(r: &Redis) -> String {
     )
 }
 
+pub(super) fn redis_failed(what: &str, e: impl std::fmt::Display) -> Failure {
+    Failure::new(
+        format!("{what}: {e}"),
+        "see the server's log (`kubectl logs <pod> -c redis`) and the Redis's events",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

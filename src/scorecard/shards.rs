@@ -8,7 +8,8 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::cluster::keys_in;
-use super::levels::{create_ready, redis_failed};
+use super::levels::create_ready;
+use super::redis_failed;
 use super::{Ctx, Failure};
 use crate::api::v1alpha1::ReshardingPhase;
 use crate::redis::cluster::{SLOTS, SlotRange, key_slot, parse_ranges};

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
 use super::Failure;
-use super::levels::redis_failed;
+use super::redis_failed;
 use crate::redis::info::Role;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
