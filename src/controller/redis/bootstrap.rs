@@ -63,7 +63,7 @@ impl Reconciler {
         let Some(spec) = self.redis.spec.bootstrap.clone() else {
             return Ok(true);
         };
-        if self.bootstrap.is_some() {
+        if self.records.bootstrap.is_some() {
             return Ok(true);
         }
         let from = spec.from_backup;
@@ -115,12 +115,12 @@ impl Reconciler {
                 };
                 self.event(EventType::Normal, "BootstrapStarted", "Bootstrap", note)
                     .await;
-                self.bootstrap = Some(bs);
+                self.records.bootstrap = Some(bs);
                 Ok(true)
             }
             Err(Unresolved::Waiting(why)) => {
-                self.progress_reason = Some("WaitingForBackup");
-                self.progressing.push(why);
+                self.report.waiting("WaitingForBackup");
+                self.report.progress(why);
                 Ok(false)
             }
             Err(Unresolved::Failed(reason, why)) => {
@@ -237,7 +237,7 @@ impl Reconciler {
             }
             Err(e) => return Err(e.into()),
         }
-        self.wrote = true;
+        self.report.wrote();
         let note = format!(
             "{} from RedisBackup {name}, which the spec left unset",
             fill.summary
@@ -253,7 +253,8 @@ impl Reconciler {
     /// The location a finished bootstrap loaded (published in the
     /// ConfigMap so the restore never runs again).
     pub(super) fn bootstrapped(&self) -> Option<&str> {
-        self.bootstrap
+        self.records
+            .bootstrap
             .as_ref()
             .filter(|b| b.done)
             .map(|b| b.location.as_str())
@@ -265,7 +266,7 @@ impl Reconciler {
     /// Redis names its only instance primary before its pod even starts,
     /// and a bootstrap marked done then tells the restore to skip).
     pub(super) async fn track_bootstrap(&mut self, facts: &[PodFacts], primary: Option<&str>) {
-        let Some(bs) = self.bootstrap.clone() else {
+        let Some(bs) = self.records.bootstrap.clone() else {
             return;
         };
         if bs.done {
@@ -283,7 +284,7 @@ impl Reconciler {
             None => bs.sha256.clone(),
         };
         if sha256 != bs.sha256 {
-            self.bootstrap = Some(BootstrapStatus {
+            self.records.bootstrap = Some(BootstrapStatus {
                 sha256: sha256.clone(),
                 ..bs.clone()
             });
@@ -304,7 +305,7 @@ impl Reconciler {
             );
             self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
                 .await;
-            self.bootstrap = Some(BootstrapStatus {
+            self.records.bootstrap = Some(BootstrapStatus {
                 done: true,
                 sha256,
                 ..bs
@@ -333,7 +334,7 @@ impl Reconciler {
     /// (the one its file was loaded into) serves the shard's slots and the
     /// cluster is whole.
     pub(super) async fn track_cluster_bootstrap(&mut self, shards: &[Shard], healthy: bool) {
-        let Some(bs) = self.bootstrap.clone() else {
+        let Some(bs) = self.records.bootstrap.clone() else {
             return;
         };
         if bs.done {
@@ -368,9 +369,9 @@ impl Reconciler {
             );
             self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
                 .await;
-            self.bootstrap = Some(BootstrapStatus { done: true, ..bs });
+            self.records.bootstrap = Some(BootstrapStatus { done: true, ..bs });
         } else if !healthy || serving < bs.shards.len() {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "restoring from {}: {serving} of {} shards serve their restored slots",
                 bs.location,
                 bs.shards.len()

@@ -157,7 +157,7 @@ impl Reconciler {
             self.ctx.metrics.kube("apply");
             let pp = PatchParams::apply(FIELD_MANAGER).force();
             live = Some(api.patch(&name, &pp, &Patch::Apply(&want)).await?);
-            self.wrote = true;
+            self.report.wrote();
         }
         let secret_name = self.names.certificate_secret();
         let secret: Option<Secret> = self.fetch(&secret_name).await?;

@@ -72,6 +72,18 @@ pub fn in_sync<K: Serialize>(live: &K, desired: &K) -> Result<bool, Error> {
     Ok(drift::covers(&json(live)?, &json(desired)?))
 }
 
+/// What applying a Redis's children did.
+#[derive(Debug, Clone, Copy)]
+pub struct Applied {
+    /// The StatefulSet's size is held above the spec: the primary sits on
+    /// an ordinal a scale-down removes.
+    pub hold: bool,
+    /// A StatefulSet's spec changed: which pods run an outdated template is
+    /// known once its controller has seen it (the next pass, which the
+    /// write wakes), not from what this pass observed before.
+    pub template_changed: bool,
+}
+
 impl Reconciler {
     /// Applies `desired` unless the live object already holds every field
     /// of it. Refuses objects that belong to someone else; adopts ones that
@@ -124,7 +136,7 @@ impl Reconciler {
         self.api::<K>()
             .patch(&name, &pp, &Patch::Apply(desired))
             .await?;
-        self.wrote = true;
+        self.report.wrote();
         Ok(true)
     }
 
@@ -156,7 +168,7 @@ impl Reconciler {
         };
         self.event(EventType::Warning, reason, "Apply", msg.clone())
             .await;
-        self.notes.push(msg);
+        self.report.note(msg);
         Ok(false)
     }
 
@@ -191,15 +203,16 @@ impl Reconciler {
     }
 
     /// Applies the ConfigMap, the Services, the PDB and the StatefulSet, in
-    /// that order. Returns whether the StatefulSet's size is held above the
-    /// spec because the primary sits on an ordinal a scale-down removes.
+    /// that order; `hibernating` (the data is saved): with no replica and
+    /// no published primary.
     pub(super) async fn apply_children(
         &mut self,
         live_sts: &Option<StatefulSet>,
         facts: &[PodFacts],
         primary: Option<&str>,
         secret_name: &str,
-    ) -> Result<bool, Error> {
+        hibernating: bool,
+    ) -> Result<Applied, Error> {
         // Only an instance seen acting as primary is published: instances
         // that start read the address and follow it, and an empty pod
         // re-created under the recorded primary's name must not be it.
@@ -210,12 +223,12 @@ impl Reconciler {
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         // Keep the last known primary address while the primary has none
         // (restarting), so a restarting replica still finds it.
-        let cm_primary = primary_ip.filter(|_| !self.hibernating).or_else(|| {
+        let cm_primary = primary_ip.filter(|_| !hibernating).or_else(|| {
             live_cm
                 .as_ref()
                 .and_then(|c| c.data.as_ref()?.get(build::PRIMARY_KEY).cloned())
                 .and_then(|v| v.split_whitespace().next().map(String::from))
-                .filter(|_| !self.hibernating)
+                .filter(|_| !hibernating)
         });
         // While TLS is turned off, a Replication Redis keeps its
         // certificate files until no instance listens with TLS.
@@ -242,7 +255,7 @@ impl Reconciler {
             &image,
             memory_limit,
         );
-        if let Some(bs) = &self.bootstrap {
+        if let Some(bs) = &self.records.bootstrap {
             let first = self.names.pod(0);
             super::bootstrap::add_restore(&mut sts, bs, &bs.key, &first, &self.names, &self.redis);
         }
@@ -288,20 +301,26 @@ impl Reconciler {
             sts.spec.replicas = Some(current_replicas);
             sts = build::stamp_hash(sts);
         }
-        if self.hibernating {
+        if hibernating {
             sts = super::hibernate::scaled_to_zero(sts);
         }
         if self.grow_volumes(&mut sts, live_sts.as_ref()).await? == super::volumes::Growth::Hold {
-            return Ok(hold);
+            return Ok(Applied {
+                hold,
+                template_changed: false,
+            });
         }
         let sts_written = self
             .apply_or_degrade("StatefulSet", &sts, live_sts.as_ref())
             .await?;
-        if sts_written && live_sts.is_some() {
-            self.template_changed = true;
-            self.progressing.push("StatefulSet updated".into());
+        let template_changed = sts_written && live_sts.is_some();
+        if template_changed {
+            self.report.progress("StatefulSet updated".into());
         }
-        Ok(hold)
+        Ok(Applied {
+            hold,
+            template_changed,
+        })
     }
 }
 

@@ -52,12 +52,14 @@ impl Reconciler {
     /// Applies the live keys with `CONFIG SET` on every reachable instance,
     /// each judged by the version that server reports (during an upgrade a
     /// key may be live on the new version and restart-only on the old).
+    /// Returns the settings of `spec.tuning` a server refused: key, value,
+    /// the server's message (recorded in `status.tuning`).
     pub(super) async fn apply_live_config(
         &mut self,
         facts: &[PodFacts],
         opts: &ConnectOptions,
         engine: EngineKind,
-    ) {
+    ) -> Vec<(String, String, String)> {
         // The operator's own live parameters (fencing) first; the user's
         // cannot name them (refused at admission).
         let fencing = if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Replication {
@@ -67,8 +69,9 @@ impl Reconciler {
         };
         let tuned = super::conf::tuned_settings(&self.redis);
         if self.redis.spec.config.is_empty() && fencing.is_empty() && tuned.is_empty() {
-            return;
+            return Vec::new();
         }
+        let mut refused_all = Vec::new();
         for f in facts.iter().filter(|f| f.reachable && !f.terminating) {
             let Some(ip) = &f.ip else { continue };
             let Some(version) = f.version.as_deref().and_then(|v| v.parse::<Version>().ok()) else {
@@ -124,8 +127,7 @@ impl Reconciler {
                     ),
                 )
                 .await;
-                self.tuning_refused
-                    .push((k.to_string(), v.to_string(), e.to_string()));
+                refused_all.push((k.to_string(), v.to_string(), e.to_string()));
             }
             match result {
                 Ok(changes) if !changes.is_empty() => {
@@ -149,5 +151,6 @@ impl Reconciler {
                 }
             }
         }
+        refused_all
     }
 }

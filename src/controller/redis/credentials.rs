@@ -68,7 +68,7 @@ impl Reconciler {
     pub(super) async fn write_server_auth(&mut self, auth: &ServerAuth) -> Result<(), Error> {
         let secret = auth::server_auth_secret(&self.redis, &self.names, auth);
         self.ctx.metrics.kube("apply");
-        self.wrote = true;
+        self.report.wrote();
         self.api::<Secret>()
             .patch(
                 &self.names.server_auth(),
@@ -158,7 +158,7 @@ impl Reconciler {
             }
         }
         if !done {
-            self.progressing.push(match step {
+            self.report.progress(match step {
                 Step::Add => "rotating the password: adding the new one on every instance".into(),
                 _ => "rotating the password: retiring the old one on every instance".into(),
             });
@@ -181,8 +181,8 @@ impl Reconciler {
                         .into(),
                 )
                 .await;
-                self.progressing
-                    .push("rotating the password: retiring the old one next".into());
+                self.report
+                    .progress("rotating the password: retiring the old one next".into());
             }
             _ => {
                 self.write_server_auth(&ServerAuth {

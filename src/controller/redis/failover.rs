@@ -460,8 +460,8 @@ impl Reconciler {
         match decide(facts, primary, health.as_ref(), &spec, &self.names) {
             Decision::Serving => false,
             Decision::Wait(why) => {
-                self.progressing.push(why);
-                self.progress_reason = Some("FailoverPending");
+                self.report.progress(why);
+                self.report.waiting("FailoverPending");
                 false
             }
             Decision::Blocked(why) => {
@@ -474,10 +474,10 @@ impl Reconciler {
                 loss: Loss::Unresponsive,
                 ..
             } if answers_late(health.as_ref(), opts).await => {
-                self.progressing.push(format!(
+                self.report.progress(format!(
                     "primary {primary} was silent for the bound but answers again: slow, not lost"
                 ));
-                self.progress_reason = Some("FailoverPending");
+                self.report.waiting("FailoverPending");
                 false
             }
             Decision::Promote { candidate, loss } => {
@@ -526,8 +526,8 @@ impl Reconciler {
             },
         );
         if let Err(e) = self.publish_failover(&after, to, &record).await {
-            self.progressing
-                .push(format!("recording new primary {to}: {e}"));
+            self.report
+                .progress(format!("recording new primary {to}: {e}"));
         }
         self.count_failover("handed_over");
         tracing::info!(redis = %self.oref, from = old, to, offset = report.offset,
@@ -561,8 +561,8 @@ impl Reconciler {
             .map(|f| format!("{}={}", f.name, f.offset.unwrap_or(0)))
             .collect();
         if let Err(e) = self.record_intent(to).await {
-            self.progressing
-                .push(format!("recording the promotion of {to}: {e}"));
+            self.report
+                .progress(format!("recording the promotion of {to}: {e}"));
             return;
         }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
@@ -592,8 +592,8 @@ impl Reconciler {
             },
         );
         if let Err(e) = self.publish_failover(&after, to, &record).await {
-            self.progressing
-                .push(format!("recording new primary {to}: {e}"));
+            self.report
+                .progress(format!("recording new primary {to}: {e}"));
         }
         let published = started.elapsed();
         // Then the other replicas follow it.
@@ -631,8 +631,8 @@ impl Reconciler {
             ),
         )
         .await;
-        self.progressing
-            .push(format!("failed over from {old} to {to}"));
+        self.report
+            .progress(format!("failed over from {old} to {to}"));
     }
 
     /// The facts as they are once `to` is the primary and `old` has
@@ -654,8 +654,8 @@ impl Reconciler {
             }
         }
         if let Err(e) = self.label_roles(&after, Some(to)).await {
-            self.progressing
-                .push(format!("labelling new primary {to}: {e}"));
+            self.report
+                .progress(format!("labelling new primary {to}: {e}"));
         }
         after
     }

@@ -40,8 +40,8 @@ pub fn scaled_to_zero(mut sts: StatefulSet) -> StatefulSet {
 }
 
 impl Reconciler {
-    /// A hibernating Redis: saves the data once, then lets the children be
-    /// applied with no replica (`self.hibernating`). `groups` are the
+    /// A hibernating Redis: saves the data once; `true` once saved, when
+    /// the children are to be applied with no replica. `groups` are the
     /// primaries and their instances (one for Replication, one per shard
     /// for Cluster), saved at once. When a save fails, nothing is scaled
     /// down and the failure is reported.
@@ -50,9 +50,9 @@ impl Reconciler {
         facts: &[PodFacts],
         groups: &[(Option<&str>, Vec<PodFacts>)],
         opts: &ConnectOptions,
-    ) -> Result<(), Error> {
-        self.hibernating = true;
+    ) -> Result<bool, Error> {
         let saved = self
+            .records
             .hibernation
             .as_ref()
             .is_some_and(|h| h.saved_at.is_some());
@@ -84,7 +84,7 @@ impl Reconciler {
                     );
                     self.event(EventType::Normal, "Hibernating", "Hibernate", note)
                         .await;
-                    self.hibernation = Some(HibernationStatus {
+                    self.records.hibernation = Some(HibernationStatus {
                         saved_at: Some(now),
                         offset,
                         since: None,
@@ -92,19 +92,18 @@ impl Reconciler {
                 }
                 Err(e) => {
                     // Nothing is removed before the data is on the volumes.
-                    self.hibernating = false;
                     let msg = format!("hibernating: saving the dataset failed, the pods stay: {e}");
                     self.report_failure("HibernationFailed", "Hibernate", "redis", msg)
                         .await;
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
-        if self.hibernation.is_none() {
-            self.hibernation = Some(HibernationStatus::default());
+        if self.records.hibernation.is_none() {
+            self.records.hibernation = Some(HibernationStatus::default());
         }
         if facts.is_empty()
-            && let Some(h) = self.hibernation.as_mut()
+            && let Some(h) = self.records.hibernation.as_mut()
             && h.since.is_none()
         {
             h.since = Some(crate::controller::base::rfc3339(chrono::Utc::now()));
@@ -113,20 +112,20 @@ impl Reconciler {
                 .await;
         }
         if !facts.is_empty() {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "hibernating: waiting for {} pod(s) to stop",
                 facts.len()
             ));
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Called when the Redis is Ready: a hibernation that ended is cleared.
     pub(super) async fn track_wake(&mut self, all_ready: bool) {
-        if self.redis.spec.hibernate || !all_ready || self.hibernation.is_none() {
+        if self.redis.spec.hibernate || !all_ready || self.records.hibernation.is_none() {
             return;
         }
-        self.hibernation = None;
+        self.records.hibernation = None;
         let note = "woke up: every instance is back with its data".to_string();
         self.event(EventType::Normal, "Resumed", "Hibernate", note)
             .await;

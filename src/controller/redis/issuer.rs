@@ -369,7 +369,7 @@ impl Reconciler {
             ..Default::default()
         };
         self.ctx.metrics.kube("create");
-        self.wrote = true;
+        self.report.wrote();
         match self
             .api::<Secret>()
             .create(&PostParams::default(), &secret)
@@ -436,12 +436,12 @@ impl Reconciler {
             Next::Keep(wait) => {
                 // Renewed on time, not at the periodic pass after.
                 if wait < crate::controller::queue::STEADY_REQUEUE {
-                    self.recheck_in = Some(wait + Duration::from_secs(1));
+                    self.report.recheck_in(wait + Duration::from_secs(1));
                 }
                 return Ok(live);
             }
             Next::Wait(what) => {
-                self.progressing.push(format!(
+                self.report.progress(format!(
                     "taking on the namespace's new CA: waiting for {what} (Secret {secret_name})"
                 ));
                 return Ok(live);
@@ -521,7 +521,7 @@ impl Reconciler {
             ..Default::default()
         };
         self.ctx.metrics.kube("apply");
-        self.wrote = true;
+        self.report.wrote();
         let applied = self
             .api::<Secret>()
             .patch(

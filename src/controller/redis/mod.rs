@@ -56,6 +56,7 @@ pub mod observe;
 pub mod plan;
 pub mod recovery;
 pub mod replication;
+pub mod report;
 pub mod rollout;
 pub mod statefulset;
 pub mod status;
@@ -96,35 +97,14 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
     // `bootstrap`, `hibernation`, `resharding`) are read in `run`, after
     // the object is refreshed: the cache may not have seen the last write.
     let mut r = Reconciler {
-        hibernation: None,
-        resharding: None,
-        hibernating: false,
-        template_changed: false,
-        upgrade: None,
-        bootstrap: None,
         redis,
         ctx,
         ns,
         names,
         oref,
-        notes: Vec::new(),
-        progressing: Vec::new(),
-        moved_primary: None,
-        wrote: false,
-        progress_reason: None,
-        degraded_reason: None,
-        servers_observed: false,
-        autopilot_cond: None,
-        upgrade_cond: None,
-        autopilot_due: None,
-        tls: None,
-        leaving_tls: None,
-        leaving_secret: None,
-        listeners: None,
-        recheck_in: None,
-        insights: None,
-        tuning_status: None,
-        tuning_refused: Vec::new(),
+        reach: Reach::default(),
+        records: Records::default(),
+        report: report::Report::default(),
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -146,52 +126,39 @@ struct Begun {
     obs: observe::Observed,
 }
 
-/// The state of one reconcile pass, shared by the capability modules.
+/// One reconcile pass. Steps are its methods (one module per capability);
+/// what each may touch:
+///
+/// - the inputs, set before the first step: the Redis (replaced only by
+///   the pass's own status writes, and by the upgrade's view of what to
+///   serve), the context, the namespace, the children's names;
+/// - [`Reach`]: how the servers are reached, set by [`Self::begin`] and
+///   read by every step after it;
+/// - [`Records`]: the status records a pass carries on, each written by
+///   one step;
+/// - [`report::Report`]: what the steps found, added to by any step, read
+///   by the status step.
+///
+/// What a step decides for the steps after it, or for the status, is its
+/// return value ([`report::Outcomes`] for the status), not a field.
 pub struct Reconciler {
     redis: Arc<Redis>,
     ctx: Arc<Context>,
     ns: String,
     names: Names,
     oref: ObjectRef<Redis>,
-    /// Problems to report as Degraded.
-    notes: Vec<String>,
-    /// Work in progress, reported as Progressing.
-    progressing: Vec<String>,
-    /// The primary last recorded by this reconcile (`record_primary`): the
-    /// chosen one, or the target of a switchover or recovery made here.
-    moved_primary: Option<String>,
-    /// Whether this pass wrote anything to the API (resets the backoff).
-    wrote: bool,
-    /// The Progressing reason when a step waits on purpose (default
-    /// `Reconciling`).
-    progress_reason: Option<&'static str>,
-    /// The Degraded reason of the first data-plane failure of this pass.
-    degraded_reason: Option<&'static str>,
+    reach: Reach,
+    records: Records,
+    report: report::Report,
+}
+
+/// How this pass reaches the servers: set by [`Reconciler::begin`] (the
+/// TLS material and the observation), read by the steps after it.
+#[derive(Default)]
+struct Reach {
     /// Whether this pass asked the servers (so an instance that did not
     /// answer is a finding, not a gap in the observation).
     servers_observed: bool,
-    /// `status.upgrade` as this pass leaves it.
-    upgrade: Option<crate::api::v1alpha1::UpgradeStatus>,
-    /// `status.bootstrap` as this pass leaves it.
-    bootstrap: Option<crate::api::v1alpha1::BootstrapStatus>,
-    /// `status.hibernation` as this pass leaves it.
-    hibernation: Option<crate::api::v1alpha1::HibernationStatus>,
-    /// `status.resharding` as this pass leaves it.
-    resharding: Option<crate::api::v1alpha1::ReshardingStatus>,
-    /// The data is saved and the pods are to go (children are applied with
-    /// no replica and no published primary).
-    hibernating: bool,
-    /// A StatefulSet's spec changed this pass: which pods run an outdated
-    /// template is known once its controller has seen it (the next pass,
-    /// which the write wakes), not from what this pass observed before.
-    template_changed: bool,
-    /// The memory autopilot's condition for this pass.
-    autopilot_cond: Option<facts::Cond>,
-    /// `UpgradeFailed` when the spec cannot be served (in place of the
-    /// upgrade's own condition this pass).
-    upgrade_cond: Option<facts::Cond>,
-    /// When the memory autopilot wants to look again (a cooldown ending).
-    autopilot_due: Option<Duration>,
     /// The certificate Secret of `spec.tls`, checked this pass.
     tls: Option<material::TlsMaterial>,
     /// While TLS is turned off: the certificate Secret the instances that
@@ -203,16 +170,21 @@ pub struct Reconciler {
     /// Which servers listen with TLS while not all listen as `spec.tls`
     /// says (see [`tls::Reconciler::listeners_of`]).
     listeners: Option<Arc<crate::redis::Listeners>>,
-    /// When a healthy Redis is to be looked at again sooner than the
-    /// periodic pass (a certificate reload waiting for the kubelet).
-    recheck_in: Option<Duration>,
-    /// The findings of this pass's look for tuning advice, when it looked.
-    insights: Option<Vec<crate::api::v1alpha1::Insight>>,
-    /// `status.tuning` as this pass's look left it, when it changed it.
-    tuning_status: Option<crate::api::v1alpha1::TuningStatus>,
-    /// Settings of `spec.tuning` a server refused this pass: key, value,
-    /// the server's message.
-    tuning_refused: Vec<(String, String, String)>,
+}
+
+/// The status records a pass carries on from the last one (read in
+/// `run`, after the object is refreshed) and leaves for the status step;
+/// each is written by one step.
+#[derive(Default)]
+struct Records {
+    /// `status.upgrade` (the `upgrade` step).
+    upgrade: Option<crate::api::v1alpha1::UpgradeStatus>,
+    /// `status.bootstrap` (the `bootstrap` step).
+    bootstrap: Option<crate::api::v1alpha1::BootstrapStatus>,
+    /// `status.hibernation` (the `hibernate` step).
+    hibernation: Option<crate::api::v1alpha1::HibernationStatus>,
+    /// `status.resharding` (the Cluster topology's `reshard` step).
+    resharding: Option<crate::api::v1alpha1::ReshardingStatus>,
 }
 
 impl Reconciler {
@@ -226,11 +198,6 @@ impl Reconciler {
         <K as Resource>::DynamicType: Default,
     {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
-    }
-
-    /// Asks for the next pass within `d` (sooner if another step asked).
-    fn recheck_within(&mut self, d: Duration) {
-        self.recheck_in = Some(self.recheck_in.map_or(d, |r| r.min(d)));
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
@@ -278,10 +245,10 @@ impl Reconciler {
             .reconcile_errors
             .with_label_values(&[category])
             .inc();
-        self.degraded_reason.get_or_insert(reason);
+        self.report.degraded(reason);
         self.event(EventType::Warning, reason, action, msg.clone())
             .await;
-        self.notes.push(msg);
+        self.report.note(msg);
     }
 
     /// The PodMonitor and PrometheusRule, when the cluster serves them,
@@ -297,7 +264,11 @@ impl Reconciler {
         )
         .await
         {
-            Ok(wrote) => self.wrote |= wrote,
+            Ok(wrote) => {
+                if wrote {
+                    self.report.wrote();
+                }
+            }
             Err(e) => {
                 ctx.metrics
                     .reconcile_errors
@@ -331,8 +302,8 @@ impl Reconciler {
             .with_user_or_default(build::OPERATOR_USER, password.to_string())
             .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
         // While TLS is turned on or off: per server, as observed this pass.
-        opts.listeners = self.listeners.clone();
-        match &self.tls {
+        opts.listeners = self.reach.listeners.clone();
+        match &self.reach.tls {
             Some(t) => opts.with_tls(t.options.clone()),
             None => opts,
         }
@@ -400,7 +371,7 @@ impl Reconciler {
             Ok(p) => p,
             Err(e) => return Ok(Err(self.fail_status("InvalidAuth", e).await?)),
         };
-        self.tls = match self.tls_material(&auth, paused).await? {
+        self.reach.tls = match self.tls_material(&auth, paused).await? {
             Ok(t) => t,
             Err(tls::Unready::Unusable(e)) => {
                 return Ok(Err(self.fail_status("InvalidCertificate", e).await?));
@@ -413,18 +384,18 @@ impl Reconciler {
         let obs = self
             .observe_servers(&mut opts, !auth.current.is_empty(), auth.tls_ca.as_deref())
             .await;
-        self.listeners = opts.listeners.clone();
-        if self.listeners.is_some() {
+        self.reach.listeners = opts.listeners.clone();
+        if self.reach.listeners.is_some() {
             let on = self.redis.spec.tls.is_some();
             let done = obs.facts.iter().filter(|f| f.listens_tls == on).count();
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "turning TLS {}: {done} of {} instances listen {}",
                 if on { "on" } else { "off" },
                 obs.facts.len(),
                 if on { "with TLS" } else { "in plain text" },
             ));
         }
-        self.servers_observed = obs.servers_observed;
+        self.reach.servers_observed = obs.servers_observed;
         Ok(Ok(Begun {
             wanted,
             auth,
@@ -439,10 +410,10 @@ impl Reconciler {
     /// recorded: a hibernation's save, an upgrade's step).
     fn carry_records(&mut self) {
         let status = self.redis.status.as_ref();
-        self.upgrade = status.and_then(|s| s.upgrade.clone());
-        self.bootstrap = status.and_then(|s| s.bootstrap.clone());
-        self.hibernation = status.and_then(|s| s.hibernation.clone());
-        self.resharding = status.and_then(|s| s.resharding.clone());
+        self.records.upgrade = status.and_then(|s| s.upgrade.clone());
+        self.records.bootstrap = status.and_then(|s| s.bootstrap.clone());
+        self.records.hibernation = status.and_then(|s| s.hibernation.clone());
+        self.records.resharding = status.and_then(|s| s.resharding.clone());
     }
 
     async fn run(&mut self) -> Result<Next, Error> {

@@ -125,9 +125,9 @@ impl Reconciler {
         match desired {
             Some(np) => {
                 let live: Option<NetworkPolicy> = self.fetch(&name).await?;
-                let notes = self.notes.len();
+                let notes = self.report.notes().len();
                 self.apply_or_degrade(KIND, &np, live.as_ref()).await?;
-                if self.notes.len() == notes {
+                if self.report.notes().len() == notes {
                     let h = build::stamped_hash(&np).map(String::from);
                     self.ctx.insights.remember(&self.oref, KIND, h);
                 }
@@ -146,7 +146,7 @@ impl Reconciler {
                         .delete(&name, &DeleteParams::default())
                         .await
                     {
-                        Ok(_) => self.wrote = true,
+                        Ok(_) => self.report.wrote(),
                         Err(kube::Error::Api(e)) if e.code == 404 => {}
                         Err(e) => return Err(e.into()),
                     }

@@ -255,8 +255,8 @@ impl Reconciler {
                 .filter_map(|f| pods.iter().find(|p| p.name_any() == f.name))
                 .find_map(super::tls::mounted_secret)
         {
-            self.leaving_tls = self.leaving_material(&name, applied_ca).await;
-            self.leaving_secret = Some(name);
+            self.reach.leaving_tls = self.leaving_material(&name, applied_ca).await;
+            self.reach.leaving_secret = Some(name);
         }
         // A Cluster Redis turning TLS on or off: how each node of the
         // flip's template listens now (it may have been switched live).

@@ -24,8 +24,8 @@ impl Reconciler {
             .any(|f| f.reachable && f.role == Some(Role::Primary));
         let any_linked = facts.iter().any(|f| f.link_up == Some(true));
         if any_primary || any_linked {
-            self.progressing
-                .push("waiting for the replication topology to settle".into());
+            self.report
+                .progress("waiting for the replication topology to settle".into());
             return;
         }
         if self
@@ -37,11 +37,11 @@ impl Reconciler {
         {
             return;
         }
-        let restoring = self.bootstrap.as_ref().is_some_and(|b| !b.done);
+        let restoring = self.records.bootstrap.as_ref().is_some_and(|b| !b.done);
         let best = match plan::promotion_candidate(facts, &self.names, restoring) {
             Ok(best) => best,
             Err(why) => {
-                self.progressing.push(why);
+                self.report.progress(why);
                 return;
             }
         };
@@ -52,8 +52,8 @@ impl Reconciler {
             return;
         };
         if let Err(e) = self.record_intent(&best).await {
-            self.progressing
-                .push(format!("recording the promotion of {best}: {e}"));
+            self.report
+                .progress(format!("recording the promotion of {best}: {e}"));
             return;
         }
         let ep = Endpoint::new(&ip, build::REDIS_PORT);
@@ -66,11 +66,11 @@ impl Reconciler {
                     .await;
                 match self.publish_primary(facts, &best).await {
                     Ok(()) => self
-                        .progressing
-                        .push(format!("promoted {best}; the others follow it next")),
+                        .report
+                        .progress(format!("promoted {best}; the others follow it next")),
                     Err(e) => self
-                        .progressing
-                        .push(format!("recording new primary {best}: {e}")),
+                        .report
+                        .progress(format!("recording new primary {best}: {e}")),
                 }
             }
             Err(e) => {

@@ -9,6 +9,7 @@
 
 use crate::controller::queue::Next;
 
+use super::report::Outcomes;
 use super::{Begun, Error, Reconciler, facts, plan};
 use crate::api::v1alpha1::Mode;
 
@@ -31,11 +32,13 @@ impl Reconciler {
             Err(action) => return Ok(action),
         };
         let facts = obs.facts;
+        // What the steps decide for the status, as they return it.
+        let mut out = Outcomes::default();
 
         // A Redis loaded from a backup: nothing is created before the
         // backup is resolved (its location is then fixed in the status).
         if !self.resolve_bootstrap().await? {
-            return self.finish(&facts, None, desired, false).await;
+            return self.finish(&facts, None, desired, false, out).await;
         }
 
         // 3. Decide the primary.
@@ -64,9 +67,11 @@ impl Reconciler {
         });
 
         if paused {
-            self.progressing
-                .push("reconciliation is paused (spec.paused)".into());
-            return self.finish(&facts, primary.as_deref(), desired, true).await;
+            self.report
+                .progress("reconciliation is paused (spec.paused)".into());
+            return self
+                .finish(&facts, primary.as_deref(), desired, true, out)
+                .await;
         }
 
         // Hibernation: save, then scale to zero; nothing else moves.
@@ -76,14 +81,15 @@ impl Reconciler {
                 previous_primary.as_deref().or(primary.as_deref()),
                 facts.clone(),
             );
-            self.hibernate(&facts, &[group], &opts).await?;
-            if self.hibernating {
-                self.apply_children(&obs.live_sts, &facts, None, &self.names.server_auth())
+            out.hibernating = self.hibernate(&facts, &[group], &opts).await?;
+            if out.hibernating {
+                let secret = self.names.server_auth();
+                self.apply_children(&obs.live_sts, &facts, None, &secret, true)
                     .await?;
-                return self.finish(&facts, None, desired, false).await;
+                return self.finish(&facts, None, desired, false, out).await;
             }
             return self
-                .finish(&facts, primary.as_deref(), desired, false)
+                .finish(&facts, primary.as_deref(), desired, false, out)
                 .await;
         }
 
@@ -100,8 +106,10 @@ impl Reconciler {
             && primary.as_deref().is_none_or(|p| p == recorded)
             && self.fail_over(&facts, recorded, &opts).await
         {
-            let moved = self.moved_primary.clone();
-            return self.finish(&facts, moved.as_deref(), desired, false).await;
+            let moved = self.report.primary().map(str::to_string);
+            return self
+                .finish(&facts, moved.as_deref(), desired, false, out)
+                .await;
         }
 
         // Record a new primary before anything else changes, so the status
@@ -116,33 +124,36 @@ impl Reconciler {
         // A changed version starts an upgrade (recorded before the
         // StatefulSet changes); a failed one is rolled back.
         let settled = obs.live_sts.as_ref().is_some_and(facts::sts_observed);
-        self.track_upgrade(
-            obs.live_sts.as_ref(),
-            settled,
-            &facts,
-            primary.as_deref().as_slice(),
-        )
-        .await?;
+        out.upgrade = self
+            .track_upgrade(
+                obs.live_sts.as_ref(),
+                settled,
+                &facts,
+                primary.as_deref().as_slice(),
+            )
+            .await?;
 
         // Which config keys are live; a removed one restarts the instances.
         self.track_live_config().await?;
 
         // The memory limit, decided before the template is built from it.
-        self.autopilot(&facts, primary.as_deref().as_slice())
+        out.memory = self
+            .autopilot(&facts, primary.as_deref().as_slice())
             .await?;
 
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
-        let hold = self
+        let applied = self
             .apply_children(
                 &obs.live_sts,
                 &facts,
                 primary.as_deref(),
                 &self.names.server_auth(),
+                false,
             )
             .await?;
-        if !self.notes.is_empty() {
+        if !self.report.notes().is_empty() {
             return self
-                .finish(&facts, primary.as_deref(), desired, false)
+                .finish(&facts, primary.as_deref(), desired, false, out)
                 .await;
         }
 
@@ -160,7 +171,7 @@ impl Reconciler {
         match (&primary, obs.servers_observed) {
             (Some(p), true) => {
                 self.wire(&facts, p, &opts).await;
-                if hold {
+                if applied.hold {
                     self.move_primary_for_scale_down(&facts, p, desired, &opts)
                         .await;
                 }
@@ -172,10 +183,10 @@ impl Reconciler {
         // what was observed is stale, so labels, restarts and the status
         // wait for the next pass, which observes the new topology. Only the
         // new primary is reported now (it is already recorded).
-        if let Some(moved) = self.moved_primary.clone()
+        if let Some(moved) = self.report.primary().map(str::to_string)
             && primary.as_deref() != Some(moved.as_str())
         {
-            return self.finish(&facts, Some(&moved), desired, false).await;
+            return self.finish(&facts, Some(&moved), desired, false, out).await;
         }
 
         // 6. Role labels (the Services select on them).
@@ -183,7 +194,7 @@ impl Reconciler {
 
         // 7. Live configuration.
         let (engine, _) = self.engine_version();
-        self.apply_live_config(&facts, &opts, engine).await;
+        out.refused = self.apply_live_config(&facts, &opts, engine).await;
         // A renewed certificate is read live.
         if obs.servers_observed {
             self.reload_certificates(&facts, &opts, &auth).await?;
@@ -193,7 +204,7 @@ impl Reconciler {
         // or by marking them for the restarts below).
         let mut facts = facts;
         if let Some(p) = &primary {
-            self.autopilot_resize(&mut facts, &[p.as_str()], &opts)
+            self.autopilot_resize(&mut facts, &[p.as_str()], &opts, &mut out.memory)
                 .await?;
         }
 
@@ -201,25 +212,28 @@ impl Reconciler {
         // that cannot change live.
         if let Some(p) = &primary {
             if self.requested_switchover(&facts, p, &opts).await {
-                let moved = self.moved_primary.clone();
-                return self.finish(&facts, moved.as_deref(), desired, false).await;
+                let moved = self.report.primary().map(str::to_string);
+                return self
+                    .finish(&facts, moved.as_deref(), desired, false, out)
+                    .await;
             }
             // Not in a pass that changed the template: which pods are
             // outdated was observed against the revision before it (a
             // version rolled back would restart the instances already
             // back, after a switchover to one that is not).
-            if !self.template_changed {
+            if !applied.template_changed {
                 self.roll(&facts, p, desired, &opts).await?;
             }
         }
 
         // A switchover in step 9 moved the primary: report the new one.
-        let primary = self.moved_primary.clone().or(primary);
+        let moved = self.report.primary().map(str::to_string);
+        let primary = moved.clone().or(primary);
         // 10. Tuning advice, now and then, when every server answers.
-        if self.moved_primary.is_none() {
-            self.tune(&facts, primary.as_deref(), &opts, |_| None).await;
+        if moved.is_none() {
+            out.tuning = self.tune(&facts, primary.as_deref(), &opts, |_| None).await;
         }
-        self.finish(&facts, primary.as_deref(), desired, false)
+        self.finish(&facts, primary.as_deref(), desired, false, out)
             .await
     }
 }

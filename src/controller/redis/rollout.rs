@@ -79,7 +79,7 @@ impl Reconciler {
         // caught up) before the next one restarts.
         let all_ready = facts.len() as i32 == desired
             && facts.iter().all(|f| super::upgrade::proven(f, &[primary]));
-        self.progressing.push(format!(
+        self.report.progress(format!(
             "rolling restart: {} of {} instances outdated",
             outdated.len(),
             facts.len()
@@ -172,7 +172,7 @@ impl Reconciler {
         let Some(b) = backups.items.iter().find(|b| reads_from(b, &name, pod)) else {
             return Ok(false);
         };
-        self.progressing.push(format!(
+        self.report.progress(format!(
             "the ordered restart of {pod} waits for backup {}, which is reading from it",
             b.name_any()
         ));
@@ -183,7 +183,7 @@ impl Reconciler {
     /// template (a pod already gone is fine).
     pub(super) async fn restart_pod(&mut self, name: &str) -> Result<(), kube::Error> {
         self.ctx.metrics.kube("delete");
-        self.wrote = true;
+        self.report.wrote();
         match self
             .api::<Pod>()
             .delete(name, &DeleteParams::default())
@@ -218,8 +218,8 @@ impl Reconciler {
             )
             .await;
         }
-        self.progress_reason = Some(RESTART_WOULD_LOSE_DATA);
-        self.progressing.push(msg);
+        self.report.waiting(RESTART_WOULD_LOSE_DATA);
+        self.report.progress(msg);
     }
 
     pub(super) async fn switchover(
@@ -241,8 +241,8 @@ impl Reconciler {
             .and_then(|f| f.ip.as_ref())
             .map(|ip| Endpoint::new(ip, build::REDIS_PORT))?;
         if let Err(e) = self.record_intent(to).await {
-            self.notes
-                .push(format!("recording the switchover target {to}: {e}"));
+            self.report
+                .note(format!("recording the switchover target {to}: {e}"));
             return None;
         }
         let sw = crate::redis::actions::SwitchoverOptions {
@@ -268,7 +268,7 @@ impl Reconciler {
                     ),
                 )
                 .await;
-                self.progressing.push(format!("primary moved to {to}"));
+                self.report.progress(format!("primary moved to {to}"));
                 Some(report)
             }
             Err(e) => {
@@ -319,7 +319,7 @@ impl Reconciler {
                 && f.link_up == Some(true)
         });
         if !ready {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "switchover to {to} (spec.failover.switchoverTo) waits for it to be a ready \
                  replica with a live link"
             ));
@@ -339,8 +339,8 @@ impl Reconciler {
             return false;
         }
         if let Err(e) = self.publish_primary(facts, &to).await {
-            self.progressing
-                .push(format!("recording new primary {to}: {e}"));
+            self.report
+                .progress(format!("recording new primary {to}: {e}"));
         }
         true
     }

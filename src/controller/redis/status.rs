@@ -17,6 +17,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::facts::{Cond, PodFacts, Role, merge};
+use super::report::Outcomes;
 use super::{Error, Reconciler, build, plan};
 use crate::api::v1alpha1::{InstanceStatus, MemoryStatus, Mode, Phase, Redis, RedisStatus};
 use crate::redis::info::EngineKind;
@@ -116,16 +117,22 @@ impl Reconciler {
         err: Error,
     ) -> Result<Next, Error> {
         let msg = err.to_string();
-        self.degraded_reason.get_or_insert(reason);
+        self.report.degraded(reason);
         self.event(EventType::Warning, reason, "Reconcile", msg.clone())
             .await;
-        self.notes.push(msg);
+        self.report.note(msg);
         let desired = self.redis.spec.desired_instances();
         // Nothing was observed: keep the recorded primary (a failed pass
         // says so in the conditions, it does not forget the topology).
         let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
-        self.finish(&[], recorded.as_deref(), desired, false)
-            .await?;
+        self.finish(
+            &[],
+            recorded.as_deref(),
+            desired,
+            false,
+            Outcomes::default(),
+        )
+        .await?;
         Err(err)
     }
 
@@ -133,12 +140,18 @@ impl Reconciler {
     /// issued, which no watch reports): Progressing with `what`, the
     /// recorded topology kept, and the next pass within [`WAIT_RECHECK`].
     pub(super) async fn wait_status(&mut self, what: String) -> Result<Next, Error> {
-        self.progressing.push(what);
-        self.progress_reason.get_or_insert("WaitingForCertificate");
+        self.report.progress(what);
+        self.report.waiting_unless_set("WaitingForCertificate");
         let desired = self.redis.spec.desired_instances();
         let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
         let next = self
-            .finish(&[], recorded.as_deref(), desired, false)
+            .finish(
+                &[],
+                recorded.as_deref(),
+                desired,
+                false,
+                Outcomes::default(),
+            )
             .await?;
         Ok(match next.delay() {
             Some(d) if d > WAIT_RECHECK => Next::after(WAIT_RECHECK),
@@ -163,15 +176,15 @@ impl Reconciler {
                 "spec.paused is true: children are not changed",
             )
         } else if progressing {
-            let msg = if self.progressing.is_empty() {
+            let msg = if self.report.progressing().is_empty() {
                 format!("waiting for instances: {ready}/{desired} ready")
             } else {
-                self.progressing.join("; ")
+                self.report.progressing().join("; ")
             };
             Cond::new(
                 "Progressing",
                 true,
-                self.progress_reason.unwrap_or("Reconciling"),
+                self.report.progress_reason().unwrap_or("Reconciling"),
                 msg,
             )
         } else {
@@ -186,6 +199,7 @@ impl Reconciler {
         primary: Option<&str>,
         desired: i32,
         paused: bool,
+        mut out: Outcomes,
     ) -> Result<Next, Error> {
         self.track_bootstrap(facts, primary).await;
         let ready_count = facts.iter().filter(|f| f.ready).count() as i32;
@@ -200,10 +214,10 @@ impl Reconciler {
             .filter(|f| f.ready && f.ip.is_some() && !f.reachable && !f.terminating)
             .map(|f| f.name.as_str())
             .collect();
-        let only_unreachable = self.notes.is_empty();
-        let unreachable_note = self.servers_observed && !unreachable.is_empty();
+        let only_unreachable = self.report.notes().is_empty();
+        let unreachable_note = self.reach.servers_observed && !unreachable.is_empty();
         if unreachable_note {
-            self.notes.push(format!(
+            self.report.note(format!(
                 "{} not answering the operator although Ready (network, password or server problem)",
                 unreachable.join(", ")
             ));
@@ -213,10 +227,10 @@ impl Reconciler {
             && primary.is_some()
             && replicas_linked
             && facts.iter().all(|f| !f.outdated && f.reachable);
-        let degraded = !self.notes.is_empty();
+        let degraded = !self.report.notes().is_empty();
         self.track_wake(all_ready).await;
-        let hibernated = self.hibernating && facts.is_empty();
-        let progressing = (!self.progressing.is_empty() || !all_ready) && !hibernated;
+        let hibernated = out.hibernating && facts.is_empty();
+        let progressing = (!self.report.progressing().is_empty() || !all_ready) && !hibernated;
 
         let mut conds = Vec::new();
         conds.push(if hibernated {
@@ -236,16 +250,16 @@ impl Reconciler {
             let reason = if unreachable_note && only_unreachable {
                 "InstancesUnreachable"
             } else {
-                self.degraded_reason.unwrap_or("ReconcileBlocked")
+                self.report.degraded_reason().unwrap_or("ReconcileBlocked")
             };
-            Cond::new("Degraded", true, reason, self.notes.join("; "))
+            Cond::new("Degraded", true, reason, self.report.notes().join("; "))
         } else {
             Cond::new("Degraded", false, "AsExpected", "no problems found")
         });
 
-        conds.extend(self.capability_conditions());
-        let looked = self.insights.is_some();
-        let insights = self.insights_for_status();
+        conds.extend(self.capability_conditions(&mut out));
+        let looked = out.tuning.insights.is_some();
+        let insights = self.insights_for_status(&mut out.tuning);
         conds.extend(self.tuned_condition(&insights, looked));
         let old = self.redis.status.clone().unwrap_or_default();
         conds.push(primary_condition(
@@ -262,7 +276,11 @@ impl Reconciler {
         } else if all_ready {
             Phase::Ready
         } else {
-            not_ready_phase(old.phase, facts.is_empty(), !self.progressing.is_empty())
+            not_ready_phase(
+                old.phase,
+                facts.is_empty(),
+                !self.report.progressing().is_empty(),
+            )
         };
         let instances: Vec<InstanceStatus> = facts
             .iter()
@@ -328,16 +346,16 @@ impl Reconciler {
             live_config_keys: old.live_config_keys.clone(),
             config_resets: old.config_resets,
             last_failover: old.last_failover.clone(),
-            upgrade: self.upgrade.clone(),
-            bootstrap: self.bootstrap.clone(),
-            hibernation: self.hibernation.clone(),
+            upgrade: self.records.upgrade.clone(),
+            bootstrap: self.records.bootstrap.clone(),
+            hibernation: self.records.hibernation.clone(),
             memory: memory_status(facts, primary),
             autopilot: self.redis.status.as_ref().and_then(|s| s.autopilot.clone()),
             cluster: None,
             shards: Vec::new(),
             resharding: None,
             insights,
-            tuning: self.tuning_for_status(),
+            tuning: self.tuning_for_status(&mut out.tuning, std::mem::take(&mut out.refused)),
         };
         status.conditions = merge(
             &old.conditions,
@@ -358,7 +376,7 @@ impl Reconciler {
             );
         }
         if !status_differs(&old, &status) {
-            return Ok(self.requeue(steady, &status));
+            return Ok(self.requeue(steady, &status, out.memory.due));
         }
         self.patch_status(merge_patch_value(&old, &status)?).await?;
         if old.phase != status.phase
@@ -367,13 +385,13 @@ impl Reconciler {
             {
                 let (t, note) = match p {
                     Phase::Ready => (EventType::Normal, format!("all {desired} instances ready")),
-                    Phase::Degraded => (EventType::Warning, self.notes.join("; ")),
+                    Phase::Degraded => (EventType::Warning, self.report.notes().join("; ")),
                     _ => (EventType::Normal, format!("phase {p:?}")),
                 };
                 self.event(t, &format!("{p:?}"), "Reconcile", note).await;
             }
         }
-        Ok(self.requeue(steady, &status))
+        Ok(self.requeue(steady, &status, out.memory.due))
     }
 
     /// Merge-patches the status with `value` (the `status` object), and
@@ -396,7 +414,7 @@ impl Reconciler {
     /// Remembers a status this pass wrote: the next pass reads the Redis
     /// fresh until the watch cache has caught up with it.
     fn wrote_status(&mut self, updated: Redis) {
-        self.wrote = true;
+        self.report.wrote();
         if let Some(rv) = updated.metadata.resource_version.clone() {
             self.ctx.remember_written(&self.oref, rv);
         }
@@ -414,20 +432,20 @@ impl Reconciler {
     /// state (see [`stuck_backoff`]).
     /// The upgrade's and the memory autopilot's conditions for this pass
     /// (every mode).
-    pub(super) fn capability_conditions(&mut self) -> Vec<Cond> {
-        let upgrade = match self.upgrade_cond.take() {
+    pub(super) fn capability_conditions(&self, out: &mut Outcomes) -> Vec<Cond> {
+        let upgrade = match out.upgrade.take() {
             Some(c) => Some(c),
-            None => self.upgrade.as_ref().map(super::upgrade::condition),
+            None => self.records.upgrade.as_ref().map(super::upgrade::condition),
         };
         upgrade
             .into_iter()
-            .chain(self.autopilot_condition())
+            .chain(self.autopilot_condition(out.memory.cond.take()))
             .collect()
     }
 
     /// The memory autopilot's condition for this pass; a pass that
     /// returned before the autopilot looked keeps the last one.
-    fn autopilot_condition(&mut self) -> Option<Cond> {
+    fn autopilot_condition(&self, decided: Option<Cond>) -> Option<Cond> {
         let kept = || {
             let c = self
                 .redis
@@ -443,7 +461,7 @@ impl Reconciler {
                 c.message.clone(),
             ))
         };
-        match self.autopilot_cond.take() {
+        match decided {
             Some(c) => Some(c),
             None => self.redis.spec.memory_autopilot().and_then(|_| kept()),
         }
@@ -454,17 +472,23 @@ impl Reconciler {
     /// pass that records the end, so it is not a steady state.
     pub(super) fn upgrade_in_flight(&self) -> bool {
         use crate::api::v1alpha1::UpgradePhase;
-        self.upgrade
+        self.records
+            .upgrade
             .as_ref()
             .is_some_and(|u| matches!(u.phase, UpgradePhase::Upgrading | UpgradePhase::RollingBack))
     }
 
-    pub(super) fn requeue(&self, steady: bool, status: &RedisStatus) -> Next {
+    pub(super) fn requeue(
+        &self,
+        steady: bool,
+        status: &RedisStatus,
+        autopilot_due: Option<Duration>,
+    ) -> Next {
         if steady {
             self.ctx.forget_stuck(&self.oref);
             // The memory autopilot's cooldown may end sooner, or a step
             // that waits on the kubelet (a certificate reload) looks again.
-            let due = match (self.autopilot_due, self.recheck_in) {
+            let due = match (autopilot_due, self.report.recheck()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -473,9 +497,14 @@ impl Reconciler {
             }));
         }
         let seen = serde_json::to_string(&strip_offsets(status)).unwrap_or_default();
-        let fingerprint =
-            build::stable_hash(&[&seen, &self.progressing.join("\n"), &self.notes.join("\n")]);
-        let n = self.ctx.stuck_passes(&self.oref, fingerprint, self.wrote);
+        let fingerprint = build::stable_hash(&[
+            &seen,
+            &self.report.progressing().join("\n"),
+            &self.report.notes().join("\n"),
+        ]);
+        let n = self
+            .ctx
+            .stuck_passes(&self.oref, fingerprint, self.report.has_written());
         let wait = stuck_backoff(n);
         // Why this pass waits, once per state (and again when the backoff
         // stretches), so a Redis that stays unready says so in the log.

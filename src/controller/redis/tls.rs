@@ -94,11 +94,11 @@ impl Reconciler {
     /// pass (the CA bundle it trusts, the certificate it presents), for
     /// the monitor: per server while TLS is turned on or off.
     pub(super) fn tls_options_for(&self, ip: &str) -> Option<TlsOptions> {
-        match &self.listeners {
+        match &self.reach.listeners {
             Some(l) => l
                 .tls_for(Endpoint::new(ip, build::REDIS_PORT).host())
                 .cloned(),
-            None => self.tls.as_ref().map(|t| t.options.clone()),
+            None => self.reach.tls.as_ref().map(|t| t.options.clone()),
         }
     }
 
@@ -115,8 +115,8 @@ impl Reconciler {
         let secret: Option<Secret> = match self.fetch(name).await {
             Ok(s) => s,
             Err(e) => {
-                self.progressing
-                    .push(format!("turning TLS off: reading Secret {name}: {e}"));
+                self.report
+                    .progress(format!("turning TLS off: reading Secret {name}: {e}"));
                 return None;
             }
         };
@@ -124,7 +124,7 @@ impl Reconciler {
         match read(name, secret.as_ref(), applied_ca, field, Uses::default()) {
             Ok(m) => Some(m),
             Err(e) => {
-                self.progressing.push(format!(
+                self.report.progress(format!(
                     "turning TLS off: {e}; instances that still listen with TLS cannot be reached without it"
                 ));
                 None
@@ -140,7 +140,11 @@ impl Reconciler {
         if facts.iter().all(|f| f.listens_tls == wanted) {
             return None;
         }
-        let tls = self.tls.as_ref().or(self.leaving_tls.as_ref())?;
+        let tls = self
+            .reach
+            .tls
+            .as_ref()
+            .or(self.reach.leaving_tls.as_ref())?;
         let tls_hosts = facts
             .iter()
             .filter(|f| f.listens_tls)
@@ -163,6 +167,7 @@ impl Reconciler {
             return self.cluster_view(facts);
         }
         let leaving = self
+            .reach
             .leaving_tls
             .as_ref()
             .filter(|_| self.redis.spec.tls.is_none())
@@ -202,7 +207,7 @@ impl Reconciler {
         if !flip_in_progress(facts, wanted, false) || self.final_template_applied(wanted) {
             return self.redis.clone();
         }
-        let tls = match (&self.redis.spec.tls, &self.leaving_secret) {
+        let tls = match (&self.redis.spec.tls, &self.reach.leaving_secret) {
             (Some(t), _) => crate::api::v1alpha1::TlsSpec {
                 files_only: true,
                 either: true,
@@ -237,7 +242,7 @@ impl Reconciler {
     /// TLS, by a handshake (each bounded by the connect timeout); one that
     /// answers neither is marked `listen_unknown`.
     pub(super) async fn handshake_either(&self, facts: &mut [PodFacts], opts: &ConnectOptions) {
-        let Some(tls) = self.tls.as_ref().or(self.leaving_tls.as_ref()) else {
+        let Some(tls) = self.reach.tls.as_ref().or(self.reach.leaving_tls.as_ref()) else {
             // No TLS settings to try with (the Secret unreadable this pass).
             for f in facts.iter_mut().filter(|f| f.either) {
                 f.listen_unknown = true;
@@ -313,7 +318,7 @@ impl Reconciler {
             .as_ref()
             .is_some_and(|t| t.either);
         if first && !(healthy && facts.iter().all(|f| f.either && !f.outdated && f.ready)) {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "turning TLS {way}: every node restarts onto a template that answers either way, then all are switched live at once"
             ));
             return false;
@@ -354,14 +359,14 @@ impl Reconciler {
                 "turned TLS {way} live on {} (client port, replication and cluster bus); the nodes now roll onto the template that starts them so",
                 done.join(", ")
             );
-            self.progressing.push(note.clone());
+            self.report.progress(note.clone());
             // One action each way: the event recorder folds repeats of one
             // (reason, action) into the first event's series.
             let action = if on { "SwitchTlsOn" } else { "SwitchTlsOff" };
             self.event(EventType::Normal, "TlsSwitched", action, note)
                 .await;
         }
-        self.recheck_within(RELOAD_RECHECK);
+        self.report.recheck_within(RELOAD_RECHECK);
         true
     }
 
@@ -400,7 +405,7 @@ impl Reconciler {
         match done {
             Ok(true) => {
                 let how = if want { "with TLS" } else { "in plain text" };
-                self.progressing.push(format!(
+                self.report.progress(format!(
                     "{}: tls-replication {value}, as {primary_ip} listens {how}",
                     f.name
                 ));
@@ -415,7 +420,7 @@ impl Reconciler {
                     self.event(EventType::Warning, "ReplicaLinkRepaired", "Replicate", note)
                         .await;
                 }
-                self.recheck_within(RELOAD_RECHECK);
+                self.report.recheck_within(RELOAD_RECHECK);
                 true
             }
             Ok(false) => false,
@@ -486,7 +491,7 @@ impl Reconciler {
         opts: &ConnectOptions,
         auth: &ServerAuth,
     ) -> Result<(), Error> {
-        let Some(t) = self.tls.clone() else {
+        let Some(t) = self.reach.tls.clone() else {
             return Ok(());
         };
         let mut all = !facts.is_empty();
@@ -518,7 +523,7 @@ impl Reconciler {
                 }
             }
             all = false;
-            self.wrote = true;
+            self.report.wrote();
             let reloaded = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;
                 reload(&mut node).await?;
@@ -535,14 +540,14 @@ impl Reconciler {
                         .await;
                     // Counted as done on the next pass, which sees it (and
                     // records the CA once every instance serves it).
-                    self.recheck_in = Some(RELOAD_RECHECK);
+                    self.report.recheck_in(RELOAD_RECHECK);
                 }
                 Ok(_) => {
-                    self.progressing.push(format!(
+                    self.report.progress(format!(
                         "{}: its mounted certificate files are not the Secret's yet (the kubelet updates them within a minute or so); reading them again",
                         f.name
                     ));
-                    self.recheck_in = Some(RELOAD_RECHECK);
+                    self.report.recheck_in(RELOAD_RECHECK);
                 }
                 Err(e) => {
                     self.data_plane_failed(format!("reloading the certificate on {}", f.name), &e)
@@ -565,7 +570,7 @@ impl Reconciler {
                 self.write_server_auth(&next).await?;
                 // A change of CA goes on in steps, each once every
                 // instance serves the one before (see `issuer`).
-                self.recheck_in = Some(RELOAD_RECHECK);
+                self.report.recheck_in(RELOAD_RECHECK);
             }
         }
         Ok(())

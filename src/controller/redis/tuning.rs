@@ -28,6 +28,7 @@ use kube::runtime::events::EventType;
 use super::Reconciler;
 use super::conf::{APPLIED, CLEARED, REFUSED};
 use super::facts::{Cond, PodFacts, Role};
+use super::report::Tuning;
 use crate::api::v1alpha1::{AppliedTuning, Insight, TunableRule, TuningStatus};
 use crate::redis::advice::{self, Advice, Severity, Subject, Thresholds, Verdict};
 use crate::redis::tuning::{self, KeyScan, Sample};
@@ -348,32 +349,32 @@ impl Reconciler {
         primary: Option<&str>,
         opts: &ConnectOptions,
         shard: impl Fn(&str) -> Option<i32>,
-    ) {
+    ) -> Tuning {
         let every = self.ctx.settings.tuning_interval;
         if every.is_zero() || self.redis.spec.paused {
-            return;
+            return Tuning::default();
         }
         // Looked at again on time even when that is sooner than the
         // periodic pass.
-        self.recheck_within(every);
+        self.report.recheck_within(every);
         let all_answer = !facts.is_empty()
             && facts
                 .iter()
                 .all(|f| f.reachable && f.ip.is_some() && !f.terminating);
         if !all_answer {
-            return;
+            return Tuning::default();
         }
         let now = Instant::now();
         let mut memory = {
             let Ok(mut all) = self.ctx.tuning.lock() else {
-                return;
+                return Tuning::default();
             };
             let due = all
                 .get(&self.oref)
                 .and_then(|m| m.last)
                 .is_none_or(|l| now.duration_since(l) >= every);
             if !due {
-                return;
+                return Tuning::default();
             }
             // Forget Redis not looked at for long: deleted ones (no
             // finalizer tells of a deletion), or ones unhealthy for that
@@ -458,8 +459,11 @@ impl Reconciler {
         let now = Timestamp::now();
         let new = merge(&old, &verdicts, &pods, now);
         self.tuning_events(&old, &new).await;
-        self.apply_advice(&new, &current, now).await;
-        self.insights = Some(new);
+        let status = self.apply_advice(&new, &current, now).await;
+        Tuning {
+            insights: Some(new),
+            status,
+        }
     }
 
     /// `spec.tuning`: records the settings to apply for this look's
@@ -470,7 +474,7 @@ impl Reconciler {
         insights: &[Insight],
         current: &BTreeMap<String, String>,
         now: Timestamp,
-    ) {
+    ) -> Option<TuningStatus> {
         let apply = self
             .redis
             .spec
@@ -485,7 +489,7 @@ impl Reconciler {
             .and_then(|s| s.tuning.clone())
             .unwrap_or_default();
         if apply.is_empty() && old.applied.is_empty() {
-            return;
+            return None;
         }
         let (records, added) = plan_applied(
             &old.applied,
@@ -504,11 +508,10 @@ impl Reconciler {
                 .await;
         }
         if !added.is_empty() {
-            self.recheck_in = Some(crate::controller::queue::PROGRESS_REQUEUE);
+            self.report
+                .recheck_in(crate::controller::queue::PROGRESS_REQUEUE);
         }
-        if records != old.applied {
-            self.tuning_status = Some(TuningStatus { applied: records });
-        }
+        (records != old.applied).then_some(TuningStatus { applied: records })
     }
 
     /// `TuningAdvice` for each finding that appeared, `TuningAdviceCleared`
@@ -549,12 +552,16 @@ impl Reconciler {
 
     /// `status.tuning`: this pass's records (else the last ones), with the
     /// settings a server refused this pass marked.
-    pub(super) fn tuning_for_status(&mut self) -> Option<TuningStatus> {
-        let mut t = self
-            .tuning_status
+    pub(super) fn tuning_for_status(
+        &self,
+        tuning: &mut Tuning,
+        refused: Vec<(String, String, String)>,
+    ) -> Option<TuningStatus> {
+        let mut t = tuning
+            .status
             .take()
             .or_else(|| self.redis.status.as_ref().and_then(|s| s.tuning.clone()));
-        for (key, value, message) in std::mem::take(&mut self.tuning_refused) {
+        for (key, value, message) in refused {
             if let Some(t) = t.as_mut() {
                 mark_refused(&mut t.applied, &key, &value, &message);
             }
@@ -563,8 +570,8 @@ impl Reconciler {
     }
 
     /// The findings for the status: this pass's look, else the last ones.
-    pub(super) fn insights_for_status(&mut self) -> Vec<Insight> {
-        match self.insights.take() {
+    pub(super) fn insights_for_status(&self, tuning: &mut Tuning) -> Vec<Insight> {
+        match tuning.insights.take() {
             Some(i) => i,
             None => self
                 .redis

@@ -26,7 +26,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
-use super::facts::PodFacts;
+use super::facts::{Cond, PodFacts};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{Mode, Redis, Served, UpgradePhase, UpgradeSpec, UpgradeStatus};
 
@@ -51,7 +51,9 @@ impl Reconciler {
     /// Starts, follows, rolls back or finishes an upgrade. Runs after the
     /// observation and before the children are applied: while an upgrade is
     /// rolled back (or stays rolled back) the children are built from what
-    /// the instances ran before (`status.upgrade.from`).
+    /// the instances ran before (`status.upgrade.from`). Returns
+    /// `UpgradeFailed` when the spec cannot be served (reported in place of
+    /// the upgrade's own condition).
     ///
     /// `live_sts`: the StatefulSet whose template tells what runs (in
     /// Cluster mode, shard 0's: every shard's is built from the same spec);
@@ -63,11 +65,12 @@ impl Reconciler {
         settled: bool,
         facts: &[PodFacts],
         primaries: &[&str],
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Cond>, Error> {
+        let mut failed = None;
         let old = self.redis.status.as_ref().and_then(|s| s.upgrade.clone());
-        self.upgrade = old.clone();
+        self.records.upgrade = old.clone();
         let Some(running) = live_sts.and_then(|s| running(s, &self.redis)) else {
-            return Ok(());
+            return Ok(failed);
         };
         let want = desired(&self.redis, self.ctx.images.image_for(&self.redis.spec));
         let total = self.redis.spec.total_instances();
@@ -76,17 +79,17 @@ impl Reconciler {
             // keep serving what runs.
             Some(u) if u.phase == UpgradePhase::RolledBack && same(&u.to, &want) => {
                 self.serve(&u.from);
-                return Ok(());
+                return Ok(failed);
             }
             Some(u) if matches!(u.phase, UpgradePhase::Upgrading | UpgradePhase::RollingBack) => u,
             _ => {
                 if same(&running, &want) {
-                    return Ok(());
+                    return Ok(failed);
                 }
                 if is_downgrade(&running, &want) {
-                    self.no_way_back(&want, &running).await;
+                    failed = Some(self.no_way_back(&want, &running).await);
                     self.serve(&running);
-                    return Ok(());
+                    return Ok(failed);
                 }
                 let u = UpgradeStatus {
                     from: running.clone(),
@@ -128,11 +131,11 @@ impl Reconciler {
         // Past the switchover there is no way back: an older server cannot
         // follow a newer primary. The upgrade goes on, and says why.
         if !same(&u.to, &want) && same(&u.from, &want) && primary_left(facts, primaries, &u.from) {
-            self.no_way_back(&want, &u.to.clone()).await;
+            failed = Some(self.no_way_back(&want, &u.to.clone()).await);
             self.serve(&u.to.clone());
             self.follow_upgrade(&mut u, facts, primaries).await?;
-            self.upgrade = Some(u);
-            return Ok(());
+            self.records.upgrade = Some(u);
+            return Ok(failed);
         }
         // A newer spec wins: the upgrade heads for it (or back to where it
         // came from), keeping `from`.
@@ -174,8 +177,8 @@ impl Reconciler {
             _ => {}
         }
         u.total = total;
-        self.upgrade = Some(u);
-        Ok(())
+        self.records.upgrade = Some(u);
+        Ok(failed)
     }
 
     async fn follow_upgrade(
@@ -280,7 +283,7 @@ impl Reconciler {
             )
             .await;
         } else {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "upgrading to {}: {done}/{total} instances done",
                 label(&u.to)
             ));
@@ -328,7 +331,7 @@ impl Reconciler {
             .await;
             return;
         }
-        self.progressing.push(format!(
+        self.report.progress(format!(
             "rolling back to {}: {back}/{total} instances back",
             label(&u.from)
         ));
@@ -345,8 +348,8 @@ impl Reconciler {
                 && (standalone || !primaries.contains(&f.name.as_str()))
         }) {
             if let Err(e) = self.restart_pod(&f.name).await {
-                self.notes
-                    .push(format!("restarting {} on the old version: {e}", f.name));
+                self.report
+                    .note(format!("restarting {} on the old version: {e}", f.name));
                 continue;
             }
             self.event(
@@ -364,7 +367,7 @@ impl Reconciler {
     /// Degraded: a Degraded pass stops before the restarts that may still
     /// finish an upgrade. The recorder folds repeats of the event into one
     /// series.
-    async fn no_way_back(&mut self, want: &Served, runs: &Served) {
+    async fn no_way_back(&mut self, want: &Served, runs: &Served) -> Cond {
         let msg = format!(
             "spec.version: {} cannot be served: the primary runs {} and an older server \
              cannot follow a newer primary; set the spec to {} or newer",
@@ -374,12 +377,7 @@ impl Reconciler {
         );
         self.event(EventType::Warning, "NoWayBack", "Upgrade", msg.clone())
             .await;
-        self.upgrade_cond = Some(super::facts::Cond::new(
-            "UpgradeFailed",
-            true,
-            "NoWayBack",
-            msg,
-        ));
+        Cond::new("UpgradeFailed", true, "NoWayBack", msg)
     }
 
     /// Builds the children from `served` instead of the spec's engine,
@@ -408,20 +406,20 @@ impl Reconciler {
     /// The rolling restart is about to restart the primary (a Standalone's
     /// only instance) on the new version.
     pub(super) async fn note_primary_restart(&mut self) {
-        if let Some(u) = self.upgrade.as_mut()
+        if let Some(u) = self.records.upgrade.as_mut()
             && u.phase == UpgradePhase::Upgrading
             && u.primary_restarted_at.is_none()
         {
             u.primary_restarted_at = Some(now());
             let u = u.clone();
             if let Err(e) = self.record_upgrade(&u).await {
-                self.notes.push(format!("recording the upgrade: {e}"));
+                self.report.note(format!("recording the upgrade: {e}"));
             }
         }
     }
 
     async fn record_upgrade(&mut self, u: &UpgradeStatus) -> Result<(), Error> {
-        self.upgrade = Some(u.clone());
+        self.records.upgrade = Some(u.clone());
         let value = serde_json::to_value(u).map_err(|e| Error::Serialize("status", e))?;
         self.patch_status(serde_json::json!({ "upgrade": value }))
             .await

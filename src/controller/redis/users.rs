@@ -166,8 +166,8 @@ impl Reconciler {
             }
         }
         let Some(mut node) = node else {
-            self.progressing
-                .push("applying spec.users: waiting for a reachable instance".into());
+            self.report
+                .progress("applying spec.users: waiting for a reachable instance".into());
             return Ok(());
         };
         // Users whose rules a server refused (those whose Secret cannot be
@@ -296,8 +296,8 @@ impl Reconciler {
             }
         }
         if !done || !default_ok {
-            self.progressing
-                .push("applying spec.users on every instance".into());
+            self.report
+                .progress("applying spec.users on every instance".into());
             return Ok(());
         }
         recorded.users_applied = Some(hash);

@@ -184,7 +184,7 @@ impl Reconciler {
                     .await;
                 match applied {
                     Ok(_) => {
-                        self.wrote = true;
+                        self.report.wrote();
                         asked.push(claim.clone());
                     }
                     Err(kube::Error::Api(s)) if matches!(s.code, 403 | 422) => {
@@ -201,7 +201,7 @@ impl Reconciler {
                             msg.clone(),
                         )
                         .await;
-                        self.notes.push(msg);
+                        self.report.note(msg);
                         keep_claims(desired, live);
                         return Ok(Growth::KeepClaims);
                     }
@@ -236,9 +236,9 @@ impl Reconciler {
             .await;
         }
         if !growing.is_empty() {
-            self.progressing
-                .push(format!("volumes growing: {}", growing.join("; ")));
-            self.recheck_within(RECHECK);
+            self.report
+                .progress(format!("volumes growing: {}", growing.join("; ")));
+            self.report.recheck_within(RECHECK);
             keep_claims(desired, live);
             return Ok(Growth::KeepClaims);
         }
@@ -269,7 +269,7 @@ impl Reconciler {
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
-        self.wrote = true;
+        self.report.wrote();
         // The StatefulSet is gone, its pods and claims orphaned: the next
         // operator must make it anew and adopt them.
         crate::failpoint::hit("volumes-orphaned");
@@ -279,10 +279,10 @@ impl Reconciler {
 
     /// Says the StatefulSet `name` is being made anew, and looks again soon.
     fn recreating(&mut self, name: &str) {
-        self.progressing.push(format!(
+        self.report.progress(format!(
             "StatefulSet {name} is being re-created with its grown volumes"
         ));
-        self.recheck_within(RECHECK);
+        self.report.recheck_within(RECHECK);
     }
 }
 

@@ -24,14 +24,14 @@ impl Reconciler {
             return;
         };
         let Some(pip) = pf.ip.clone() else {
-            self.progressing
-                .push(format!("waiting for primary {primary} to get an address"));
+            self.report
+                .progress(format!("waiting for primary {primary} to get an address"));
             return;
         };
         if pf.terminating {
             // Wiring waits for the primary's pod to stop; then the recorded
             // primary comes back and recovery decides.
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "primary {primary} is being deleted; waiting for it to stop"
             ));
             return;
@@ -50,7 +50,7 @@ impl Reconciler {
             // not been seen acting as primary: a pod re-created under the
             // recorded name starts empty, and a replica that synchronised
             // from it would lose everything.
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "waiting for primary {primary} to answer as primary"
             ));
             return;
@@ -102,8 +102,8 @@ impl Reconciler {
                         format!("{} now replicates from primary {primary}", f.name),
                     )
                     .await;
-                    self.progressing
-                        .push(format!("{} is synchronising from {primary}", f.name));
+                    self.report
+                        .progress(format!("{} is synchronising from {primary}", f.name));
                 }
                 Err(e) => {
                     self.data_plane_failed(format!("configuring {} as replica", f.name), &e)
@@ -152,8 +152,8 @@ impl Reconciler {
                     ),
                 )
                 .await;
-                self.progressing
-                    .push(format!("{} is reconnecting to {primary}", f.name));
+                self.report
+                    .progress(format!("{} is reconnecting to {primary}", f.name));
             }
             Err(e) => {
                 self.data_plane_failed(format!("repairing the link of {}", f.name), &e)
@@ -206,8 +206,9 @@ impl Reconciler {
         let Some(target) = plan::best_replica(facts, |f| {
             plan::ordinal(&f.name, &self.names).is_some_and(|o| o < desired)
         }) else {
-            self.progressing
-                .push("scale-down waits for a surviving replica to take over as primary".into());
+            self.report.progress(
+                "scale-down waits for a surviving replica to take over as primary".into(),
+            );
             return;
         };
         if self
@@ -216,8 +217,8 @@ impl Reconciler {
             .is_some()
             && let Err(e) = self.publish_primary(facts, &target).await
         {
-            self.progressing
-                .push(format!("recording new primary {target}: {e}"));
+            self.report
+                .progress(format!("recording new primary {target}: {e}"));
         }
     }
 
@@ -266,7 +267,7 @@ impl Reconciler {
             }
         }
         self.patch_status(extra).await?;
-        self.moved_primary = Some(primary.to_string());
+        self.report.recorded_primary(primary);
         if phase_moved {
             self.event(
                 EventType::Normal,
@@ -351,7 +352,7 @@ impl Reconciler {
                 "metadata": {"name": f.name, "labels": {ROLE_LABEL: want}},
             });
             self.ctx.metrics.kube("apply");
-            self.wrote = true;
+            self.report.wrote();
             let pp = PatchParams::apply(FIELD_MANAGER).force();
             match self
                 .api::<Pod>()

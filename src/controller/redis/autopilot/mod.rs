@@ -26,6 +26,7 @@ use super::Reconciler;
 use super::facts::Cond;
 use super::facts::PodFacts;
 use super::facts::quantity_bytes;
+use super::report::Memory;
 use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision};
 
 pub use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
@@ -147,7 +148,8 @@ impl Reconciler {
         &mut self,
         facts: &[PodFacts],
         primaries: &[&str],
-    ) -> Result<(), super::Error> {
+    ) -> Result<Memory, super::Error> {
+        let mut out = Memory::default();
         let Some(spec) = self.redis.spec.memory_autopilot().cloned() else {
             // The shard autopilot points the monitor itself.
             let shards = self
@@ -161,13 +163,13 @@ impl Reconciler {
                     .monitor
                     .watch_memory(&self.oref, None, Duration::ZERO);
             }
-            return Ok(());
+            return Ok(out);
         };
         let (Some(base), Some(current)) = (spec_limit(&self.redis), limit(&self.redis)) else {
-            return Ok(());
+            return Ok(out);
         };
         let Some(policy) = Policy::from_spec(&spec, base) else {
-            return Ok(());
+            return Ok(out);
         };
         // Where the monitor asks for a pass: the scale-up level, and the
         // scale-down level (the cooldown starts when the data goes).
@@ -184,8 +186,8 @@ impl Reconciler {
             .filter_map(|f| f.used_memory)
             .max()
         else {
-            self.autopilot_cond = Some(condition(None, facts));
-            return Ok(());
+            out.cond = Some(condition(None, facts));
+            return Ok(out);
         };
         let rec = record(&self.redis).cloned();
         let now = chrono::Utc::now();
@@ -214,7 +216,7 @@ impl Reconciler {
         if let Some(since) = below_since {
             let last = observed.last_change.unwrap_or(since);
             let due = since.max(last) + policy.cooldown - observed.now;
-            self.autopilot_due = Some(Duration::from_secs(due.max(0) as u64 + 1));
+            out.due = Some(Duration::from_secs(due.max(0) as u64 + 1));
         }
         if matches!(decision, Decision::Grow { .. } | Decision::AtMaximum { .. }) {
             observed.bound = self.quota_bound(current).await;
@@ -264,8 +266,8 @@ impl Reconciler {
         if let Some((kind, reason, text)) = event {
             self.event(kind, reason, "Autoscale", text).await;
         }
-        self.autopilot_cond = Some(condition(Some(&decision), facts));
-        Ok(())
+        out.cond = Some(condition(Some(&decision), facts));
+        Ok(out)
     }
 
     /// The largest limit the namespace's ResourceQuotas take, when one

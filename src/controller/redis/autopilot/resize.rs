@@ -30,6 +30,7 @@ use crate::controller::base::FIELD_MANAGER;
 use crate::controller::redis::Reconciler;
 use crate::controller::redis::build;
 use crate::controller::redis::facts::PodFacts;
+use crate::controller::redis::report::Memory;
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// A pod whose resize the node refuses or defers, said for people.
@@ -156,6 +157,7 @@ impl Reconciler {
         facts: &mut [PodFacts],
         primaries: &[&str],
         opts: &ConnectOptions,
+        memory: &mut Memory,
     ) -> Result<(), super::super::Error> {
         let Some(rec) = record(&self.redis).cloned() else {
             return Ok(());
@@ -212,8 +214,8 @@ impl Reconciler {
                         other => other.to_string(),
                     };
                     let msg = format!("resizing {name} to {} was refused: {why}", human(target));
-                    self.progressing.push(msg.clone());
-                    self.autopilot_cond = Some(super::super::facts::Cond::new(
+                    self.report.progress(msg.clone());
+                    memory.cond = Some(super::super::facts::Cond::new(
                         super::CONDITION,
                         true,
                         reason,
@@ -233,14 +235,14 @@ impl Reconciler {
             .map(|f| f.name.clone())
             .collect();
         if !moving.is_empty() {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "memory autopilot: resizing {} to {} in place",
                 moving.join(", "),
                 human(target)
             ));
         }
         if let Some(msg) = node_refusal(facts) {
-            self.progressing.push(msg);
+            self.report.progress(msg);
         }
         Ok(())
     }
@@ -359,7 +361,7 @@ impl Reconciler {
             }]},
         });
         self.ctx.metrics.kube("patch");
-        self.wrote = true;
+        self.report.wrote();
         self.api::<Pod>()
             .patch_subresource(
                 "resize",

@@ -17,6 +17,7 @@ use kube::runtime::events::EventType;
 use crate::api::v1alpha1::{ReshardingPhase, ShardAutopilotSpec, ShardDecision};
 use crate::controller::redis::cluster::plan::Plan;
 use crate::controller::redis::facts::PodFacts;
+use crate::controller::redis::report::Memory;
 use crate::controller::redis::{Error, Reconciler};
 
 /// The policy, in numbers.
@@ -184,11 +185,13 @@ impl Reconciler {
         &mut self,
         plan: &Plan,
         facts: &[PodFacts],
+        memory: &mut Memory,
     ) -> Result<(), Error> {
         let Some(spec) = self.redis.spec.shard_autopilot().cloned() else {
             return Ok(());
         };
         let busy = self
+            .records
             .resharding
             .as_ref()
             .is_some_and(|r| r.phase != ReshardingPhase::Done)
@@ -239,7 +242,7 @@ impl Reconciler {
                 .unwrap_or(now.timestamp())
         });
         let vertical_room = self.redis.spec.memory_autopilot().is_some()
-            && self.autopilot_cond.as_ref().is_none_or(|c| !c.status);
+            && memory.cond.as_ref().is_none_or(|c| !c.status);
         let observed = Observed {
             fullest,
             dataset,
@@ -258,7 +261,7 @@ impl Reconciler {
             let last = observed.last_change.unwrap_or(since);
             let due = since.max(last) + policy.cooldown - observed.now;
             let due = std::time::Duration::from_secs(due.max(0) as u64 + 1);
-            self.autopilot_due = Some(self.autopilot_due.map_or(due, |d| d.min(due)));
+            memory.due = Some(memory.due.map_or(due, |d| d.min(due)));
         }
         let stamp = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let mut next = rec.clone().unwrap_or_default();
@@ -383,7 +386,7 @@ impl Reconciler {
             .await
         {
             Ok(_) => {
-                self.wrote = true;
+                self.report.wrote();
                 Ok(true)
             }
             Err(kube::Error::Api(e)) if e.code == 422 => {

@@ -99,8 +99,8 @@ impl Reconciler {
                         shard.shard
                     );
                     tracing::warn!(redis = %self.oref, "{note}");
-                    self.progressing.push(note.clone());
-                    self.wrote = true;
+                    self.report.progress(note.clone());
+                    self.report.wrote();
                     self.event(EventType::Warning, "ForcedFailover", "Failover", note)
                         .await;
                 }

@@ -34,6 +34,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
 use super::facts::{self, Cond, PodFacts, Role};
+use super::report::Outcomes;
 use super::status;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{ClusterStatus, InstanceStatus, Phase, RedisStatus, ShardStatus};
@@ -70,6 +71,8 @@ impl Reconciler {
             Err(action) => return Ok(action),
         };
         let mut facts = obs.facts;
+        // What the steps decide for the status, as they return it.
+        let mut out = Outcomes::default();
         self.mark_outdated(&mut facts);
         let (views, mut conns) = if obs.servers_observed {
             self.cluster_views(&facts, &opts).await
@@ -83,9 +86,11 @@ impl Reconciler {
         // backup is resolved (its shard files are then fixed in the status).
         if !self.resolve_bootstrap().await? {
             let plan = plan::decide(&members, shards, instances);
-            return self.cluster_finish(&facts, &members, &plan, paused).await;
+            return self
+                .cluster_finish(&facts, &members, &plan, paused, out)
+                .await;
         }
-        let restoring = self.bootstrap.as_ref().is_some_and(|b| !b.done);
+        let restoring = self.records.bootstrap.as_ref().is_some_and(|b| !b.done);
         let recorded = self
             .redis
             .status
@@ -104,7 +109,7 @@ impl Reconciler {
             .unwrap_or_default();
         // While restoring, each shard's home is the backed-up layout (a
         // backup taken after a resharding holds no even spread).
-        let homes = match &self.bootstrap {
+        let homes = match &self.records.bootstrap {
             Some(b) if restoring && !b.shards.is_empty() => b
                 .shards
                 .iter()
@@ -124,9 +129,11 @@ impl Reconciler {
         );
 
         if paused {
-            self.progressing
-                .push("reconciliation is paused (spec.paused)".into());
-            return self.cluster_finish(&facts, &members, &plan, true).await;
+            self.report
+                .progress("reconciliation is paused (spec.paused)".into());
+            return self
+                .cluster_finish(&facts, &members, &plan, true, out)
+                .await;
         }
 
         // Hibernation: every shard saves (writes paused on its primary,
@@ -149,11 +156,13 @@ impl Reconciler {
                     (s.primary.as_deref(), mine)
                 })
                 .collect();
-            self.hibernate(&facts, &groups, &opts).await?;
-            if self.hibernating {
-                self.apply_cluster_children(&facts).await?;
+            out.hibernating = self.hibernate(&facts, &groups, &opts).await?;
+            if out.hibernating {
+                self.apply_cluster_children(&facts, true).await?;
             }
-            return self.cluster_finish(&facts, &members, &plan, false).await;
+            return self
+                .cluster_finish(&facts, &members, &plan, false, out)
+                .await;
         }
 
         // A changed version starts an upgrade (recorded before the
@@ -181,7 +190,8 @@ impl Reconciler {
             .filter(|f| build::in_kept_shard(&self.names, &f.name, shards))
             .cloned()
             .collect();
-        self.track_upgrade(first, settled, &kept, &primaries)
+        out.upgrade = self
+            .track_upgrade(first, settled, &kept, &primaries)
             .await?;
 
         self.track_live_config().await?;
@@ -193,13 +203,15 @@ impl Reconciler {
             .filter_map(|s| Some((usize::try_from(s.index).ok()?, s.primary.as_deref()?)))
             .collect();
         self.watch_shard_primaries(&facts, &by_shard, &auth.current);
-        self.autopilot(&facts, &primaries).await?;
+        out.memory = self.autopilot(&facts, &primaries).await?;
         // More or fewer shards (a change of spec.shards; the next pass
         // reshards).
-        self.shard_autopilot(&plan, &facts).await?;
-        self.apply_cluster_children(&facts).await?;
-        if !self.notes.is_empty() {
-            return self.cluster_finish(&facts, &members, &plan, false).await;
+        self.shard_autopilot(&plan, &facts, &mut out.memory).await?;
+        let template_changed = self.apply_cluster_children(&facts, false).await?;
+        if !self.report.notes().is_empty() {
+            return self
+                .cluster_finish(&facts, &members, &plan, false, out)
+                .await;
         }
         if obs.servers_observed {
             self.rotate_password(&facts, &auth, &wanted_password)
@@ -219,11 +231,12 @@ impl Reconciler {
             // every replica before the primaries, or by marking them for
             // the ordered restart below.
             if plan.steps.is_empty() && !resharded {
-                self.autopilot_resize(&mut facts, &primaries, &opts).await?;
+                self.autopilot_resize(&mut facts, &primaries, &opts, &mut out.memory)
+                    .await?;
             }
             // Not in a pass that changed a template: the pods it would
             // call outdated were judged against the revision before.
-            if plan.steps.is_empty() && !resharded && !self.template_changed {
+            if plan.steps.is_empty() && !resharded && !template_changed {
                 // The status tells who serves each shard after this pass.
                 if let Some((shard, new, old)) = self
                     .cluster_roll(&plan, &members, &facts, &mut conns)
@@ -238,10 +251,12 @@ impl Reconciler {
                 && !resharded
                 && self.switch_cluster_tls(&facts, &opts, healthy).await
             {
-                return self.cluster_finish(&facts, &members, &plan, false).await;
+                return self
+                    .cluster_finish(&facts, &members, &plan, false, out)
+                    .await;
             }
             let (engine, _) = self.engine_version();
-            self.apply_live_config(&facts, &opts, engine).await;
+            out.refused = self.apply_live_config(&facts, &opts, engine).await;
             // A renewed certificate is read live, on every node.
             self.reload_certificates(&facts, &opts, &auth).await?;
             // Tuning advice, now and then, when every server answers (keys
@@ -249,13 +264,15 @@ impl Reconciler {
             // primary while it is quiet).
             if plan.steps.is_empty() && !resharded {
                 let names = self.names.clone();
-                self.tune(&facts, None, &opts, |pod| {
-                    build::shard_of(&names, pod).map(|(s, _)| s)
-                })
-                .await;
+                out.tuning = self
+                    .tune(&facts, None, &opts, |pod| {
+                        build::shard_of(&names, pod).map(|(s, _)| s)
+                    })
+                    .await;
             }
         }
-        self.cluster_finish(&facts, &members, &plan, false).await
+        self.cluster_finish(&facts, &members, &plan, false, out)
+            .await
     }
 
     /// A pod runs an older template than its shard's StatefulSet.
@@ -332,14 +349,26 @@ impl Reconciler {
         out
     }
 
-    /// The ConfigMap, the Services, the PDB and one StatefulSet per shard.
-    async fn apply_cluster_children(&mut self, facts: &[PodFacts]) -> Result<(), Error> {
+    /// The ConfigMap, the Services, the PDB and one StatefulSet per shard;
+    /// `hibernating`: with no pod. Returns whether a shard's StatefulSet
+    /// spec changed (see [`super::children::Applied`]).
+    async fn apply_cluster_children(
+        &mut self,
+        facts: &[PodFacts],
+        hibernating: bool,
+    ) -> Result<bool, Error> {
+        let mut template_changed = false;
         // While TLS is turned on or off: the flip's templates.
         let view = self.children_view(facts);
         let mut cm = super::conf::config_map(&view, &self.names, None, self.bootstrapped());
         // Saved for hibernation: the nodes that start next (on waking) skip
         // the boot rule's wait; cleared once the Redis is Ready again.
-        if let Some(saved) = self.hibernation.as_ref().and_then(|h| h.saved_at.clone()) {
+        if let Some(saved) = self
+            .records
+            .hibernation
+            .as_ref()
+            .and_then(|h| h.saved_at.clone())
+        {
             cm.data
                 .get_or_insert_with(Default::default)
                 .insert(super::build::WAKING_KEY.to_string(), saved);
@@ -370,7 +399,7 @@ impl Reconciler {
                 memory_limit,
             );
             let mut sts = sts;
-            if let Some(bs) = &self.bootstrap
+            if let Some(bs) = &self.records.bootstrap
                 && let Some(file) = bs.shards.iter().find(|f| f.index == shard)
             {
                 let first = build::first_of_shard(&self.names, shard);
@@ -379,7 +408,7 @@ impl Reconciler {
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;
             let (mut sts, _) = self.keep_operator_revisions(live.as_ref(), sts, &mine);
-            if self.hibernating {
+            if hibernating {
                 sts = super::hibernate::scaled_to_zero(sts);
             }
             if self.grow_volumes(&mut sts, live.as_ref()).await? == super::volumes::Growth::Hold {
@@ -389,11 +418,11 @@ impl Reconciler {
                 .apply_or_degrade("StatefulSet", &sts, live.as_ref())
                 .await?;
             if wrote && live.is_some() {
-                self.template_changed = true;
-                self.progressing.push(format!("StatefulSet {name} updated"));
+                template_changed = true;
+                self.report.progress(format!("StatefulSet {name} updated"));
             }
         }
-        Ok(())
+        Ok(template_changed)
     }
 
     /// Takes the plan's steps, reporting each kind once per pass.
@@ -491,8 +520,8 @@ impl Reconciler {
         .collect();
         for (reason, note) in reports {
             tracing::info!(redis = %self.oref, reason, "{note}");
-            self.progressing.push(note.clone());
-            self.wrote = true;
+            self.report.progress(note.clone());
+            self.report.wrote();
             self.event(EventType::Normal, reason, "Cluster", note).await;
         }
     }
@@ -535,7 +564,7 @@ impl Reconciler {
                         .await;
                     return Ok(done.then_some((shard, replica, primary)));
                 }
-                Ok(roll::Roll::Wait(w)) => self.progressing.push(w),
+                Ok(roll::Roll::Wait(w)) => self.report.progress(w),
                 Ok(_) => {}
             }
         }
@@ -545,7 +574,7 @@ impl Reconciler {
         let lone = matches!(step, roll::Roll::RestartLone { .. });
         match step {
             roll::Roll::Idle => {}
-            roll::Roll::Wait(w) => self.progressing.push(w),
+            roll::Roll::Wait(w) => self.report.progress(w),
             roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
                 if !lone && self.backup_holds_restart(&pod).await? {
                     return Ok(None);
@@ -558,7 +587,7 @@ impl Reconciler {
                     members.len()
                 );
                 tracing::info!(redis = %self.oref, "{note}");
-                self.progressing.push(note.clone());
+                self.report.progress(note.clone());
                 self.event(EventType::Normal, "RollingRestart", "Restart", note)
                     .await;
             }
@@ -574,7 +603,7 @@ impl Reconciler {
                     .iter()
                     .any(|f| f.name == replica && super::upgrade::proven(f, &primaries))
                 {
-                    self.progressing.push(format!(
+                    self.report.progress(format!(
                         "shard {shard}: the failover to {replica} waits for it to catch up with {primary}"
                     ));
                     return Ok(None);
@@ -592,7 +621,7 @@ impl Reconciler {
     /// Why the ordered restart runs, for its events.
     fn roll_purpose(&self) -> String {
         use crate::api::v1alpha1::UpgradePhase;
-        match self.upgrade.as_ref() {
+        match self.records.upgrade.as_ref() {
             Some(u) if u.phase == UpgradePhase::Upgrading => {
                 format!("to upgrade it to {:?} {}", u.to.engine, u.to.version)
             }
@@ -615,13 +644,13 @@ impl Reconciler {
         conns: &mut BTreeMap<String, Node>,
     ) -> bool {
         let Some(node) = conns.get_mut(replica) else {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "shard {shard}: failover to {replica} ({why}) waits for it to answer"
             ));
             return false;
         };
         let started = Instant::now();
-        self.wrote = true;
+        self.report.wrote();
         if let Err(e) = rc::failover(node).await {
             self.data_plane_failed(format!("failover of shard {shard} to {replica}"), &e)
                 .await;
@@ -643,11 +672,11 @@ impl Reconciler {
                 "shard {shard}: {replica} took over the slots from {primary} ({why}) in {ms} ms"
             );
             tracing::info!(redis = %self.oref, "{note}");
-            self.progressing.push(note.clone());
+            self.report.progress(note.clone());
             self.event(EventType::Normal, "ClusterFailover", "Failover", note)
                 .await;
         } else {
-            self.progressing.push(format!(
+            self.report.progress(format!(
                 "shard {shard}: failover from {primary} to {replica} ({why}) requested; not done after {ms} ms"
             ));
         }
@@ -661,6 +690,7 @@ impl Reconciler {
         members: &[Member],
         plan: &Plan,
         paused: bool,
+        mut out: Outcomes,
     ) -> Result<Next, Error> {
         let redis = self.redis.clone();
         let spec = &redis.spec;
@@ -670,17 +700,17 @@ impl Reconciler {
         let total = width.max(spec.desired_shards()) * instances;
         self.track_cluster_bootstrap(&plan.shards, plan.healthy)
             .await;
-        self.notes.extend(plan.problems.iter().cloned());
-        self.progressing.extend(plan.waiting.iter().cloned());
+        self.report.notes_from(plan.problems.iter().cloned());
+        self.report.progress_from(plan.waiting.iter().cloned());
         let ready_count = facts.iter().filter(|f| serving(f)).count() as i32;
         let all_ready = ready_count == total
             && facts.len() as i32 == total
             && plan.healthy
             && facts.iter().all(|f| f.reachable);
-        let degraded = !self.notes.is_empty();
+        let degraded = !self.report.notes().is_empty();
         self.track_wake(all_ready).await;
-        let hibernated = self.hibernating && facts.is_empty();
-        let progressing = (!self.progressing.is_empty() || !all_ready) && !hibernated;
+        let hibernated = out.hibernating && facts.is_empty();
+        let progressing = (!self.report.progressing().is_empty() || !all_ready) && !hibernated;
         let single = instances == 1;
         let mut conds = vec![
             if hibernated {
@@ -708,16 +738,16 @@ impl Reconciler {
                 Cond::new(
                     "Degraded",
                     true,
-                    self.degraded_reason.unwrap_or("ClusterDegraded"),
-                    self.notes.join("; "),
+                    self.report.degraded_reason().unwrap_or("ClusterDegraded"),
+                    self.report.notes().join("; "),
                 )
             } else {
                 Cond::new("Degraded", false, "AsExpected", "no problems found")
             },
         ];
-        conds.extend(self.capability_conditions());
-        let looked = self.insights.is_some();
-        let insights = self.insights_for_status();
+        conds.extend(self.capability_conditions(&mut out));
+        let looked = out.tuning.insights.is_some();
+        let insights = self.insights_for_status(&mut out.tuning);
         conds.extend(self.tuned_condition(&insights, looked));
         let without = plan.without_primary();
         conds.push(if without.is_empty() {
@@ -745,7 +775,11 @@ impl Reconciler {
         } else if all_ready {
             Phase::Ready
         } else {
-            status::not_ready_phase(old.phase, facts.is_empty(), !self.progressing.is_empty())
+            status::not_ready_phase(
+                old.phase,
+                facts.is_empty(),
+                !self.report.progressing().is_empty(),
+            )
         };
         let role_of = |m: &Member| match m.view.as_ref().and_then(View::myself) {
             Some(n) if n.primary && !n.slots.is_empty() => "primary",
@@ -817,14 +851,14 @@ impl Reconciler {
             config_resets: old.config_resets,
             cluster: cluster.or_else(|| old.cluster.clone()),
             shards,
-            upgrade: self.upgrade.clone(),
-            bootstrap: self.bootstrap.clone(),
-            hibernation: self.hibernation.clone(),
+            upgrade: self.records.upgrade.clone(),
+            bootstrap: self.records.bootstrap.clone(),
+            hibernation: self.records.hibernation.clone(),
             // Written by the autopilot's own patch this pass: kept as read.
             autopilot: old.autopilot.clone(),
-            resharding: self.resharding.clone(),
+            resharding: self.records.resharding.clone(),
             insights,
-            tuning: self.tuning_for_status(),
+            tuning: self.tuning_for_status(&mut out.tuning, std::mem::take(&mut out.refused)),
             ..Default::default()
         };
         st.conditions = facts::merge(
@@ -841,7 +875,7 @@ impl Reconciler {
         let steady =
             all_ready && !degraded && !rolling && !self.upgrade_in_flight() && !self.moving_slots();
         if !status::status_differs(&old, &st) {
-            return Ok(self.cluster_requeue(steady, &st));
+            return Ok(self.cluster_requeue(steady, &st, out.memory.due));
         }
         self.patch_status(status::merge_patch_value(&old, &st)?)
             .await?;
@@ -854,7 +888,7 @@ impl Reconciler {
                         spec.desired_shards()
                     ),
                 ),
-                Phase::Degraded => (EventType::Warning, self.notes.join("; ")),
+                Phase::Degraded => (EventType::Warning, self.report.notes().join("; ")),
                 p => (EventType::Normal, format!("phase {p:?}")),
             };
             self.event(t, &format!("{phase:?}"), "Reconcile", note)
@@ -871,22 +905,23 @@ impl Reconciler {
             )
             .await;
         }
-        Ok(self.cluster_requeue(steady, &st))
+        Ok(self.cluster_requeue(steady, &st, out.memory.due))
     }
 
     /// Slots are moving (not paused, not done).
     fn moving_slots(&self) -> bool {
         use crate::api::v1alpha1::ReshardingPhase;
-        self.resharding
+        self.records
+            .resharding
             .as_ref()
             .is_some_and(|r| r.phase == ReshardingPhase::Moving)
     }
 
     /// The next pass comes at once while slots move.
-    fn cluster_requeue(&self, steady: bool, st: &RedisStatus) -> Next {
-        if self.moving_slots() && self.notes.is_empty() {
+    fn cluster_requeue(&self, steady: bool, st: &RedisStatus, due: Option<Duration>) -> Next {
+        if self.moving_slots() && self.report.notes().is_empty() {
             return Next::after(Duration::from_millis(200));
         }
-        self.requeue(steady, st)
+        self.requeue(steady, st, due)
     }
 }

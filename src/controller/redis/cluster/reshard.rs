@@ -260,7 +260,7 @@ impl Reconciler {
         if self.upgrade_in_flight() {
             return Some("an upgrade runs".into());
         }
-        if self.bootstrap.as_ref().is_some_and(|b| !b.done) {
+        if self.records.bootstrap.as_ref().is_some_and(|b| !b.done) {
             return Some("the restore from a backup is not finished".into());
         }
         let without = plan.without_primary();
@@ -320,7 +320,11 @@ impl Reconciler {
             Path::Atomic => ATOMIC_CHUNK,
             Path::Classic => CLASSIC_CHUNK,
         };
-        let intent = self.resharding.as_ref().and_then(|r| r.current.clone());
+        let intent = self
+            .records
+            .resharding
+            .as_ref()
+            .and_then(|r| r.current.clone());
         let step = next(plan, members, shards, intent.as_ref(), chunk);
         let draining: Vec<usize> = (shards..plan.shards.len()).collect();
         let open_job = intent.is_some() && path == Path::Atomic;
@@ -357,7 +361,7 @@ impl Reconciler {
                     return Ok(true);
                 }
                 Ok(_) => {
-                    if let Some(r) = self.resharding.as_mut() {
+                    if let Some(r) = self.records.resharding.as_mut() {
                         r.current = None;
                     }
                 }
@@ -378,7 +382,7 @@ impl Reconciler {
             Next::Settle { slot, shard, owner } => {
                 let pod = plan.shards[shard].primary.clone().unwrap_or_default();
                 if let Some(node) = conns.get_mut(&pod) {
-                    self.wrote = true;
+                    self.report.wrote();
                     if let Err(e) = rs::announce(node, slot, &owner).await {
                         self.data_plane_failed(format!("settling slot {slot} on {pod}"), &e)
                             .await;
@@ -455,6 +459,7 @@ impl Reconciler {
     async fn reshard_begin(&mut self, plan: &Plan, shards: usize, path: Path) {
         let to = i32::try_from(shards).unwrap_or(i32::MAX);
         let fresh = self
+            .records
             .resharding
             .as_ref()
             .is_none_or(|r| r.phase == ReshardingPhase::Done || r.to_shards != to);
@@ -467,8 +472,12 @@ impl Reconciler {
         let from = i32::try_from(from).unwrap_or(0);
         // A new count while a move was recorded: the open slot (if any) is
         // finished first by `next`, whatever the record says.
-        let current = self.resharding.as_ref().and_then(|r| r.current.clone());
-        self.resharding = Some(ReshardingStatus {
+        let current = self
+            .records
+            .resharding
+            .as_ref()
+            .and_then(|r| r.current.clone());
+        self.records.resharding = Some(ReshardingStatus {
             phase: ReshardingPhase::Moving,
             path: path.name().into(),
             from_shards: from,
@@ -492,21 +501,21 @@ impl Reconciler {
             path.name()
         );
         tracing::info!(redis = %self.oref, "{note}");
-        self.wrote = true;
+        self.report.wrote();
         self.event(EventType::Normal, "ReshardingStarted", "Reshard", note)
             .await;
     }
 
     /// A bound holds: Paused, with why (an event when the pause starts).
     async fn reshard_pause(&mut self, why: String) {
-        let Some(r) = self.resharding.as_mut() else {
+        let Some(r) = self.records.resharding.as_mut() else {
             return;
         };
         let was = r.phase;
         r.phase = ReshardingPhase::Paused;
         r.message = Some(why.clone());
-        self.progress_reason.get_or_insert("ReshardingPaused");
-        self.progressing.push(format!("resharding paused: {why}"));
+        self.report.waiting_unless_set("ReshardingPaused");
+        self.report.progress(format!("resharding paused: {why}"));
         if was != ReshardingPhase::Paused {
             self.event(
                 EventType::Normal,
@@ -519,17 +528,17 @@ impl Reconciler {
     }
 
     fn reshard_note(&mut self, note: String) {
-        if let Some(r) = self.resharding.as_mut() {
+        if let Some(r) = self.records.resharding.as_mut() {
             r.phase = ReshardingPhase::Moving;
             r.message = Some(note.clone());
         }
-        self.progress_reason.get_or_insert("Resharding");
-        self.progressing.push(note);
+        self.report.waiting_unless_set("Resharding");
+        self.report.progress(note);
     }
 
     /// Nothing left to move and no shard to remove.
     async fn reshard_done(&mut self) {
-        let Some(r) = self.resharding.as_mut() else {
+        let Some(r) = self.records.resharding.as_mut() else {
             return;
         };
         if r.phase == ReshardingPhase::Done {
@@ -553,14 +562,14 @@ impl Reconciler {
         );
         r.message = Some(note.clone());
         tracing::info!(redis = %self.oref, "{note}");
-        self.wrote = true;
+        self.report.wrote();
         self.event(EventType::Normal, "ReshardingDone", "Reshard", note)
             .await;
     }
 
     /// Writes the intent (the move about to start) to the status.
     async fn record_move(&mut self, intent: Option<SlotMoveIntent>) -> Result<(), Error> {
-        let Some(r) = self.resharding.as_mut() else {
+        let Some(r) = self.records.resharding.as_mut() else {
             return Ok(());
         };
         r.current = intent;
@@ -576,7 +585,7 @@ impl Reconciler {
     /// are the total less what is `left` (so a pass a stopped operator
     /// never reported still counts); the keys are the reported passes'.
     fn reshard_progress(&mut self, keys: u64, left: i64) {
-        let Some(r) = self.resharding.as_mut() else {
+        let Some(r) = self.records.resharding.as_mut() else {
             return;
         };
         r.slots_total = r.slots_total.max(left);
@@ -671,7 +680,7 @@ impl Reconciler {
         }
         conns.insert(src.clone(), source);
         conns.insert(dst.clone(), target);
-        self.wrote = true;
+        self.report.wrote();
         let left = slots_left(
             plan,
             usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
@@ -684,14 +693,14 @@ impl Reconciler {
                 &e,
             )
             .await;
-        } else if let Some(r) = self.resharding.as_mut() {
+        } else if let Some(r) = self.records.resharding.as_mut() {
             r.current = None;
         }
         self.reshard_note(format!(
             "resharding: {moved} slots ({keys} keys) moved from shard {from} to shard {to} in {} ms (longest MIGRATE {longest} ms); {} of {} slots moved",
             started.elapsed().as_millis(),
-            self.resharding.as_ref().map_or(0, |r| r.slots_moved),
-            self.resharding.as_ref().map_or(0, |r| r.slots_total),
+            self.records.resharding.as_ref().map_or(0, |r| r.slots_moved),
+            self.records.resharding.as_ref().map_or(0, |r| r.slots_total),
         ));
         Ok(())
     }
@@ -768,7 +777,7 @@ impl Reconciler {
         // say how many it moved); writes during the move are not counted.
         let keys = rs::keys_in_slots(node, slots).await.unwrap_or(0);
         let started = Instant::now();
-        self.wrote = true;
+        self.report.wrote();
         let result = rs::move_atomic(node, slots, &dst_id, ATOMIC_WAIT).await;
         let n = count(slots);
         match result {
@@ -778,7 +787,7 @@ impl Reconciler {
                     usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0),
                 ) - n;
                 self.reshard_progress(keys, left.max(0));
-                if let Some(r) = self.resharding.as_mut() {
+                if let Some(r) = self.records.resharding.as_mut() {
                     r.current = None;
                 }
                 self.reshard_note(format!(
@@ -856,7 +865,7 @@ impl Reconciler {
                 }
             }
             self.ctx.metrics.kube("delete");
-            self.wrote = true;
+            self.report.wrote();
             match self
                 .api::<StatefulSet>()
                 .delete(&name, &DeleteParams::default())
