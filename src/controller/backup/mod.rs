@@ -22,12 +22,13 @@
 //! backup and its manifest are removed from the bucket. A Redis never owns
 //! its backups: deleting it deletes none.
 //!
-//! Length: ~560 lines: one backup's life from the first pass to its end
-//! (start, follow the Job, read its outcome, the status writes) reads as one
-//! sequence; deletion is in `delete`, the pure Job builders in `job`.
+//! One backup's life from the first pass to its end (start, follow the
+//! Job, read its outcome) reads as one sequence here; the status writes are
+//! in `outcome`, deletion in `delete`, the pure Job builders in `job`.
 
 mod delete;
 pub mod job;
+mod outcome;
 mod shards;
 mod verify;
 
@@ -545,98 +546,6 @@ impl Pass {
             .pop()
             .and_then(|(_, _, msg)| msg)
             .and_then(|m| agent::outcome(&m)))
-    }
-
-    async fn complete(
-        &mut self,
-        st: RedisBackupStatus,
-        m: crate::backup::Manifest,
-    ) -> Result<Action, Error> {
-        let done = RedisBackupStatus {
-            phase: Some(BackupPhase::Completed),
-            completed_at: Some(m.completed_at.clone()),
-            size_bytes: i64::try_from(m.size_bytes).ok(),
-            keys: m.keys.and_then(|k| i64::try_from(k).ok()),
-            sha256: Some(m.sha256.clone()),
-            engine: Some(m.engine.clone()),
-            engine_version: m.engine_version.clone(),
-            rdb_version: Some(i64::from(m.rdb_version)),
-            offset: m.offset,
-            reason: None,
-            message: None,
-            ..st
-        };
-        let note = format!(
-            "stored {} bytes ({} keys) from {} at {}",
-            m.size_bytes,
-            m.keys.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
-            m.source,
-            done.location.clone().unwrap_or_default()
-        );
-        self.completed(&done, note).await
-    }
-
-    /// Records a completed backup: its status, the metric, the event.
-    async fn completed(&mut self, done: &RedisBackupStatus, note: String) -> Result<Action, Error> {
-        self.write_status(done).await?;
-        self.ctx
-            .metrics
-            .backups
-            .with_label_values(&["completed"])
-            .inc();
-        self.event(EventType::Normal, "BackupCompleted", note).await;
-        Ok(Action::await_change())
-    }
-
-    async fn fail(&mut self, reason: &'static str, message: String) -> Result<Action, Error> {
-        let st = RedisBackupStatus {
-            phase: Some(BackupPhase::Failed),
-            completed_at: Some(crate::controller::base::rfc3339(chrono::Utc::now())),
-            reason: Some(reason.into()),
-            message: Some(message.clone()),
-            ..self.status()
-        };
-        self.write_status(&st).await?;
-        self.ctx
-            .metrics
-            .backups
-            .with_label_values(&["failed"])
-            .inc();
-        self.event(
-            EventType::Warning,
-            "BackupFailed",
-            format!("{reason}: {message}"),
-        )
-        .await;
-        Ok(Action::await_change())
-    }
-
-    async fn pending(&mut self, message: String) -> Result<Action, Error> {
-        let st = RedisBackupStatus {
-            phase: Some(BackupPhase::Pending),
-            message: Some(message),
-            ..self.status()
-        };
-        if Some(&st) != self.b.status.as_ref() {
-            self.write_status(&st).await?;
-        }
-        Ok(Action::requeue(Duration::from_secs(5)))
-    }
-
-    async fn write_status(&mut self, st: &RedisBackupStatus) -> Result<(), Error> {
-        self.ctx.metrics.kube("patch_status");
-        let mut patch = serde_json::json!({ "status": st });
-        // A merge patch keeps a field it does not name: a status without a
-        // message (Running, Completed) clears the one a wait left.
-        if st.message.is_none() {
-            patch["status"]["message"] = serde_json::Value::Null;
-        }
-        let updated = self
-            .api
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        self.b = Arc::new(updated);
-        Ok(())
     }
 
     /// Why the agent may not get the credentials Secret or reach the

@@ -34,7 +34,7 @@ use kube::runtime::events::EventType;
 use super::Reconciler;
 use super::build::{self, Names};
 use super::cluster::build as cluster_build;
-use super::cluster::plan::Shard;
+use super::cluster::model::Shard;
 use super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::{
     BackupOrigin, BackupPhase, BootstrapShard, BootstrapStatus, Engine, Mode, Redis, RedisBackup,

@@ -1,36 +1,50 @@
-//! Reconciles one `Redis`. Layers, bottom up:
+//! Reconciles one `Redis`. How a pass flows, step by step and what each
+//! returns, is `docs/how-a-pass-flows.md`. Layers, bottom up (every import
+//! points down; `python3 hack/import-circles.py` lists any circle):
 //!
-//! - Below the controller (imported, never importing back):
-//!   [`crate::controller::names`] (the children's names, labels, keys and
-//!   the metadata every child gets) and [`crate::controller::layout`] (the
-//!   TLS files and mounts, the probes' marks, the containers' security
-//!   context), which the sidecar, the cache, the backup Job and the monitor
-//!   share with this controller; [`crate::controller::error`],
-//!   [`crate::controller::base`] and [`crate::controller::events`].
-//! - [`facts`]: what a pass knows about each pod and server, the
-//!   conditions it decides, and the pure helpers on them.
-//! - The shared steps every pass calls, whatever the mode.
-//! - Two topologies, entered from `run` (the one place that tells the modes
-//!   apart for a whole pass): [`replication`] (Standalone and Replication:
-//!   one StatefulSet, one primary) and [`cluster`] (one StatefulSet per
-//!   shard, slots, `CLUSTER FAILOVER`).
+//! 1. Below the controller: [`crate::controller::names`] (the children's
+//!    names, labels, keys, the metadata every child gets),
+//!    [`crate::controller::layout`] (TLS files and mounts, probe marks, the
+//!    containers' security context), [`crate::controller::error`],
+//!    [`crate::controller::base`], [`crate::controller::events`],
+//!    [`crate::controller::queue`] (the requeue intervals).
+//! 2. Facts and pure rules, no I/O: [`facts`] (what a pass knows about each
+//!    pod and server), [`report`] (what steps find and decide, for the
+//!    status), the pure builders and decisions: [`conf`] (redis.conf, the
+//!    ConfigMap, the restart hash), [`auth`] (the server-auth Secret, ACL
+//!    lines), [`material`] (a certificate Secret checked),
+//!    [`autopilot::limits`] and [`autopilot::policy`], [`build`]
+//!    (Services, PDB), [`statefulset`], [`cluster::build`], [`drift`],
+//!    [`plan`] and [`cluster::plan`] (over [`cluster::model`]),
+//!    [`cluster::moves`], [`status::record`].
+//! 3. Steps: `impl Reconciler` blocks, one module per capability (table).
+//!    A step reads the pass's inputs and [`Reach`], adds findings to the
+//!    [`report::Report`], and returns what it decides.
+//! 4. Two topology passes, entered from `run` (the one place that tells the
+//!    modes apart for a whole pass): [`replication`] (Standalone and
+//!    Replication: one StatefulSet, one primary) and [`cluster`] (one
+//!    StatefulSet per shard, slots, `CLUSTER FAILOVER`). Each calls the
+//!    steps in order, keeps their [`report::Outcomes`] and ends in the
+//!    status step.
 //!
-//! | step | module | what |
+//! | step | module | returns / what |
 //! |---|---|---|
-//! | observe | [`observe`] | the only reads: children and pods from the watch caches, the password, the live servers |
-//! | decide | [`plan`] (Replication), [`cluster::plan`] | pure: who is primary, what restarts next; meet, slots, replicas, forget (table-tested) |
-//! | children | [`children`] (+ pure builders [`build`], [`statefulset`], [`drift`]) | server-side apply in a fixed order, drift repair, ownership |
-//! | credentials | [`credentials`] | the password the servers run; live rotation in steps |
-//! | wiring | [`wiring`] | replication topology, role labels, publishing the primary |
-//! | failover | [`failover`] | a lost primary replaced (fenced first), planned switchovers on request |
-//! | recovery | [`recovery`] | a new Redis: promote its first primary |
-//! | config | [`config`] | parameters that change live, with `CONFIG SET` |
-//! | autopilot | [`autopilot`] | the memory limit: decide (pure policy), resize in place, `maxmemory` live |
+//! | begin | `Reconciler::begin` here, [`observe`] | the passwords, TLS material, pods and servers as observed ([`Reach`] set) |
+//! | decide | [`plan`], [`cluster::plan`] | pure: who is primary, what restarts next; meet, slots, replicas, forget |
+//! | bootstrap | [`bootstrap`] | whether a Redis loaded from a backup may go on (`status.bootstrap`) |
+//! | hibernate | [`hibernate`] | whether the data is saved and the pods are to go (`status.hibernation`) |
+//! | failover | [`failover`] | a lost primary replaced (fenced first) |
+//! | upgrade | [`upgrade`] | `UpgradeFailed` when the spec cannot be served (`status.upgrade`) |
+//! | config | [`config`] | live keys tracked; later `CONFIG SET` live, returning refused settings |
+//! | autopilot | [`autopilot`] | the memory condition and next look; [`autopilot::resize`] moves instances to the limit, [`autopilot::shards`] the shard count |
+//! | children | [`children`] | `Applied { hold, template_changed }`: server-side apply in a fixed order, drift repair, ownership |
+//! | credentials, users | [`credentials`], [`users`] | the password rotated live; ACL users checked and applied |
+//! | tls | [`tls`], [`certmanager`], [`issuer`] | certificates checked, issued, reloaded live; TLS turned on and off |
+//! | wiring | [`wiring`], [`recovery`] | replication topology, role labels, the primary published (recorded in the report) |
 //! | rollout | [`rollout`], [`cluster::roll`] | ordered restarts, switchovers |
-//! | upgrade | [`upgrade`] | version upgrades: progress, rollback (the restarts are the rollout's) |
-//! | bootstrap | [`bootstrap`] | a new Redis loaded from a backup, its unset spec fields taken from the backup |
-//! | hibernate | [`hibernate`] | save every instance, scale to zero, wake |
-//! | status | [`status`] | conditions, events, one status patch, the requeue and its backoff |
+//! | reshard | [`cluster::reshard`] | one step of slots moving (`status.resharding`) |
+//! | tuning | [`tuning`] | the findings and `status.tuning` |
+//! | status | [`status`], [`cluster::summary`] | conditions, events, one status patch, the requeue and its backoff |
 //!
 //! This file holds the entry point and what every step shares.
 

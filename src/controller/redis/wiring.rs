@@ -237,7 +237,7 @@ impl Reconciler {
         mut extra: serde_json::Value,
     ) -> Result<(), Error> {
         let old = self.redis.status.clone().unwrap_or_default();
-        let moved = super::status::primary_moved(
+        let moved = super::status::record::primary_moved(
             &old,
             primary,
             self.redis.metadata.generation,

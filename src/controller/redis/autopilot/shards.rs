@@ -15,7 +15,7 @@
 use kube::runtime::events::EventType;
 
 use crate::api::v1alpha1::{ReshardingPhase, ShardAutopilotSpec, ShardDecision};
-use crate::controller::redis::cluster::plan::Plan;
+use crate::controller::redis::cluster::model::Plan;
 use crate::controller::redis::facts::PodFacts;
 use crate::controller::redis::report::Memory;
 use crate::controller::redis::{Error, Reconciler};

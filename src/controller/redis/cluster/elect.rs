@@ -34,7 +34,7 @@ use kube::runtime::events::EventType;
 
 use super::super::Reconciler;
 use super::build::NODE_TIMEOUT_MS;
-use super::plan::Plan;
+use super::model::Plan;
 use crate::redis::Node;
 use crate::redis::cluster as rc;
 

@@ -32,7 +32,7 @@
 
 use std::collections::BTreeSet;
 
-use super::plan::{Member, Plan};
+use super::model::{Member, Plan};
 
 /// The next action of the ordered restart or of a requested failover.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,7 +233,7 @@ pub fn after_failover(plan: &mut Plan, shard: i32, new: &str, old: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::redis::cluster::plan::Shard;
+    use crate::controller::redis::cluster::model::Shard;
 
     /// A healthy 3 × `n` cluster: pods `r-s<i>-<o>`, ordinal 0 primary,
     /// each shard's primary owning a slot.
@@ -396,7 +396,7 @@ mod tests {
             .find(|m| m.pod == "r-s1-1")
             .expect("r-s1-1");
         replica.ready = false;
-        replica.view = Some(super::super::plan::View::default());
+        replica.view = Some(super::super::model::View::default());
         let outdated = set(&["r-s0-1", "r-s1-1", "r-s2-1"]);
         assert!(matches!(
             next_restart(&plan, &members, &outdated, false),
@@ -414,7 +414,7 @@ mod tests {
         let (mut plan, mut members) = cluster(2);
         plan.healthy = false;
         members[3].ready = false;
-        members[3].view = Some(super::super::plan::View::default());
+        members[3].view = Some(super::super::model::View::default());
         assert_eq!(
             next_restart(&plan, &members, &set(&["r-s1-1"]), false),
             restart("r-s1-1", 1)
