@@ -85,7 +85,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use redpilot::api::v1alpha1::{BackupPhase, Redis, ReshardingPhase};
-use redpilot::controller::redis::build::OPERATOR_USER;
+use redpilot::controller::names::OPERATOR_USER;
 use redpilot::redis::info::{LinkStatus, Role};
 use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::{Value, json};

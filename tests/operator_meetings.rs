@@ -824,7 +824,7 @@ async fn default_refused(ip: &str, password: &str, ca: Option<&str>) -> bool {
 /// instance; at the end every confirmed write is on every instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_default_user_stays_off_through_upgrade_rotation_tls_hibernation_and_failover() {
-    use redpilot::controller::redis::build::OPERATOR_USER;
+    use redpilot::controller::names::OPERATOR_USER;
     use support::writer::{Writer, missing_on};
     let client = client().await;
     let tns = TestNamespace::new(&client, "meet-off", &[]).await;

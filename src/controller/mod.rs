@@ -398,7 +398,7 @@ pub async fn run_controllers(
             // Only the pods are picked by label from the whole cache.
             use cache::Labels::InBody;
             let pod_labels =
-                cache::Labels::Only(&["app.kubernetes.io/name", redis::build::INSTANCE_LABEL]);
+                cache::Labels::Only(&["app.kubernetes.io/name", names::INSTANCE_LABEL]);
             let (statefulsets, sts_changes) =
                 cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
             let (services, svc_changes) =
@@ -515,7 +515,7 @@ pub async fn run_controllers(
                 // Pods belong to the StatefulSet; map them to their Redis by
                 // the instance label so readiness changes trigger a reconcile.
                 .watches_stream(pod_changes, move |pod: cache::Frozen<Pod>| {
-                    let name = pod.labels().get(redis::build::INSTANCE_LABEL)?.clone();
+                    let name = pod.labels().get(names::INSTANCE_LABEL)?.clone();
                     let ns = pod.namespace()?;
                     let o = ObjectRef::<Redis>::new(&name).within(&ns);
                     queued.queue.triggered(&o, std::time::Instant::now());

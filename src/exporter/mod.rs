@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::controller::redis::build::EXPORTER_USER;
+use crate::controller::names::EXPORTER_USER;
 use crate::redis::{ConnectOptions, Endpoint, Node, TlsOptions};
 use render::Exposition;
 

@@ -32,7 +32,6 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
-use super::build::{self, Names};
 use super::cluster::build as cluster_build;
 use super::cluster::model::Shard;
 use super::facts::{PodFacts, Role};
@@ -43,6 +42,7 @@ use crate::api::v1alpha1::{
 use crate::controller::agent::{self, Outcome, Target};
 use crate::controller::base::FIELD_MANAGER;
 use crate::controller::error::Error;
+use crate::controller::names::{self, Names};
 
 /// Name of the restore init container.
 pub const RESTORE_CONTAINER: &str = "restore";
@@ -638,7 +638,7 @@ pub fn init_container(
         args.extend(["--max-rdb-version".into(), max.to_string()]);
         args.extend([
             "--server-engine".into(),
-            build::engine_name(spec.engine()).into(),
+            names::engine_name(spec.engine()).into(),
         ]);
     }
     let field = |name: &str, path: &str| EnvVar {
@@ -655,8 +655,8 @@ pub fn init_container(
     let from_config = |name: &str, key: &str| super::statefulset::config_env(names, name, key);
     let mut env = vec![
         field("POD_NAME", "metadata.name"),
-        from_config("REDPILOT_PRIMARY", build::PRIMARY_KEY),
-        from_config("REDPILOT_BOOTSTRAPPED", build::BOOTSTRAPPED_KEY),
+        from_config("REDPILOT_PRIMARY", names::PRIMARY_KEY),
+        from_config("REDPILOT_BOOTSTRAPPED", names::BOOTSTRAPPED_KEY),
         // The restore is this object's: a marker left on a retained volume
         // by a deleted Redis of the same name does not count.
         EnvVar {

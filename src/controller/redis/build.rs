@@ -1,5 +1,7 @@
-//! Pure builders: desired child objects of a `Redis`, from its spec and the
-//! facts the reconciler observed. Nothing here talks to the network.
+//! Pure builders: the Services and the PodDisruptionBudget of a `Redis`,
+//! from its spec. (The ConfigMap is `conf`'s, the Secrets `auth`'s, the
+//! StatefulSets `statefulset`'s and `cluster::build`'s; the names, labels
+//! and metadata they all use are [`crate::controller::names`].)
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -8,8 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::v1alpha1::{Mode, Redis};
 
-pub use crate::controller::layout::restricted_security_context;
-pub use crate::controller::names::*;
+use crate::controller::names::*;
 
 fn port(name: &str) -> ServicePort {
     ServicePort {

@@ -21,11 +21,11 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use super::Reconciler;
-use super::build;
-use super::children::controlled_by;
 use crate::api::v1alpha1::{IssuerRef, Redis};
 use crate::controller::base::FIELD_MANAGER;
 use crate::controller::error::Error;
+use crate::controller::names;
+use crate::controller::names::controlled_by;
 use crate::controller::served::Served;
 
 /// The API group and version of cert-manager's `Certificate`.
@@ -52,13 +52,13 @@ pub fn discovery() -> Served {
 /// new ECDSA key on every issuance, usable by servers and clients.
 pub fn desired(redis: &Redis, issuer: &IssuerRef) -> DynamicObject {
     let ns = redis.namespace().unwrap_or_default();
-    let names = build::Names::new(&redis.name_any());
+    let names = names::Names::new(&redis.name_any());
     let (ips, dns): (Vec<String>, Vec<String>) = super::issuer::names_for(&redis.name_any(), &ns)
         .into_iter()
         .partition(|n| n.parse::<std::net::IpAddr>().is_ok());
     let mut obj = DynamicObject::new(&names.certificate(), &resource()).within(&ns);
-    obj.metadata.labels = Some(build::labels(redis));
-    obj.metadata.owner_references = build::owner_reference(redis).map(|o| vec![o]);
+    obj.metadata.labels = Some(names::labels(redis));
+    obj.metadata.owner_references = names::owner_reference(redis).map(|o| vec![o]);
     obj.data = json!({
         "spec": {
             "secretName": names.certificate_secret(),
@@ -73,7 +73,7 @@ pub fn desired(redis: &Redis, issuer: &IssuerRef) -> DynamicObject {
             },
         }
     });
-    build::stamp_hash(obj)
+    names::stamp_hash(obj)
 }
 
 /// The condition `type_` of a `Certificate`: (status, reason, message).
@@ -152,7 +152,7 @@ impl Reconciler {
             });
         }
         let want = desired(&self.redis, issuer);
-        let stale = live.as_ref().and_then(build::stamped_hash) != build::stamped_hash(&want);
+        let stale = live.as_ref().and_then(names::stamped_hash) != names::stamped_hash(&want);
         if stale && !paused {
             self.ctx.metrics.kube("apply");
             let pp = PatchParams::apply(FIELD_MANAGER).force();
@@ -234,8 +234,8 @@ mod tests {
             ..Default::default()
         };
         assert_ne!(
-            build::stamped_hash(&desired(&redis(), &issuer)),
-            build::stamped_hash(&desired(&redis(), &other))
+            names::stamped_hash(&desired(&redis(), &issuer)),
+            names::stamped_hash(&desired(&redis(), &other))
         );
     }
 

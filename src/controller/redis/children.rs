@@ -21,10 +21,11 @@ use serde::de::DeserializeOwned;
 use super::build;
 use super::conf;
 use super::facts::PodFacts;
-use super::{Error, Reconciler, drift, kept, plan, statefulset};
+use super::{Error, Reconciler, drift, kept, statefulset};
 use crate::controller::Stores;
 use crate::controller::base::FIELD_MANAGER;
 use crate::controller::cache::Frozen;
+use crate::controller::names;
 
 /// A namespaced child object the reconciler reads (from its watch cache)
 /// and applies.
@@ -64,7 +65,7 @@ impl Child for Secret {
     }
 }
 
-pub use crate::controller::names::{adoptable, controlled_by};
+use crate::controller::names::controlled_by;
 
 /// Whether `live` still holds every field of `desired`.
 pub fn in_sync<K: Serialize>(live: &K, desired: &K) -> Result<bool, Error> {
@@ -116,7 +117,7 @@ impl Reconciler {
                     format!("{kind} {name} carries this Redis's labels and was adopted"),
                 )
                 .await;
-            } else if build::stamped_hash(live) == build::stamped_hash(desired) {
+            } else if names::stamped_hash(live) == names::stamped_hash(desired) {
                 // Same desired content as last applied, yet the live object
                 // differs: someone changed a field the operator owns.
                 tracing::info!(redis = %self.oref, kind, child = %name, "repairing drift");
@@ -226,7 +227,7 @@ impl Reconciler {
         let cm_primary = primary_ip.filter(|_| !hibernating).or_else(|| {
             live_cm
                 .as_ref()
-                .and_then(|c| c.data.as_ref()?.get(build::PRIMARY_KEY).cloned())
+                .and_then(|c| c.data.as_ref()?.get(names::PRIMARY_KEY).cloned())
                 .and_then(|v| v.split_whitespace().next().map(String::from))
                 .filter(|_| !hibernating)
         });
@@ -295,11 +296,11 @@ impl Reconciler {
             .as_ref()
             .and_then(|s| s.spec.replicas)
             .unwrap_or(desired);
-        let primary_ordinal = primary.and_then(|p| plan::ordinal(p, &self.names));
+        let primary_ordinal = primary.and_then(|p| super::facts::ordinal(p, &self.names));
         let hold = matches!(primary_ordinal, Some(o) if o >= desired) && current_replicas > desired;
         if hold {
             sts.spec.replicas = Some(current_replicas);
-            sts = build::stamp_hash(sts);
+            sts = names::stamp_hash(sts);
         }
         if hibernating {
             sts = super::hibernate::scaled_to_zero(sts);
@@ -352,6 +353,6 @@ impl Reconciler {
             .and_then(|s| s.observed_generation);
         let kept = kept::decide(live, &sts, generation, observed, &in_use);
         kept::annotate(&mut sts, generation, &kept);
-        (build::stamp_hash(sts), kept)
+        (names::stamp_hash(sts), kept)
     }
 }

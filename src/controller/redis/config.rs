@@ -7,9 +7,9 @@
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
-use super::build;
 use super::conf::{live_keys, track_live_keys};
 use super::facts::PodFacts;
+use crate::controller::names;
 use crate::redis::info::{EngineKind, Version};
 use crate::redis::{ConnectOptions, Endpoint};
 
@@ -99,7 +99,7 @@ impl Reconciler {
             if dynamic.is_empty() && tuned.is_empty() {
                 continue;
             }
-            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let ep = Endpoint::new(ip, names::REDIS_PORT);
             let mut refused = Vec::new();
             let result = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;

@@ -27,10 +27,10 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::auth::{self, ServerAuth, Step, next_step, read_server_auth};
-use super::build;
 use super::facts::PodFacts;
 use super::{Error, Reconciler};
 use crate::controller::base::FIELD_MANAGER;
+use crate::controller::names;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// `ACL SETUSER <user> <modifier>` for the default user and the
@@ -38,7 +38,7 @@ use crate::redis::{ConnectOptions, Endpoint, Node};
 /// operator's user yet gets it disabled, holding the password only, until
 /// `apply_users` completes it).
 async fn acl(node: &mut Node, modifier: String) -> crate::redis::Result<()> {
-    for user in ["default", build::OPERATOR_USER] {
+    for user in ["default", names::OPERATOR_USER] {
         let _: redis::Value = node
             .query(
                 "ACL SETUSER",
@@ -146,7 +146,7 @@ impl Reconciler {
                 done = false;
                 continue;
             };
-            let ep = Endpoint::new(&ip, build::REDIS_PORT);
+            let ep = Endpoint::new(&ip, names::REDIS_PORT);
             let result = match (&step, &auth.previous) {
                 (Step::Retire, Some(old)) => retire(&ep, &auth.current, old, self).await,
                 _ => add(&ep, &auth.current, desired, self).await,

@@ -11,9 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-pub use crate::controller::layout::{
-    EITHER_STARTS_PLAIN, EITHER_STARTS_TLS, TLS_PROBE_FLAG, probes_either, probes_tls, sts_observed,
-};
+use crate::controller::layout::{probes_either, probes_tls};
 use crate::controller::names::{Names, ROLE_LABEL, SERVER_CONTAINER};
 use crate::redis::info;
 use crate::redis::topology::Topology;

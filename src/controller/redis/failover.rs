@@ -40,11 +40,11 @@ use std::time::Duration;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
-use super::build::{self, Names};
 use super::conf::fencing_config;
 use super::facts::{PodFacts, Role, ordinal};
 use crate::api::v1alpha1::{FailoverRecord, FailoverSpec, FailoverTimeline, Mode};
 use crate::controller::monitor::{Health, Target, Verdict};
+use crate::controller::names::{self, Names};
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// Whether a replica whose last byte from the primary is `age` seconds old
@@ -351,7 +351,7 @@ pub fn candidate(facts: &[PodFacts], primary: &str, names: &Names) -> Option<Str
 /// later.
 async fn answers_late(health: Option<&Health>, opts: &ConnectOptions) -> bool {
     let Some(h) = health else { return false };
-    let ep = Endpoint::new(&h.ip, build::REDIS_PORT);
+    let ep = Endpoint::new(&h.ip, names::REDIS_PORT);
     crate::controller::monitor::answers_as_primary(&ep, opts, LAST_LOOK).await
 }
 
@@ -391,7 +391,7 @@ impl Reconciler {
             Target {
                 pod: p.to_string(),
                 ip,
-                port: build::REDIS_PORT,
+                port: names::REDIS_PORT,
                 silence: silence_bound(&spec.failover()),
                 password: password.to_string(),
                 tls,
@@ -432,7 +432,7 @@ impl Reconciler {
                 Target {
                     pod: pod.to_string(),
                     ip,
-                    port: build::REDIS_PORT,
+                    port: names::REDIS_PORT,
                     silence: silence_bound(&spec.failover()),
                     password: password.to_string(),
                     tls,
@@ -565,7 +565,7 @@ impl Reconciler {
                 .progress(format!("recording the promotion of {to}: {e}"));
             return;
         }
-        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        let ep = Endpoint::new(&ip, names::REDIS_PORT);
         let fence = fencing_config(&self.redis);
         if let Err(e) = crate::redis::actions::make_primary(&ep, opts, &fence).await {
             self.count_failover("error");

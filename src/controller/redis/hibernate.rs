@@ -17,10 +17,10 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
-use super::build;
 use super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::HibernationStatus;
 use crate::controller::error::Error;
+use crate::controller::names;
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// How long writes stay paused on the primary while the instances save
@@ -36,7 +36,7 @@ pub fn scaled_to_zero(mut sts: StatefulSet) -> StatefulSet {
     if let Some(p) = sts.spec.persistent_volume_claim_retention_policy.as_mut() {
         p.when_scaled = Some("Retain".into());
     }
-    build::stamp_hash(sts)
+    names::stamp_hash(sts)
 }
 
 impl Reconciler {
@@ -140,7 +140,7 @@ async fn save_all(
     primary: Option<&str>,
     opts: &ConnectOptions,
 ) -> Result<i64, crate::redis::Error> {
-    let endpoint = |f: &PodFacts| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT));
+    let endpoint = |f: &PodFacts| f.ip.as_ref().map(|ip| Endpoint::new(ip, names::REDIS_PORT));
     let p = facts
         .iter()
         .find(|f| Some(f.name.as_str()) == primary && f.reachable && f.role == Some(Role::Primary))

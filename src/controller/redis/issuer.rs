@@ -37,13 +37,13 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use std::collections::BTreeMap;
 
 use super::Reconciler;
-use super::build::{
-    self, ISSUER_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_CA_SECRET,
-    NOT_AFTER_ANNOTATION,
-};
 use crate::controller::base::FIELD_MANAGER;
 use crate::controller::error::Error;
 use crate::controller::layout::{CA_FILE, CERT_FILE, KEY_FILE};
+use crate::controller::names::{
+    self, ISSUER_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_CA_SECRET,
+    NOT_AFTER_ANNOTATION,
+};
 
 /// The CA's private key in [`NAMESPACE_CA_SECRET`].
 pub const CA_KEY_FILE: &str = "ca.key";
@@ -156,7 +156,7 @@ pub fn issue(
 /// read-only, and every pod under the headless one), in the namespace's
 /// short and full forms, and the loopback.
 pub fn names_for(name: &str, ns: &str) -> Vec<String> {
-    let names = build::Names::new(name);
+    let names = names::Names::new(name);
     let mut out = Vec::new();
     for svc in [names.write_service(), names.read_service()] {
         out.push(svc.clone());
@@ -414,7 +414,7 @@ impl Reconciler {
             return Err(e);
         }
         let (ca_cert, ca_key, ca_name) = self.namespace_ca().await?;
-        let ca_hash = build::stable_hash(&[&ca_cert]);
+        let ca_hash = names::stable_hash(&[&ca_cert]);
         let policy = self.ctx.settings.certs;
         let next = next_issue(
             live.as_ref(),
@@ -505,7 +505,7 @@ impl Reconciler {
                 )
             }
         };
-        let mut meta = build::meta(&self.redis, secret_name.clone());
+        let mut meta = names::meta(&self.redis, secret_name.clone());
         meta.annotations = Some(BTreeMap::from([
             (NOT_AFTER_ANNOTATION.into(), not_after),
             (ISSUER_ANNOTATION.into(), issuer),
@@ -658,8 +658,8 @@ mod tests {
         let (old_ca, old_key, _) = new_ca("old CA").expect("CA");
         let (new_ca_pem, _, _) = new_ca("new CA").expect("CA");
         let (old_hash, new_hash) = (
-            build::stable_hash(&[&old_ca]),
-            build::stable_hash(&[&new_ca_pem]),
+            names::stable_hash(&[&old_ca]),
+            names::stable_hash(&[&new_ca_pem]),
         );
         let names = names_for("cache", "shop");
         let (leaf, _, _) =
@@ -736,7 +736,7 @@ mod tests {
         assert_eq!(next(&expired, true), Next::Issue);
         // Another CA while step 2 waits: its CA is added beside both.
         let (third, _, _) = new_ca("third CA").expect("CA");
-        let third_hash = build::stable_hash(&[&third]);
+        let third_hash = names::stable_hash(&[&third]);
         let Next::TrustBoth { ca, .. } =
             next_issue(Some(&step2), &third, &third_hash, None, month, now)
         else {

@@ -267,7 +267,7 @@ mod tests {
         let mut old = live("redis:7.0", "probe", Some(3), "r1");
         if let Some(p) = old.spec.template.spec.as_mut() {
             p.volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
-                name: super::super::statefulset::TLS_VOLUME.into(),
+                name: crate::controller::layout::TLS_VOLUME.into(),
                 ..Default::default()
             }]);
         }

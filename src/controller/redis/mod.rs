@@ -89,11 +89,11 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
-use self::build::Names;
 use self::observe::Auth;
 use super::Context;
 use crate::api::v1alpha1::{Engine, Mode, Redis};
 use crate::controller::error::Error;
+use crate::controller::names::Names;
 use crate::redis::ConnectOptions;
 use crate::redis::info::{EngineKind, Version};
 
@@ -302,8 +302,8 @@ impl Reconciler {
     fn foreign(&self, kind: &'static str, meta: Option<&kube::api::ObjectMeta>) -> Option<Error> {
         let meta = meta?;
         let name = meta.name.clone().unwrap_or_default();
-        (!children::controlled_by(meta, self.uid())
-            && !children::adoptable(meta, &self.redis.name_any()))
+        (!crate::controller::names::controlled_by(meta, self.uid())
+            && !crate::controller::names::adoptable(meta, &self.redis.name_any()))
         .then(|| Error::Conflict {
             kind,
             name,
@@ -313,7 +313,10 @@ impl Reconciler {
 
     fn connect_options(&self, password: &str) -> ConnectOptions {
         let mut opts = ConnectOptions::default()
-            .with_user_or_default(build::OPERATOR_USER, password.to_string())
+            .with_user_or_default(
+                crate::controller::names::OPERATOR_USER,
+                password.to_string(),
+            )
             .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
         // While TLS is turned on or off: per server, as observed this pass.
         opts.listeners = self.reach.listeners.clone();
@@ -355,7 +358,7 @@ impl Reconciler {
         if let Some(e) = self.foreign("Secret", server_auth.as_ref().map(|s| &s.metadata)) {
             return Err(e);
         }
-        if server_auth.is_none() && tls::issues_own(&self.redis) {
+        if server_auth.is_none() && crate::controller::layout::issues_own(&self.redis) {
             let tls: Option<k8s_openapi::api::core::v1::Secret> =
                 self.fetch(&self.names.issued_tls()).await?;
             if let Some(e) = self.foreign("Secret", tls.as_ref().map(|s| &s.metadata)) {

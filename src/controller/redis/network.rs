@@ -15,12 +15,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::DeleteParams;
 
-use super::build::{self, Names, REDIS_PORT};
-use super::children::{Child, controlled_by};
+use super::children::Child;
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::{Mode, Redis};
 use crate::controller::Stores;
 use crate::controller::insights::sidecar;
+use crate::controller::names::controlled_by;
+use crate::controller::names::{self, Names, REDIS_PORT};
 
 /// The kind, as events and the memory of writes name it.
 pub const KIND: &str = "NetworkPolicy";
@@ -56,7 +57,7 @@ fn pods(labels: BTreeMap<String, String>) -> NetworkPolicyPeer {
 /// `app.kubernetes.io/name: redpilot-backup` in the Redis's namespace.
 pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<NetworkPolicy> {
     let spec = redis.spec.network_policy.as_ref()?;
-    let own = build::selector_labels(redis);
+    let own = names::selector_labels(redis);
     let mut peer_ports = vec![tcp(REDIS_PORT)];
     if redis.spec.mode() == Mode::Cluster {
         peer_ports.push(tcp(super::cluster::build::BUS_PORT));
@@ -99,7 +100,7 @@ pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<Network
         }),
     }
     let np = NetworkPolicy {
-        metadata: build::meta(redis, names.network_policy()),
+        metadata: names::meta(redis, names.network_policy()),
         spec: Some(PolicySpec {
             pod_selector: Some(LabelSelector {
                 match_labels: Some(own),
@@ -110,7 +111,7 @@ pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<Network
             ..Default::default()
         }),
     };
-    Some(build::stamp_hash(np))
+    Some(names::stamp_hash(np))
 }
 
 impl Reconciler {
@@ -128,7 +129,7 @@ impl Reconciler {
                 let notes = self.report.notes().len();
                 self.apply_or_degrade(KIND, &np, live.as_ref()).await?;
                 if self.report.notes().len() == notes {
-                    let h = build::stamped_hash(&np).map(String::from);
+                    let h = names::stamped_hash(&np).map(String::from);
                     self.ctx.insights.remember(&self.oref, KIND, h);
                 }
             }
@@ -165,7 +166,7 @@ mod tests {
 
     fn redis(spec: serde_json::Value) -> Redis {
         let spec: RedisSpec = serde_json::from_value(spec).expect("spec");
-        let mut r = build::test_redis(spec);
+        let mut r = crate::controller::redis::build::test_redis(spec);
         r.metadata.namespace = Some("shop".into());
         r
     }
@@ -188,8 +189,8 @@ mod tests {
         let v = json(&np);
         assert_eq!(v["metadata"]["name"], "cache");
         assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
-        assert!(build::stamped_hash(&np).is_some());
-        let own = serde_json::to_value(build::selector_labels(&r)).expect("labels");
+        assert!(names::stamped_hash(&np).is_some());
+        let own = serde_json::to_value(names::selector_labels(&r)).expect("labels");
         assert_eq!(v["spec"]["podSelector"]["matchLabels"], own);
         assert_eq!(v["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
         let rules = v["spec"]["ingress"].as_array().expect("rules");

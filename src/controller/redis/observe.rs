@@ -29,12 +29,14 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
 use super::auth;
-use super::build;
-use super::children::{Child, controlled_by};
-use super::facts::{PodFacts, caught_up, merge_topology, pod_facts, sts_observed};
+use super::children::Child;
+use super::facts::{PodFacts, caught_up, merge_topology, pod_facts};
 use super::{Error, Reconciler};
 use crate::api::v1alpha1::Redis;
+use crate::controller::layout::sts_observed;
 use crate::controller::monitor::Verdict;
+use crate::controller::names;
+use crate::controller::names::controlled_by;
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// The password, or why there is none.
@@ -94,7 +96,7 @@ impl Reconciler {
 
     /// The live StatefulSet's selector names the pods: carry its
     /// `app.kubernetes.io/name` into the builders (see
-    /// [`build::SELECTOR_NAME_ANNOTATION`]). In Cluster mode every shard's
+    /// [`names::SELECTOR_NAME_ANNOTATION`]). In Cluster mode every shard's
     /// StatefulSet was created with the same one: shard 0's is read.
     fn keep_selector(&mut self) {
         let sts = if self.redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster {
@@ -112,7 +114,7 @@ impl Reconciler {
             return;
         };
         // The usual case (the engine never changed) needs no copy.
-        if name == build::engine_name(self.redis.spec.engine()) {
+        if name == names::engine_name(self.redis.spec.engine()) {
             return;
         }
         let mut redis = Redis::clone(&self.redis);
@@ -120,7 +122,7 @@ impl Reconciler {
             .metadata
             .annotations
             .get_or_insert_with(Default::default)
-            .insert(build::SELECTOR_NAME_ANNOTATION.into(), name);
+            .insert(names::SELECTOR_NAME_ANNOTATION.into(), name);
         self.redis = Arc::new(redis);
     }
 
@@ -223,7 +225,7 @@ impl Reconciler {
         ask: bool,
         applied_ca: Option<&str>,
     ) -> Observed {
-        let selector = build::selector_labels(&self.redis);
+        let selector = names::selector_labels(&self.redis);
         let pods: Vec<Pod> = self
             .ctx
             .stores
@@ -274,7 +276,7 @@ impl Reconciler {
             .iter()
             .filter_map(|f| f.ip.as_ref())
             .filter(|ip| Some(ip.as_str()) != silent.as_deref())
-            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))
+            .map(|ip| Endpoint::new(ip, names::REDIS_PORT))
             .collect();
         let servers_observed = ask && !endpoints.is_empty();
         if servers_observed {
@@ -293,27 +295,27 @@ fn read_password(secret: &Secret, name: &str) -> Result<String, Error> {
     let bytes = secret
         .data
         .as_ref()
-        .and_then(|d| d.get(build::PASSWORD_KEY))
+        .and_then(|d| d.get(names::PASSWORD_KEY))
         .map(|b| b.0.clone())
         .or_else(|| {
             secret
                 .string_data
                 .as_ref()
-                .and_then(|d| d.get(build::PASSWORD_KEY))
+                .and_then(|d| d.get(names::PASSWORD_KEY))
                 .map(|s| s.clone().into_bytes())
         })
         .ok_or_else(|| Error::Secret {
             name: name.to_string(),
-            reason: format!("has no '{}' key", build::PASSWORD_KEY),
+            reason: format!("has no '{}' key", names::PASSWORD_KEY),
         })?;
     let pw = String::from_utf8(bytes).map_err(|_| Error::Secret {
         name: name.to_string(),
-        reason: format!("key '{}' is not UTF-8", build::PASSWORD_KEY),
+        reason: format!("key '{}' is not UTF-8", names::PASSWORD_KEY),
     })?;
     if pw.is_empty() || pw.contains(['\n', '\r']) {
         return Err(Error::Secret {
             name: name.to_string(),
-            reason: format!("key '{}' is empty or spans lines", build::PASSWORD_KEY),
+            reason: format!("key '{}' is empty or spans lines", names::PASSWORD_KEY),
         });
     }
     Ok(pw)

@@ -1,7 +1,7 @@
 //! Pure decisions: who is primary, what to restart next. Table-tested.
 
 use super::facts::ordinal_of;
-pub use super::facts::{PodFacts, Role, ordinal};
+use super::facts::{PodFacts, Role, ordinal};
 use crate::controller::names::Names;
 
 /// Chooses the primary:

@@ -6,9 +6,9 @@
 use kube::runtime::events::EventType;
 
 use super::Reconciler;
-use super::build;
 use super::facts::{PodFacts, Role};
 use super::plan;
+use crate::controller::names;
 use crate::redis::{ConnectOptions, Endpoint};
 
 impl Reconciler {
@@ -56,7 +56,7 @@ impl Reconciler {
                 .progress(format!("recording the promotion of {best}: {e}"));
             return;
         }
-        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        let ep = Endpoint::new(&ip, names::REDIS_PORT);
         let fence = super::conf::fencing_config(&self.redis);
         match crate::redis::actions::make_primary(&ep, opts, &fence).await {
             Ok(()) => {

@@ -123,7 +123,10 @@ impl Reconciler {
 
         // A changed version starts an upgrade (recorded before the
         // StatefulSet changes); a failed one is rolled back.
-        let settled = obs.live_sts.as_ref().is_some_and(facts::sts_observed);
+        let settled = obs
+            .live_sts
+            .as_ref()
+            .is_some_and(crate::controller::layout::sts_observed);
         out.upgrade = self
             .track_upgrade(
                 obs.live_sts.as_ref(),

@@ -10,10 +10,10 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 
-use super::build;
 use super::facts::{PodFacts, Role, ordinal};
 use super::{Error, Reconciler, plan};
 use crate::api::v1alpha1::{BackupPhase, RedisBackup};
+use crate::controller::names;
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// Progressing reason while a restart that would empty the only instance
@@ -43,7 +43,7 @@ pub fn reads_from(b: &RedisBackup, redis: &str, pod: &str) -> bool {
 /// and is not linked to it (it cannot be: an older server refuses a newer
 /// one's snapshot), highest ordinal first; none while a pod is being
 /// deleted (one restart at a time).
-pub fn stranded(facts: &[PodFacts], primary: &str, names: &build::Names) -> Option<String> {
+pub fn stranded(facts: &[PodFacts], primary: &str, names: &names::Names) -> Option<String> {
     use crate::redis::info::Version;
     let version = |f: &PodFacts| f.version.as_deref().and_then(|v| v.parse::<Version>().ok());
     let p = facts.iter().find(|f| f.name == primary)?;
@@ -233,13 +233,13 @@ impl Reconciler {
         let members: Vec<Endpoint> = facts
             .iter()
             .filter(|f| f.reachable)
-            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, build::REDIS_PORT)))
+            .filter_map(|f| f.ip.as_ref().map(|ip| Endpoint::new(ip, names::REDIS_PORT)))
             .collect();
         let target = facts
             .iter()
             .find(|f| f.name == to)
             .and_then(|f| f.ip.as_ref())
-            .map(|ip| Endpoint::new(ip, build::REDIS_PORT))?;
+            .map(|ip| Endpoint::new(ip, names::REDIS_PORT))?;
         if let Err(e) = self.record_intent(to).await {
             self.report
                 .note(format!("recording the switchover target {to}: {e}"));
@@ -365,7 +365,7 @@ mod tests {
 
     #[test]
     fn a_replica_older_than_a_promoted_primary_restarts_although_not_ready() {
-        let names = build::Names::new("cache");
+        let names = names::Names::new("cache");
         // Mid-upgrade 6.2 -> 7.0, the primary lost: cache-2 (7.0) was
         // promoted, the 6.2 instances cannot follow it; a second change
         // made every template outdated.

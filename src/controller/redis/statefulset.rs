@@ -5,7 +5,7 @@
 //! (containers, probes, volumes, security context), with the two shell
 //! scripts it runs kept beside it.
 
-pub use crate::controller::layout::{TLS_VOLUME, tls_mount, tls_volume};
+use crate::controller::layout::{TLS_VOLUME, tls_mount, tls_volume};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
@@ -22,12 +22,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::build::{
+use crate::api::v1alpha1::{Engine, Mode, Redis};
+use crate::controller::layout::restricted_security_context;
+use crate::controller::names::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
     PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION,
-    labels, meta, restricted_security_context, selector_labels, stamp_hash,
+    labels, meta, selector_labels, stamp_hash,
 };
-use crate::api::v1alpha1::{Engine, Mode, Redis};
 
 /// The address a Replication instance follows when it boots with no other
 /// primary to follow: nothing listens there, so the server stays a replica
@@ -158,12 +159,12 @@ pub(super) fn max_rdb(spec: &crate::api::v1alpha1::RedisSpec) -> Option<u32> {
 /// instance that is empty, stale or still loading. Valkey 8.1+ names the
 /// fields `role:replica` and `primary_*`.
 ///
-/// It authenticates as [`super::build::PROBE_USER`] (only `PING` and `INFO`)
+/// It authenticates as [`crate::controller::names::PROBE_USER`] (only `PING` and `INFO`)
 /// with a password that never rotates: its environment is resolved once,
 /// when the container starts, and must stay valid after a live password
 /// rotation. Without a password (auth off) it sends none.
 fn probe_script(cli: &str, tls: &str, either: Option<&str>) -> String {
-    let user = super::build::PROBE_USER;
+    let user = crate::controller::names::PROBE_USER;
     // With TLS (`tls`: the CLI's flags, `crate::controller::layout::cli_flags`) the CLI
     // checks nothing of the certificate: the server is the pod's own, on
     // its loopback, and while a CA changes the mounted CA runs ahead of
@@ -185,9 +186,9 @@ fn probe_script(cli: &str, tls: &str, either: Option<&str>) -> String {
     let mut asks = ask(tls);
     if let Some(other) = either {
         let (mark, first, then) = if tls.is_empty() {
-            (super::facts::EITHER_STARTS_PLAIN, tls, other)
+            (crate::controller::layout::EITHER_STARTS_PLAIN, tls, other)
         } else {
-            (super::facts::EITHER_STARTS_TLS, other, tls)
+            (crate::controller::layout::EITHER_STARTS_TLS, other, tls)
         };
         asks = format!("{mark}\n{}\n[ -n \"$i\" ] || {}", ask(first), ask(then));
     }
@@ -221,7 +222,7 @@ pub const HANDOVER_POLL_SECS: &str = "0.2";
 /// or an operator that does not come within [`HANDOVER_POLLS`] polls: the
 /// hook ends and the shutdown goes on as before.
 fn handover_script(cli: &str, tls: &str) -> String {
-    let user = super::build::PROBE_USER;
+    let user = crate::controller::names::PROBE_USER;
     format!(
         r#"u=; [ -n "$REDPILOT_PROBE_PASSWORD" ] && u="--user {user}"
 n=0
@@ -582,7 +583,7 @@ pub fn statefulset(
 mod tests {
     use super::*;
     use crate::api::v1alpha1::{RedisSpec, StorageSpec};
-    use crate::controller::redis::build::stamped_hash;
+    use crate::controller::names::stamped_hash;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use crate::controller::redis::build::test_redis as redis;
@@ -1051,7 +1052,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!(
             "redpilot-probe-{}-{}",
             std::process::id(),
-            crate::controller::redis::build::stable_hash(&[info])
+            crate::controller::names::stable_hash(&[info])
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let info_file = dir.join("info");
@@ -1101,7 +1102,7 @@ mod tests {
             let dir = std::env::temp_dir().join(format!(
                 "redpilot-either-{}-{}",
                 std::process::id(),
-                crate::controller::redis::build::stable_hash(&[
+                crate::controller::names::stable_hash(&[
                     tls,
                     either.unwrap_or("-"),
                     &tls_server.to_string()

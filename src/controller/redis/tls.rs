@@ -12,15 +12,12 @@ use kube::runtime::events::EventType;
 
 use super::Reconciler;
 use super::auth::ServerAuth;
-use super::build;
 use super::facts::PodFacts;
 use super::material::{TlsMaterial, Uses, read};
 use crate::api::v1alpha1::Redis;
 use crate::controller::error::Error;
-pub use crate::controller::layout::{
-    CA_FILE, CERT_FILE, KEY_FILE, asks_clients, ca_path, cli_flags, either_flags, issues_own,
-    listens, mounted, secret_of,
-};
+use crate::controller::layout::{CA_FILE, CERT_FILE, KEY_FILE, asks_clients};
+use crate::controller::names;
 use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions, certs};
 
 /// What a Cluster Redis's servers are told live to turn TLS on (`on`,
@@ -28,7 +25,7 @@ use crate::redis::{ConnectOptions, Endpoint, Listeners, TlsOptions, certs};
 /// between plain text and TLS, and the cluster bus and replication follow.
 /// One `CONFIG SET`, applied by the server as a whole.
 pub fn switch_params(on: bool, client_auth: &str) -> Vec<(&'static str, String)> {
-    let port = build::REDIS_PORT.to_string();
+    let port = names::REDIS_PORT.to_string();
     if on {
         vec![
             ("port", "0".into()),
@@ -96,7 +93,7 @@ impl Reconciler {
     pub(super) fn tls_options_for(&self, ip: &str) -> Option<TlsOptions> {
         match &self.reach.listeners {
             Some(l) => l
-                .tls_for(Endpoint::new(ip, build::REDIS_PORT).host())
+                .tls_for(Endpoint::new(ip, names::REDIS_PORT).host())
                 .cloned(),
             None => self.reach.tls.as_ref().map(|t| t.options.clone()),
         }
@@ -149,7 +146,7 @@ impl Reconciler {
             .iter()
             .filter(|f| f.listens_tls)
             .filter_map(|f| f.ip.as_deref())
-            .map(|ip| Endpoint::new(ip, build::REDIS_PORT).host().to_string())
+            .map(|ip| Endpoint::new(ip, names::REDIS_PORT).host().to_string())
             .collect();
         Some(Listeners {
             tls: tls.options.clone(),
@@ -259,7 +256,7 @@ impl Reconciler {
             .map(|(i, ip)| {
                 let with_tls = &with_tls;
                 async move {
-                    let ep = Endpoint::new(&ip, build::REDIS_PORT);
+                    let ep = Endpoint::new(&ip, names::REDIS_PORT);
                     // Plain text first: a TLS port refuses it at once,
                     // while a handshake sent to a plain-text port waits.
                     let way = if crate::redis::rdb::answers_plain(&ep, with_tls).await {
@@ -334,7 +331,7 @@ impl Reconciler {
         let switched = futures::future::join_all(todo.iter().map(|(pod, ip)| {
             let params = &params;
             async move {
-                let ep = Endpoint::new(ip, build::REDIS_PORT);
+                let ep = Endpoint::new(ip, names::REDIS_PORT);
                 let r = async {
                     let mut node = crate::redis::Node::connect(&ep, opts).await?;
                     crate::redis::actions::config_set_all(&mut node, params).await
@@ -384,7 +381,7 @@ impl Reconciler {
         opts: &ConnectOptions,
     ) -> bool {
         let want = opts
-            .tls_for(Endpoint::new(primary_ip, build::REDIS_PORT).host())
+            .tls_for(Endpoint::new(primary_ip, names::REDIS_PORT).host())
             .is_some();
         let value = if want { "yes" } else { "no" };
         let done = async {
@@ -500,7 +497,7 @@ impl Reconciler {
                 all = false;
                 continue;
             };
-            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let ep = Endpoint::new(ip, names::REDIS_PORT);
             // One that still listens in plain text (TLS being turned on)
             // serves no certificate yet.
             if opts.tls_for(ep.host()).is_none() {
@@ -580,7 +577,7 @@ impl Reconciler {
 /// Tells a server to read its certificate, key and CA files again (the
 /// same paths: setting a TLS file parameter reloads the TLS configuration).
 async fn reload(node: &mut crate::redis::Node) -> crate::redis::Result<()> {
-    let dir = build::TLS_DIR;
+    let dir = names::TLS_DIR;
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("SET");
     for (k, f) in [

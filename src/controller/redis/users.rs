@@ -39,9 +39,9 @@ use super::auth::{
     CHECK_USER, Desired, ServerAuth, args, conf_hash, default_line, line_args, parse_conf, render,
     rules_of, system_users,
 };
-use super::build;
 use super::facts::PodFacts;
 use super::{Error, Reconciler};
+use crate::controller::names;
 use crate::redis::{Endpoint, Node};
 
 impl Reconciler {
@@ -127,7 +127,7 @@ impl Reconciler {
             .filter_map(|f| {
                 Some((
                     f.name.clone(),
-                    Endpoint::new(f.ip.as_ref()?, build::REDIS_PORT),
+                    Endpoint::new(f.ip.as_ref()?, names::REDIS_PORT),
                 ))
             })
             .collect();
@@ -269,7 +269,7 @@ impl Reconciler {
                             redis::cmd("CONFIG")
                                 .arg("SET")
                                 .arg("masteruser")
-                                .arg(build::OPERATOR_USER),
+                                .arg(names::OPERATOR_USER),
                         )
                         .await?;
                 }

@@ -25,7 +25,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::facts::quantity_bytes;
-use super::{Error, Reconciler, build};
+use super::{Error, Reconciler};
 
 /// The claim template every Redis StatefulSet carries.
 const CLAIM: &str = "data";
@@ -289,7 +289,7 @@ impl Reconciler {
 /// Puts `live`'s claim templates into `desired` (and stamps it again).
 fn keep_claims(desired: &mut StatefulSet, live: &StatefulSet) {
     desired.spec.volume_claim_templates = live.spec.volume_claim_templates.clone();
-    let stamped = build::stamp_hash(std::mem::take(desired));
+    let stamped = crate::controller::names::stamp_hash(std::mem::take(desired));
     *desired = stamped;
 }
 
@@ -356,14 +356,14 @@ mod tests {
     #[test]
     fn a_kept_claim_template_is_the_live_one_and_stamped_the_same_each_pass() {
         let live = sts("64Mi");
-        let mut a = build::stamp_hash(sts("128Mi"));
+        let mut a = crate::controller::names::stamp_hash(sts("128Mi"));
         keep_claims(&mut a, &live);
         assert_eq!(template_size(&a), Some(Quantity("64Mi".into())));
-        let mut b = build::stamp_hash(sts("128Mi"));
+        let mut b = crate::controller::names::stamp_hash(sts("128Mi"));
         keep_claims(&mut b, &live);
         assert_eq!(
-            build::stamped_hash(&a),
-            build::stamped_hash(&b),
+            crate::controller::names::stamped_hash(&a),
+            crate::controller::names::stamped_hash(&b),
             "a pass with nothing new writes nothing"
         );
     }

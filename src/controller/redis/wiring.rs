@@ -7,11 +7,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 
-use super::build::{self, ROLE_LABEL};
 use super::conf;
 use super::facts::{PodFacts, Role};
 use super::{Error, Reconciler, plan};
 use crate::controller::base::FIELD_MANAGER;
+use crate::controller::names::{self, ROLE_LABEL};
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// A replica following the primary whose link has been down this long is
@@ -36,7 +36,7 @@ impl Reconciler {
             ));
             return;
         }
-        let pep = Endpoint::new(&pip, build::REDIS_PORT);
+        let pep = Endpoint::new(&pip, names::REDIS_PORT);
         if pf.role == Some(Role::Replica) {
             // Promoting a replica while any server still acts as primary
             // would make two primaries: wait for the servers to settle.
@@ -68,7 +68,7 @@ impl Reconciler {
             let Some(ip) = &f.ip else { continue };
             let follows =
                 f.role == Some(Role::Replica) && f.following.as_deref() == Some(pip.as_str());
-            let ep = Endpoint::new(ip, build::REDIS_PORT);
+            let ep = Endpoint::new(ip, names::REDIS_PORT);
             if follows {
                 // A replica whose link is not up follows the primary the
                 // way the primary listens: while TLS is turned on or off, a
@@ -204,7 +204,7 @@ impl Reconciler {
         opts: &ConnectOptions,
     ) {
         let Some(target) = plan::best_replica(facts, |f| {
-            plan::ordinal(&f.name, &self.names).is_some_and(|o| o < desired)
+            super::facts::ordinal(&f.name, &self.names).is_some_and(|o| o < desired)
         }) else {
             self.report.progress(
                 "scale-down waits for a surviving replica to take over as primary".into(),

@@ -29,7 +29,7 @@ use super::facts::quantity_bytes;
 use super::report::Memory;
 use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision};
 
-pub use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
+use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
 
 /// What a decision other than `Keep` records, counts and says.
 struct Report<'a> {

@@ -27,8 +27,8 @@ use kube::runtime::events::EventType;
 use super::limits::{RESTART, record, resources};
 use super::policy::{human, maxmemory_of};
 use crate::controller::base::FIELD_MANAGER;
+use crate::controller::names;
 use crate::controller::redis::Reconciler;
-use crate::controller::redis::build;
 use crate::controller::redis::facts::PodFacts;
 use crate::controller::redis::report::Memory;
 use crate::redis::{ConnectOptions, Endpoint};
@@ -265,7 +265,7 @@ impl Reconciler {
             if have == want {
                 continue;
             }
-            let ep = Endpoint::new(&ip, build::REDIS_PORT);
+            let ep = Endpoint::new(&ip, names::REDIS_PORT);
             let result = async {
                 let mut node = crate::redis::Node::connect(&ep, opts).await?;
                 node.query::<()>(
@@ -313,7 +313,7 @@ impl Reconciler {
         else {
             return;
         };
-        let ep = Endpoint::new(&ip, build::REDIS_PORT);
+        let ep = Endpoint::new(&ip, names::REDIS_PORT);
         let result = async {
             let mut node = crate::redis::Node::connect(&ep, opts).await?;
             node.query::<()>("MEMORY PURGE", redis::cmd("MEMORY").arg("PURGE"))
@@ -353,7 +353,7 @@ impl Reconciler {
             "kind": "Pod",
             "metadata": {"name": name},
             "spec": {"containers": [{
-                "name": build::SERVER_CONTAINER,
+                "name": names::SERVER_CONTAINER,
                 "resources": {
                     "limits": {"memory": memory(&res.limits)},
                     "requests": {"memory": memory(&res.requests)},

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ContainerPort, Service, ServicePort, ServiceSpe
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::v1alpha1::{Engine, Redis};
-use crate::controller::redis::build::{
+use crate::controller::names::{
     self, AUTH_CONF_PATH, CONFIG_KEY, Names, PROBE_USER, REDIS_PORT, SERVER_CONTAINER,
     selector_labels, stamp_hash,
 };
@@ -235,7 +235,7 @@ pub fn shard_statefulset(
                 .push(statefulset::config_env(
                     names,
                     WAKING_ENV,
-                    build::WAKING_KEY,
+                    names::WAKING_KEY,
                 ));
             c.ports.get_or_insert_with(Vec::new).push(ContainerPort {
                 name: Some("cluster-bus".into()),
@@ -245,7 +245,7 @@ pub fn shard_statefulset(
             });
         }
     }
-    build::stamp_hash(sts)
+    names::stamp_hash(sts)
 }
 
 /// The Services: headless (stable pod names, every node), and the client
@@ -262,7 +262,7 @@ pub fn services(redis: &Redis, names: &Names) -> Vec<Service> {
     };
     vec![
         Service {
-            metadata: build::meta(redis, names.headless()),
+            metadata: names::meta(redis, names.headless()),
             spec: Some(ServiceSpec {
                 cluster_ip: Some("None".into()),
                 publish_not_ready_addresses: Some(true),
@@ -276,7 +276,7 @@ pub fn services(redis: &Redis, names: &Names) -> Vec<Service> {
             ..Default::default()
         },
         Service {
-            metadata: build::meta(redis, names.write_service()),
+            metadata: names::meta(redis, names.write_service()),
             spec: Some(ServiceSpec {
                 selector: Some(sel),
                 ports: Some(vec![port("redis", REDIS_PORT, "redis")]),

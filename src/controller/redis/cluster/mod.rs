@@ -172,9 +172,10 @@ impl Reconciler {
         let sts: Vec<Option<StatefulSet>> = (0..shards)
             .map(|s| self.cached(&build::shard_statefulset_name(&self.names, s)))
             .collect();
-        let settled = sts
-            .iter()
-            .all(|s| s.as_ref().is_some_and(super::facts::sts_observed));
+        let settled = sts.iter().all(|s| {
+            s.as_ref()
+                .is_some_and(crate::controller::layout::sts_observed)
+        });
         let primaries: Vec<&str> = plan
             .shards
             .iter()
@@ -286,7 +287,7 @@ impl Reconciler {
                 self.cached(&build::shard_statefulset_name(&self.names, shard));
             let want = sts
                 .as_ref()
-                .filter(|s| super::facts::sts_observed(s))
+                .filter(|s| crate::controller::layout::sts_observed(s))
                 .and_then(|s| s.status.as_ref()?.update_revision.clone());
             // Revisions kept by the operator's own template changes (a new
             // release, the memory autopilot's in-place resize) are current.
@@ -308,7 +309,7 @@ impl Reconciler {
             .filter(|f| f.reachable && !f.terminating)
             .filter_map(|f| Some((f.name.clone(), f.ip.clone()?)))
             .map(|(pod, ip)| async move {
-                let ep = Endpoint::new(&ip, super::build::REDIS_PORT);
+                let ep = Endpoint::new(&ip, crate::controller::names::REDIS_PORT);
                 let mut node = Node::connect(&ep, opts).await.ok()?;
                 let text: String = node
                     .query("CLUSTER NODES", redis::cmd("CLUSTER").arg("NODES"))
@@ -372,8 +373,8 @@ impl Reconciler {
         {
             cm.data
                 .get_or_insert_with(Default::default)
-                .insert(super::build::WAKING_KEY.to_string(), saved);
-            cm = super::build::stamp_hash(cm);
+                .insert(crate::controller::names::WAKING_KEY.to_string(), saved);
+            cm = crate::controller::names::stamp_hash(cm);
         }
         let live_cm: Option<ConfigMap> = self.lookup(&self.names.config()).await?;
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
@@ -441,7 +442,7 @@ impl Reconciler {
             let done = match step {
                 Step::Meet { from, to, ip } => {
                     let other = rc::Member {
-                        endpoint: Endpoint::new(ip, super::build::REDIS_PORT),
+                        endpoint: Endpoint::new(ip, crate::controller::names::REDIS_PORT),
                         bus_port: build::BUS_PORT,
                     };
                     let r = match conns.get_mut(from) {

@@ -438,7 +438,7 @@ impl Reconciler {
         else {
             return Ok(());
         };
-        let target_at = Endpoint::new(&ip, crate::controller::redis::build::REDIS_PORT);
+        let target_at = Endpoint::new(&ip, crate::controller::names::REDIS_PORT);
         let (Some(mut source), Some(mut target)) = (conns.remove(src), conns.remove(dst)) else {
             return Ok(());
         };

@@ -23,7 +23,7 @@ use self::record::{
 };
 use super::facts::{Cond, PodFacts, Role, merge};
 use super::report::Outcomes;
-use super::{Error, Reconciler, build, plan};
+use super::{Error, Reconciler, plan};
 use crate::api::v1alpha1::{InstanceStatus, Mode, Phase, Redis, RedisStatus};
 use crate::redis::info::EngineKind;
 
@@ -374,9 +374,9 @@ impl Reconciler {
                 .as_ref()?
                 .conditions
                 .iter()
-                .find(|c| c.type_ == super::autopilot::CONDITION)?;
+                .find(|c| c.type_ == crate::controller::layout::MEMORY_AT_MAXIMUM)?;
             Some(Cond::new(
-                super::autopilot::CONDITION,
+                crate::controller::layout::MEMORY_AT_MAXIMUM,
                 c.status == "True",
                 c.reason.clone(),
                 c.message.clone(),
@@ -418,7 +418,7 @@ impl Reconciler {
             }));
         }
         let seen = serde_json::to_string(&strip_offsets(status)).unwrap_or_default();
-        let fingerprint = build::stable_hash(&[
+        let fingerprint = crate::controller::names::stable_hash(&[
             &seen,
             &self.report.progressing().join("\n"),
             &self.report.notes().join("\n"),

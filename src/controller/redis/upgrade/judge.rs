@@ -5,7 +5,6 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 
-use super::super::build;
 use super::super::facts::Cond;
 use super::super::facts::{PodFacts, Role};
 use crate::api::v1alpha1::{Engine, Redis, Served, UpgradePhase, UpgradeStatus};
@@ -129,7 +128,7 @@ pub fn running(sts: &StatefulSet, redis: &Redis) -> Option<Served> {
     let image = super::super::kept::server_image(sts)?.to_string();
     let ann = sts.metadata.annotations.as_ref();
     let engine = match ann
-        .and_then(|a| a.get(build::ENGINE_ANNOTATION))
+        .and_then(|a| a.get(crate::controller::names::ENGINE_ANNOTATION))
         .map(String::as_str)
     {
         Some("Valkey") => Engine::Valkey,
@@ -137,7 +136,7 @@ pub fn running(sts: &StatefulSet, redis: &Redis) -> Option<Served> {
         _ => redis.spec.engine(),
     };
     let version = ann
-        .and_then(|a| a.get(build::VERSION_ANNOTATION))
+        .and_then(|a| a.get(crate::controller::names::VERSION_ANNOTATION))
         .cloned()
         .unwrap_or_else(|| redis.spec.version().to_string());
     Some(Served {
