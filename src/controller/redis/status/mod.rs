@@ -42,9 +42,15 @@ impl Reconciler {
         self.event(EventType::Warning, reason, "Reconcile", msg.clone())
             .await;
         self.report.note(msg);
+        self.finish_unobserved().await?;
+        Err(err)
+    }
+
+    /// The status of a pass that observed nothing: the recorded primary is
+    /// kept (such a pass says why in the conditions, it does not forget the
+    /// topology), and no step decided anything.
+    async fn finish_unobserved(&mut self) -> Result<Next, Error> {
         let desired = self.redis.spec.desired_instances();
-        // Nothing was observed: keep the recorded primary (a failed pass
-        // says so in the conditions, it does not forget the topology).
         let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
         self.finish(
             &[],
@@ -53,8 +59,7 @@ impl Reconciler {
             false,
             Outcomes::default(),
         )
-        .await?;
-        Err(err)
+        .await
     }
 
     /// A pass that waits before touching anything (a certificate being
@@ -63,17 +68,7 @@ impl Reconciler {
     pub(super) async fn wait_status(&mut self, what: String) -> Result<Next, Error> {
         self.report.progress(what);
         self.report.waiting_unless_set("WaitingForCertificate");
-        let desired = self.redis.spec.desired_instances();
-        let recorded = self.redis.status.as_ref().and_then(|s| s.primary.clone());
-        let next = self
-            .finish(
-                &[],
-                recorded.as_deref(),
-                desired,
-                false,
-                Outcomes::default(),
-            )
-            .await?;
+        let next = self.finish_unobserved().await?;
         Ok(match next.delay() {
             Some(d) if d > WAIT_RECHECK => Next::after(WAIT_RECHECK),
             _ => next,
