@@ -204,6 +204,41 @@ pub fn status(
             st.auth_secret.as_deref().unwrap_or("?")
         );
     }
+    // A source followed, or the last promotion off one.
+    if let Some(f) = &st.replica_of {
+        let lag = match (f.lag_bytes, f.lag_seconds) {
+            (Some(b), Some(s)) => format!(", {b} bytes behind, heard from {s}s ago"),
+            (Some(b), None) => format!(", {b} bytes behind"),
+            _ => String::new(),
+        };
+        let syncs = f.source_full_syncs.map_or(String::new(), |n| {
+            format!(", {n} full syncs served by the source")
+        });
+        let _ = writeln!(
+            out,
+            "Follows {} (read-only): link {}{lag}{syncs}",
+            f.source, f.link
+        );
+        if let Some(m) = &f.message {
+            let _ = writeln!(out, "  {m}");
+        }
+    } else if let Some(p) = &st.promotion {
+        let when = parse_time(&p.time).map_or(String::new(), |t| format!(" {} ago", age(t, now)));
+        let _ = writeln!(
+            out,
+            "Promoted off {}{when} ({}): {}",
+            p.source,
+            if p.planned { "planned" } else { "unplanned" },
+            p.message
+        );
+    }
+    if let Some(t) = &st.demoted {
+        let _ = writeln!(
+            out,
+            "Demoted at {t}: read-only until spec.replicaOf points at the Redis that took \
+             over, or annotation redpilot.io/take-writes={t}"
+        );
+    }
     // Memory and the autopilot.
     let memory = st.memory.as_ref().map_or("unknown".to_string(), |m| {
         format!("{} on {}", m.summary, m.instance)
@@ -497,6 +532,45 @@ mod tests {
              \x20 advice: turn active defragmentation on\n\
              \x20 apply:  kubectl patch redis cache -n shop --type merge -p \
              '{\"spec\":{\"config\":{\"activedefrag\":\"yes\"}}}'\n"
+        );
+    }
+
+    #[test]
+    fn the_screen_says_what_is_followed_and_how_a_promotion_went() {
+        use crate::api::v1alpha1::{PromotionStatus, ReplicaOfStatus};
+        let now = parse_time("2026-01-01T00:05:00Z").unwrap();
+        let mut r = redis();
+        let st = r.status.as_mut().expect("status");
+        st.replica_of = Some(ReplicaOfStatus {
+            source: "10.0.0.9:6379".into(),
+            link: "Up".into(),
+            lag_bytes: Some(120),
+            lag_seconds: Some(0),
+            source_full_syncs: Some(1),
+            ..Default::default()
+        });
+        let text = status(&r, &[], &[], now);
+        assert!(
+            text.contains(
+                "Follows 10.0.0.9:6379 (read-only): link Up, 120 bytes behind, heard from 0s \
+                 ago, 1 full syncs served by the source\n"
+            ),
+            "{text}"
+        );
+        let st = r.status.as_mut().expect("status");
+        st.replica_of = None;
+        st.promotion = Some(PromotionStatus {
+            time: "2026-01-01T00:03:00Z".into(),
+            source: "10.0.0.9:6379".into(),
+            planned: true,
+            offset: Some(9000),
+            message: "planned: nothing lost".into(),
+            ..Default::default()
+        });
+        let text = status(&r, &[], &[], now);
+        assert!(
+            text.contains("Promoted off 10.0.0.9:6379 2m ago (planned): planned: nothing lost\n"),
+            "{text}"
         );
     }
 

@@ -159,6 +159,31 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.instances", "integer"],
         ),
         (
+            "a Cluster following another Redis",
+            json!({"mode": "Cluster", "shards": 3,
+                   "replicaOf": {"host": "10.0.0.9"}}),
+            vec![
+                "spec.replicaOf",
+                "a Cluster Redis cannot follow another Redis",
+            ],
+        ),
+        (
+            "following a source and bootstrapped from a backup",
+            json!({"replicaOf": {"host": "10.0.0.9"},
+                   "bootstrap": {"fromBackup": {"backup": "b1"}}}),
+            vec!["spec.replicaOf", "cannot also be bootstrapped"],
+        ),
+        (
+            "a source host with a space",
+            json!({"replicaOf": {"host": "10.0.0.9 6380"}}),
+            vec!["spec.replicaOf.host", "host name or an IP address"],
+        ),
+        (
+            "a source port out of range",
+            json!({"replicaOf": {"host": "db.example", "port": 70000}}),
+            vec!["spec.replicaOf.port", "less than or equal to 65535"],
+        ),
+        (
             "bootstrap naming a backup and a bucket",
             json!({"bootstrap": {"fromBackup": {"backup": "b1", "key": "k.rdb",
                 "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),

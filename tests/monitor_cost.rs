@@ -85,6 +85,7 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
                 password: "pw".into(),
                 authenticate: true,
                 tls: None,
+                follows_source: false,
             },
         );
     }

@@ -284,6 +284,8 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Memory", type_ = "string", json_path = ".status.memory.summary"),
+    printcolumn(name = "Source", type_ = "string", json_path = ".status.replicaOf.source"),
+    printcolumn(name = "Link", type_ = "string", json_path = ".status.replicaOf.link", priority = 1),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -331,6 +333,12 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new(KNOWN_VERSION_RULE)
         .message(Message::Expression(KNOWN_VERSION_MESSAGE.into()))
         .field_path(".version"),
+    validation = Rule::new("!has(self.replicaOf) || !has(self.mode) || self.mode != 'Cluster'")
+        .message("spec.replicaOf: a Cluster Redis cannot follow another Redis (a source cluster's slots would have to match shard by shard and move with it); migrate a Cluster with a backup and bootstrap.fromBackup")
+        .field_path(".replicaOf"),
+    validation = Rule::new("!has(self.replicaOf) || !has(self.bootstrap)")
+        .message("spec.replicaOf: a Redis that follows a source takes its data from it; it cannot also be bootstrapped from a backup")
+        .field_path(".replicaOf"),
     validation = Rule::new(AUTOPILOT_NEEDS_LIMIT_RULE)
         .message("spec.autopilot.memory needs spec.resources.limits.memory: the memory limit the autopilot starts from")
         .field_path(".autopilot.memory"),
@@ -487,6 +495,125 @@ pub struct RedisSpec {
     /// of every node between two rolls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+
+    /// Follow a Redis outside this one (a server on a VM, another
+    /// operator's, one in another Kubernetes cluster): the primary
+    /// replicates from it, the replicas from the primary, and the Redis
+    /// refuses writes. Removing it promotes the Redis (see `ReplicaOfSpec`
+    /// and `status.replicaOf`). Standalone and Replication modes only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<ReplicaOfSpec>,
+}
+
+/// The Redis a Redis follows (`spec.replicaOf`).
+///
+/// The operator points the primary at the source only once it has checked
+/// that the source continues the history the primary holds: when the
+/// source cannot be reached, the primary is fenced (its link held down, so
+/// a source that comes back empty cannot wipe it); when it comes back
+/// with another history, the primary resynchronises from it unless the
+/// source is empty and the primary is not (then it holds, condition
+/// Degraded, reason `SourceEmpty`, until the annotation
+/// `redpilot.io/accept-source-reset` names the source's run id).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaOfSpec {
+    /// Host name or IP address of the source's primary, as this Redis's
+    /// pods reach it.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$')").message("spec.replicaOf.host must be a host name or an IP address"))]
+    pub host: String,
+    /// Its port (default 6379).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// A Secret in the same namespace with the source's `password` (and,
+    /// for an ACL user, `username`; `default` otherwise). The operator
+    /// sends it to the source, so the Secret must carry the label
+    /// `redpilot.io/allow-use: "true"`. Without it the source is reached
+    /// without a password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message("spec.replicaOf.secretName must be a valid Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
+    pub secret_name: Option<String>,
+}
+
+impl ReplicaOfSpec {
+    /// The source's port.
+    pub fn port(&self) -> u16 {
+        self.port
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(6379)
+    }
+
+    /// `host:port`.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port())
+    }
+}
+
+/// What following the source looks like (`status.replicaOf`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaOfStatus {
+    /// The source followed, `host:port`.
+    pub source: String,
+    /// The Secret its credentials come from (the name only), kept for the
+    /// promotion once `spec.replicaOf` is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// `Up` (the primary streams from the source), `Down` (it retries),
+    /// `Syncing` (a full synchronisation), `Fenced` (held off the source
+    /// until its history is checked) or `Held` (the check refused it).
+    pub link: String,
+    /// Bytes the primary is behind the source, as of `observedAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Seconds since the primary last heard from the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// Full synchronisations the source has served (`sync_full`, all its
+    /// replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_full_syncs: Option<i64>,
+    /// The replication history followed (the source's `master_replid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replid: Option<String>,
+    /// Why the link is held, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When this was observed (RFC 3339); lag is refreshed at most every
+    /// 30 seconds while nothing else changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<String>,
+}
+
+/// What removing `spec.replicaOf` did (`status.promotion`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PromotionStatus {
+    /// When the primary was promoted (RFC 3339).
+    pub time: String,
+    /// The source it followed.
+    pub source: String,
+    /// True when the source was reached: its writes were paused, the
+    /// primary caught up with its final offset, and the source was made a
+    /// replica of this Redis before the pause ended (no write it
+    /// acknowledged is missing here).
+    pub planned: bool,
+    /// The source's offset the primary had matched (planned), or the
+    /// primary's offset when it was promoted (unplanned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    /// Unplanned: how far behind the primary was, as last recorded
+    /// (bytes), and how long the link had been down (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behind_bytes: Option<i64>,
+    /// See `behindBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_down_seconds: Option<i64>,
+    /// What was and was not guaranteed.
+    pub message: String,
 }
 
 /// `spec.version` when it is not set.
@@ -861,6 +988,20 @@ pub struct RedisStatus {
     /// What the operator applied for `spec.tuning`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningStatus>,
+    /// The source followed (`spec.replicaOf`), until the promotion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<ReplicaOfStatus>,
+    /// The last promotion off a source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<PromotionStatus>,
+    /// When (RFC 3339) this Redis's primary was found made read-only from
+    /// outside: a Redis that followed it was promoted in a planned switch
+    /// and fenced it. The operator then makes no instance writable on its
+    /// own: set `spec.replicaOf` to the promoted Redis to follow it, or
+    /// annotate `redpilot.io/take-writes` with this value to take writes
+    /// here again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demoted: Option<String>,
 }
 
 /// Tuning advice the operator applies itself (`spec.tuning`).

@@ -88,6 +88,18 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         timeout: u64,
     },
+    /// Stop following the source (removes spec.replicaOf): the operator
+    /// pauses the source's writes, waits until this Redis has all of
+    /// them, makes the source read-only and promotes; when the source
+    /// cannot be reached it promotes with what this Redis has and records
+    /// how far behind it was (status.promotion).
+    Promote {
+        /// The Redis.
+        redis: String,
+        /// Seconds to wait for the promotion (0: do not wait).
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
     /// Tuning advice for a Redis (status.insights): each finding with its
     /// evidence, what to do, and the exact change to apply when one does.
     Advise {
@@ -347,6 +359,42 @@ async fn run(cli: Cli) -> Result<()> {
                 let msg = wait_redis(&redis_api, &redis, timeout, "the hibernation", |r| {
                     (phase(r) == Some(Phase::Hibernated))
                         .then(|| Ok("hibernated: no pod runs; the volumes keep the data".into()))
+                })
+                .await?;
+                println!("{redis}: {msg}");
+            }
+            Ok(())
+        }
+        Command::Promote { redis, timeout } => {
+            let r = get_redis(&redis_api, &ns, &redis).await?;
+            let Some(source) = r.spec.replica_of.as_ref().map(|s| s.address()) else {
+                return Err(format!(
+                    "{redis} follows no source (spec.replicaOf is not set)"
+                ));
+            };
+            // A merge patch removes the field whoever set it (an apply
+            // removes only what its own manager set).
+            redis_api
+                .patch(
+                    &redis,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicaOf": null}})),
+                )
+                .await
+                .map_err(|e| format!("updating Redis {redis}: {e}"))?;
+            println!("{redis}: promotion off {source} requested");
+            if timeout > 0 {
+                let msg = wait_redis(&redis_api, &redis, timeout, "the promotion", |r| {
+                    let s = r.status.as_ref()?;
+                    if s.replica_of.is_some() {
+                        return None;
+                    }
+                    let p = s.promotion.as_ref()?;
+                    Some(Ok(format!(
+                        "promoted ({}): {}",
+                        if p.planned { "planned" } else { "unplanned" },
+                        p.message
+                    )))
                 })
                 .await?;
                 println!("{redis}: {msg}");

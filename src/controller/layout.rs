@@ -11,6 +11,23 @@ use k8s_openapi::api::core::v1::{Volume, VolumeMount};
 
 use super::names::{Names, TLS_DIR};
 
+// Where a server is pointed to hold it off every primary.
+
+/// The address a Replication instance follows when it boots with no other
+/// primary to follow: nothing listens there, so the server stays a replica
+/// whose link never comes up. A replica without a link refuses to serve a
+/// sync (`NOMASTERLINK`), so an instance that restarted empty can never wipe
+/// the replicas that hold the data; the operator decides who is primary.
+pub const BOOT_FENCE_HOST: &str = "127.0.0.1";
+/// The port of [`BOOT_FENCE_HOST`].
+pub const BOOT_FENCE_PORT: u16 = 1;
+/// The port a Redis that follows a source (`spec.replicaOf`) points its
+/// primary at while the source is not to be trusted (unreachable, or its
+/// history not yet checked): on [`BOOT_FENCE_HOST`], where nothing listens,
+/// so the primary keeps its data and refuses writes. A server following
+/// this address is the primary of the Redis, fenced off its source.
+pub const SOURCE_FENCE_PORT: u16 = 2;
+
 // The TLS files.
 
 /// The server certificate file in the TLS volume.

@@ -21,6 +21,7 @@ pub mod queue;
 pub mod redis;
 pub mod schedule;
 pub mod served;
+pub mod source_watch;
 pub mod trust;
 
 use std::collections::HashMap;

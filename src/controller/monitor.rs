@@ -153,6 +153,9 @@ pub struct Target {
     /// against (chain and dates, not the name), and the certificate the
     /// probe presents when the servers ask clients for one.
     pub tls: Option<crate::redis::TlsOptions>,
+    /// The primary of a Redis that follows a source (`spec.replicaOf`): a
+    /// replica to Redis, so the probe does not ask for the primary role.
+    pub follows_source: bool,
 }
 
 /// What the probes found.
@@ -218,6 +221,8 @@ type Key = (ObjectRef<Redis>, usize);
 pub struct Monitor {
     watches: Mutex<HashMap<Key, Watch>>,
     trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
+    /// The sources followed Redis replicate from (`spec.replicaOf`).
+    pub sources: super::source_watch::SourceWatches,
 }
 
 /// The probe loops' own thread, shared by every monitor of the process: a
@@ -261,6 +266,7 @@ impl Monitor {
         (
             Monitor {
                 watches: Mutex::new(HashMap::new()),
+                sources: super::source_watch::SourceWatches::new(trigger.clone(), probe_runtime()),
                 trigger,
             },
             rx,
@@ -386,6 +392,7 @@ impl Monitor {
         if let Ok(mut w) = self.watches.lock() {
             w.retain(|(o, _), _| keep(o));
         }
+        self.sources.retain(&keep);
     }
 
     /// The objects whose primary is watched.
@@ -433,7 +440,7 @@ pub async fn answers_as_primary(
 ) -> bool {
     let opts = opts.clone().with_timeouts(within, within);
     matches!(
-        tokio::time::timeout(within, probe(&mut None, endpoint, &opts)).await,
+        tokio::time::timeout(within, probe(&mut None, endpoint, &opts, false)).await,
         Ok(Probe::Answered)
     )
 }
@@ -497,7 +504,7 @@ async fn probe_loop(
             }
         }
         let probe = if target.authenticate {
-            probe(&mut conn, &endpoint, &opts).await
+            probe(&mut conn, &endpoint, &opts, target.follows_source).await
         } else {
             probe_address(&endpoint).await
         };
@@ -596,7 +603,12 @@ async fn sample_memory(node: &mut ProbeConn, memory: &Mutex<MemoryWatch>) -> Opt
 /// One probe: `PING` on the open connection; when there is none (or it just
 /// broke) a TCP connect first, to tell "nothing listens" from "no answer",
 /// then a connection that checks the server is still a primary.
-async fn probe(conn: &mut Option<ProbeConn>, endpoint: &Endpoint, opts: &ConnectOptions) -> Probe {
+async fn probe(
+    conn: &mut Option<ProbeConn>,
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+    any_role: bool,
+) -> Probe {
     if let Some(node) = conn.as_mut() {
         match node.ping().await {
             // An error reply (LOADING, a changed password) is an answer.
@@ -617,11 +629,11 @@ async fn probe(conn: &mut Option<ProbeConn>, endpoint: &Endpoint, opts: &Connect
         Err(_) => return Probe::Silent,
     };
     match node.is_primary().await {
-        Ok(true) => {
+        Ok(primary) if primary || any_role => {
             *conn = Some(node);
             Probe::Answered
         }
-        Ok(false) => Probe::NotPrimary,
+        Ok(_) => Probe::NotPrimary,
         Err(e) if answered(&e) => Probe::Answered,
         Err(_) => Probe::Silent,
     }
@@ -707,7 +719,7 @@ mod tests {
             .with_password("s3cret-pw".to_string())
             .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
         let verdict = if authenticate {
-            probe(&mut None, &ep, &opts).await
+            probe(&mut None, &ep, &opts, false).await
         } else {
             probe_address(&ep).await
         };
@@ -790,6 +802,7 @@ mod tests {
                 password: "pw".into(),
                 authenticate: true,
                 tls: None,
+                follows_source: false,
             },
         );
         (monitor, obj, rx)

@@ -66,6 +66,37 @@ async fn promote(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
     Ok(())
 }
 
+/// The primary of a Redis that follows a source outside it: `settings`
+/// first (as [`make_primary`]), then `REPLICAOF <fence>`, an address where
+/// nothing listens, so it keeps its data, refuses writes, and serves its
+/// replicas nothing until the operator points it at the source.
+#[tracing::instrument(name = "redis.make_fenced_primary", skip_all, fields(endpoint = %endpoint))]
+pub async fn make_fenced_primary(
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+    settings: &[(&str, String)],
+    fence: &Endpoint,
+) -> Result<()> {
+    let mut node = Node::connect(endpoint, opts).await?;
+    for (key, value) in settings {
+        let _: redis::Value = node
+            .query(
+                "CONFIG SET",
+                redis::cmd("CONFIG").arg("SET").arg(*key).arg(value),
+            )
+            .await?;
+    }
+    node.replicaof(Some(fence)).await?;
+    let r = node.replication().await?;
+    if r.role != Some(Role::Replica) || r.primary.as_ref() != Some(fence) {
+        return Err(Error::State(format!(
+            "{endpoint} does not follow {fence} after REPLICAOF (role {:?})",
+            r.role
+        )));
+    }
+    Ok(())
+}
+
 /// `REPLICAOF <primary>` on `endpoint`, then checks it follows `primary`.
 #[tracing::instrument(name = "redis.make_replica_of", skip_all, fields(endpoint = %endpoint, primary = %primary))]
 pub async fn make_replica_of(

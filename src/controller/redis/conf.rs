@@ -58,9 +58,19 @@ fn base_config(redis: &Redis) -> Vec<String> {
         "bind * -::*".to_string(),
         "protected-mode no".to_string(),
         "dir /data".to_string(),
-        "daemonize no".to_string(),
-        "logfile \"\"".to_string(),
     ]);
+    // A Standalone Redis that follows a source boots fenced off it (a
+    // restart must not make it writable, nor let a source that restarted
+    // empty wipe it): the operator points it at the source once it has
+    // checked the source's history. Set live, not part of the restart hash.
+    if redis.spec.replica_of.is_some() && redis.spec.mode() == Mode::Standalone {
+        lines.push(format!(
+            "replicaof {} {}",
+            crate::controller::layout::BOOT_FENCE_HOST,
+            crate::controller::layout::SOURCE_FENCE_PORT
+        ));
+    }
+    lines.extend(["daemonize no".to_string(), "logfile \"\"".to_string()]);
     if p.rdb {
         lines.push("save 3600 1 300 100 60 10000".to_string());
     } else {
@@ -180,7 +190,7 @@ pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String 
     let live: Vec<String> = fencing_config(redis)
         .into_iter()
         .map(|(k, _)| format!("{k} "))
-        .chain(["maxmemory ".to_string()])
+        .chain(["maxmemory ".to_string(), "replicaof ".to_string()])
         .collect();
     let mut parts: Vec<String> = base_config(redis)
         .into_iter()

@@ -223,6 +223,74 @@ pub struct PodFacts {
     /// `listens_tls` is only how it started; decisions that depend on how
     /// it listens now leave it out.
     pub listen_unknown: bool,
+    /// For the primary of a Redis that follows a source
+    /// (`spec.replicaOf`): its link to the source. Such a server is a
+    /// replica to Redis, and the primary of this Redis to the operator
+    /// (`role` says Primary; `following` and `link_up` are its own
+    /// replicas' concern, so `None`).
+    pub upstream: Option<Upstream>,
+    /// The server follows the fence a Redis's primary is held at while it
+    /// may not follow its source (`layout::SOURCE_FENCE_PORT`): for a Redis
+    /// without a source, the sign its primary was demoted from outside.
+    pub fenced_off_source: bool,
+}
+
+/// The link of a Redis's primary to the source it follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Upstream {
+    /// Pointed at the fence (see `layout::SOURCE_FENCE_PORT`), not at the
+    /// source.
+    pub fenced: bool,
+    /// The link is up and not in a full synchronisation.
+    pub link_up: bool,
+    /// A full synchronisation is in progress.
+    pub syncing: bool,
+    /// Seconds since the source was last heard from (link up) or since the
+    /// link went down.
+    pub link_age: Option<i64>,
+}
+
+/// The source a Redis follows, as its primary's `INFO` names it: a server
+/// following it (or the fence held in its place) is that Redis's primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceAddress {
+    /// As given in `spec.replicaOf.host`.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+}
+
+impl SourceAddress {
+    /// The source of `redis`: `spec.replicaOf`, or, once that is removed
+    /// and until the promotion is done, the one recorded in
+    /// `status.replicaOf`.
+    pub fn of(redis: &crate::api::v1alpha1::Redis) -> Option<Self> {
+        if let Some(r) = &redis.spec.replica_of {
+            return Some(SourceAddress {
+                host: r.host.clone(),
+                port: r.port(),
+            });
+        }
+        let recorded = redis.status.as_ref()?.replica_of.as_ref()?;
+        let (host, port) = recorded.source.rsplit_once(':')?;
+        Some(SourceAddress {
+            host: host.to_string(),
+            port: port.parse().ok()?,
+        })
+    }
+
+    /// Whether a replica following `e` follows the source (`Some(false)`),
+    /// the fence held in its place (`Some(true)`), or neither.
+    pub fn fenced(&self, e: &crate::redis::Endpoint) -> Option<bool> {
+        use crate::controller::layout::{BOOT_FENCE_HOST, SOURCE_FENCE_PORT};
+        if e.host() == BOOT_FENCE_HOST && e.port() == SOURCE_FENCE_PORT {
+            Some(true)
+        } else if e.host().eq_ignore_ascii_case(&self.host) && e.port() == self.port {
+            Some(false)
+        } else {
+            None
+        }
+    }
 }
 
 /// Facts from the pod objects alone, sorted by ordinal. Pods being deleted
@@ -334,7 +402,7 @@ pub fn ordinal(pod: &str, names: &Names) -> Option<i32> {
 }
 
 /// Adds what the servers reported.
-pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
+pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology, source: Option<&SourceAddress>) {
     for f in facts.iter_mut() {
         let Some(ip) = &f.ip else { continue };
         let Some(node) = topo.nodes.iter().find(|n| n.endpoint.host() == ip) else {
@@ -369,6 +437,27 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology) {
         f.maxmemory = node.maxmemory;
         f.dataset = node.dataset;
         f.good_replicas = node.good_replicas;
+        f.fenced_off_source = node.role == Some(info::Role::Replica)
+            && node.primary.as_ref().is_some_and(|e| {
+                e.host() == crate::controller::layout::BOOT_FENCE_HOST
+                    && e.port() == crate::controller::layout::SOURCE_FENCE_PORT
+            });
+        if let (Some(source), Some(info::Role::Replica), Some(up)) =
+            (source, node.role, node.primary.as_ref())
+            && let Some(fenced) = source.fenced(up)
+        {
+            f.upstream = Some(Upstream {
+                fenced,
+                link_up: f.link_up == Some(true),
+                syncing: node.sync_in_progress,
+                link_age: f.link_age,
+            });
+            f.role = Some(Role::Primary);
+            f.following = None;
+            f.link_up = None;
+            f.link_age = None;
+            f.syncing = false;
+        }
     }
 }
 

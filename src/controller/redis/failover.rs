@@ -396,6 +396,7 @@ impl Reconciler {
                 password: password.to_string(),
                 tls,
                 authenticate,
+                follows_source: super::facts::SourceAddress::of(&self.redis).is_some(),
             },
         );
     }
@@ -437,6 +438,7 @@ impl Reconciler {
                     password: password.to_string(),
                     tls,
                     authenticate: true,
+                    follows_source: false,
                 },
             );
         }
@@ -567,7 +569,7 @@ impl Reconciler {
         }
         let ep = Endpoint::new(&ip, names::REDIS_PORT);
         let fence = fencing_config(&self.redis);
-        if let Err(e) = crate::redis::actions::make_primary(&ep, opts, &fence).await {
+        if let Err(e) = self.make_primary(&ep, opts, &fence).await {
             self.count_failover("error");
             self.data_plane_failed(format!("promoting {to}"), &e).await;
             return;

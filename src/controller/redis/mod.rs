@@ -40,6 +40,7 @@
 //! | children | [`children`] | `Applied { hold, template_changed }`: server-side apply in a fixed order, drift repair, ownership |
 //! | credentials, users | [`credentials`], [`users`] | the password rotated live; ACL users checked and applied |
 //! | tls | [`tls`], [`certmanager`], [`issuer`] | certificates checked, issued, reloaded live; TLS turned on and off |
+//! | follow | [`follow`] | with `spec.replicaOf` the primary on its source (`status.replicaOf`); the promotion off it (`status.promotion`); a Redis demoted from outside held (`status.demoted`) |
 //! | wiring | [`wiring`], [`recovery`] | replication topology, role labels, the primary published (recorded in the report) |
 //! | rollout | [`rollout`], [`cluster::roll`] | ordered restarts, switchovers |
 //! | reshard | [`cluster::reshard`] | one step of slots moving (`status.resharding`) |
@@ -61,6 +62,7 @@ pub mod credentials;
 pub mod drift;
 pub mod facts;
 pub mod failover;
+pub mod follow;
 pub mod hibernate;
 pub mod issuer;
 pub mod kept;

@@ -281,7 +281,8 @@ impl Reconciler {
         let servers_observed = ask && !endpoints.is_empty();
         if servers_observed {
             let topo = crate::redis::topology::observe(&endpoints, opts).await;
-            merge_topology(&mut facts, &topo);
+            let source = super::facts::SourceAddress::of(&self.redis);
+            merge_topology(&mut facts, &topo, source.as_ref());
         }
         Observed {
             facts,

@@ -58,7 +58,7 @@ impl Reconciler {
         }
         let ep = Endpoint::new(&ip, names::REDIS_PORT);
         let fence = super::conf::fencing_config(&self.redis);
-        match crate::redis::actions::make_primary(&ep, opts, &fence).await {
+        match self.make_primary(&ep, opts, &fence).await {
             Ok(()) => {
                 crate::failpoint::hit("after-promote");
                 let note = format!("{best} is the first primary");

@@ -93,6 +93,15 @@ impl Reconciler {
                 .await;
         }
 
+        // A primary made read-only from outside (a Redis that followed this
+        // one was promoted): nothing here becomes writable on its own.
+        if obs.servers_observed && self.demoted(&facts, &opts).await? {
+            self.watch_primary(&facts, None, "");
+            return self
+                .finish(&facts, primary.as_deref(), desired, false, out)
+                .await;
+        }
+
         // A lost primary is replaced before anything else: the monitor
         // asked for this pass as soon as it stopped answering.
         self.watch_primary(
@@ -119,6 +128,16 @@ impl Reconciler {
                 || target.as_deref() == Some(p.as_str()))
         {
             self.record_primary(p).await?;
+        }
+
+        // `spec.replicaOf` removed: the primary is promoted off its source
+        // before anything else changes.
+        if obs.servers_observed && self.promotion_due() {
+            self.promote_off_source(&facts, primary.as_deref(), &auth, &opts)
+                .await?;
+            return self
+                .finish(&facts, primary.as_deref(), desired, false, out)
+                .await;
         }
 
         // A changed version starts an upgrade (recorded before the
@@ -173,6 +192,8 @@ impl Reconciler {
         // (it promotes only when no server is primary and no link is up).
         match (&primary, obs.servers_observed) {
             (Some(p), true) => {
+                // With `spec.replicaOf`, the primary follows the source.
+                self.follow(&facts, Some(p), &auth, &opts).await?;
                 self.wire(&facts, p, &opts).await;
                 if applied.hold {
                     self.move_primary_for_scale_down(&facts, p, desired, &opts)

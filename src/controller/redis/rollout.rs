@@ -249,7 +249,18 @@ impl Reconciler {
             promote_settings: super::conf::fencing_config(&self.redis),
             ..Default::default()
         };
-        let result = crate::redis::actions::switchover(&members, &target, opts, &sw).await;
+        let old_ep = facts
+            .iter()
+            .find(|f| f.name == from)
+            .and_then(|f| f.ip.as_ref())
+            .map(|ip| Endpoint::new(ip, names::REDIS_PORT));
+        let result = match old_ep {
+            // A Redis that follows a source takes no writes: no pause.
+            Some(old_ep) if super::facts::SourceAddress::of(&self.redis).is_some() => {
+                super::follow::switch_followed(&old_ep, &target, opts).await
+            }
+            _ => crate::redis::actions::switchover(&members, &target, opts, &sw).await,
+        };
         let outcome = if result.is_ok() { "done" } else { "error" };
         self.ctx
             .metrics

@@ -23,21 +23,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::api::v1alpha1::{Engine, Mode, Redis};
-use crate::controller::layout::restricted_security_context;
+use crate::controller::layout::{BOOT_FENCE_HOST, BOOT_FENCE_PORT, restricted_security_context};
 use crate::controller::names::{
     AUTH_CONF_KEY, AUTH_CONF_PATH, CONFIG_KEY, ENGINE_ANNOTATION, Names, PASSWORD_KEY, PRIMARY_KEY,
     PROBE_PASSWORD_KEY, REDIS_PORT, RESTART_HASH_ANNOTATION, SERVER_CONTAINER, VERSION_ANNOTATION,
     labels, meta, selector_labels, stamp_hash,
 };
-
-/// The address a Replication instance follows when it boots with no other
-/// primary to follow: nothing listens there, so the server stays a replica
-/// whose link never comes up. A replica without a link refuses to serve a
-/// sync (`NOMASTERLINK`), so an instance that restarted empty can never wipe
-/// the replicas that hold the data; the operator decides who is primary.
-pub const BOOT_FENCE_HOST: &str = "127.0.0.1";
-/// The port of [`BOOT_FENCE_HOST`].
-pub const BOOT_FENCE_PORT: u16 = 1;
 
 /// Part of the start-up script: `maxmemory` never above 75 % of the memory
 /// limit the container runs under (its cgroup's). redis.conf has 75 % of the

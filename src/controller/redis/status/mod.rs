@@ -272,6 +272,9 @@ impl Reconciler {
             resharding: None,
             insights,
             tuning: self.tuning_for_status(&mut out.tuning, std::mem::take(&mut out.refused)),
+            replica_of: old.replica_of.clone(),
+            promotion: old.promotion.clone(),
+            demoted: old.demoted.clone(),
         };
         status.conditions = merge(
             &old.conditions,

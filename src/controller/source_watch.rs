@@ -1,0 +1,232 @@
+//! The watch on a source a Redis follows (`spec.replicaOf`): one long-lived
+//! connection to the source per following Redis, probed with `PING`.
+//!
+//! Why: a Redis server that loses its primary reconnects by itself every
+//! second, and a primary that restarted empty (a source without
+//! persistence, `kill -9`ed and started again) answers that reconnect with
+//! a full synchronisation of its empty dataset: the follower is wiped.
+//! Redis has no setting to refuse it. So the moment the source stops
+//! answering (its connection closes, a connect is refused, or it is silent
+//! for [`SILENCE`]) the watch points the following Redis's primary at the
+//! fence (`layout::SOURCE_FENCE_PORT`), where nothing listens, and asks for
+//! a reconcile. Only the reconcile points it back at the source, after it
+//! has checked the source continues the history the primary holds (see
+//! `redis::follow`).
+//!
+//! The watch decides nothing else. It fences only a server that still
+//! follows the source (one the operator moved meanwhile is left alone).
+//! While the operator is not running nothing fences: a source that comes
+//! back empty within a second of dying then wipes the follower. That bound
+//! is in the README.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::v1alpha1::Redis;
+use crate::controller::layout::{BOOT_FENCE_HOST, SOURCE_FENCE_PORT};
+use crate::redis::info::Role;
+use crate::redis::probe::ProbeConn;
+use crate::redis::{ConnectOptions, Endpoint, Node};
+
+/// Time between two probes of a source.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// A source silent this long (no answer, the connection still open) is
+/// treated as lost.
+pub const SILENCE: Duration = Duration::from_secs(2);
+
+/// What to watch for one following Redis.
+#[derive(Clone)]
+pub struct SourceTarget {
+    /// Tells targets apart (a hash of everything below, credentials
+    /// included): the same key keeps the running probe.
+    pub key: String,
+    /// The source.
+    pub source: Endpoint,
+    /// How to reach it (its credentials; never logged).
+    pub source_opts: ConnectOptions,
+    /// The following Redis's primary.
+    pub head: Endpoint,
+    /// How to reach the primary (the operator's credentials and TLS).
+    pub head_opts: ConnectOptions,
+}
+
+struct Watch {
+    target: SourceTarget,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The sources watched, per Redis.
+pub struct SourceWatches {
+    watches: Mutex<HashMap<ObjectRef<Redis>, Watch>>,
+    trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
+    /// Where the watches run (the failure monitor's thread), or the
+    /// caller's runtime.
+    runtime: Option<&'static tokio::runtime::Handle>,
+}
+
+impl SourceWatches {
+    /// Watches that ask for reconciles on `trigger`, running on `runtime`.
+    pub fn new(
+        trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
+        runtime: Option<&'static tokio::runtime::Handle>,
+    ) -> Self {
+        SourceWatches {
+            watches: Mutex::new(HashMap::new()),
+            trigger,
+            runtime,
+        }
+    }
+
+    /// Watches `target` for `obj` (the same target keeps its probe).
+    pub fn watch(&self, obj: &ObjectRef<Redis>, target: SourceTarget) {
+        let Ok(mut w) = self.watches.lock() else {
+            return;
+        };
+        if w.get(obj).is_some_and(|old| old.target.key == target.key) {
+            return;
+        }
+        let watching = watch_loop(obj.clone(), target.clone(), self.trigger.clone());
+        let task = match self.runtime {
+            Some(runtime) => runtime.spawn(watching),
+            None => tokio::spawn(watching),
+        };
+        w.insert(obj.clone(), Watch { target, task });
+    }
+
+    /// Stops watching the source of `obj`.
+    pub fn unwatch(&self, obj: &ObjectRef<Redis>) {
+        if let Ok(mut w) = self.watches.lock() {
+            w.remove(obj);
+        }
+    }
+
+    /// Whether the source of `obj` is watched.
+    pub fn watched(&self, obj: &ObjectRef<Redis>) -> bool {
+        self.watches.lock().is_ok_and(|w| w.contains_key(obj))
+    }
+
+    /// Keeps only the watches of objects `keep` names.
+    pub fn retain(&self, keep: impl Fn(&ObjectRef<Redis>) -> bool) {
+        if let Ok(mut w) = self.watches.lock() {
+            w.retain(|o, _| keep(o));
+        }
+    }
+}
+
+async fn watch_loop(
+    obj: ObjectRef<Redis>,
+    target: SourceTarget,
+    trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
+) {
+    let opts = target
+        .source_opts
+        .clone()
+        .with_timeouts(PROBE_INTERVAL * 2, PROBE_INTERVAL * 2);
+    let mut conn: Option<ProbeConn> = None;
+    let mut last_answer = Instant::now();
+    // Fenced for this loss already: fenced once per loss, and asked for
+    // one reconcile.
+    let mut fenced = false;
+    let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let lost = match conn.as_mut() {
+            Some(c) => match c.ping().await {
+                Ok(()) => {
+                    last_answer = Instant::now();
+                    false
+                }
+                // An error reply (LOADING, a changed password) is an answer
+                // from a server that is there; a closed connection is not.
+                Err(e) if answered(&e) => {
+                    last_answer = Instant::now();
+                    false
+                }
+                Err(_) => {
+                    conn = None;
+                    true
+                }
+            },
+            None => match ProbeConn::open(&target.source, &opts).await {
+                Ok(c) if !fenced => {
+                    conn = Some(c);
+                    last_answer = Instant::now();
+                    false
+                }
+                // Reachable again after a loss: the reconcile decides
+                // whether the primary may follow it; the watch keeps the
+                // connection to notice the next loss.
+                Ok(c) => {
+                    conn = Some(c);
+                    last_answer = Instant::now();
+                    fenced = false;
+                    false
+                }
+                Err(_) => true,
+            },
+        };
+        let silent = last_answer.elapsed() >= SILENCE;
+        if (lost || silent) && !fenced {
+            match fence(&target).await {
+                Ok(true) => {
+                    tracing::warn!(redis = %obj, source = %target.source, head = %target.head, "source lost: primary fenced off it until its history is checked");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(redis = %obj, source = %target.source, head = %target.head, error = %e, "source lost; fencing the primary failed");
+                }
+            }
+            fenced = true;
+            if trigger.unbounded_send(obj.clone()).is_err() {
+                return;
+            }
+        }
+        if conn.is_some() {
+            // Between probes the open connection is watched: a source that
+            // dies closes it, and the fence goes up then.
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = closed(&mut conn) => { conn = None; }
+            }
+        } else {
+            ticker.tick().await;
+        }
+    }
+}
+
+async fn closed(conn: &mut Option<ProbeConn>) {
+    match conn.as_mut() {
+        Some(c) => c.until_closed().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn answered(e: &crate::redis::Error) -> bool {
+    matches!(
+        e.category(),
+        crate::redis::ErrorCategory::Auth | crate::redis::ErrorCategory::Server
+    )
+}
+
+/// Points the primary at the fence if it still follows the source; true
+/// when it did.
+async fn fence(target: &SourceTarget) -> crate::redis::Result<bool> {
+    let mut node = Node::connect(&target.head, &target.head_opts).await?;
+    let r = node.replication().await?;
+    if r.role != Some(Role::Replica) || r.primary.as_ref() != Some(&target.source) {
+        return Ok(false);
+    }
+    node.replicaof(Some(&Endpoint::new(BOOT_FENCE_HOST, SOURCE_FENCE_PORT)))
+        .await?;
+    Ok(true)
+}
