@@ -35,7 +35,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -218,6 +218,14 @@ bench-failover: engines cluster-up
 # writers and a reader, printing per hop the write window p50/max, the
 # upgrade time and the writes lost. `make test` walks it once.
 UPGRADE_RUNS ?= 5
+# Following a Redis outside (tests/operator_follow.rs): a new follower's
+# catch-up rate from a FOLLOW_MIB (1024) source, its lag under a steady
+# writer; `make test` runs the same with 64 MiB.
+FOLLOW_MIB ?= 1024
+bench-follow: engines cluster-up
+	REDPILOT_FOLLOW_MIB=$(FOLLOW_MIB) $(CARGO) test --profile $(BENCH_PROFILE) --test operator_follow -- \
+		--nocapture a_new_follower_catches_up
+
 bench-upgrade: engines cluster-up
 	REDPILOT_UPGRADE_RUNS=$(UPGRADE_RUNS) $(CARGO) test --test operator_upgrade -- \
 		--nocapture every_hop_upgrades_without_losing_a_write

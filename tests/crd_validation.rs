@@ -174,6 +174,12 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.replicaOf", "cannot also be bootstrapped"],
         ),
         (
+            "a follower hibernating",
+            json!({"storage": {"size": "1Gi"}, "hibernate": true,
+                   "replicaOf": {"host": "10.0.0.9"}}),
+            vec!["spec.replicaOf", "cannot hibernate"],
+        ),
+        (
             "a source host with a space",
             json!({"replicaOf": {"host": "10.0.0.9 6380"}}),
             vec!["spec.replicaOf.host", "host name or an IP address"],
@@ -853,6 +859,7 @@ async fn kubectl_get_redis_shows_the_columns() {
             "phase": "Ready",
             "memory": {"instance": "cache-0", "usedBytes": 12582912, "maxBytes": 50331648,
                        "percent": 25, "summary": "12Mi/48Mi (25%)"},
+            "replicaOf": {"source": "10.0.0.9:6379", "link": "Up"},
         }})),
     )
     .await
@@ -874,7 +881,8 @@ async fn kubectl_get_redis_shows_the_columns() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
+            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "SOURCE",
+            "AGE"
         ],
         "kubectl get redis header:\n{stdout}"
     );
@@ -888,6 +896,13 @@ async fn kubectl_get_redis_shows_the_columns() {
         row.get(..6),
         Some(&["cache", "Replication", "7.0.15", "cache-0", "3/3", "Ready"][..]),
         "kubectl get redis row:\n{stdout}"
+    );
+    assert!(stdout.contains("10.0.0.9:6379"), "SOURCE column:\n{stdout}");
+    let wide = kubectl(&["get", "redis", "-n", &ns.name, "-o", "wide"]);
+    let wide = String::from_utf8_lossy(&wide.stdout);
+    assert!(
+        wide.lines().next().is_some_and(|h| h.contains("LINK")) && wide.contains(" Up "),
+        "LINK column with -o wide:\n{wide}"
     );
     assert!(
         stdout.contains("12Mi/48Mi (25%)"),

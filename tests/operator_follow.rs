@@ -606,3 +606,558 @@ async fn a_planned_switch_between_two_clusters_leaves_the_old_primary_read_only(
         "following clears the demotion"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_unplanned_promotion_the_old_site_is_made_read_only_when_it_returns() {
+    let client = client().await;
+    let a = TestNamespace::new(&client, "lost-a", &[]).await;
+    let b = TestNamespace::new(&client, "lost-b", &[]).await;
+    let mut op_a =
+        start_operator(&client, OperatorOptions::watching(&[&a.name]).named("op-a")).await;
+    let _op_b = start_operator(&client, OperatorOptions::watching(&[&b.name]).named("op-b")).await;
+    apply_redis(
+        &client,
+        &a.name,
+        "main",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    wait_ready(&client, &a.name, "main", READY).await;
+    let a_pw = redis_password(&client, &a.name, "main").await;
+    let (a_primary, mut ap) = primary_node(&client, &a.name, "main").await;
+    fill(&mut ap, "a", 500).await;
+    let a_ip = pod_ip(&client, &a.name, &a_primary).await;
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "site-a-auth", "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"password": a_pw.clone()}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), &b.name)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("secret");
+    apply_redis(
+        &client,
+        &b.name,
+        "main",
+        json!({"mode": "Replication", "instances": 2,
+               "replicaOf": {"host": a_ip, "secretName": "site-a-auth"}}),
+    )
+    .await;
+    wait_ready(&client, &b.name, "main", READY).await;
+    wait_link(&client, &b.name, "main", "Up", READY).await;
+
+    // Site A is lost: its operator stops and its primary is cut off.
+    op_a.kill();
+    let mut cut = support::faults::Partition::of(&a_ip);
+    cut.cut();
+    wait_link(&client, &b.name, "main", "Fenced", Duration::from_secs(60)).await;
+    let t = Instant::now();
+    patch_redis(
+        &client,
+        &b.name,
+        "main",
+        json!({"spec": {"replicaOf": null}}),
+    )
+    .await;
+    let done = wait_for(
+        "B promoted without its source",
+        Duration::from_secs(60),
+        || async { status_of(&client, &b.name, "main").await?.status?.promotion },
+    )
+    .await;
+    println!(
+        "unplanned promotion: {:.1}s; {}",
+        t.elapsed().as_secs_f64(),
+        done.message
+    );
+    assert!(!done.planned, "{done:?}");
+    assert_eq!(done.source_fenced, Some(false));
+    // Its replica links up again (it was cut off while the primary was
+    // fenced), then the write fence lets writes through.
+    wait_for("B takes writes", Duration::from_secs(30), || async {
+        let (_, mut bp) = primary_node(&client, &b.name, "main").await;
+        bp.query::<()>("SET", redis::cmd("SET").arg("b-writes").arg("1"))
+            .await
+            .ok()
+    })
+    .await;
+    let (_, mut bp) = primary_node(&client, &b.name, "main").await;
+    assert_eq!(dbsize(&mut bp).await, 501, "B has what A had");
+
+    // Site A returns, its primary still writable, an application still
+    // pointed at it: B's operator fences it as soon as it answers.
+    let back = Instant::now();
+    cut.heal();
+    let a_opts = ConnectOptions::default()
+        .with_password(a_pw.as_str())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    let mut behind_its_back = 0u64;
+    let fenced_after = loop {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "A still takes writes after 30 s"
+        );
+        let Ok(mut n) = Node::connect(&Endpoint::new(&a_ip, 6379), &a_opts).await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        match n
+            .query::<()>(
+                "SET",
+                redis::cmd("SET")
+                    .arg(format!("late:{behind_its_back}"))
+                    .arg("x"),
+            )
+            .await
+        {
+            Ok(()) => behind_its_back += 1,
+            Err(e) if read_only(&e) => break back.elapsed(),
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!(
+        "site A answered again: read-only {:.2}s after it returned; {behind_its_back} writes it \
+         acknowledged meanwhile (not on B)",
+        fenced_after.as_secs_f64()
+    );
+    wait_for(
+        "B records the old source fenced",
+        Duration::from_secs(60),
+        || async {
+            let p = status_of(&client, &b.name, "main")
+                .await?
+                .status?
+                .promotion?;
+            (p.source_fenced == Some(true)).then_some(())
+        },
+    )
+    .await;
+    let events = recent_events(&client, &b.name, 40).await;
+    assert!(events.contains("OldSourceFenced"), "{events}");
+
+    // A's operator comes back: it finds its primary demoted and holds.
+    let _op_a2 = start_operator(
+        &client,
+        OperatorOptions::watching(&[&a.name]).named("op-a2"),
+    )
+    .await;
+    wait_for(
+        "A records the demotion",
+        Duration::from_secs(60),
+        || async { status_of(&client, &a.name, "main").await?.status?.demoted },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    for pod in ["main-0", "main-1"] {
+        let ip = pod_ip(&client, &a.name, pod).await;
+        let mut n = Node::connect(
+            &Endpoint::new(ip, 6379),
+            &ConnectOptions::default().with_password(a_pw.as_str()),
+        )
+        .await
+        .expect("A's instance");
+        let w: redpilot::redis::Result<()> = n
+            .query("SET", redis::cmd("SET").arg("stale").arg("x"))
+            .await;
+        assert!(w.is_err(), "{pod} of the returned site A took a write");
+    }
+}
+
+/// Bytes of data in the source for the catch-up measurement: 64 MiB in
+/// `make test`, `REDPILOT_FOLLOW_MIB` (1024 in `make bench-follow`).
+fn follow_mib() -> u64 {
+    std::env::var("REDPILOT_FOLLOW_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_follower_catches_up_and_keeps_up_with_a_steady_writer() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "follow-rate", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let src = source();
+    let src_ep = src.endpoint();
+    let src_opts = src.connect_options();
+    let mut s = Node::connect(&src_ep, &src_opts).await.expect("source");
+    // 1 KiB values: MiB × 1024 keys.
+    let keys = follow_mib() * 1024;
+    let _: () = s
+        .query_within(
+            "DEBUG",
+            redis::cmd("DEBUG")
+                .arg("POPULATE")
+                .arg(keys)
+                .arg("fill")
+                .arg(1024),
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("DEBUG POPULATE");
+    let dataset = s
+        .info()
+        .await
+        .expect("INFO")
+        .memory
+        .used_memory_dataset
+        .expect("used_memory_dataset");
+    source_secret(&client, &ns.name).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "copy",
+        json!({"replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
+    )
+    .await;
+    // Measured on the source, polled every 10 ms: from the full
+    // synchronisation it starts for the follower (`sync_full`) to the
+    // follower's link online (fork, RDB sent and loaded).
+    let start = Instant::now();
+    let mut pointed = None;
+    let caught = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(900),
+            "not caught up in 900 s"
+        );
+        let info = s.info().await.expect("INFO");
+        if pointed.is_none() && info.stats.sync_full.unwrap_or(0) >= 1 {
+            pointed = Some(Instant::now());
+        }
+        if pointed.is_some()
+            && info
+                .replication
+                .replicas
+                .iter()
+                .any(|r| r.state == "online")
+        {
+            break Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let pointed = pointed.expect("a full sync");
+    wait_ready(&client, &ns.name, "copy", READY).await;
+    let (_, mut p) = primary_node(&client, &ns.name, "copy").await;
+    assert_eq!(dbsize(&mut p).await as u64, keys, "every key copied");
+    let secs = caught.duration_since(pointed).as_secs_f64();
+    let mib = dataset as f64 / (1 << 20) as f64;
+    println!(
+        "catch-up: {keys} keys, {mib:.0} MiB of data in {secs:.1}s = {:.1} MiB/s (the source's \
+         full sync to the link online, polled every 10 ms)",
+        mib / secs
+    );
+
+    // Lag under a steady writer: 1 KiB values, 1,000 a second, sampled
+    // from both sides' offsets every 50 ms for 10 s.
+    let writing = Arc::new(AtomicBool::new(true));
+    let w = writing.clone();
+    let (wep, wopts) = (src_ep.clone(), src_opts.clone());
+    let writer = tokio::spawn(async move {
+        let mut n = Node::connect(&wep, &wopts).await.expect("writer");
+        let value = "x".repeat(1024);
+        let mut i = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        while w.load(Ordering::SeqCst) {
+            tick.tick().await;
+            let _: () = n
+                .query(
+                    "SET",
+                    redis::cmd("SET").arg(format!("steady:{i}")).arg(&value),
+                )
+                .await
+                .expect("SET");
+            i += 1;
+        }
+        i
+    });
+    let mut lags = Vec::new();
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        let so = s
+            .replication()
+            .await
+            .expect("INFO")
+            .repl_offset
+            .unwrap_or(0);
+        let ho = p
+            .replication()
+            .await
+            .expect("INFO")
+            .applied_offset()
+            .unwrap_or(0);
+        lags.push((so - ho).max(0) as f64);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writing.store(false, Ordering::SeqCst);
+    let written = writer.await.expect("writer");
+    lags.sort_by(f64::total_cmp);
+    let pct = |q: f64| lags[((lags.len() - 1) as f64 * q) as usize];
+    println!(
+        "lag under {written} writes in 10 s ({:.0}/s, 1 KiB): p50 {:.0} B, p99 {:.0} B, max {:.0} B \
+         ({} samples; the source's offset read first, then the follower's)",
+        written as f64 / 10.0,
+        pct(0.5),
+        pct(0.99),
+        pct(1.0),
+        lags.len()
+    );
+    assert!(written > 1_000, "the writer wrote");
+    // Every steady write reached the follower.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let so = s
+            .replication()
+            .await
+            .expect("INFO")
+            .repl_offset
+            .unwrap_or(0);
+        let ho = p
+            .replication()
+            .await
+            .expect("INFO")
+            .applied_offset()
+            .unwrap_or(0);
+        if ho >= so {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the follower is {} bytes behind after 30 s",
+            so - ho
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(dbsize(&mut p).await as u64, keys + written);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_cut_longer_than_the_backlog_ends_in_a_full_resync_with_every_key() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "follow-cut", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let src = source();
+    let src_ep = src.endpoint();
+    let src_opts = src.connect_options();
+    let mut s = Node::connect(&src_ep, &src_opts).await.expect("source");
+    // A 1 MiB backlog, and replicas cut off once 1 MiB waits for them.
+    for (k, v) in [
+        ("repl-backlog-size", "1mb"),
+        ("client-output-buffer-limit", "replica 1mb 1mb 0"),
+    ] {
+        let _: () = s
+            .query("CONFIG SET", redis::cmd("CONFIG").arg("SET").arg(k).arg(v))
+            .await
+            .expect("CONFIG SET");
+    }
+    fill(&mut s, "before", 1_000).await;
+    source_secret(&client, &ns.name).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "standby",
+        json!({"replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "standby", READY).await;
+    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    let syncs_before = s.info().await.expect("INFO").stats.sync_full.unwrap_or(0);
+
+    // The follower is cut off while 5 MiB are written to the source.
+    let at_cut = s
+        .replication()
+        .await
+        .expect("INFO")
+        .repl_offset
+        .unwrap_or(0);
+    let ip = pod_ip(&client, &ns.name, "standby-0").await;
+    let mut cut = support::faults::Partition::of(&ip);
+    cut.cut();
+    let value = "y".repeat(1024);
+    for i in 0..5_000 {
+        let _: () = s
+            .query(
+                "SET",
+                redis::cmd("SET").arg(format!("during:{i}")).arg(&value),
+            )
+            .await
+            .expect("SET on the source");
+    }
+    let backlog_past = s.replication().await.expect("INFO");
+    let first = backlog_past.backlog_first_byte_offset.unwrap_or(0);
+    assert!(
+        at_cut < first,
+        "the follower's offset at the cut ({at_cut}) is out of the backlog (from {first})"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cut.heal();
+    let want = dbsize(&mut s).await;
+    let (sep, sopts, cl, nsn) = (&src_ep, &src_opts, &client, &ns.name);
+    wait_for(
+        "a full resync with every key",
+        Duration::from_secs(120),
+        || async move {
+            let (client, ns_name) = (cl, nsn);
+            let mut s = Node::connect(sep, sopts).await.ok()?;
+            let syncs = s.info().await.ok()?.stats.sync_full?;
+            let mut p = primary_node(client, ns_name, "standby").await.1;
+            (syncs > syncs_before && dbsize(&mut p).await == want).then_some(())
+        },
+    )
+    .await;
+    wait_link(&client, &ns.name, "standby", "Up", Duration::from_secs(60)).await;
+    let syncs_after = s.info().await.expect("INFO").stats.sync_full.unwrap_or(0);
+    println!(
+        "link cut 3 s with 5 MiB written past a 1 MiB backlog: full syncs {syncs_before} -> \
+         {syncs_after}, {want} keys on the follower"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_a_follower_keeps_following_and_loses_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "follow-roll", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let src = source();
+    let src_ep = src.endpoint();
+    let src_opts = src.connect_options();
+    source_secret(&client, &ns.name).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "standby",
+        json!({"mode": "Replication", "instances": 2,
+               "replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "standby", READY).await;
+    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    let (before, _) = primary_node(&client, &ns.name, "standby").await;
+    let uids = support::operator::pod_uids(&client, &ns.name, "standby").await;
+
+    // The source keeps taking writes while every instance restarts
+    // (`databases` is read at start only), the primary after a switchover.
+    let writing = Arc::new(AtomicBool::new(true));
+    let w = writing.clone();
+    let (wep, wopts) = (src_ep.clone(), src_opts.clone());
+    let writer = tokio::spawn(async move {
+        let mut n = Node::connect(&wep, &wopts).await.expect("writer");
+        let mut acked = Vec::new();
+        let mut i = 0u64;
+        while w.load(Ordering::SeqCst) {
+            let key = format!("roll:{i}");
+            i += 1;
+            let _: () = n
+                .query("SET", redis::cmd("SET").arg(&key).arg("v"))
+                .await
+                .expect("SET on the source");
+            acked.push(key);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        acked
+    });
+    patch_redis(
+        &client,
+        &ns.name,
+        "standby",
+        json!({"spec": {"config": {"databases": "32"}}}),
+    )
+    .await;
+    wait_for("every pod replaced, Ready and following", READY, || async {
+        let r = status_of(&client, &ns.name, "standby").await?;
+        let after = support::operator::pod_uids(&client, &ns.name, "standby").await;
+        let replaced = uids.iter().all(|(n, uid)| after.get(n) != Some(uid));
+        let s = r.status.as_ref()?;
+        (replaced && s.ready.as_deref() == Some("2/2") && s.replica_of.as_ref()?.link == "Up")
+            .then_some(())
+    })
+    .await;
+    writing.store(false, Ordering::SeqCst);
+    let acked = writer.await.expect("writer");
+    let (after, mut p) = primary_node(&client, &ns.name, "standby").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lost = loop {
+        let lost = missing(&mut p, &acked).await;
+        if lost.is_empty() || Instant::now() > deadline {
+            break lost;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "roll of a follower: primary {before} -> {after}; {} writes to the source, {} missing",
+        acked.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "{:?}", &lost[..lost.len().min(5)]);
+    assert_ne!(
+        before, after,
+        "the primary was switched over before its restart"
+    );
+    let events = recent_events(&client, &ns.name, 60).await;
+    assert!(events.contains("SwitchedOver"), "{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_primary_is_killed_follows_again_from_a_replica() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "follow-kill", &[]).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    let src = source();
+    let src_ep = src.endpoint();
+    let src_opts = src.connect_options();
+    let mut s = Node::connect(&src_ep, &src_opts).await.expect("source");
+    fill(&mut s, "k", 1_000).await;
+    source_secret(&client, &ns.name).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "standby",
+        json!({"mode": "Replication", "instances": 2,
+               "replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
+    )
+    .await;
+    wait_ready(&client, &ns.name, "standby", READY).await;
+    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    let (before, mut p) = primary_node(&client, &ns.name, "standby").await;
+    let pid = support::operator::server_pid(&mut p).await;
+    support::operator::kill_9(pid);
+    // Writes go on at the source meanwhile.
+    fill(&mut s, "after", 1_000).await;
+    // The fault happened: the server restarted in its pod.
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "the killed server restarted",
+        Duration::from_secs(60),
+        || async {
+            let pod = pods.get(&before).await.ok()?;
+            (support::operator::container_restarts(&pod) > 0).then_some(())
+        },
+    )
+    .await;
+    let r = wait_for("a primary following the source again", READY, || async {
+        let r = status_of(&client, &ns.name, "standby").await?;
+        let st = r.status.as_ref()?;
+        let follows = st.replica_of.as_ref()?.link == "Up";
+        (follows && st.ready.as_deref() == Some("2/2")).then_some(r)
+    })
+    .await;
+    let after = r.status.and_then(|s| s.primary).expect("primary");
+    let events = recent_events(&client, &ns.name, 60).await;
+    let (_, mut p) = primary_node(&client, &ns.name, "standby").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dbsize(&mut p).await != 2_000 {
+        assert!(
+            Instant::now() < deadline,
+            "the follower has {} keys",
+            dbsize(&mut p).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing inside it took a write on the way.
+    let w: redpilot::redis::Result<()> =
+        p.query("SET", redis::cmd("SET").arg("here").arg("x")).await;
+    assert!(w.as_ref().is_err_and(read_only), "{w:?}");
+    println!("primary {before} killed; now {after}, following again with 2,000 keys");
+    assert!(events.contains("FollowingSource"), "{events}");
+}

@@ -336,6 +336,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("!has(self.replicaOf) || !has(self.mode) || self.mode != 'Cluster'")
         .message("spec.replicaOf: a Cluster Redis cannot follow another Redis (a source cluster's slots would have to match shard by shard and move with it); migrate a Cluster with a backup and bootstrap.fromBackup")
         .field_path(".replicaOf"),
+    validation = Rule::new("!has(self.replicaOf) || !has(self.hibernate) || !self.hibernate")
+        .message("spec.replicaOf: a Redis that follows a source cannot hibernate (it would stop following without a promotion); remove spec.replicaOf first")
+        .field_path(".replicaOf"),
     validation = Rule::new("!has(self.replicaOf) || !has(self.bootstrap)")
         .message("spec.replicaOf: a Redis that follows a source takes its data from it; it cannot also be bootstrapped from a backup")
         .field_path(".replicaOf"),
@@ -614,6 +617,20 @@ pub struct PromotionStatus {
     pub link_down_seconds: Option<i64>,
     /// What was and was not guaranteed.
     pub message: String,
+    /// The replication history this Redis was promoted from (the source's
+    /// `master_replid` it had followed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
+    /// The Secret of the source's credentials (the name only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// Whether the source was made read-only. After an unplanned
+    /// promotion it is not: the operator keeps trying, and the moment the
+    /// old source answers again as a writable primary of that history it
+    /// is made a replica of the fence (event `OldSourceFenced`), so it
+    /// cannot take writes behind this Redis's back for longer than that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_fenced: Option<bool>,
 }
 
 /// `spec.version` when it is not set.

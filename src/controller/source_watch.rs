@@ -52,6 +52,10 @@ pub struct SourceTarget {
     pub head: Endpoint,
     /// How to reach the primary (the operator's credentials and TLS).
     pub head_opts: ConnectOptions,
+    /// After an unplanned promotion off the source: the history the Redis
+    /// was promoted from. The watch then fences the old source instead
+    /// (see [`fence_old_source`]), not the primary.
+    pub old_history: Option<String>,
 }
 
 struct Watch {
@@ -95,10 +99,12 @@ impl SourceWatches {
         if w.get(obj).is_some_and(|old| old.target.key == target.key) {
             return;
         }
-        let watching = watch_loop(obj.clone(), target.clone(), self.trigger.clone());
-        let task = match self.runtime {
-            Some(runtime) => runtime.spawn(watching),
-            None => tokio::spawn(watching),
+        let (trigger, o, t) = (self.trigger.clone(), obj.clone(), target.clone());
+        let task = match (self.runtime, target.old_history.is_some()) {
+            (Some(runtime), false) => runtime.spawn(watch_loop(o, t, trigger)),
+            (None, false) => tokio::spawn(watch_loop(o, t, trigger)),
+            (Some(runtime), true) => runtime.spawn(old_source_loop(o, t, trigger)),
+            (None, true) => tokio::spawn(old_source_loop(o, t, trigger)),
         };
         w.insert(obj.clone(), Watch { target, task });
     }
@@ -229,4 +235,74 @@ async fn fence(target: &SourceTarget) -> crate::redis::Result<bool> {
     node.replicaof(Some(&Endpoint::new(BOOT_FENCE_HOST, SOURCE_FENCE_PORT)))
         .await?;
     Ok(true)
+}
+
+/// After an unplanned promotion: every [`PROBE_INTERVAL`], the old source
+/// is asked; once it answers, it is fenced if it still takes writes on
+/// the history the Redis was promoted from, and a reconcile records it.
+async fn old_source_loop(
+    obj: ObjectRef<Redis>,
+    target: SourceTarget,
+    trigger: mpsc::UnboundedSender<ObjectRef<Redis>>,
+) {
+    let opts = target
+        .source_opts
+        .clone()
+        .with_timeouts(PROBE_INTERVAL * 2, PROBE_INTERVAL * 2);
+    let Some(history) = target.old_history.clone() else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticker.tick().await;
+        match fence_old_source(&target.source, &opts, &history).await {
+            Ok(Some(found)) => {
+                if found == OldSource::Fenced {
+                    tracing::warn!(redis = %obj, source = %target.source, "the old source answered as a writable primary of the history this Redis was promoted from: fenced it");
+                }
+                if trigger.unbounded_send(obj.clone()).is_err() {
+                    return;
+                }
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(redis = %obj, source = %target.source, error = %e, "the old source does not answer");
+            }
+        }
+    }
+}
+
+/// What [`fence_old_source`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OldSource {
+    /// It took writes on the history: it is fenced now.
+    Fenced,
+    /// It was fenced already.
+    AlreadyFenced,
+    /// Another Redis answers there (another history): left alone.
+    Other,
+}
+
+/// Fences the server at `source` when it takes writes on `history` (its
+/// replication id, or the one before it after a failover of its own).
+/// `None` when it has to be asked again (it did not answer).
+pub async fn fence_old_source(
+    source: &Endpoint,
+    opts: &ConnectOptions,
+    history: &str,
+) -> crate::redis::Result<Option<OldSource>> {
+    let mut node = Node::connect(source, opts).await?;
+    let r = node.replication().await?;
+    let fence = Endpoint::new(BOOT_FENCE_HOST, SOURCE_FENCE_PORT);
+    if r.role == Some(Role::Replica) && r.primary.as_ref() == Some(&fence) {
+        return Ok(Some(OldSource::AlreadyFenced));
+    }
+    let related = r.replid.as_deref() == Some(history) || r.replid2.as_deref() == Some(history);
+    if !related {
+        return Ok(Some(OldSource::Other));
+    }
+    node.replicaof(Some(&fence)).await?;
+    Ok(Some(OldSource::Fenced))
 }

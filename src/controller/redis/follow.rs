@@ -258,7 +258,9 @@ impl Reconciler {
         opts: &ConnectOptions,
     ) -> Result<(), Error> {
         let Some(spec) = self.redis.spec.replica_of.clone() else {
-            self.ctx.monitor.sources.unwatch(&self.oref);
+            if self.old_source_pending().is_none() {
+                self.ctx.monitor.sources.unwatch(&self.oref);
+            }
             return Ok(());
         };
         let source = Endpoint::new(&spec.host, spec.port());
@@ -303,6 +305,7 @@ impl Reconciler {
                 source_opts: sa.opts.clone(),
                 head: head_ep.clone(),
                 head_opts,
+                old_history: None,
             },
         );
         if self
@@ -351,7 +354,7 @@ impl Reconciler {
             Some(up) if !up.fenced => {
                 // Following: the credentials may have changed, or a step
                 // that sets every instance's may have run (a rotation).
-                set_master_auth(&mut node, &sa.user, &sa.password)
+                set_master_auth(&mut node, &sa.user, &sa.password, false)
                     .await
                     .map_err(Error::from)?;
                 status.link = if up.syncing {
@@ -498,7 +501,7 @@ impl Reconciler {
                         return Ok(());
                     }
                 };
-                set_master_auth(&mut node, &sa.user, &sa.password)
+                set_master_auth(&mut node, &sa.user, &sa.password, false)
                     .await
                     .map_err(Error::from)?;
                 node.replicaof(Some(&source)).await.map_err(Error::from)?;
@@ -607,6 +610,13 @@ impl Reconciler {
         let sa = self
             .source_auth(rec.secret_name.as_deref(), "status.replicaOf")
             .await?;
+        let history = node
+            .replication()
+            .await
+            .map_err(Error::from)?
+            .replid
+            .filter(|_| !promoted_already)
+            .or_else(|| rec.replid.clone());
         let mut record = PromotionStatus {
             time: now().to_string(),
             source: rec.source.clone(),
@@ -615,6 +625,9 @@ impl Reconciler {
             behind_bytes: None,
             link_down_seconds: None,
             message: String::new(),
+            history,
+            secret_name: rec.secret_name.clone(),
+            source_fenced: None,
         };
         let mut src = match &sa {
             Ok(sa) => Node::connect(&source, &sa.opts).await.ok(),
@@ -730,6 +743,13 @@ impl Reconciler {
                 rec.lag_bytes.map_or("?".to_string(), |b| b.to_string())
             );
         }
+        record.source_fenced = Some(record.planned);
+        if !record.planned {
+            record.message.push_str(
+                "; the operator fences the source the moment it answers again as a writable \
+                 primary of this history",
+            );
+        }
         self.patch_status(serde_json::json!({ "replicaOf": null, "promotion": record }))
             .await?;
         let kind = if record.planned {
@@ -755,6 +775,101 @@ impl Reconciler {
         Ok(true)
     }
 
+    /// After an unplanned promotion, the old source not yet made read-only:
+    /// its address and the history this Redis was promoted from.
+    fn old_source_pending(&self) -> Option<(Endpoint, String, Option<String>)> {
+        if self.redis.spec.replica_of.is_some() {
+            return None;
+        }
+        let p = self.redis.status.as_ref()?.promotion.as_ref()?;
+        if p.source_fenced != Some(false) {
+            return None;
+        }
+        let (host, port) = p.source.rsplit_once(':')?;
+        Some((
+            Endpoint::new(host, port.parse().ok()?),
+            p.history.clone()?,
+            p.secret_name.clone(),
+        ))
+    }
+
+    /// After an unplanned promotion: the old source is made read-only as
+    /// soon as it answers as a writable primary of the history this Redis
+    /// was promoted from (the source watch asks every half second and
+    /// fences it; this step records it).
+    pub(super) async fn fence_old_source(&mut self) -> Result<(), Error> {
+        let Some((source, history, secret)) = self.old_source_pending() else {
+            return Ok(());
+        };
+        let sa = match self
+            .source_auth(secret.as_deref(), "status.promotion")
+            .await?
+        {
+            Ok(sa) => sa,
+            Err(msg) => {
+                self.report.progress(format!(
+                    "the old source {source} is not made read-only: {msg}"
+                ));
+                return Ok(());
+            }
+        };
+        let quick = sa
+            .opts
+            .clone()
+            .with_timeouts(Duration::from_millis(300), Duration::from_millis(500));
+        let found = crate::controller::source_watch::fence_old_source(&source, &quick, &history)
+            .await
+            .ok()
+            .flatten();
+        let Some(found) = found else {
+            self.ctx.monitor.sources.watch(
+                &self.oref,
+                SourceTarget {
+                    key: stable_hash(&[&source.to_string(), &sa.user, &sa.password, &history]),
+                    source: source.clone(),
+                    source_opts: sa.opts.clone(),
+                    head: source.clone(),
+                    head_opts: sa.opts,
+                    old_history: Some(history),
+                },
+            );
+            return Ok(());
+        };
+        self.ctx.monitor.sources.unwatch(&self.oref);
+        let (fenced, note) = match found {
+            crate::controller::source_watch::OldSource::Other => (
+                false,
+                format!(
+                    "{source} answers with another history: it is not the old source; left alone"
+                ),
+            ),
+            _ => (
+                true,
+                format!(
+                    "the old source {source} answered again and is read-only (a replica of {}): \
+                     it takes no write behind this Redis's back",
+                    fence()
+                ),
+            ),
+        };
+        let reason = if fenced {
+            "OldSourceFenced"
+        } else {
+            "OldSourceReplaced"
+        };
+        self.event(EventType::Warning, reason, "Promote", note)
+            .await;
+        // Another Redis at the address: nothing left to fence (the field
+        // goes, so the operator stops asking).
+        let value = if fenced {
+            serde_json::json!(true)
+        } else {
+            serde_json::Value::Null
+        };
+        self.patch_status(serde_json::json!({ "promotion": { "sourceFenced": value } }))
+            .await
+    }
+
     /// `REPLICAOF NO ONE` on the primary, with the write fence and the
     /// credentials its replicas' primaries use inside this Redis (a later
     /// switchover makes it a replica of one of them).
@@ -764,7 +879,7 @@ impl Reconciler {
         } else {
             "default"
         };
-        set_master_auth(node, user, &auth.current)
+        set_master_auth(node, user, &auth.current, self.redis.spec.tls.is_some())
             .await
             .map_err(Error::from)?;
         for (key, value) in super::conf::fencing_config(&self.redis) {
@@ -867,10 +982,12 @@ pub(super) async fn switch_followed(
     let pass: Vec<String> = t.query("CONFIG GET", &get("masterauth")).await?;
     let offset = t.replication().await?.applied_offset().unwrap_or(0);
     t.replicaof(Some(&fence())).await?;
+    let tls: Vec<String> = t.query("CONFIG GET", &get("tls-replication")).await?;
     set_master_auth(
         &mut o,
         user.get(1).map_or("", String::as_str),
         pass.get(1).map_or("", String::as_str),
+        tls.get(1).is_some_and(|v| v == "yes"),
     )
     .await?;
     o.replicaof(Some(target)).await?;
@@ -886,8 +1003,15 @@ pub(super) async fn switch_followed(
     })
 }
 
-/// `CONFIG SET masteruser … masterauth …` (an empty password: none).
-async fn set_master_auth(node: &mut Node, user: &str, password: &str) -> crate::redis::Result<()> {
+/// `CONFIG SET masteruser … masterauth … tls-replication …` (an empty
+/// password: none): how the server authenticates to the primary it is
+/// about to follow, and whether it speaks TLS to it (never to a source).
+async fn set_master_auth(
+    node: &mut Node,
+    user: &str,
+    password: &str,
+    tls: bool,
+) -> crate::redis::Result<()> {
     let _: redis::Value = node
         .query(
             "CONFIG SET",
@@ -896,7 +1020,9 @@ async fn set_master_auth(node: &mut Node, user: &str, password: &str) -> crate::
                 .arg("masteruser")
                 .arg(if password.is_empty() { "" } else { user })
                 .arg("masterauth")
-                .arg(password),
+                .arg(password)
+                .arg("tls-replication")
+                .arg(if tls { "yes" } else { "no" }),
         )
         .await?;
     Ok(())

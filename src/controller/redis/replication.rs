@@ -140,6 +140,10 @@ impl Reconciler {
                 .await;
         }
 
+        // After an unplanned promotion, the old source made read-only as
+        // soon as it answers again.
+        self.fence_old_source().await?;
+
         // A changed version starts an upgrade (recorded before the
         // StatefulSet changes); a failed one is rolled back.
         let settled = obs
