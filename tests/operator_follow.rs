@@ -458,6 +458,45 @@ async fn a_source_restarted_empty_does_not_wipe_its_follower() {
     .await;
 }
 
+/// Two sites: Redis `main` (Replication, 2 instances) in `a` holding `keys`
+/// keys, and Redis `main` in `b` following A's primary by its address with
+/// A's password (a Secret in `b`), its link up. A's password, primary and
+/// its address.
+async fn two_sites(client: &Client, a: &str, b: &str, keys: usize) -> (String, String, String) {
+    apply_redis(
+        client,
+        a,
+        "main",
+        json!({"mode": "Replication", "instances": 2}),
+    )
+    .await;
+    wait_ready(client, a, "main", READY).await;
+    let a_pw = redis_password(client, a, "main").await;
+    let (a_primary, mut ap) = primary_node(client, a, "main").await;
+    fill(&mut ap, "a", keys).await;
+    let a_ip = pod_ip(client, a, &a_primary).await;
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "site-a-auth", "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"password": a_pw.clone()}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), b)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("secret");
+    apply_redis(
+        client,
+        b,
+        "main",
+        json!({"mode": "Replication", "instances": 2,
+               "replicaOf": {"host": a_ip, "secretName": "site-a-auth"}}),
+    )
+    .await;
+    wait_ready(client, b, "main", READY).await;
+    wait_link(client, b, "main", "Up", READY).await;
+    (a_pw, a_primary, a_ip)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_switch_between_two_clusters_leaves_the_old_primary_read_only() {
     let client = client().await;
@@ -465,39 +504,7 @@ async fn a_planned_switch_between_two_clusters_leaves_the_old_primary_read_only(
     let b = TestNamespace::new(&client, "site-b", &[]).await;
     let _op_a = start_operator(&client, OperatorOptions::watching(&[&a.name]).named("op-a")).await;
     let _op_b = start_operator(&client, OperatorOptions::watching(&[&b.name]).named("op-b")).await;
-    apply_redis(
-        &client,
-        &a.name,
-        "main",
-        json!({"mode": "Replication", "instances": 2}),
-    )
-    .await;
-    wait_ready(&client, &a.name, "main", READY).await;
-    let a_pw = redis_password(&client, &a.name, "main").await;
-    let (a_primary, mut ap) = primary_node(&client, &a.name, "main").await;
-    fill(&mut ap, "a", 1_000).await;
-    let a_ip = pod_ip(&client, &a.name, &a_primary).await;
-
-    // Site B follows A's primary by address, with A's password.
-    let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "site-a-auth", "labels": {"redpilot.io/allow-use": "true"}},
-        "stringData": {"password": a_pw.clone()}
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(client.clone(), &b.name)
-        .create(&PostParams::default(), &s)
-        .await
-        .expect("secret");
-    apply_redis(
-        &client,
-        &b.name,
-        "main",
-        json!({"mode": "Replication", "instances": 2,
-               "replicaOf": {"host": a_ip, "secretName": "site-a-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &b.name, "main", READY).await;
-    wait_link(&client, &b.name, "main", "Up", READY).await;
+    let (a_pw, a_primary, a_ip) = two_sites(&client, &a.name, &b.name, 1_000).await;
 
     // An application on A; the planned switch; it moves to B.
     let b_pw = redis_password(&client, &b.name, "main").await;
@@ -615,37 +622,7 @@ async fn after_an_unplanned_promotion_the_old_site_is_made_read_only_when_it_ret
     let mut op_a =
         start_operator(&client, OperatorOptions::watching(&[&a.name]).named("op-a")).await;
     let _op_b = start_operator(&client, OperatorOptions::watching(&[&b.name]).named("op-b")).await;
-    apply_redis(
-        &client,
-        &a.name,
-        "main",
-        json!({"mode": "Replication", "instances": 2}),
-    )
-    .await;
-    wait_ready(&client, &a.name, "main", READY).await;
-    let a_pw = redis_password(&client, &a.name, "main").await;
-    let (a_primary, mut ap) = primary_node(&client, &a.name, "main").await;
-    fill(&mut ap, "a", 500).await;
-    let a_ip = pod_ip(&client, &a.name, &a_primary).await;
-    let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "site-a-auth", "labels": {"redpilot.io/allow-use": "true"}},
-        "stringData": {"password": a_pw.clone()}
-    }))
-    .expect("secret");
-    Api::<Secret>::namespaced(client.clone(), &b.name)
-        .create(&PostParams::default(), &s)
-        .await
-        .expect("secret");
-    apply_redis(
-        &client,
-        &b.name,
-        "main",
-        json!({"mode": "Replication", "instances": 2,
-               "replicaOf": {"host": a_ip, "secretName": "site-a-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &b.name, "main", READY).await;
-    wait_link(&client, &b.name, "main", "Up", READY).await;
+    let (a_pw, _, a_ip) = two_sites(&client, &a.name, &b.name, 500).await;
 
     // Site A is lost: its operator stops and its primary is cut off.
     op_a.kill();

@@ -45,7 +45,8 @@ pub async fn make_primary(
     promote(&mut node, settings).await
 }
 
-async fn promote(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
+/// `CONFIG SET` of each of `settings`, one at a time.
+async fn set_each(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
     for (key, value) in settings {
         let _: redis::Value = node
             .query(
@@ -54,6 +55,11 @@ async fn promote(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
             )
             .await?;
     }
+    Ok(())
+}
+
+async fn promote(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
+    set_each(node, settings).await?;
     node.replicaof(None).await?;
     let r = node.replication().await?;
     if r.role != Some(Role::Primary) {
@@ -78,14 +84,7 @@ pub async fn make_fenced_primary(
     fence: &Endpoint,
 ) -> Result<()> {
     let mut node = Node::connect(endpoint, opts).await?;
-    for (key, value) in settings {
-        let _: redis::Value = node
-            .query(
-                "CONFIG SET",
-                redis::cmd("CONFIG").arg("SET").arg(*key).arg(value),
-            )
-            .await?;
-    }
+    set_each(&mut node, settings).await?;
     node.replicaof(Some(fence)).await?;
     let r = node.replication().await?;
     if r.role != Some(Role::Replica) || r.primary.as_ref() != Some(fence) {
