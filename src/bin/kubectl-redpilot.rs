@@ -372,6 +372,8 @@ async fn run(cli: Cli) -> Result<()> {
                     "{redis} follows no source (spec.replicaOf is not set)"
                 ));
             };
+            // A promotion recorded before this request is not its answer.
+            let asked = chrono::Utc::now() - chrono::Duration::seconds(1);
             // A merge patch removes the field whoever set it (an apply
             // removes only what its own manager set).
             redis_api
@@ -390,6 +392,10 @@ async fn run(cli: Cli) -> Result<()> {
                         return None;
                     }
                     let p = s.promotion.as_ref()?;
+                    let at = chrono::DateTime::parse_from_rfc3339(&p.time).ok()?;
+                    if at < asked {
+                        return None;
+                    }
                     Some(Ok(format!(
                         "promoted ({}): {}",
                         if p.planned { "planned" } else { "unplanned" },

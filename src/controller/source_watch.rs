@@ -96,7 +96,9 @@ impl SourceWatches {
         let Ok(mut w) = self.watches.lock() else {
             return;
         };
-        if w.get(obj).is_some_and(|old| old.target.key == target.key) {
+        if w.get(obj)
+            .is_some_and(|old| old.target.key == target.key && !old.task.is_finished())
+        {
             return;
         }
         let (trigger, o, t) = (self.trigger.clone(), obj.clone(), target.clone());
@@ -140,72 +142,102 @@ async fn watch_loop(
         .with_timeouts(PROBE_INTERVAL * 2, PROBE_INTERVAL * 2);
     let mut conn: Option<ProbeConn> = None;
     let mut last_answer = Instant::now();
-    // Fenced for this loss already: fenced once per loss, and asked for
-    // one reconcile.
+    // The source was lost and the primary fenced for it (fenced once per
+    // loss; a fence that failed is tried again at the next probe).
     let mut fenced = false;
+    // The open connection closed: the source is lost even if a reconnect
+    // succeeds at once (a server restarted in place answers a new
+    // connection within milliseconds — with whatever data it has).
+    let mut closed_now = false;
+    // A loss seen and not yet answered by a fence that took.
+    let mut need_fence = false;
     let mut ticker = tokio::time::interval(PROBE_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        let lost = match conn.as_mut() {
-            Some(c) => match c.ping().await {
-                Ok(()) => {
-                    last_answer = Instant::now();
-                    false
-                }
-                // An error reply (LOADING, a changed password) is an answer
-                // from a server that is there; a closed connection is not.
-                Err(e) if answered(&e) => {
-                    last_answer = Instant::now();
-                    false
-                }
-                Err(_) => {
-                    conn = None;
-                    true
-                }
-            },
-            None => match ProbeConn::open(&target.source, &opts).await {
-                Ok(c) if !fenced => {
-                    conn = Some(c);
-                    last_answer = Instant::now();
-                    false
-                }
-                // Reachable again after a loss: the reconcile decides
-                // whether the primary may follow it; the watch keeps the
-                // connection to notice the next loss.
-                Ok(c) => {
-                    conn = Some(c);
-                    last_answer = Instant::now();
-                    fenced = false;
-                    false
-                }
-                Err(_) => true,
-            },
-        };
+        let lost = std::mem::take(&mut closed_now)
+            || match conn.as_mut() {
+                Some(c) => match c.ping().await {
+                    Ok(()) => {
+                        last_answer = Instant::now();
+                        false
+                    }
+                    // An error reply (LOADING, a changed password) is an
+                    // answer from a server that is there; a closed
+                    // connection is not.
+                    Err(e) if answered(&e) => {
+                        last_answer = Instant::now();
+                        false
+                    }
+                    Err(_) => {
+                        conn = None;
+                        true
+                    }
+                },
+                None if fenced => match ProbeConn::open(&target.source, &opts).await {
+                    // Reachable again after a loss: a pass decides whether
+                    // the primary may follow it; the watch keeps the
+                    // connection to notice the next loss.
+                    Ok(c) => {
+                        conn = Some(c);
+                        last_answer = Instant::now();
+                        fenced = false;
+                        if trigger.unbounded_send(obj.clone()).is_err() {
+                            return;
+                        }
+                        false
+                    }
+                    Err(_) => true,
+                },
+                None => match ProbeConn::open(&target.source, &opts).await {
+                    Ok(c) => {
+                        conn = Some(c);
+                        last_answer = Instant::now();
+                        false
+                    }
+                    Err(_) => true,
+                },
+            };
         let silent = last_answer.elapsed() >= SILENCE;
         if (lost || silent) && !fenced {
+            if silent {
+                conn = None;
+            }
+            need_fence = true;
+        }
+        if need_fence {
             match fence(&target).await {
                 Ok(true) => {
+                    fenced = true;
+                    need_fence = false;
                     tracing::warn!(redis = %obj, source = %target.source, head = %target.head, "source lost: primary fenced off it until its history is checked");
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    fenced = true;
+                    need_fence = false;
+                }
                 Err(e) => {
-                    tracing::warn!(redis = %obj, source = %target.source, head = %target.head, error = %e, "source lost; fencing the primary failed");
+                    tracing::warn!(redis = %obj, source = %target.source, head = %target.head, error = %e, "source lost; fencing the primary failed (tried again at the next probe)");
                 }
             }
-            fenced = true;
             if trigger.unbounded_send(obj.clone()).is_err() {
                 return;
             }
         }
         if conn.is_some() {
             // Between probes the open connection is watched: a source that
-            // dies closes it, and the fence goes up then.
+            // dies closes it, and the fence goes up at once.
             tokio::select! {
                 _ = ticker.tick() => {}
-                _ = closed(&mut conn) => { conn = None; }
+                _ = closed(&mut conn) => {
+                    conn = None;
+                    closed_now = true;
+                }
             }
-        } else {
+        } else if !need_fence {
             ticker.tick().await;
+        } else {
+            // A fence that failed: tried again soon, not at the next tick.
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
@@ -279,7 +311,7 @@ async fn old_source_loop(
 pub enum OldSource {
     /// It took writes on the history: it is fenced now.
     Fenced,
-    /// It was fenced already.
+    /// It takes no writes already (fenced, or a replica).
     AlreadyFenced,
     /// Another Redis answers there (another history): left alone.
     Other,
@@ -302,6 +334,11 @@ pub async fn fence_old_source(
     let related = r.replid.as_deref() == Some(history) || r.replid2.as_deref() == Some(history);
     if !related {
         return Ok(Some(OldSource::Other));
+    }
+    if r.role != Some(Role::Primary) {
+        // A replica takes no writes (one that follows the promoted Redis
+        // is what the user is asked to set up).
+        return Ok(Some(OldSource::AlreadyFenced));
     }
     node.replicaof(Some(&fence)).await?;
     Ok(Some(OldSource::Fenced))

@@ -22,7 +22,8 @@ use crate::redis::info::{EngineKind, Version};
 
 /// The ConfigMap: redis.conf and the current primary. A Standalone
 /// publishes none: its one instance follows nobody, and a restarted pod
-/// with a new address must not boot as a replica of its old one.
+/// with a new address must not boot as a replica of its old one; unless
+/// it follows a source, when it publishes the fence.
 pub fn config_map(
     redis: &Redis,
     names: &Names,
@@ -34,11 +35,27 @@ pub fn config_map(
     if let Some(location) = bootstrapped {
         data.insert(BOOTSTRAPPED_KEY.to_string(), location.to_string());
     }
+    // A Standalone Redis that follows a source (until its promotion is
+    // done) boots following the fence: a restart must not make it
+    // writable, nor let a source that restarted empty wipe it; the
+    // operator points it at the source once it has checked the source's
+    // history. Read at each start (an environment variable from here),
+    // so it takes effect without a restart and ends with the promotion.
+    let fenced =
+        redis.spec.mode() == Mode::Standalone && super::facts::SourceAddress::of(redis).is_some();
     data.insert(
         PRIMARY_KEY.to_string(),
-        primary
-            .map(|ip| format!("{ip} {REDIS_PORT}"))
-            .unwrap_or_default(),
+        if fenced {
+            format!(
+                "{} {}",
+                crate::controller::layout::BOOT_FENCE_HOST,
+                crate::controller::layout::SOURCE_FENCE_PORT
+            )
+        } else {
+            primary
+                .map(|ip| format!("{ip} {REDIS_PORT}"))
+                .unwrap_or_default()
+        },
     );
     stamp_hash(ConfigMap {
         metadata: meta(redis, names.config()),
@@ -58,19 +75,9 @@ fn base_config(redis: &Redis) -> Vec<String> {
         "bind * -::*".to_string(),
         "protected-mode no".to_string(),
         "dir /data".to_string(),
+        "daemonize no".to_string(),
+        "logfile \"\"".to_string(),
     ]);
-    // A Standalone Redis that follows a source boots fenced off it (a
-    // restart must not make it writable, nor let a source that restarted
-    // empty wipe it): the operator points it at the source once it has
-    // checked the source's history. Set live, not part of the restart hash.
-    if redis.spec.replica_of.is_some() && redis.spec.mode() == Mode::Standalone {
-        lines.push(format!(
-            "replicaof {} {}",
-            crate::controller::layout::BOOT_FENCE_HOST,
-            crate::controller::layout::SOURCE_FENCE_PORT
-        ));
-    }
-    lines.extend(["daemonize no".to_string(), "logfile \"\"".to_string()]);
     if p.rdb {
         lines.push("save 3600 1 300 100 60 10000".to_string());
     } else {
@@ -190,7 +197,7 @@ pub fn restart_hash(redis: &Redis, is_dynamic: impl Fn(&str) -> bool) -> String 
     let live: Vec<String> = fencing_config(redis)
         .into_iter()
         .map(|(k, _)| format!("{k} "))
-        .chain(["maxmemory ".to_string(), "replicaof ".to_string()])
+        .chain(["maxmemory ".to_string()])
         .collect();
     let mut parts: Vec<String> = base_config(redis)
         .into_iter()

@@ -147,9 +147,12 @@ impl Reconciler {
                 continue;
             };
             let ep = Endpoint::new(&ip, names::REDIS_PORT);
+            // The primary of a Redis that follows a source authenticates
+            // to the source: its masterauth is the source's.
+            let master = f.upstream.is_none();
             let result = match (&step, &auth.previous) {
-                (Step::Retire, Some(old)) => retire(&ep, &auth.current, old, self).await,
-                _ => add(&ep, &auth.current, desired, self).await,
+                (Step::Retire, Some(old)) => retire(&ep, &auth.current, old, master, self).await,
+                _ => add(&ep, &auth.current, desired, master, self).await,
             };
             if let Err((what, e)) = result {
                 done = false;
@@ -226,7 +229,13 @@ fn opts(r: &Reconciler, password: &str) -> ConnectOptions {
 
 /// Step 1 on one instance: reachable with `current`, it also accepts
 /// `desired`, and authenticates to its primary with it.
-async fn add(ep: &Endpoint, current: &str, desired: &str, r: &Reconciler) -> Result<(), StepError> {
+async fn add(
+    ep: &Endpoint,
+    current: &str,
+    desired: &str,
+    master: bool,
+    r: &Reconciler,
+) -> Result<(), StepError> {
     let mut node = match Node::connect(ep, &opts(r, current)).await {
         Ok(n) => n,
         // Already done here (it started after the switch, or a pass before
@@ -240,6 +249,9 @@ async fn add(ep: &Endpoint, current: &str, desired: &str, r: &Reconciler) -> Res
             .await
             .map_err(|e| ("adding the new password", e))?;
     }
+    if !master {
+        return Ok(());
+    }
     set_masterauth(&mut node, desired)
         .await
         .map_err(|e| ("setting masterauth", e))
@@ -247,7 +259,13 @@ async fn add(ep: &Endpoint, current: &str, desired: &str, r: &Reconciler) -> Res
 
 /// Step 3 on one instance: the old password no longer works, the current
 /// one does, and replication uses it.
-async fn retire(ep: &Endpoint, current: &str, old: &str, r: &Reconciler) -> Result<(), StepError> {
+async fn retire(
+    ep: &Endpoint,
+    current: &str,
+    old: &str,
+    master: bool,
+    r: &Reconciler,
+) -> Result<(), StepError> {
     match Node::connect(ep, &opts(r, old)).await {
         Ok(mut node) => {
             if !current.is_empty() {
@@ -255,9 +273,11 @@ async fn retire(ep: &Endpoint, current: &str, old: &str, r: &Reconciler) -> Resu
                     .await
                     .map_err(|e| ("adding the new password", e))?;
             }
-            set_masterauth(&mut node, current)
-                .await
-                .map_err(|e| ("setting masterauth", e))?;
+            if master {
+                set_masterauth(&mut node, current)
+                    .await
+                    .map_err(|e| ("setting masterauth", e))?;
+            }
             if !old.is_empty() && old != current {
                 acl(&mut node, format!("<{old}"))
                     .await

@@ -57,6 +57,12 @@ pub const USERNAME_KEY: &str = "username";
 pub const PAUSE_MS: u64 = 10_000;
 /// How long a planned promotion waits for the primary to catch up.
 const CATCH_UP: Duration = Duration::from_secs(5);
+/// A planned promotion pauses the source's writes only once the primary is
+/// this close (bytes), so the pause is short.
+const MAX_LAG_TO_PAUSE: i64 = 1 << 20;
+/// After its own promotion, a Redis does not read a fenced instance as a
+/// demotion for this long (seconds).
+const PROMOTION_GRACE_SECS: i64 = 120;
 /// Lag figures in `status.replicaOf` are refreshed at most this often
 /// while nothing else changes.
 const LAG_REFRESH_SECS: i64 = 30;
@@ -119,7 +125,9 @@ pub fn judge(primary: &History, source: &History) -> Judgement {
         if source.replid.as_deref() == Some(id) && source.offset >= primary.offset {
             return Judgement::Continues;
         }
-        if source.replid2.as_deref() == Some(id) && primary.offset <= source.second_offset {
+        // A promoted server takes a partial resync from a replica of its
+        // old primary up to its promotion: offset + 1 <= second_repl_offset.
+        if source.replid2.as_deref() == Some(id) && primary.offset < source.second_offset {
             return Judgement::Continues;
         }
     }
@@ -131,7 +139,7 @@ pub fn judge(primary: &History, source: &History) -> Judgement {
     }
     let ahead = match primary.replid.as_deref() {
         Some(id) if source.replid2.as_deref() == Some(id) && source.second_offset >= 0 => {
-            Some(primary.offset - source.second_offset)
+            Some(primary.offset + 1 - source.second_offset)
         }
         Some(id) if source.replid.as_deref() == Some(id) => Some(primary.offset - source.offset),
         _ => None,
@@ -271,9 +279,19 @@ impl Reconciler {
         {
             Ok(a) => a,
             Err(msg) => {
-                self.ctx.monitor.sources.unwatch(&self.oref);
-                self.report_failure("SourceCredentials", "Follow", "spec", msg)
-                    .await;
+                // The watch of a source followed so far stays: it fences
+                // if the source goes away.
+                self.hold_writable_primary(facts, primary, opts).await;
+                let status = ReplicaOfStatus {
+                    source: address.clone(),
+                    secret_name: spec.secret_name.clone(),
+                    link: "Held".into(),
+                    message: Some(msg.clone()),
+                    observed_at: Some(now().to_string()),
+                    ..Default::default()
+                };
+                self.record_following(status).await?;
+                self.fail_once("SourceCredentials", "spec", msg).await;
                 return Ok(());
             }
         };
@@ -397,7 +415,16 @@ impl Reconciler {
                     let applied = head_info.replication.applied_offset().unwrap_or(0);
                     status.lag_bytes = src.replication.repl_offset.map(|o| (o - applied).max(0));
                 }
-                if !up.link_up {
+                if let Err(category) = &src_info {
+                    // The watch fences at once; a pass that finds the
+                    // source gone does too (the watch may have missed it).
+                    fence_primary(&mut node).await.map_err(Error::from)?;
+                    status.link = "Fenced".into();
+                    status.message = Some(format!(
+                        "the source does not answer ({}): the primary is held off it",
+                        category.as_str()
+                    ));
+                } else if !up.link_up {
                     self.report.progress(format!(
                         "primary {} follows {address}; the link is {}",
                         head.name,
@@ -435,11 +462,13 @@ impl Reconciler {
                         "spec.replicaOf: {address} is a replica of {up}, an instance of this \
                          Redis: following it would make a circle"
                     );
+                    if head.upstream.is_none() {
+                        fence_primary(&mut node).await.map_err(Error::from)?;
+                    }
                     status.link = "Held".into();
                     status.message = Some(msg.clone());
                     self.record_following(status).await?;
-                    self.report_failure("SourceCircle", "Follow", "spec", msg)
-                        .await;
+                    self.fail_once("SourceCircle", "spec", msg).await;
                     return Ok(());
                 }
                 let ours = History::of(&head_info);
@@ -457,8 +486,9 @@ impl Reconciler {
                         ours.offset, theirs.offset
                     ),
                     Judgement::Empty => "it holds no data yet".to_string(),
-                    Judgement::Diverged { ahead } => format!(
-                        "{address} has another history ({} keys); the primary's {} keys are \
+                    Judgement::Diverged { ahead } if accepted => format!(
+                        "{address} has another history ({} keys) and \
+                         {ACCEPT_RESET_ANNOTATION} accepts it: the primary's {} keys are \
                          replaced{}",
                         theirs.keys,
                         ours.keys,
@@ -471,12 +501,27 @@ impl Reconciler {
                          accepts it: the primary's {} keys are dropped",
                         ours.keys
                     ),
-                    Judgement::SourceEmpty => {
+                    Judgement::SourceEmpty | Judgement::Diverged { .. } => {
+                        let what = if theirs.keys == 0 {
+                            "answers with no data and another history".to_string()
+                        } else {
+                            format!(
+                                "has another history ({} keys{})",
+                                theirs.keys,
+                                match &verdict {
+                                    Judgement::Diverged { ahead: Some(a) } => format!(
+                                        "; this Redis has {a} bytes of writes past the point \
+                                         the two parted"
+                                    ),
+                                    _ => String::new(),
+                                }
+                            )
+                        };
                         let msg = format!(
-                            "{address} answers with no data and another history (run id \
-                             {run_id}; it restarted empty?) while primary {} holds {} keys: \
-                             it is held off the source so it is not wiped. To follow the \
-                             empty source anyway, annotate {ACCEPT_RESET_ANNOTATION}={run_id}",
+                            "{address} {what} (run id {run_id}; it restarted without its data, \
+                             or is another Redis?) while primary {} holds {} keys: it is held \
+                             off the source so it is not replaced. To follow the source \
+                             anyway, annotate {ACCEPT_RESET_ANNOTATION}={run_id}",
                             head.name, ours.keys
                         );
                         if head.upstream.is_none() {
@@ -484,30 +529,39 @@ impl Reconciler {
                         }
                         status.link = "Held".into();
                         status.message = Some(msg.clone());
-                        let was_held = self
-                            .redis
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.replica_of.as_ref())
-                            .is_some_and(|r| r.link == "Held");
                         self.record_following(status).await?;
-                        if was_held {
-                            self.report.degraded("SourceEmpty");
-                            self.report.note(msg);
+                        let reason = if theirs.keys == 0 {
+                            "SourceEmpty"
                         } else {
-                            self.report_failure("SourceEmpty", "Follow", "state", msg)
-                                .await;
-                        }
+                            "SourceHistoryChanged"
+                        };
+                        self.fail_once(reason, "state", msg).await;
                         return Ok(());
                     }
                 };
+                // The source may have restarted since it was judged: the
+                // primary follows it only if it is still the same server.
+                let again = match Node::connect(&source, &sa.opts).await {
+                    Ok(mut n) => n.info().await.ok(),
+                    Err(_) => None,
+                };
+                if again.as_ref().and_then(|i| i.server.run_id.clone()) != src.server.run_id
+                    || again.as_ref().and_then(|i| i.replication.replid.clone())
+                        != src.replication.replid
+                {
+                    self.report.progress(format!(
+                        "{address} changed while it was checked; looked at again next pass"
+                    ));
+                    self.report.recheck_within(Duration::from_secs(1));
+                    return Ok(());
+                }
                 set_master_auth(&mut node, &sa.user, &sa.password, false)
                     .await
                     .map_err(Error::from)?;
                 node.replicaof(Some(&source)).await.map_err(Error::from)?;
                 let (kind, reason) = match verdict {
                     Judgement::Diverged { .. } | Judgement::SourceEmpty => {
-                        (EventType::Warning, "SourceHistoryChanged")
+                        (EventType::Warning, "SourceResetAccepted")
                     }
                     _ => (EventType::Normal, "FollowingSource"),
                 };
@@ -526,6 +580,52 @@ impl Reconciler {
             }
         }
         self.record_following(status).await
+    }
+
+    /// Points the primary at the fence when it takes writes (a Redis just
+    /// told to follow, whose source cannot be followed yet).
+    async fn hold_writable_primary(
+        &mut self,
+        facts: &[PodFacts],
+        primary: Option<&str>,
+        opts: &ConnectOptions,
+    ) {
+        let Some(f) = primary
+            .and_then(|p| facts.iter().find(|f| f.name == p))
+            .filter(|f| f.reachable && f.role == Some(Role::Primary) && f.upstream.is_none())
+        else {
+            return;
+        };
+        let Some(ip) = &f.ip else { return };
+        let fenced = async {
+            let mut n = Node::connect(&Endpoint::new(ip, names::REDIS_PORT), opts).await?;
+            fence_primary(&mut n).await
+        }
+        .await;
+        if let Err(e) = fenced {
+            self.report.progress(format!(
+                "primary {} still takes writes: fencing it failed ({})",
+                f.name,
+                e.category().as_str()
+            ));
+        }
+    }
+
+    /// Degraded with `reason`; the Warning event only when the status does
+    /// not say so already (not one per pass).
+    async fn fail_once(&mut self, reason: &'static str, category: &'static str, msg: String) {
+        let already = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded"))
+            .is_some_and(|c| c.status == "True" && c.reason == reason);
+        if already {
+            self.report.degraded(reason);
+            self.report.note(msg);
+        } else {
+            self.report_failure(reason, "Follow", category, msg).await;
+        }
     }
 
     async fn record_following(&mut self, new: ReplicaOfStatus) -> Result<(), Error> {
@@ -577,7 +677,6 @@ impl Reconciler {
         auth: &ServerAuth,
         opts: &ConnectOptions,
     ) -> Result<bool, Error> {
-        self.ctx.monitor.sources.unwatch(&self.oref);
         let Some(rec) = self
             .redis
             .status
@@ -648,10 +747,63 @@ impl Reconciler {
                 head.offset.unwrap_or(0)
             );
             record.planned = src_demoted;
-        } else if let (Some(n), Some(r), true) =
-            (src.as_mut(), src_repl.as_ref(), following || src_demoted)
+        } else if let (Some(n), Some(_), false) = (src.as_mut(), src_repl.as_ref(), src_demoted)
+            && !following
         {
-            // Planned: pause, catch up, fence the source, promote.
+            // The source answers, but the primary does not stream from it:
+            // when the source continues its history, it is pointed back (or
+            // its link awaited) and the promotion waits to be planned;
+            // another history has nothing to catch up with.
+            let ours = History::of(&node.info().await.map_err(Error::from)?);
+            let theirs = History::of(&n.info().await.map_err(Error::from)?);
+            if judge(&ours, &theirs) != Judgement::Continues {
+                return self
+                    .promote_unplanned(
+                        &mut node,
+                        head,
+                        &rec,
+                        record,
+                        format!(
+                            "the source answers with another history (it holds {} keys)",
+                            theirs.keys
+                        ),
+                        auth,
+                        started,
+                    )
+                    .await;
+            }
+            if head.upstream.is_some_and(|u| u.fenced)
+                && let Ok(sa) = &sa
+            {
+                set_master_auth(&mut node, &sa.user, &sa.password, false)
+                    .await
+                    .map_err(Error::from)?;
+                node.replicaof(Some(&source)).await.map_err(Error::from)?;
+            }
+            self.report.progress(format!(
+                "promotion off {}: the primary's link to the source is not up; the planned \
+                 promotion waits for it",
+                rec.source
+            ));
+            return Ok(false);
+        } else if let (Some(n), Some(r)) = (src.as_mut(), src_repl.as_ref()) {
+            // Planned: pause, catch up, fence the source, check its final
+            // offset, promote.
+            let applied = node
+                .replication()
+                .await
+                .map_err(Error::from)?
+                .applied_offset()
+                .unwrap_or(0);
+            let behind = r.repl_offset.unwrap_or(0) - applied;
+            if !src_demoted && behind > MAX_LAG_TO_PAUSE {
+                self.report.progress(format!(
+                    "promotion off {}: the primary is {behind} bytes behind; the source's \
+                     writes are paused once it is within {MAX_LAG_TO_PAUSE}",
+                    rec.source
+                ));
+                return Ok(false);
+            }
             let paused = if src_demoted {
                 None
             } else {
@@ -671,24 +823,9 @@ impl Reconciler {
                 .repl_offset
                 .or(r.repl_offset)
                 .unwrap_or(0);
-            let deadline = Instant::now() + CATCH_UP;
-            let mut reached = 0;
-            loop {
-                reached = node
-                    .replication()
-                    .await
-                    .map_err(Error::from)?
-                    .applied_offset()
-                    .unwrap_or(reached);
-                if reached >= target || Instant::now() >= deadline {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let reached = caught_up(&mut node, target, CATCH_UP).await?;
             if reached < target {
-                if paused.is_some() {
-                    unpause(n).await;
-                }
+                self.let_source_go(n, src_demoted).await;
                 self.report.progress(format!(
                     "promotion off {}: the primary reached offset {reached} of the source's \
                      {target} within {}s; the source's writes are let go and the promotion \
@@ -702,47 +839,98 @@ impl Reconciler {
                 n.replicaof(Some(&fence())).await.map_err(Error::from)?;
             }
             crate::failpoint::hit("after-source-fenced");
+            // The source's last offset, now that it takes no write: had
+            // the pause ended before it was fenced, writes it acknowledged
+            // since would be missing here.
+            let last = n
+                .replication()
+                .await
+                .map_err(Error::from)?
+                .repl_offset
+                .unwrap_or(target);
+            if last > reached {
+                self.let_source_go(n, true).await;
+                self.report.progress(format!(
+                    "promotion off {}: the source took writes up to offset {last} after the \
+                     primary's {reached} (its pause ended first); it is writable again and \
+                     the promotion is tried again",
+                    rec.source
+                ));
+                return Ok(false);
+            }
+            self.ctx.monitor.sources.unwatch(&self.oref);
             self.promote_head(&mut node, auth).await?;
             // Held writes are answered READONLY now (a pause an earlier
             // pass left ends here too, not after its bound).
             unpause(n).await;
             record.planned = true;
-            record.offset = Some(target);
+            record.offset = Some(last);
             record.message = match paused {
                 Some(p) => format!(
                     "planned: the source's writes were paused {} ms, the primary matched \
-                     its offset {target}, and the source was made read-only (a replica of \
-                     {}) before the pause ended: no write it acknowledged is missing here",
+                     its final offset {last}, and the source was made read-only (a replica \
+                     of {}) before the pause ended: no write it acknowledged is missing here",
                     p.elapsed().as_millis(),
                     fence()
                 ),
                 None => format!(
                     "planned, finished after an interruption: an earlier pass had paused \
                      the source's writes and made it read-only (a replica of {}); the \
-                     primary matched its offset {target}: no write it acknowledged is \
+                     primary matched its final offset {last}: no write it acknowledged is \
                      missing here",
                     fence()
                 ),
             };
         } else {
             // Unplanned: what the primary has.
-            let why = match (&sa, src_repl.is_some(), following) {
-                (Err(msg), _, _) => format!("the source's credentials cannot be used ({msg})"),
-                (_, false, _) => "the source does not answer".to_string(),
-                (_, true, _) => "the primary's link to the source is not up".to_string(),
+            let why = match (&sa, src_repl.is_some()) {
+                (Err(msg), _) => format!("the source's credentials cannot be used ({msg})"),
+                (_, false) => "the source does not answer".to_string(),
+                (_, true) => "the source is not a primary this Redis can catch up with".to_string(),
             };
-            self.promote_head(&mut node, auth).await?;
-            record.offset = head.offset;
-            record.behind_bytes = rec.lag_bytes;
-            record.link_down_seconds = head.upstream.and_then(|u| u.link_age);
-            record.message = format!(
-                "unplanned: {why}; the primary was promoted with what it had (offset {}, \
-                 {} bytes behind when last recorded): writes the source acknowledged after \
-                 that are not here, and the source was not made read-only",
-                head.offset.unwrap_or(0),
-                rec.lag_bytes.map_or("?".to_string(), |b| b.to_string())
-            );
+            return self
+                .promote_unplanned(&mut node, head, &rec, record, why, auth, started)
+                .await;
         }
+        self.record_promotion(head, &rec, record, started).await
+    }
+
+    /// The unplanned promotion: what the primary has, recorded with how far
+    /// behind it was.
+    #[allow(clippy::too_many_arguments)]
+    async fn promote_unplanned(
+        &mut self,
+        node: &mut Node,
+        head: &PodFacts,
+        rec: &ReplicaOfStatus,
+        mut record: PromotionStatus,
+        why: String,
+        auth: &ServerAuth,
+        started: Instant,
+    ) -> Result<bool, Error> {
+        self.ctx.monitor.sources.unwatch(&self.oref);
+        self.promote_head(node, auth).await?;
+        record.offset = head.offset;
+        record.behind_bytes = rec.lag_bytes;
+        record.link_down_seconds = head.upstream.and_then(|u| u.link_age);
+        record.message = format!(
+            "unplanned: {why}; the primary was promoted with what it had (offset {}, {} bytes \
+             behind when last recorded): writes the source acknowledged after that are not \
+             here, and the source was not made read-only",
+            head.offset.unwrap_or(0),
+            rec.lag_bytes.map_or("?".to_string(), |b| b.to_string())
+        );
+        self.record_promotion(head, rec, record, started).await
+    }
+
+    /// `status.promotion`, `status.replicaOf` cleared, the event.
+    async fn record_promotion(
+        &mut self,
+        head: &PodFacts,
+        rec: &ReplicaOfStatus,
+        mut record: PromotionStatus,
+        started: Instant,
+    ) -> Result<bool, Error> {
         record.source_fenced = Some(record.planned);
         if !record.planned {
             record.message.push_str(
@@ -870,6 +1058,19 @@ impl Reconciler {
             .await
     }
 
+    /// A planned promotion that cannot finish leaves the source as it
+    /// found it: writable (`REPLICAOF NO ONE` when this or an earlier pass
+    /// fenced it), its pause lifted.
+    async fn let_source_go(&mut self, n: &mut Node, fenced: bool) {
+        if fenced && let Err(e) = n.replicaof(None).await {
+            self.report.progress(format!(
+                "the source stays read-only: making it a primary again failed ({})",
+                e.category().as_str()
+            ));
+        }
+        unpause(n).await;
+    }
+
     /// `REPLICAOF NO ONE` on the primary, with the write fence and the
     /// credentials its replicas' primaries use inside this Redis (a later
     /// switchover makes it a replica of one of them).
@@ -906,9 +1107,20 @@ impl Reconciler {
             return Ok(false);
         }
         let recorded = self.redis.status.as_ref().and_then(|s| s.demoted.clone());
+        // This Redis's own promotion off a source: for a while after it an
+        // instance may still boot fenced (the published fence reaches a
+        // restarting pod late), which is not a demotion.
+        let promoted_lately = self
+            .redis
+            .status
+            .as_ref()
+            .and_then(|s| s.promotion.as_ref())
+            .and_then(|p| p.time.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .is_some_and(|t| now().as_second() - t.as_second() < PROMOTION_GRACE_SECS);
         let fenced = facts
             .iter()
             .find(|f| f.reachable && f.fenced_off_source)
+            .filter(|_| !promoted_lately)
             .map(|f| f.name.clone());
         let since = match (recorded, fenced) {
             (Some(t), _) => t,
@@ -937,16 +1149,21 @@ impl Reconciler {
             .is_some_and(|v| *v == since)
         {
             // The user accepts this Redis taking writes again: the
-            // instances are unfenced by the usual steps.
+            // recorded primary is promoted in place; other fenced
+            // instances go to the boot fence and follow it (wiring).
+            let recorded_primary = self.redis.status.as_ref().and_then(|s| s.primary.clone());
             for f in facts.iter().filter(|f| f.reachable && f.fenced_off_source) {
-                if let Some(ip) = &f.ip
-                    && let Ok(mut n) =
-                        Node::connect(&Endpoint::new(ip, names::REDIS_PORT), opts).await
-                {
+                let Some(ip) = &f.ip else { continue };
+                let ep = Endpoint::new(ip, names::REDIS_PORT);
+                let result = if recorded_primary.as_deref() == Some(f.name.as_str()) {
+                    let fence = super::conf::fencing_config(&self.redis);
+                    crate::redis::actions::make_primary(&ep, opts, &fence).await
+                } else {
                     let boot = Endpoint::new(BOOT_FENCE_HOST, BOOT_FENCE_PORT);
-                    if let Err(e) = n.replicaof(Some(&boot)).await {
-                        tracing::warn!(pod = %f.name, error = %e, "unfencing a demoted instance failed");
-                    }
+                    crate::redis::actions::make_replica_of(&ep, &boot, opts).await
+                };
+                if let Err(e) = result {
+                    tracing::warn!(pod = %f.name, error = %e, "unfencing a demoted instance failed");
                 }
             }
             self.patch_status(serde_json::json!({ "demoted": null }))
@@ -977,16 +1194,37 @@ pub(super) async fn switch_followed(
     let started = Instant::now();
     let mut t = Node::connect(target, opts).await?;
     let mut o = Node::connect(old, opts).await?;
+    // The target first has all the old primary has (with the source gone,
+    // an old primary ahead of it would resync from it and lose the rest).
+    let want = o.replication().await?.applied_offset().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let offset = loop {
+        let have = t.replication().await?.applied_offset().unwrap_or(0);
+        if have >= want {
+            break have;
+        }
+        if Instant::now() >= deadline {
+            return Err(crate::redis::Error::State(format!(
+                "{target} is at offset {have}, behind {old} at {want}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let get = |key: &'static str| redis::cmd("CONFIG").arg("GET").arg(key).clone();
+    // The user the instances replicate as inside this Redis (a name); the
+    // password is the operator's own, which masterauth is everywhere here.
     let user: Vec<String> = t.query("CONFIG GET", &get("masteruser")).await?;
-    let pass: Vec<String> = t.query("CONFIG GET", &get("masterauth")).await?;
-    let offset = t.replication().await?.applied_offset().unwrap_or(0);
-    t.replicaof(Some(&fence())).await?;
     let tls: Vec<String> = t.query("CONFIG GET", &get("tls-replication")).await?;
+    t.replicaof(Some(&fence())).await?;
+    let password = opts
+        .password
+        .as_ref()
+        .map(|p| p.expose().to_string())
+        .unwrap_or_default();
     set_master_auth(
         &mut o,
-        user.get(1).map_or("", String::as_str),
-        pass.get(1).map_or("", String::as_str),
+        user.get(1).map_or("default", String::as_str),
+        &password,
         tls.get(1).is_some_and(|v| v == "yes"),
     )
     .await?;
@@ -1012,25 +1250,45 @@ async fn set_master_auth(
     password: &str,
     tls: bool,
 ) -> crate::redis::Result<()> {
-    let _: redis::Value = node
-        .query(
-            "CONFIG SET",
-            redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("masteruser")
-                .arg(if password.is_empty() { "" } else { user })
-                .arg("masterauth")
-                .arg(password)
-                .arg("tls-replication")
-                .arg(if tls { "yes" } else { "no" }),
-        )
-        .await?;
+    // One key a command: Redis 6.2 takes no more.
+    let user = if password.is_empty() { "" } else { user };
+    let tls = if tls { "yes" } else { "no" };
+    for (key, value) in [
+        ("masteruser", user),
+        ("masterauth", password),
+        ("tls-replication", tls),
+    ] {
+        let _: redis::Value = node
+            .query(
+                "CONFIG SET",
+                redis::cmd("CONFIG").arg("SET").arg(key).arg(value),
+            )
+            .await?;
+    }
     Ok(())
 }
 
 /// Points a primary that took writes at the fence.
 async fn fence_primary(node: &mut Node) -> crate::redis::Result<()> {
     node.replicaof(Some(&fence())).await
+}
+
+/// Waits up to `within` for the primary's applied offset to reach
+/// `target`; the offset reached.
+async fn caught_up(node: &mut Node, target: i64, within: Duration) -> Result<i64, Error> {
+    let deadline = Instant::now() + within;
+    loop {
+        let reached = node
+            .replication()
+            .await
+            .map_err(Error::from)?
+            .applied_offset()
+            .unwrap_or(0);
+        if reached >= target || Instant::now() >= deadline {
+            return Ok(reached);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn unpause(node: &mut Node) {
@@ -1079,15 +1337,25 @@ mod tests {
 
     #[test]
     fn a_source_promoted_from_the_primary_continues_it() {
-        // B followed A and was promoted at offset 200: A at 180 continues.
+        // B followed A and was promoted at offset 200 (second_repl_offset
+        // 201): A at 180 or at 200 continues.
         assert_eq!(
             judge(&h("a", "", 180, -1, 5), &h("b", "a", 400, 201, 9)),
             Judgement::Continues
         );
-        // A took 50 more bytes of writes after B's promotion.
         assert_eq!(
-            judge(&h("a", "", 251, -1, 5), &h("b", "a", 400, 201, 9)),
+            judge(&h("a", "", 200, -1, 5), &h("b", "a", 400, 201, 9)),
+            Judgement::Continues
+        );
+        // A took 50 more bytes of writes after B's promotion: Redis would
+        // refuse the partial resync (offset + 1 > second_repl_offset).
+        assert_eq!(
+            judge(&h("a", "", 250, -1, 5), &h("b", "a", 400, 201, 9)),
             Judgement::Diverged { ahead: Some(50) }
+        );
+        assert_eq!(
+            judge(&h("a", "", 201, -1, 5), &h("b", "a", 400, 201, 9)),
+            Judgement::Diverged { ahead: Some(1) }
         );
     }
 

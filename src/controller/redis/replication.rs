@@ -167,6 +167,14 @@ impl Reconciler {
             .autopilot(&facts, primary.as_deref().as_slice())
             .await?;
 
+        // With `spec.replicaOf`, the primary follows the source (or is held
+        // off it): before anything that may end the pass early, so a
+        // primary that takes writes is fenced whatever else is wrong.
+        if obs.servers_observed {
+            self.follow(&facts, primary.as_deref(), &auth, &opts)
+                .await?;
+        }
+
         // 4. Children, in a fixed order: ConfigMap, Services, PDB, StatefulSet.
         let applied = self
             .apply_children(
@@ -196,8 +204,6 @@ impl Reconciler {
         // (it promotes only when no server is primary and no link is up).
         match (&primary, obs.servers_observed) {
             (Some(p), true) => {
-                // With `spec.replicaOf`, the primary follows the source.
-                self.follow(&facts, Some(p), &auth, &opts).await?;
                 self.wire(&facts, p, &opts).await;
                 if applied.hold {
                     self.move_primary_for_scale_down(&facts, p, desired, &opts)
