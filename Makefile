@@ -16,6 +16,14 @@ CARGO ?= cargo
 # the operator's image to the binary in this directory, so every target (and
 # a dev cluster brought up by one) agrees on it.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/redpilot/cargo-target
+# The linker (hack/cc-link, see .cargo/config.toml) at one path for every
+# clone: cargo keeps the linker's path in each crate's fingerprint, so the
+# config's clone-relative path made every new clone rebuild every crate in
+# the shared target directory (a clean clone's `make test` compiled all the
+# dependencies again in each profile).
+CC_LINK := $(HOME)/.cache/redpilot/bin/cc-link
+$(shell mkdir -p $(dir $(CC_LINK)) && (cmp -s hack/cc-link $(CC_LINK) || cp hack/cc-link $(CC_LINK)))
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER := $(CC_LINK)
 KUBECONFIG_DEV := $(CURDIR)/.dev/kubeconfig
 # Integration suites talk to the dev cluster unless KUBECONFIG names another.
 export REDPILOT_KUBECONFIG ?= $(KUBECONFIG_DEV)
