@@ -31,7 +31,7 @@ use redpilot::redis::{ConnectOptions, Endpoint, Node};
 use serde_json::json;
 use support::operator::{
     OperatorOptions, apply_redis, patch_redis, pod_ip, recent_events, redis_api, redis_password,
-    start_operator, wait_failpoint, wait_ready,
+    start_operator, wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -251,7 +251,7 @@ async fn an_outside_redis_moves_in_and_a_planned_promotion_loses_no_write() {
     opts.env
         .push(("REDPILOT_FAILPOINTS".into(), "after-source-fenced".into()));
     opts.restart_after_failpoint = true;
-    let mut op = start_operator(&client, opts).await;
+    let op = start_operator(&client, opts).await;
     let src = source();
     let src_ep = src.endpoint();
     let src_opts = src.connect_options();
@@ -321,7 +321,21 @@ async fn an_outside_redis_moves_in_and_a_planned_promotion_loses_no_write() {
         json!({"spec": {"replicaOf": null}}),
     )
     .await;
-    wait_failpoint(&mut op, Duration::from_secs(60)).await;
+    // The harness starts the operator again as soon as it stops at the
+    // failpoint: the proof it stopped there is that restart.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while op.restarts() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not stop at the failpoint: {}",
+            op.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        op.log_text().contains("after-source-fenced"),
+        "it stopped at after-source-fenced"
+    );
     let done = wait_for(
         "the promotion recorded",
         Duration::from_secs(90),

@@ -349,7 +349,8 @@ async fn replication_in_restricted_namespace_replicates_and_reports() {
     assert_eq!(
         header,
         [
-            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "AGE"
+            "NAME", "MODE", "SHARDS", "VERSION", "PRIMARY", "READY", "PHASE", "MEMORY", "SOURCE",
+            "AGE"
         ],
         "{text}"
     );

@@ -1758,9 +1758,12 @@ async fn a_cluster_speaks_tls_on_its_bus_fails_over_and_reads_a_renewed_certific
     let ca_pem = secret_file(&issued, "ca.crt");
     let leaf = leaf_of(&issued);
     let pw = redis_password(&client, ns, "cache").await;
+    // A TLS handshake on a loaded machine (the pool's heavy jobs beside it)
+    // took longer than 500 ms once: what is checked here is how the nodes
+    // listen and are configured, not how fast they answer.
     let tls = ConnectOptions::default()
         .with_password(pw.clone())
-        .with_timeouts(Duration::from_millis(500), Duration::from_secs(1))
+        .with_timeouts(Duration::from_secs(3), Duration::from_secs(3))
         .with_tls(TlsOptions::servers_of_ca(ca_pem.clone().into_bytes()));
     let plain = ConnectOptions::default()
         .with_password(pw.clone())

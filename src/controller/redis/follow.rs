@@ -384,37 +384,6 @@ impl Reconciler {
                 }
                 .into();
                 status.lag_seconds = up.link_age;
-                // A source whose history changed under a primary that kept
-                // following it (the operator was not running to fence it):
-                // the primary resynchronised; say so once.
-                let recorded = self
-                    .redis
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.replica_of.as_ref())
-                    .and_then(|r| r.replid.clone());
-                if let (Some(was), Some(now_id)) = (recorded, status.replid.as_ref())
-                    && was != *now_id
-                    && head_info.replication.replid.as_ref() == Some(now_id)
-                {
-                    self.event(
-                        EventType::Warning,
-                        "SourceHistoryChanged",
-                        "Follow",
-                        format!(
-                            "{address} changed history ({was} → {now_id}) while primary {} \
-                             followed it without a check (the operator was not watching): \
-                             it resynchronised from the source and holds {} keys",
-                            head.name,
-                            head_info.total_keys()
-                        ),
-                    )
-                    .await;
-                }
-                if let Ok(src) = &src_info {
-                    let applied = head_info.replication.applied_offset().unwrap_or(0);
-                    status.lag_bytes = src.replication.repl_offset.map(|o| (o - applied).max(0));
-                }
                 if let Err(category) = &src_info {
                     // The watch fences at once; a pass that finds the
                     // source gone does too (the watch may have missed it).
