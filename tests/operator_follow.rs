@@ -62,6 +62,20 @@ async fn source_secret(client: &Client, ns: &str) {
         .expect("creating the source's Secret");
 }
 
+/// Redis `name` in `ns` following the source on `port` (Standalone, or
+/// Replication with `instances`), with the source's Secret: Ready, link up.
+async fn follow_source(client: &Client, ns: &str, name: &str, instances: Option<i32>, port: u16) {
+    source_secret(client, ns).await;
+    let source = json!({"host": NODE_IP, "port": port, "secretName": "source-auth"});
+    let spec = match instances {
+        Some(n) => json!({"mode": "Replication", "instances": n, "replicaOf": source}),
+        None => json!({ "replicaOf": source }),
+    };
+    apply_redis(client, ns, name, spec).await;
+    wait_ready(client, ns, name, READY).await;
+    wait_link(client, ns, name, "Up", READY).await;
+}
+
 async fn fill(node: &mut Node, prefix: &str, n: usize) {
     for i in 0..n {
         let _: () = node
@@ -406,16 +420,7 @@ async fn a_source_restarted_empty_does_not_wipe_its_follower() {
     let mut s = Node::connect(&src_ep, &src_opts).await.expect("source");
     fill(&mut s, "k", 500).await;
     drop(s);
-    source_secret(&client, &ns.name).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "standby",
-        json!({"replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "standby", READY).await;
-    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    follow_source(&client, &ns.name, "standby", None, src.port()).await;
     let (_, mut p) = primary_node(&client, &ns.name, "standby").await;
     wait_for("500 keys followed", Duration::from_secs(30), || async {
         let mut p = primary_node(&client, &ns.name, "standby").await.1;
@@ -953,16 +958,7 @@ async fn a_link_cut_longer_than_the_backlog_ends_in_a_full_resync_with_every_key
             .expect("CONFIG SET");
     }
     fill(&mut s, "before", 1_000).await;
-    source_secret(&client, &ns.name).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "standby",
-        json!({"replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "standby", READY).await;
-    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    follow_source(&client, &ns.name, "standby", None, src.port()).await;
     let syncs_before = s.info().await.expect("INFO").stats.sync_full.unwrap_or(0);
 
     // The follower is cut off while 5 MiB are written to the source.
@@ -1023,17 +1019,7 @@ async fn a_rolling_restart_of_a_follower_keeps_following_and_loses_nothing() {
     let src = source();
     let src_ep = src.endpoint();
     let src_opts = src.connect_options();
-    source_secret(&client, &ns.name).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "standby",
-        json!({"mode": "Replication", "instances": 2,
-               "replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "standby", READY).await;
-    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    follow_source(&client, &ns.name, "standby", Some(2), src.port()).await;
     let (before, _) = primary_node(&client, &ns.name, "standby").await;
     let uids = support::operator::pod_uids(&client, &ns.name, "standby").await;
 
@@ -1109,17 +1095,7 @@ async fn a_follower_whose_primary_is_killed_follows_again_from_a_replica() {
     let src_opts = src.connect_options();
     let mut s = Node::connect(&src_ep, &src_opts).await.expect("source");
     fill(&mut s, "k", 1_000).await;
-    source_secret(&client, &ns.name).await;
-    apply_redis(
-        &client,
-        &ns.name,
-        "standby",
-        json!({"mode": "Replication", "instances": 2,
-               "replicaOf": {"host": NODE_IP, "port": src.port(), "secretName": "source-auth"}}),
-    )
-    .await;
-    wait_ready(&client, &ns.name, "standby", READY).await;
-    wait_link(&client, &ns.name, "standby", "Up", READY).await;
+    follow_source(&client, &ns.name, "standby", Some(2), src.port()).await;
     let (before, mut p) = primary_node(&client, &ns.name, "standby").await;
     let pid = support::operator::server_pid(&mut p).await;
     support::operator::kill_9(pid);
