@@ -42,7 +42,7 @@ use futures::channel::mpsc;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::v1alpha1::Redis;
-use crate::redis::probe::ProbeConn;
+use crate::redis::probe::{ProbeConn, answered, closed};
 use crate::redis::{ConnectOptions, Endpoint};
 
 /// Time between two probes of one primary.
@@ -578,14 +578,6 @@ fn grid_after(
     epoch + Duration::from_nanos(u64::try_from(k * step).unwrap_or(u64::MAX))
 }
 
-/// Waits for the open probe connection to close (never, without one).
-async fn closed(conn: &mut Option<ProbeConn>) {
-    match conn.as_mut() {
-        Some(c) => c.until_closed().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Reads `used_memory` when the memory is watched; `Some(used)` when a
 /// reconcile is to be asked for.
 async fn sample_memory(node: &mut ProbeConn, memory: &Mutex<MemoryWatch>) -> Option<u64> {
@@ -649,15 +641,6 @@ async fn probe_address(endpoint: &Endpoint) -> Probe {
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
         _ => Probe::Silent,
     }
-}
-
-/// The server replied, with an error: it is alive (a password being
-/// rotated, a dataset loading), which is not for failover to judge.
-fn answered(e: &crate::redis::Error) -> bool {
-    matches!(
-        e.category(),
-        crate::redis::ErrorCategory::Auth | crate::redis::ErrorCategory::Server
-    )
 }
 
 #[cfg(test)]

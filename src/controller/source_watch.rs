@@ -29,7 +29,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::v1alpha1::Redis;
 use crate::controller::layout::{BOOT_FENCE_HOST, SOURCE_FENCE_PORT};
 use crate::redis::info::Role;
-use crate::redis::probe::ProbeConn;
+use crate::redis::probe::{ProbeConn, answered, closed};
 use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// Time between two probes of a source.
@@ -240,20 +240,6 @@ async fn watch_loop(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
-
-async fn closed(conn: &mut Option<ProbeConn>) {
-    match conn.as_mut() {
-        Some(c) => c.until_closed().await,
-        None => std::future::pending().await,
-    }
-}
-
-fn answered(e: &crate::redis::Error) -> bool {
-    matches!(
-        e.category(),
-        crate::redis::ErrorCategory::Auth | crate::redis::ErrorCategory::Server
-    )
 }
 
 /// Points the primary at the fence if it still follows the source; true

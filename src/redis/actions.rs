@@ -46,7 +46,7 @@ pub async fn make_primary(
 }
 
 /// `CONFIG SET` of each of `settings`, one at a time.
-async fn set_each(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
+pub async fn set_each(node: &mut Node, settings: &[(&str, String)]) -> Result<()> {
     for (key, value) in settings {
         let _: redis::Value = node
             .query(

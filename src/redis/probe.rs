@@ -256,6 +256,24 @@ impl ProbeConn {
     }
 }
 
+/// Waits for the open probe connection to close (never, without one):
+/// the probe loops watch it between two probes.
+pub async fn closed(conn: &mut Option<ProbeConn>) {
+    match conn.as_mut() {
+        Some(c) => c.until_closed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The server replied, with an error (a password being rotated, a dataset
+/// loading): it is there, which is what a probe asks.
+pub fn answered(e: &super::Error) -> bool {
+    matches!(
+        e.category(),
+        super::ErrorCategory::Auth | super::ErrorCategory::Server
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1052,15 +1052,9 @@ impl Reconciler {
         set_master_auth(node, user, &auth.current, self.redis.spec.tls.is_some())
             .await
             .map_err(Error::from)?;
-        for (key, value) in super::conf::fencing_config(&self.redis) {
-            let _: redis::Value = node
-                .query(
-                    "CONFIG SET",
-                    redis::cmd("CONFIG").arg("SET").arg(key).arg(value),
-                )
-                .await
-                .map_err(Error::from)?;
-        }
+        crate::redis::actions::set_each(node, &super::conf::fencing_config(&self.redis))
+            .await
+            .map_err(Error::from)?;
         node.replicaof(None).await.map_err(Error::from)?;
         Ok(())
     }
