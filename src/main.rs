@@ -38,6 +38,11 @@ enum Command {
     /// Delete a stored backup and its manifest (what deleting a RedisBackup
     /// with `deletionPolicy: Delete` runs).
     Delete(DeleteArgs),
+    /// Archive the replication stream continuously (what the `archive`
+    /// sidecar of a Redis with `spec.archive` runs): `--key` is the
+    /// archive's root. Serves `/status` (JSON) and `/metrics`. Secrets from
+    /// the environment only.
+    Archive(ArchiveArgs),
     /// Serve Prometheus metrics of the server in the same pod (what the
     /// metrics sidecar runs): `INFO ALL` at each scrape, in the names the
     /// usual Redis exporter uses.
@@ -210,6 +215,63 @@ struct DeleteArgs {
     result: ResultArgs,
 }
 
+/// Options of `redpilot archive`.
+#[derive(clap::Args, Debug)]
+struct ArchiveArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The line archived (`main`, or `shard-<i>` of a Cluster Redis).
+    #[arg(long, default_value = "main")]
+    line: String,
+    /// A Cluster Redis's shard index (recorded in bases).
+    #[arg(long)]
+    shard: Option<i32>,
+    /// The pod's own server.
+    #[arg(long, default_value_t = 6379)]
+    port: u16,
+    /// This pod's address (as its primary lists it).
+    #[arg(long, env = "POD_IP", default_value = "")]
+    pod_ip: String,
+    /// This pod's name.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pod: String,
+    /// One instance per primary: archive the primary itself.
+    #[arg(long)]
+    alone: bool,
+    /// Milliseconds between segments (the archive's delay behind the
+    /// stream, plus the upload).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    interval_ms: u64,
+    /// Milliseconds between checkpoints (the granularity of a restore).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    checkpoint_ms: u64,
+    /// Seconds between bases (snapshots) within a run.
+    #[arg(long, default_value_t = 86_400)]
+    base_every_seconds: u64,
+    /// Seconds of history kept restorable.
+    #[arg(long, default_value_t = 7 * 86_400)]
+    retention_seconds: u64,
+    /// MiB received and not yet stored beyond which the stream waits.
+    #[arg(long, default_value_t = 128)]
+    queue_limit_mib: usize,
+    /// Address of `/status` and `/metrics`.
+    #[arg(long, default_value = "0.0.0.0:9122")]
+    listen: String,
+    /// TLS to the own server (its loopback: nothing checked).
+    #[arg(long)]
+    tls_loopback: bool,
+    /// With TLS: the CA of the other pods' servers.
+    #[arg(long)]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// With TLS: a directory with `tls.crt` and `tls.key` to present.
+    #[arg(long)]
+    tls_client_dir: Option<std::path::PathBuf>,
+    /// Where a failure to start is written (the container's termination
+    /// message).
+    #[command(flatten)]
+    result: ResultArgs,
+}
+
 /// Where the outcome goes besides stdout/stderr.
 #[derive(clap::Args, Debug, Clone)]
 struct ResultArgs {
@@ -276,6 +338,14 @@ struct RestoreArgs {
     /// of a deleted Redis of the same name) is overwritten, with its AOF.
     #[arg(long)]
     only_pod: Option<String>,
+    /// Restore to this time (RFC 3339) from a continuous archive whose
+    /// root is `--key`: `--dest` becomes an append-only file (the base as
+    /// its RDB preamble, then the commands up to the time).
+    #[arg(long)]
+    point_in_time: Option<String>,
+    /// With `--point-in-time`: the archive's line (`main`, `shard-<i>`).
+    #[arg(long, default_value = "main")]
+    line: String,
     #[command(flatten)]
     result: ResultArgs,
 }
@@ -378,6 +448,16 @@ fn command(cli: Cli) -> ExitCode {
             };
             let result = args.result.clone();
             report(runtime.block_on(delete(args)), &result)
+        }
+        Command::Archive(args) => {
+            let Some(runtime) = runtime("archive") else {
+                return ExitCode::FAILURE;
+            };
+            let result = args.result.clone();
+            match runtime.block_on(archive(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => report(Err(e), &result),
+            }
         }
         Command::Exporter(args) => {
             let settings = redpilot::exporter::Settings::new(
@@ -553,6 +633,9 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
     marker.push(".restored");
     let marker = std::path::PathBuf::from(marker);
     let owner = env_value("REDPILOT_RESTORE_OWNER").unwrap_or_default();
+    if args.point_in_time.is_some() && env_value("REDPILOT_BOOTSTRAPPED").is_some() {
+        pitr_cleanup(&args.dest, &marker)?;
+    }
     if let Some(only) = &args.only_pod {
         let skip = |why: String| Ok(serde_json::json!({"skipped": why}).to_string());
         let pod = env_value("POD_NAME").unwrap_or_default();
@@ -584,6 +667,18 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
             valkey: args.server_engine == "valkey",
             max_rdb_version,
         });
+    if let Some(at) = &args.point_in_time {
+        return restore_to_time(
+            &args,
+            at,
+            store.as_ref(),
+            &location,
+            loader,
+            &marker,
+            &owner,
+        )
+        .await;
+    }
     let m = redpilot::backup::restore(
         store.as_ref(),
         &location,
@@ -611,6 +706,188 @@ async fn restore(args: RestoreArgs) -> Result<String, redpilot::backup::BackupEr
         })?;
     }
     manifest_json(&m)
+}
+
+/// Restores line `--line` of the archive under `--key` to `at` into
+/// `--dest` (an append-only file), with the marker the start script and
+/// the operator look for.
+async fn restore_to_time(
+    args: &RestoreArgs,
+    at: &str,
+    store: &dyn object_store::ObjectStore,
+    location: &str,
+    loader: Option<redpilot::backup::restore::Loader>,
+    marker: &std::path::Path,
+    owner: &str,
+) -> Result<String, redpilot::backup::BackupError> {
+    use redpilot::backup::{BackupError, archive, pitr};
+    let ms = chrono::DateTime::parse_from_rfc3339(at)
+        .map_err(|e| BackupError::Invalid(format!("--point-in-time {at:?} is not RFC 3339: {e}")))?
+        .timestamp_millis();
+    let prefix = archive::line_prefix(&args.store.key, &args.line);
+    let dir = args.dest.parent().unwrap_or(std::path::Path::new("."));
+    // The server starts from this file alone: what an earlier life of the
+    // volume left is removed first.
+    for stale in [dir.join("appendonlydir"), pitr_dir(&args.dest)] {
+        if stale.exists() {
+            std::fs::remove_dir_all(&stale)
+                .map_err(|e| BackupError::Invalid(format!("removing {}: {e}", stale.display())))?;
+        }
+    }
+    let dump = dir.join("dump.rdb");
+    if dump.exists() {
+        std::fs::remove_file(&dump)
+            .map_err(|e| BackupError::Invalid(format!("removing {}: {e}", dump.display())))?;
+    }
+    let o = pitr::restore_to(store, location, &prefix, ms, &args.dest, loader).await?;
+    if args.only_pod.is_some() {
+        std::fs::write(marker, format!("{owner} {}\n", o.sha256))
+            .map_err(|e| BackupError::Invalid(format!("writing {}: {e}", marker.display())))?;
+    }
+    serde_json::to_string(&o)
+        .map_err(|e| BackupError::Invalid(format!("encoding the outcome: {e}")))
+}
+
+/// The directory a server started on the restored append-only file keeps
+/// it in (`appenddirname`, Redis 7+): the file's name without `.aof`.
+fn pitr_dir(dest: &std::path::Path) -> std::path::PathBuf {
+    dest.with_extension("")
+}
+
+/// After the bootstrap finished: once the server saved its data as
+/// `dump.rdb` after the restore, the restored append-only file and its
+/// marker go (the start script then starts the server as configured).
+fn pitr_cleanup(
+    dest: &std::path::Path,
+    marker: &std::path::Path,
+) -> Result<(), redpilot::backup::BackupError> {
+    use redpilot::backup::BackupError;
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(restored) = modified(marker) else {
+        return Ok(());
+    };
+    let dir = dest.parent().unwrap_or(std::path::Path::new("."));
+    if modified(&dir.join("dump.rdb")).is_none_or(|saved| saved < restored) {
+        return Ok(());
+    }
+    let gone = |r: std::io::Result<()>, p: &std::path::Path| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(BackupError::Invalid(format!(
+            "removing {}: {e}",
+            p.display()
+        ))),
+        _ => Ok(()),
+    };
+    gone(std::fs::remove_file(dest), dest)?;
+    let d = pitr_dir(dest);
+    gone(std::fs::remove_dir_all(&d), &d)?;
+    gone(std::fs::remove_file(marker), marker)
+}
+
+/// `redpilot archive`: the archiver and its HTTP endpoint.
+async fn archive(args: ArchiveArgs) -> Result<(), redpilot::backup::BackupError> {
+    use redpilot::backup::BackupError;
+    use redpilot::backup::archiver::{self, Settings, State};
+    use redpilot::redis::{ConnectOptions, Endpoint, TlsOptions};
+    let (store, location) = open_store(&args.store)?;
+    let read = |flag: &str, file: &std::path::Path| {
+        std::fs::read(file)
+            .map_err(|e| BackupError::Invalid(format!("{flag} {}: {e}", file.display())))
+    };
+    let mut base = ConnectOptions::default();
+    if let Some(pw) = env_value("REDIS_PASSWORD") {
+        base = match env_value("REDIS_USER") {
+            Some(user) => base.with_user(user, pw),
+            None => base.with_password(pw),
+        };
+    }
+    let client = match &args.tls_client_dir {
+        Some(dir) => Some((
+            read("--tls-client-dir", &dir.join("tls.crt"))?,
+            read("--tls-client-dir", &dir.join("tls.key"))?,
+        )),
+        None => None,
+    };
+    let with_client = |mut t: TlsOptions| {
+        if let Some((cert, key)) = &client {
+            t.client_cert_pem = Some(cert.clone());
+            t.client_key_pem = Some(key.clone());
+        }
+        t
+    };
+    // The replication stream always checks the server's certificate: with
+    // the servers' CA, the own server is checked like the others (by its
+    // chain: it is reached by address).
+    let mut peer_options = base.clone();
+    if let Some(ca) = &args.tls_ca_file {
+        peer_options = peer_options.with_tls(with_client(TlsOptions::servers_of_ca(read(
+            "--tls-ca-file",
+            ca,
+        )?)));
+    }
+    let own_options = if args.tls_ca_file.is_some() {
+        peer_options.clone()
+    } else if args.tls_loopback {
+        return Err(BackupError::Invalid(
+            "--tls-loopback needs --tls-ca-file: the replication stream checks the server's certificate".into(),
+        ));
+    } else {
+        base
+    };
+    let settings = Settings {
+        own: Endpoint::new("127.0.0.1", args.port),
+        pod_ip: args.pod_ip.clone(),
+        pod: if args.pod.is_empty() {
+            "archiver".into()
+        } else {
+            args.pod.clone()
+        },
+        own_options,
+        peer_options,
+        alone: args.alone,
+        store,
+        location,
+        prefix: redpilot::backup::archive::line_prefix(&args.store.key, &args.line),
+        shard: args.shard,
+        interval: std::time::Duration::from_millis(args.interval_ms),
+        checkpoint_every: std::time::Duration::from_millis(args.checkpoint_ms),
+        base_every: std::time::Duration::from_secs(args.base_every_seconds.max(60)),
+        retention: std::time::Duration::from_secs(args.retention_seconds.max(60)),
+        queue_limit: args.queue_limit_mib.max(1) * 1024 * 1024,
+    };
+    let state = std::sync::Arc::new(std::sync::Mutex::new(State::default()));
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| BackupError::Invalid(format!("listening on {}: {e}", args.listen)))?;
+    let shared = state.clone();
+    let app = axum::Router::new()
+        .route(
+            "/status",
+            axum::routing::get({
+                let s = shared.clone();
+                move || async move {
+                    let st = s.lock().map(|g| g.clone()).unwrap_or_default();
+                    (
+                        [("content-type", "application/json")],
+                        serde_json::to_string(&st).unwrap_or_default(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || async move {
+                let st = shared.lock().map(|g| g.clone()).unwrap_or_default();
+                archiver::metrics(&st, chrono::Utc::now().timestamp_millis())
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "archive endpoint stopped");
+        }
+    });
+    tracing::info!(prefix = %settings.prefix, alone = settings.alone, "archiver started");
+    archiver::run(settings, state).await;
+    Ok(())
 }
 
 /// Whether a restore marker's text names `owner` (a Redis UID): the file

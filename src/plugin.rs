@@ -239,6 +239,32 @@ pub fn status(
              over, or annotation redpilot.io/take-writes={t}"
         );
     }
+    // The continuous archive: the window a restore can reach.
+    if let Some(a) = &st.archive {
+        let window = match (&a.earliest, &a.newest) {
+            (Some(e), Some(n)) => format!("restorable from {e} to {n}"),
+            _ => "nothing restorable yet".to_string(),
+        };
+        let lag = a
+            .lag_seconds
+            .map_or(String::new(), |l| format!(", {l:.1} s behind"));
+        let by = a
+            .archiver
+            .as_deref()
+            .map_or(String::new(), |p| format!(" by {p}"));
+        let _ = writeln!(out, "Archive {}{by}: {window}{lag}", a.location);
+        for h in &a.holes {
+            let _ = writeln!(out, "  not restorable exactly: {h}");
+        }
+        if let Some(m) = &a.message {
+            let _ = writeln!(out, "  {m}");
+        }
+        let _ = writeln!(
+            out,
+            "  restore with bootstrap.fromBackup: {{key: {}, pointInTime: <RFC 3339>}} and this bucket",
+            a.key
+        );
+    }
     // Memory and the autopilot.
     let memory = st.memory.as_ref().map_or("unknown".to_string(), |m| {
         format!("{} on {}", m.summary, m.instance)
@@ -570,6 +596,33 @@ mod tests {
         let text = status(&r, &[], &[], now);
         assert!(
             text.contains("Promoted off 10.0.0.9:6379 2m ago (planned): planned: nothing lost\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_screen_shows_the_restorable_window() {
+        use crate::api::v1alpha1::ArchiveStatus;
+        let now = parse_time("2026-01-01T00:05:00Z").unwrap();
+        let mut r = redis();
+        let st = r.status.as_mut().expect("status");
+        st.archive = Some(ArchiveStatus {
+            location: "s3://b/p/ns/cache/archive".into(),
+            key: "p/ns/cache/archive".into(),
+            archiver: Some("cache-1".into()),
+            earliest: Some("2026-01-01T00:00:00.100Z".into()),
+            newest: Some("2026-01-01T00:04:59.900Z".into()),
+            lag_seconds: Some(0.4),
+            holes: vec!["2026-01-01T00:01:00.000Z/2026-01-01T00:01:05.000Z".into()],
+            ..Default::default()
+        });
+        let text = status(&r, &[], &[], now);
+        assert!(
+            text.contains(
+                "Archive s3://b/p/ns/cache/archive by cache-1: restorable from \
+                 2026-01-01T00:00:00.100Z to 2026-01-01T00:04:59.900Z, 0.4 s behind\n  not \
+                 restorable exactly: 2026-01-01T00:01:00.000Z/2026-01-01T00:01:05.000Z\n"
+            ),
             "{text}"
         );
     }

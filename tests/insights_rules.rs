@@ -55,7 +55,7 @@ fn promtool_accepts_the_rules_and_every_alert_passes_its_unit_tests() {
     let text = String::from_utf8_lossy(&check.stdout).to_string()
         + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "{text}");
-    assert!(text.contains("SUCCESS: 19 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 21 rules found"), "{text}");
 
     let tests = root().join("config/prometheus/tests");
     let files: Vec<PathBuf> = std::fs::read_dir(&tests)
@@ -90,7 +90,7 @@ fn promtool_accepts_the_rules_and_every_alert_passes_its_unit_tests() {
             );
         }
     }
-    assert_eq!(alerts, 19);
+    assert_eq!(alerts, 21);
 }
 
 #[test]

@@ -24,6 +24,7 @@ use kube::core::{Message, Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+mod archive;
 mod autopilot;
 mod backup;
 mod monitoring;
@@ -31,6 +32,7 @@ mod network;
 mod schedule;
 mod tls;
 mod users;
+pub use archive::*;
 pub use autopilot::*;
 pub use backup::*;
 pub use monitoring::*;
@@ -311,6 +313,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup)")
         .message("spec.bootstrap.fromBackup: a Cluster Redis is restored from a RedisBackup of a Cluster Redis (set backup); a bucket key holds one shard's file")
         .field_path(".bootstrap"),
+    validation = Rule::new("!has(self.archive) || !has(self.mode) || self.mode != 'Cluster'")
+        .message("spec.archive: a Cluster Redis is not archived yet (restoring every shard to one time with the slot layout of that time is not built); archive a Standalone or Replication Redis, and back a Cluster up with a RedisBackupSchedule")
+        .field_path(".archive"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),
@@ -506,6 +511,11 @@ pub struct RedisSpec {
     /// and `status.replicaOf`). Standalone and Replication modes only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_of: Option<ReplicaOfSpec>,
+
+    /// Archive every write continuously, for restores to a point in time
+    /// (see `ArchiveSpec`; `status.archive` shows the restorable window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveSpec>,
 }
 
 /// The Redis a Redis follows (`spec.replicaOf`).
@@ -1019,6 +1029,9 @@ pub struct RedisStatus {
     /// here again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demoted: Option<String>,
+    /// The continuous archive (`spec.archive`): its window and lag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveStatus>,
 }
 
 /// Tuning advice the operator applies itself (`spec.tuning`).

@@ -60,6 +60,10 @@ pub enum BackupError {
     /// A restore refused what it fetched.
     #[error("{0}")]
     Refused(#[from] Refused),
+    /// The archive cannot restore the time asked for (outside its window,
+    /// or a hole in it).
+    #[error("{0}")]
+    NotRestorable(String),
 }
 
 impl BackupError {
@@ -84,6 +88,7 @@ impl BackupError {
             BackupError::Invalid(_) => "InvalidRequest",
             BackupError::Refused(Refused::TooNew { .. }) => "IncompatibleVersion",
             BackupError::Refused(Refused::Mismatch(_)) => "ChecksumMismatch",
+            BackupError::NotRestorable(_) => "NotRestorable",
         }
     }
 }
@@ -141,6 +146,132 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Hashing<W> {
     }
 }
 
+/// A snapshot's upload under its final key: hashed as it goes, completed
+/// (and its manifest written) or aborted, so no partial object is ever
+/// left under the key.
+pub struct UploadWriter {
+    out: Hashing<BufWriter>,
+    store: Arc<dyn ObjectStore>,
+    key: String,
+}
+
+impl UploadWriter {
+    /// An upload to `key` (nothing is sent before the first part fills).
+    pub fn new(store: Arc<dyn ObjectStore>, key: &str) -> Result<Self, BackupError> {
+        let path =
+            Path::parse(key).map_err(|e| BackupError::Invalid(format!("key {key:?}: {e}")))?;
+        let upload = BufWriter::with_capacity(store.clone(), path, PART_SIZE)
+            .with_max_concurrency(UPLOADS_IN_FLIGHT);
+        Ok(Self {
+            out: Hashing {
+                inner: upload,
+                sha: Sha256::new(),
+                write_error: None,
+            },
+            store,
+            key: key.to_string(),
+        })
+    }
+
+    /// Drops the upload: nothing appears under the key.
+    pub async fn abort(mut self) {
+        let _ = self.out.inner.abort().await;
+    }
+
+    /// The store's error behind a failed write, if that is what failed.
+    fn take_write_error(&mut self, location: &str) -> Option<BackupError> {
+        let at = format!("{location}/{}", self.key);
+        self.out
+            .write_error
+            .take()
+            .map(|w| store_error("uploading", at, w))
+    }
+
+    /// Completes the upload and writes the manifest of the snapshot
+    /// described by `header`, `size`, `replid` and `offset`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn complete(
+        mut self,
+        source: &Source,
+        location: &str,
+        header: &crate::redis::rdb::RdbHeader,
+        size: u64,
+        replid: Option<String>,
+        offset: Option<i64>,
+        started: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Manifest, BackupError> {
+        let at = |k: &str| format!("{location}/{k}");
+        // A completion that fails leaves an unfinished multipart upload,
+        // which no reader sees as an object.
+        if let Err(e) = self.out.shutdown().await {
+            return Err(store_error("completing the upload of", at(&self.key), e));
+        }
+        let sha256 = hex(&self.out.sha.clone().finalize());
+        let m = Manifest {
+            format: manifest::FORMAT,
+            key: self.key.clone(),
+            size_bytes: size,
+            sha256,
+            keys: header.first_db.map(|(_, k)| k),
+            keys_db: header.first_db.map(|(db, _)| db),
+            rdb_version: header.version,
+            engine: match header.format {
+                RdbFormat::Redis => "Redis",
+                RdbFormat::Valkey => "Valkey",
+            }
+            .to_string(),
+            engine_version: header
+                .aux
+                .get("valkey-ver")
+                .or_else(|| header.aux.get("redis-ver"))
+                .cloned(),
+            source: source.name.clone(),
+            replid,
+            offset,
+            shard: source.shard.as_ref().map(|(i, _)| *i),
+            slots: source
+                .shard
+                .as_ref()
+                .map(|(_, s)| s.clone())
+                .filter(|s| !s.is_empty()),
+            started_at: started.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            completed_at: now(),
+        };
+        let body = serde_json::to_vec_pretty(&m)
+            .map_err(|e| BackupError::Invalid(format!("encoding the manifest: {e}")))?;
+        let mkey = manifest::key_for(&self.key);
+        let mpath =
+            Path::parse(&mkey).map_err(|e| BackupError::Invalid(format!("key {mkey:?}: {e}")))?;
+        self.store
+            .put(&mpath, PutPayload::from(body))
+            .await
+            .map_err(|error| BackupError::Store {
+                action: "writing the manifest",
+                location: at(&mkey),
+                error,
+            })?;
+        Ok(m)
+    }
+}
+
+impl AsyncWrite for UploadWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.out).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.out).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.out).poll_shutdown(cx)
+    }
+}
+
 /// Streams a snapshot of `source` to `key` in `store`, then writes its
 /// manifest to `<key>.manifest.json`. `location` is how the target is named
 /// in messages (`s3://bucket`).
@@ -150,16 +281,8 @@ pub async fn backup(
     location: &str,
     key: &str,
 ) -> Result<Manifest, BackupError> {
-    let started_at = now();
-    let at = |k: &str| format!("{location}/{k}");
-    let path = Path::parse(key).map_err(|e| BackupError::Invalid(format!("key {key:?}: {e}")))?;
-    let upload = BufWriter::with_capacity(store.clone(), path, PART_SIZE)
-        .with_max_concurrency(UPLOADS_IN_FLIGHT);
-    let mut out = Hashing {
-        inner: upload,
-        sha: Sha256::new(),
-        write_error: None,
-    };
+    let started = chrono::Utc::now();
+    let mut out = UploadWriter::new(store, key)?;
     let rdb = RdbOptions {
         min_offset: source.min_offset,
         ..RdbOptions::default()
@@ -168,12 +291,10 @@ pub async fn backup(
     let report = match streamed {
         Ok(r) => r,
         Err(e) => {
-            // The upload never completes: nothing appears under the key.
-            let _ = out.inner.abort().await;
             // A failed write to the store surfaces as an I/O error of the
             // stream; name the store when that is what failed.
-            return Err(match out.write_error.take() {
-                Some(w) => store_error("uploading", at(key), w),
+            let failed = match out.take_write_error(location) {
+                Some(w) => w,
                 None if source.min_offset.is_some()
                     && e.category() == crate::redis::ErrorCategory::State =>
                 {
@@ -186,51 +307,28 @@ pub async fn backup(
                     source_name: source.name.clone(),
                     error: e,
                 },
-            });
+            };
+            // The upload never completes: nothing appears under the key.
+            out.abort().await;
+            return Err(failed);
         }
     };
-    // A completion that fails leaves an unfinished multipart upload, which
-    // no reader sees as an object.
-    if let Err(e) = out.shutdown().await {
-        return Err(store_error("completing the upload of", at(key), e));
-    }
-    let sha256 = hex(&out.sha.finalize());
-    let m = Manifest {
-        format: manifest::FORMAT,
-        key: key.to_string(),
-        size_bytes: report.size,
-        sha256,
-        keys: report.first_db.map(|(_, k)| k),
-        keys_db: report.first_db.map(|(db, _)| db),
-        rdb_version: report.rdb_version,
-        engine: match report.format {
-            RdbFormat::Redis => "Redis",
-            RdbFormat::Valkey => "Valkey",
-        }
-        .to_string(),
-        engine_version: report.engine_version.clone(),
-        source: source.name.clone(),
-        replid: report.replid.clone(),
-        offset: report.offset,
-        shard: source.shard.as_ref().map(|(i, _)| *i),
-        slots: source.shard.as_ref().map(|(_, s)| s.clone()),
-        started_at,
-        completed_at: now(),
+    let header = crate::redis::rdb::RdbHeader {
+        format: report.format,
+        version: report.rdb_version,
+        aux: report.aux.clone(),
+        first_db: report.first_db,
     };
-    let body = serde_json::to_vec_pretty(&m)
-        .map_err(|e| BackupError::Invalid(format!("encoding the manifest: {e}")))?;
-    let mkey = manifest::key_for(key);
-    let mpath =
-        Path::parse(&mkey).map_err(|e| BackupError::Invalid(format!("key {mkey:?}: {e}")))?;
-    store
-        .put(&mpath, PutPayload::from(body))
-        .await
-        .map_err(|error| BackupError::Store {
-            action: "writing the manifest",
-            location: at(&mkey),
-            error,
-        })?;
-    Ok(m)
+    out.complete(
+        source,
+        location,
+        &header,
+        report.size,
+        report.replid.clone(),
+        report.offset,
+        started,
+    )
+    .await
 }
 
 /// Reads the manifest of the backup stored under `key`.

@@ -18,7 +18,10 @@
 //! SHA-256 match.
 
 pub mod agent;
+pub mod archive;
+pub mod archiver;
 pub mod manifest;
+pub mod pitr;
 pub mod restore;
 pub mod store;
 

@@ -220,6 +220,8 @@ pub enum Outcome {
     Done(Box<Manifest>),
     /// A bootstrap restore that had nothing to do.
     Skipped(String),
+    /// A restore to a point in time: what it loaded.
+    ToTime(Box<crate::backup::pitr::Outcome>),
     /// A failure: a bounded reason and a message (never a secret).
     Failed {
         /// Category (`StoreAccessDenied`, `ChecksumMismatch`, …).
@@ -249,6 +251,11 @@ pub fn outcome(message: &str) -> Option<Outcome> {
             message: msg.into(),
         });
     }
+    if v.get("checkpoint").is_some() {
+        return serde_json::from_value::<crate::backup::pitr::Outcome>(v)
+            .ok()
+            .map(|o| Outcome::ToTime(Box::new(o)));
+    }
     serde_json::from_value::<Manifest>(v)
         .ok()
         .map(|m| Outcome::Done(Box::new(m)))
@@ -266,6 +273,7 @@ pub fn bounded_reason(reason: &str) -> &'static str {
         "InvalidRequest" => "InvalidRequest",
         "IncompatibleVersion" => "IncompatibleVersion",
         "ChecksumMismatch" => "ChecksumMismatch",
+        "NotRestorable" => "NotRestorable",
         _ => "AgentFailed",
     }
 }

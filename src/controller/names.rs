@@ -90,6 +90,11 @@ pub const ISSUER_ANNOTATION: &str = "redpilot.io/issuer-hash";
 /// Where the certificate Secret of `spec.tls` is mounted, in the server
 /// and the sidecar (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/etc/redis-tls";
+
+/// Port of the archive sidecar's `/status` and `/metrics` (`spec.archive`).
+pub const ARCHIVE_PORT: u16 = 9122;
+/// Name of that port (the PodMonitor scrapes it).
+pub const ARCHIVE_PORT_NAME: &str = "archive";
 /// ConfigMap key holding redis.conf.
 pub const CONFIG_KEY: &str = "redis.conf";
 /// ConfigMap key holding the current primary as `ip port` (read at start-up

@@ -18,6 +18,7 @@ mod error;
 pub mod info;
 pub mod probe;
 pub mod rdb;
+pub mod replstream;
 pub mod reshard;
 pub mod topology;
 pub mod tuning;

@@ -296,7 +296,7 @@ pub(super) async fn open_stream(
     }
 }
 
-async fn send<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut BufReader<S>,
     label: &str,
     bound: Duration,
@@ -373,7 +373,7 @@ pub(super) async fn read_line_into<R: AsyncBufRead + Unpin>(
 
 /// Reads the next non-empty line within `bound` (servers send bare `\n` as
 /// keep-alives while preparing a snapshot).
-async fn next_reply<R: AsyncBufRead + Unpin>(
+pub(super) async fn next_reply<R: AsyncBufRead + Unpin>(
     r: &mut R,
     label: &str,
     operation: &'static str,
@@ -678,7 +678,10 @@ async fn copy_payload<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
             Ok(())
         }
         Framing::Eof(mark) => {
-            let mut pending: Vec<u8> = Vec::new();
+            // The last bytes read that may begin the mark, not yet passed
+            // on. Nothing past the mark is consumed: on a replication
+            // connection the command stream follows it.
+            let mut held: Vec<u8> = Vec::new();
             loop {
                 let buf = tokio::time::timeout(idle, reader.fill_buf())
                     .await
@@ -690,15 +693,19 @@ async fn copy_payload<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
                         message: "connection closed before the end-of-payload mark".into(),
                     });
                 }
-                pending.extend_from_slice(buf);
                 let n = buf.len();
-                reader.consume(n);
-                if let Some(at) = find(&pending, mark) {
-                    return sink.push(&pending[..at]).await;
+                let mut window = std::mem::take(&mut held);
+                let kept = window.len();
+                window.extend_from_slice(buf);
+                if let Some(at) = find(&window, mark) {
+                    sink.push(&window[..at]).await?;
+                    reader.consume(at + EOF_MARK_LEN - kept);
+                    return Ok(());
                 }
-                let cut = pending.len().saturating_sub(EOF_MARK_LEN - 1);
-                sink.push(&pending[..cut]).await?;
-                pending.drain(..cut);
+                let cut = window.len().saturating_sub(EOF_MARK_LEN - 1);
+                sink.push(&window[..cut]).await?;
+                held = window.split_off(cut);
+                reader.consume(n);
             }
         }
     }
@@ -824,14 +831,7 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
     if header.starts_with('-') {
         return Err(reply_error(&label, "PSYNC", &header));
     }
-    let framing = parse_framing(&label, &header)?;
-    let mode = match framing {
-        Framing::Sized(length) => TransferMode::Sized { length },
-        Framing::Eof(_) => TransferMode::Diskless,
-    };
-    let mut sink = Sink::new(out, label.clone(), rdb.idle_timeout);
-    copy_payload(&mut conn, &mut sink, &framing, rdb.idle_timeout).await?;
-    let (header, size) = sink.finish().await?;
+    let (header, size, mode) = read_snapshot(&mut conn, &label, &header, rdb, out).await?;
     let engine_version = header
         .aux
         .get("valkey-ver")
@@ -849,6 +849,28 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
         offset,
         duration: start.elapsed(),
     })
+}
+
+/// Reads the snapshot whose header line (`$<length>` or `$EOF:<mark>`) was
+/// `header` from `conn` into `out`, checking that it is an RDB file from
+/// its magic to its EOF opcode. What follows it on `conn` (a replication
+/// stream) is left unread.
+pub(super) async fn read_snapshot<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
+    conn: &mut R,
+    label: &str,
+    header: &str,
+    rdb: &RdbOptions,
+    out: &mut W,
+) -> Result<(RdbHeader, u64, TransferMode)> {
+    let framing = parse_framing(label, header)?;
+    let mode = match framing {
+        Framing::Sized(length) => TransferMode::Sized { length },
+        Framing::Eof(_) => TransferMode::Diskless,
+    };
+    let mut sink = Sink::new(out, label.to_string(), rdb.idle_timeout);
+    copy_payload(conn, &mut sink, &framing, rdb.idle_timeout).await?;
+    let (header, size) = sink.finish().await?;
+    Ok((header, size, mode))
 }
 
 /// Runs one write-side I/O step within `idle`, mapping a timeout and an I/O

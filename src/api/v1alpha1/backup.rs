@@ -381,6 +381,10 @@ impl BackupOrigin {
 #[x_kube(
     validation = Rule::new("has(self.backup) != ((has(self.s3) || has(self.volume)) && has(self.key))")
         .message("spec.bootstrap.fromBackup: set either backup (a RedisBackup's name) or key with s3 or volume (a backup stored elsewhere)"),
+    validation = Rule::new("!has(self.pointInTime) || !has(self.backup)")
+        .message("spec.bootstrap.fromBackup.pointInTime: restore to a time from an archive (s3 or volume, with key its root: the source Redis's status.archive.key), not from a RedisBackup"),
+    validation = Rule::new("!has(self.pointInTime) || self.pointInTime.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')")
+        .message("spec.bootstrap.fromBackup.pointInTime must be an RFC 3339 time, e.g. 2026-12-07T10:11:12Z or 2026-12-07T10:11:12.250+01:00"),
     validation = Rule::new("!(has(self.s3) && has(self.volume))")
         .message("spec.bootstrap.fromBackup: set s3 or volume, not both"),
     validation = Rule::new("has(self.key) == (has(self.s3) || has(self.volume))")
@@ -405,6 +409,15 @@ pub struct FromBackup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub key: Option<String>,
+    /// Restore to this time (RFC 3339) from a continuous archive
+    /// (`spec.archive` of another Redis): `key` is then the archive's root
+    /// (that Redis's `status.archive.key`). The data is what the primary
+    /// held at the archive's last checkpoint at or before the time
+    /// (checkpoints every 100 ms): every write it executed before that
+    /// checkpoint, none after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 20, max = 40))]
+    pub point_in_time: Option<String>,
 }
 
 /// How a new Redis gets its first data.
@@ -446,6 +459,16 @@ pub struct BootstrapStatus {
     /// what the spec left unset was taken from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<BackupOrigin>,
+    /// A restore to a point in time: the time asked for ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<String>,
+    /// ... the checkpoint the data was restored to (every write the primary
+    /// executed before it, none after) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_to: Option<String>,
+    /// ... and the stream's commands applied after the base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commands: Option<i64>,
 }
 
 /// One shard of a Cluster Redis's bootstrap (`status.bootstrap.shards[]`).

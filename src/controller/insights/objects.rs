@@ -112,7 +112,8 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
         (kind, names::stamp_hash(obj))
     };
     let mut out = Vec::new();
-    if m.exporter {
+    let archived = redis.spec.archive.is_some();
+    if m.exporter || archived {
         let mut relabelings = vec![json!({
             "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
             "targetLabel": "redis",
@@ -126,17 +127,27 @@ fn desired(redis: &Redis) -> Vec<(&'static str, DynamicObject)> {
                 "action": "replace",
             }));
         }
+        let endpoints: Vec<serde_json::Value> = [
+            (m.exporter, sidecar::PORT_NAME),
+            (archived, names::ARCHIVE_PORT_NAME),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, port)| {
+            json!({
+                "port": port,
+                "path": "/metrics",
+                "interval": "15s",
+                "relabelings": relabelings,
+            })
+        })
+        .collect();
         out.push(object(
             KINDS[0],
             json!({
                 "selector": {"matchLabels": names::selector_labels(redis)},
                 "namespaceSelector": {"matchNames": [ns]},
-                "podMetricsEndpoints": [{
-                    "port": sidecar::PORT_NAME,
-                    "path": "/metrics",
-                    "interval": "15s",
-                    "relabelings": relabelings,
-                }],
+                "podMetricsEndpoints": endpoints,
             }),
         ));
     }

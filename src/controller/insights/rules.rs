@@ -129,6 +129,22 @@ pub fn redis_group(scope: &Scope<'_>, bounds: &AlertBounds) -> Value {
                 "The newest completed backup finished {{ $value | humanizeDuration }} ago (bound: spec.monitoring.alerts.backupMaxAgeHours).",
             ),
             alert(
+                "RedisArchiveBehind",
+                format!("redpilot_archive_lag_seconds{{{s}}} > redpilot_archive_lag_bound_seconds{{{s}}}"),
+                "15s",
+                "warning",
+                "The archive of Redis {{ $labels.namespace }}/{{ $labels.redis }} is behind",
+                "The newest write time the archive can restore is {{ $value | humanizeDuration }} old (bound: three of spec.archive.intervalSeconds and 10 s): the store is slow or unreachable, and writes since are only on the servers. See status.archive.message.",
+            ),
+            alert(
+                "RedisArchiveStopped",
+                format!("max by (namespace, redis) (redpilot_archive_archiving{{{s}}}) == 0"),
+                "2m",
+                "warning",
+                "No instance of Redis {{ $labels.namespace }}/{{ $labels.redis }} archives its writes",
+                "spec.archive is set but no archive sidecar has streamed for 2 minutes (with replicas, a replica archives: are they all down?). Writes since are not restorable. See status.archive.message.",
+            ),
+            alert(
                 "RedisMemoryAtMaximum",
                 format!("redpilot_redis_memory_at_maximum{{{s}}} == 1"),
                 "5m",

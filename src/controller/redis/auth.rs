@@ -205,7 +205,19 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
         out.push(user(
             names::BACKUP_USER,
             &auth.backup,
-            &["+ping", "+replconf", "+psync", "+sync"],
+            // The replication handshake (backups, the archive's stream);
+            // `INFO` and `TIME` in `MULTI`/`EXEC` for the archive's
+            // checkpoints. No key is readable or writable.
+            &[
+                "+ping",
+                "+replconf",
+                "+psync",
+                "+sync",
+                "+info",
+                "+time",
+                "+multi",
+                "+exec",
+            ],
         ));
     }
     out

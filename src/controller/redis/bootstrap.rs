@@ -70,7 +70,10 @@ impl Reconciler {
         let resolved = match (&from.backup, &from.key) {
             (Some(name), _) => self.resolve_named(name).await?,
             (None, Some(key)) if from.s3.is_some() || from.volume.is_some() => {
-                Ok(resolved(from.s3.clone(), from.volume.clone(), key.clone()))
+                Ok(BootstrapStatus {
+                    point_in_time: from.point_in_time.clone(),
+                    ..resolved(from.s3.clone(), from.volume.clone(), key.clone())
+                })
             }
             _ => Err(Unresolved::Failed(
                 "InvalidBootstrap",
@@ -104,7 +107,13 @@ impl Reconciler {
         };
         match resolved {
             Ok(bs) => {
-                let note = if bs.shards.is_empty() {
+                let note = if let Some(t) = &bs.point_in_time {
+                    format!(
+                        "restoring the archive {} to {t} into {}",
+                        bs.location,
+                        self.names.pod(0)
+                    )
+                } else if bs.shards.is_empty() {
                     format!("restoring {} into {}", bs.location, self.names.pod(0))
                 } else {
                     format!(
@@ -276,18 +285,22 @@ impl Reconciler {
         let ended = self.restore_ended(&first_name);
         // The restore's checksum, kept from the run that loaded it (a
         // later start of the same pod only skips).
+        let mut bs = bs;
         let sha256 = match ended.as_ref().and_then(|(_, m)| m.as_deref()) {
             Some(m) => match agent::outcome(m) {
                 Some(Outcome::Done(manifest)) => Some(manifest.sha256),
+                Some(Outcome::ToTime(o)) => {
+                    bs.restored_to = Some(o.checkpoint.clone());
+                    bs.commands = i64::try_from(o.commands).ok();
+                    Some(o.sha256)
+                }
                 _ => bs.sha256.clone(),
             },
             None => bs.sha256.clone(),
         };
-        if sha256 != bs.sha256 {
-            self.records.bootstrap = Some(BootstrapStatus {
-                sha256: sha256.clone(),
-                ..bs.clone()
-            });
+        if sha256 != bs.sha256 || self.records.bootstrap.as_ref() != Some(&bs) {
+            bs.sha256 = sha256.clone();
+            self.records.bootstrap = Some(bs.clone());
         }
         // Done only when the instance the backup was restored into serves
         // as primary (recovery promotes no other while restoring).
@@ -295,6 +308,15 @@ impl Reconciler {
             f.name == first_name && f.reachable && !f.terminating && f.role == Some(Role::Primary)
         });
         if primary == Some(first_name.as_str()) && serving {
+            if bs.point_in_time.is_some() && !self.pitr_saved(facts, &first_name).await {
+                self.report.progress(format!(
+                    "{first_name} loaded the archive to {}; saving it as its RDB file",
+                    bs.restored_to.as_deref().unwrap_or("the time asked")
+                ));
+                self.report
+                    .recheck_within(std::time::Duration::from_secs(1));
+                return;
+            }
             let checksum = sha256
                 .as_deref()
                 .map(|s| format!(" (SHA-256 {s})"))
@@ -317,6 +339,63 @@ impl Reconciler {
             self.report_failure(reason, "Bootstrap", "bootstrap", msg)
                 .await;
         }
+    }
+
+    /// A Redis restored to a point in time started on the restored
+    /// append-only file: before the bootstrap is done its data must be in
+    /// `dump.rdb` (a save after the server started) and the append-only
+    /// file off (as the spec says: a bootstrapped Redis starts with AOF
+    /// Disabled), so the file can go. Starts a background save when none
+    /// was made; true once both hold.
+    async fn pitr_saved(&mut self, facts: &[PodFacts], pod: &str) -> bool {
+        let Some(ip) = facts
+            .iter()
+            .find(|f| f.name == pod)
+            .and_then(|f| f.ip.clone())
+        else {
+            return false;
+        };
+        let endpoint = crate::redis::Endpoint::new(&ip, crate::controller::names::REDIS_PORT);
+        let Some(opts) = self.reach.opts.clone() else {
+            return false;
+        };
+        let Ok(mut node) = crate::redis::Node::connect(&endpoint, &opts).await else {
+            return false;
+        };
+        let Ok(info) = node.info_section("persistence").await else {
+            return false;
+        };
+        let Ok(server) = node.info_section("server").await else {
+            return false;
+        };
+        let p = &info.persistence;
+        let uptime = i64::try_from(server.server.uptime_seconds.unwrap_or(0)).unwrap_or(0);
+        let started = chrono::Utc::now().timestamp() - uptime;
+        // A server counts its start as a save: only a later one is one.
+        let saved = p.rdb_last_save_time.is_some_and(|t| t > started + 1)
+            && p.rdb_last_bgsave_ok != Some(false)
+            && p.rdb_bgsave_in_progress != Some(true)
+            && p.loading != Some(true);
+        if !saved {
+            if p.rdb_bgsave_in_progress != Some(true) && p.loading != Some(true) {
+                let r: crate::redis::Result<String> =
+                    node.query("BGSAVE", &redis::cmd("BGSAVE")).await;
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "BGSAVE after a restore to a point in time");
+                }
+            }
+            return false;
+        }
+        if p.aof_enabled == Some(true) {
+            let off: crate::redis::Result<String> = node
+                .query(
+                    "CONFIG SET",
+                    redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("no"),
+                )
+                .await;
+            return off.is_ok();
+        }
+        true
     }
 
     /// How the restore container of `pod` ended (exit code, message).
@@ -604,6 +683,9 @@ fn resolved(
         sha256: None,
         shards: Vec::new(),
         origin: None,
+        point_in_time: None,
+        restored_to: None,
+        commands: None,
     }
 }
 
@@ -628,8 +710,17 @@ pub fn init_container(
         "--only-pod".into(),
         pod.to_string(),
         "--dest".into(),
-        "/data/dump.rdb".into(),
     ];
+    match &bs.point_in_time {
+        Some(t) => args.extend([
+            format!("/data/{}", super::statefulset::PITR_FILE),
+            "--point-in-time".into(),
+            t.clone(),
+            "--line".into(),
+            crate::backup::archive::MAIN_LINE.into(),
+        ]),
+        None => args.push("/data/dump.rdb".into()),
+    }
     let source = target(bs);
     args.extend(source.map(|t| t.args(key)).unwrap_or_default());
     if spec.image.is_none()

@@ -49,6 +49,7 @@
 //!
 //! This file holds the entry point and what every step shares.
 
+pub mod archive;
 pub mod auth;
 pub mod autopilot;
 pub mod bootstrap;
@@ -186,6 +187,9 @@ struct Reach {
     /// Which servers listen with TLS while not all listen as `spec.tls`
     /// says (see [`tls::Reconciler::listeners_of`]).
     listeners: Option<Arc<crate::redis::Listeners>>,
+    /// How this pass connects to the servers (for a step that runs after
+    /// the topology pass handed its options over).
+    opts: Option<ConnectOptions>,
 }
 
 /// The status records a pass carries on from the last one (read in
@@ -404,6 +408,7 @@ impl Reconciler {
             .observe_servers(&mut opts, !auth.current.is_empty(), auth.tls_ca.as_deref())
             .await;
         self.reach.listeners = opts.listeners.clone();
+        self.reach.opts = Some(opts.clone());
         if self.reach.listeners.is_some() {
             let on = self.redis.spec.tls.is_some();
             let done = obs.facts.iter().filter(|f| f.listens_tls == on).count();

@@ -76,7 +76,7 @@ pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<Network
         "app.kubernetes.io/name".to_string(),
         "redpilot-backup".to_string(),
     )]));
-    let mut client_peers = vec![operator, agents];
+    let mut client_peers = vec![operator.clone(), agents];
     client_peers.extend(spec.clients.iter().cloned());
     let mut ingress = vec![
         // Replication (and the cluster bus) between the Redis's own pods.
@@ -98,6 +98,18 @@ pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<Network
             from: peers.clone(),
             ports: Some(vec![tcp(sidecar::PORT)]),
         }),
+    }
+    // The archive sidecar's `/status` (the operator) and `/metrics`
+    // (whoever may scrape the metrics; anyone when unset).
+    if redis.spec.archive.is_some() {
+        let from = spec.metrics.clone().map(|mut peers| {
+            peers.push(operator.clone());
+            peers
+        });
+        ingress.push(NetworkPolicyIngressRule {
+            from,
+            ports: Some(vec![tcp(super::archive::PORT)]),
+        });
     }
     let np = NetworkPolicy {
         metadata: names::meta(redis, names.network_policy()),

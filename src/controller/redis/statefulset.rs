@@ -82,7 +82,7 @@ fi"#;
 /// (never deletes) a `dump.rdb` newer than its server can load (`max_rdb`):
 /// a replica rolled back from a failed upgrade may have saved one, the old
 /// server would exit on it, and the primary sends the data again anyway.
-fn start_script(server: &str, fence_at_boot: bool, max_rdb: Option<u32>) -> String {
+fn start_script(server: &str, fence_at_boot: bool, max_rdb: Option<u32>, pitr: &str) -> String {
     let guard = match max_rdb {
         Some(max) => format!(
             r#"
@@ -120,8 +120,52 @@ set -- /etc/redis/{CONFIG_KEY} --replica-announce-ip "$POD_IP"
 if [ -n "$primary" ] && [ "${{primary%% *}}" != "$POD_IP" ]; then
   set -- "$@" --replicaof ${{primary%% *}} ${{primary##* }}{guard}{own}
 fi
-{MAXMEMORY_CAP}
+{pitr}{MAXMEMORY_CAP}
 exec {server} "$@"
+"#
+    )
+}
+
+/// The restored append-only file of a restore to a point in time
+/// (`bootstrap.fromBackup.pointInTime`), in `/data`.
+pub const PITR_FILE: &str = "redpilot-pitr.aof";
+
+/// For a Redis restored to a point in time: while the restore's marker
+/// (`<file>.restored`) is in `/data`, the server starts on the restored
+/// append-only file (`appendonly yes` on it alone). The operator saves the
+/// data as `dump.rdb` once it is loaded; the restore container then
+/// removes the file and the marker, and later starts are as configured.
+fn pitr_clause(spec: &crate::api::v1alpha1::RedisSpec) -> String {
+    let pitr = spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.from_backup.point_in_time.is_some());
+    if !pitr {
+        return String::new();
+    }
+    // Redis 6.2 keeps one file in `dir`; 7.0+ a directory of parts, made
+    // from the single file at the first start.
+    let dir = if spec
+        .version()
+        .parse::<crate::redis::info::Version>()
+        .is_ok_and(|v| spec.engine() == Engine::Redis && v.major < 7)
+    {
+        String::new()
+    } else {
+        format!(" --appenddirname {}", PITR_FILE.trim_end_matches(".aof"))
+    };
+    let stem = PITR_FILE.trim_end_matches(".aof");
+    // Once the bootstrap is done and the data was saved as `dump.rdb`
+    // after the restore, the restored file goes (a container restart runs
+    // no init container, so the script looks too).
+    format!(
+        r#"if [ -f /data/{PITR_FILE}.restored ]; then
+  if [ -n "${{REDPILOT_BOOTSTRAPPED:-}}" ] && [ /data/dump.rdb -nt /data/{PITR_FILE}.restored ]; then
+    rm -rf /data/{stem} /data/{PITR_FILE} /data/{PITR_FILE}.restored
+  else
+    set -- "$@" --appendonly yes --appendfilename {PITR_FILE}{dir}
+  fi
+fi
 "#
     )
 }
@@ -321,6 +365,14 @@ pub fn statefulset(
         // Read at every container start (a mounted file can lag behind).
         config_env(names, "REDPILOT_PRIMARY", PRIMARY_KEY),
     ];
+    let mut env = env;
+    if !pitr_clause(spec).is_empty() {
+        env.push(config_env(
+            names,
+            "REDPILOT_BOOTSTRAPPED",
+            crate::controller::names::BOOTSTRAPPED_KEY,
+        ));
+    }
     let mut mounts = vec![
         VolumeMount {
             name: "config".into(),
@@ -353,6 +405,7 @@ pub fn statefulset(
                 server,
                 spec.mode() == Mode::Replication,
                 spec.image.is_none().then(|| max_rdb(spec)).flatten(),
+                &pitr_clause(spec),
             ),
         ]),
         env: Some(env),
@@ -508,6 +561,10 @@ pub fn statefulset(
     {
         containers.push(exporter);
         volumes.push(auth);
+    }
+    if let Some((archiver, extra)) = super::archive::sidecar(redis, secret_name) {
+        containers.push(archiver);
+        volumes.extend(extra);
     }
     let pod_spec = PodSpec {
         containers,
@@ -838,8 +895,8 @@ mod tests {
             std::process::id(),
             pod_ip.replace('.', "-")
         ));
-        let script =
-            start_script("echo", fence, None).replace(AUTH_CONF_PATH, &conf.display().to_string());
+        let script = start_script("echo", fence, None, "")
+            .replace(AUTH_CONF_PATH, &conf.display().to_string());
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .env("POD_IP", pod_ip)
@@ -887,7 +944,7 @@ mod tests {
     /// Runs the start script (server `echo`) against the tree `boot_capped`
     /// wrote under `dir`.
     fn run_capped(dir: &std::path::Path) -> String {
-        let script = start_script("echo", true, None)
+        let script = start_script("echo", true, None, "")
             .replace(AUTH_CONF_PATH, &dir.join("auth.conf").display().to_string())
             .replace("/etc/redis/", &format!("{}/etc/", dir.display()));
         let out = std::process::Command::new("sh")
@@ -935,7 +992,7 @@ mod tests {
     /// Runs the start script (server `echo`) with /data at `dir`.
     fn boot_with_dump(dir: &std::path::Path, max: u32, published: &str, pod_ip: &str) {
         let conf = dir.join("auth.conf");
-        let script = start_script("echo", true, Some(max))
+        let script = start_script("echo", true, Some(max), "")
             .replace(AUTH_CONF_PATH, &conf.display().to_string())
             .replace("/data/", &format!("{}/", dir.display()));
         let out = std::process::Command::new("sh")

@@ -275,6 +275,7 @@ impl Reconciler {
             replica_of: old.replica_of.clone(),
             promotion: old.promotion.clone(),
             demoted: old.demoted.clone(),
+            archive: self.archive_for_status(facts, old.archive.as_ref()).await,
         };
         status.conditions = merge(
             &old.conditions,
@@ -395,6 +396,43 @@ impl Reconciler {
             .upgrade
             .as_ref()
             .is_some_and(|u| matches!(u.phase, UpgradePhase::Upgrading | UpgradePhase::RollingBack))
+    }
+
+    /// `status.archive`: the sidecars' view, written again when what it
+    /// says changed, or the window every 30 s (the newest time moves with
+    /// every checkpoint; a write per pass would be a write per pass).
+    async fn archive_for_status(
+        &mut self,
+        facts: &[PodFacts],
+        old: Option<&crate::api::v1alpha1::ArchiveStatus>,
+    ) -> Option<crate::api::v1alpha1::ArchiveStatus> {
+        self.redis.spec.archive.as_ref()?;
+        let pods: Vec<(String, String)> = facts
+            .iter()
+            .filter_map(|f| f.ip.clone().map(|ip| (f.name.clone(), ip)))
+            .collect();
+        let new = super::archive::observe(&self.redis, &pods).await?;
+        self.report.recheck_within(Duration::from_secs(30));
+        let Some(old) = old else {
+            return Some(new);
+        };
+        let same_story = old.archiver == new.archiver
+            && old.message == new.message
+            && old.holes == new.holes
+            && old.earliest == new.earliest
+            && old.location == new.location;
+        let fresh = old
+            .observed_at
+            .as_deref()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| {
+                (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds() < 30
+            });
+        if same_story && fresh {
+            Some(old.clone())
+        } else {
+            Some(new)
+        }
     }
 
     pub(super) fn requeue(

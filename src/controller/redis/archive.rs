@@ -1,0 +1,237 @@
+//! `spec.archive`: the `archive` sidecar in every instance's pod (see
+//! [`crate::backup::archiver`] for which one archives), and
+//! `status.archive`, read from the sidecars' `/status`.
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector, Volume,
+    VolumeMount,
+};
+
+use crate::api::v1alpha1::{ArchiveStatus, Mode, Redis};
+use crate::controller::agent::{self, Target};
+use crate::controller::names::{self, REDIS_PORT};
+
+/// Name of the sidecar container.
+pub const CONTAINER: &str = "archive";
+/// Port of its `/status` and `/metrics`.
+pub const PORT: u16 = names::ARCHIVE_PORT;
+/// Name of that port.
+pub const PORT_NAME: &str = names::ARCHIVE_PORT_NAME;
+
+/// The archive's root key in its target: `<prefix>/<namespace>/<name>/archive`
+/// in a bucket, `<namespace>/<name>/archive` on a volume.
+pub fn root_key(redis: &Redis) -> Option<String> {
+    let a = redis.spec.archive.as_ref()?;
+    let ns = redis.metadata.namespace.as_deref().unwrap_or("default");
+    let name = redis.metadata.name.as_deref().unwrap_or_default();
+    let tail = format!("{ns}/{name}/archive");
+    let prefix = a
+        .target
+        .s3
+        .as_ref()
+        .and_then(|s| s.prefix.as_deref())
+        .map(|p| p.trim_matches('/'))
+        .unwrap_or("");
+    Some(if prefix.is_empty() {
+        tail
+    } else {
+        format!("{prefix}/{tail}")
+    })
+}
+
+/// The sidecar and the volumes it needs, or `None` without `spec.archive`
+/// (or in Cluster mode, whose shards are not archived yet). `secret` is
+/// the server-auth Secret (the agent's ACL user's password).
+pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Vec<Volume>)> {
+    let a = redis.spec.archive.as_ref()?;
+    if redis.spec.mode() == Mode::Cluster {
+        return None;
+    }
+    let target = Target::of(a.target.s3.as_ref(), a.target.volume.as_ref())?;
+    let key = root_key(redis)?;
+    let mut args = vec![
+        "archive".to_string(),
+        "--line".into(),
+        crate::backup::archive::MAIN_LINE.into(),
+        "--port".into(),
+        REDIS_PORT.to_string(),
+        "--interval-ms".into(),
+        (i64::from(a.interval_seconds()) * 1000).to_string(),
+        "--base-every-seconds".into(),
+        (i64::from(a.base_interval_hours()) * 3600).to_string(),
+        "--retention-seconds".into(),
+        (i64::from(a.retention_days()) * 86_400).to_string(),
+        "--listen".into(),
+        format!("0.0.0.0:{PORT}"),
+    ];
+    if redis.spec.desired_instances() <= 1 {
+        args.push("--alone".into());
+    }
+    let tls = crate::controller::layout::listens(redis);
+    if tls {
+        args.push("--tls-loopback".into());
+        args.extend(["--tls-ca-file".into(), crate::controller::layout::ca_path()]);
+        if crate::controller::layout::asks_clients(redis) {
+            args.extend(["--tls-client-dir".into(), names::TLS_DIR.into()]);
+        }
+    }
+    args.extend(target.args(&key));
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        field("POD_IP", "status.podIP"),
+        field("POD_NAME", "metadata.name"),
+        EnvVar {
+            name: "REDIS_USER".into(),
+            value: Some(names::BACKUP_USER.into()),
+            ..Default::default()
+        },
+        EnvVar {
+            name: "REDIS_PASSWORD".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.to_string(),
+                    key: names::BACKUP_PASSWORD_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    env.extend(target.env(false));
+    let mut mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..Default::default()
+    }];
+    let mut volumes = Vec::new();
+    if tls {
+        mounts.push(crate::controller::layout::tls_mount(
+            crate::controller::layout::TLS_VOLUME,
+        ));
+    }
+    if let Some((v, m)) = target.volume(false) {
+        volumes.push(v);
+        mounts.push(m);
+    }
+    let mut c = agent::container(CONTAINER, args, env, mounts);
+    c.ports = Some(vec![ContainerPort {
+        name: Some(PORT_NAME.into()),
+        container_port: i32::from(PORT),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }]);
+    // The agent's user reads the pod's TLS key through the pod's group.
+    if let Some(sc) = c.security_context.as_mut() {
+        sc.run_as_group = Some(999);
+    }
+    Some((c, volumes))
+}
+
+/// One sidecar's `/status` (the fields the operator reads).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SidecarStatus {
+    /// Whether it archives now.
+    pub archiving: bool,
+    /// What it does, or why not.
+    pub activity: String,
+    /// The newest checkpoint stored (ms).
+    pub newest_ms: i64,
+    /// The earliest restorable time (ms).
+    pub earliest_ms: i64,
+    /// Bytes held.
+    pub archive_bytes: u64,
+    /// Spans not restorable exactly (ms).
+    pub holes: Vec<(i64, i64)>,
+    /// The last error.
+    pub last_error: Option<String>,
+}
+
+/// `GET /status` of the sidecar at `ip`, within 1 s.
+pub async fn fetch(ip: &str) -> Option<SidecarStatus> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect((ip, PORT)).await.ok()?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: archive\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.take(1 << 20).read_to_end(&mut buf).await.ok()?;
+        let at = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+        serde_json::from_slice::<SidecarStatus>(&buf[at + 4..]).ok()
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// `status.archive` from the sidecars of the pods at `ips` (pod name,
+/// address): the one archiving, else why none does.
+pub async fn observe(redis: &Redis, pods: &[(String, String)]) -> Option<ArchiveStatus> {
+    let a = redis.spec.archive.as_ref()?;
+    let key = root_key(redis)?;
+    let location = Target::of(a.target.s3.as_ref(), a.target.volume.as_ref())?.location(&key);
+    let answers = futures::future::join_all(
+        pods.iter()
+            .map(|(name, ip)| async move { (name.clone(), fetch(ip).await) }),
+    )
+    .await;
+    let now = chrono::Utc::now();
+    let show = crate::backup::archive::show_ms;
+    let mut out = ArchiveStatus {
+        location,
+        key,
+        observed_at: Some(now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        ..Default::default()
+    };
+    let archiving = answers
+        .iter()
+        .find(|(_, s)| s.as_ref().is_some_and(|s| s.archiving));
+    // The best view of the window: the archiving sidecar's, else the
+    // freshest any sidecar has.
+    let best = archiving.or_else(|| {
+        answers
+            .iter()
+            .filter(|(_, s)| s.is_some())
+            .max_by_key(|(_, s)| s.as_ref().map_or(0, |s| s.newest_ms))
+    });
+    if let Some((name, Some(s))) = best {
+        if s.archiving {
+            out.archiver = Some(name.clone());
+        }
+        if s.newest_ms > 0 {
+            out.newest = Some(show(s.newest_ms));
+            out.lag_seconds =
+                Some(((now.timestamp_millis() - s.newest_ms).max(0) as f64 / 100.0).round() / 10.0);
+        }
+        if s.earliest_ms > 0 {
+            out.earliest = Some(show(s.earliest_ms));
+        }
+        out.size_bytes = i64::try_from(s.archive_bytes).ok();
+        out.holes = s
+            .holes
+            .iter()
+            .map(|(a, b)| format!("{}/{}", show(*a), show(*b)))
+            .collect();
+        if !s.archiving {
+            out.message = Some(format!("no instance archives now ({name}: {})", s.activity));
+        } else if let Some(e) = &s.last_error {
+            out.message = Some(format!("last error: {e}"));
+        }
+    } else {
+        out.message = Some("no archive sidecar answered".into());
+    }
+    Some(out)
+}

@@ -1,0 +1,670 @@
+//! Point-in-time recovery on the dev cluster, with real servers and a real
+//! S3 server: a Redis with `spec.archive` ships its replication stream as
+//! it is written, and a new Redis bootstrapped with
+//! `fromBackup.pointInTime` holds exactly the writes its primary executed
+//! before the archive's last checkpoint at or before that time.
+//!
+//! A writer of unique keys records when each write was sent and when it
+//! was acknowledged (the pods are local processes: the client's clock is
+//! the servers' clock). For a restore to checkpoint `c` (whole
+//! milliseconds): every key acknowledged before `c` must be there with
+//! its value, and no key sent after `c` may be.
+//!
+//! - Replication (3 instances): the primary `kill -9`ed under the writer
+//!   between the two times restored; the archive continues through the
+//!   failover with no hole, and a restore after it holds the writes from
+//!   both sides of it. The operator is killed while the second restore is
+//!   being loaded.
+//! - Standalone: the store is down for a minute under the writer; the lag
+//!   is seen growing (status and the sidecar's metric), the archive
+//!   catches up with no hole, and a restore to a time inside the outage is
+//!   exact.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use redpilot::api::v1alpha1::Redis;
+use redpilot::redis::{ConnectOptions, Endpoint, Node};
+use serde_json::{Value, json};
+use support::operator::{
+    OperatorOptions, apply_redis, connect_pod, kill_9, pod_ip, redis_api, redis_password,
+    server_pid, start_operator, wait_ready,
+};
+use support::s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
+use support::{TestNamespace, client, wait_for};
+
+/// The local node's bridge address: pods reach the host there.
+const NODE_IP: &str = "10.244.0.1";
+const BUCKET: &str = "archive";
+const READY: Duration = Duration::from_secs(240);
+
+async fn s3_secret(client: &Client, ns: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s3", "labels": {"redpilot.io/allow-use": "true"}},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("creating the credentials Secret");
+}
+
+fn s3_location(s3: &S3Server) -> Value {
+    json!({"endpoint": s3.endpoint(), "bucket": BUCKET, "prefix": "pitr", "pathStyle": true,
+           "credentials": {"secretName": "s3"}})
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .expect("time")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn parse_ms(t: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .unwrap_or_else(|e| panic!("{t:?}: {e}"))
+        .timestamp_millis()
+}
+
+/// One write: its key, when it was sent, when it was acknowledged.
+#[derive(Debug, Clone)]
+struct Stamp {
+    key: String,
+    sent: i64,
+    acked: Option<i64>,
+}
+
+/// Writes `prefix:N` = `N` one at a time to the Redis's primary (re-read
+/// from `status.primary` after an error), about 500 a second, with no
+/// retry: a write that errs is recorded as not acknowledged.
+struct TimedWriter {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Stamp>>,
+    acked: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TimedWriter {
+    fn start(client: &Client, ns: &str, name: &str, pw: &str, prefix: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (client, ns, name, pw, prefix) = (
+            client.clone(),
+            ns.to_string(),
+            name.to_string(),
+            pw.to_string(),
+            prefix.to_string(),
+        );
+        let (s, a) = (stop.clone(), acked.clone());
+        let task = tokio::spawn(async move {
+            let mut stamps = Vec::new();
+            let mut node: Option<Node> = None;
+            let mut n = 0u64;
+            while !s.load(Ordering::SeqCst) {
+                if node.is_none() {
+                    let primary = redis_api(&client, &ns)
+                        .get(&name)
+                        .await
+                        .ok()
+                        .and_then(|r| r.status?.primary);
+                    if let Some(p) = primary {
+                        let ip = pod_ip(&client, &ns, &p).await;
+                        let opts = ConnectOptions::default()
+                            .with_password(pw.clone())
+                            .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+                        node = Node::connect(&Endpoint::new(ip, 6379), &opts).await.ok();
+                    }
+                    if node.is_none() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+                let Some(conn) = node.as_mut() else { continue };
+                n += 1;
+                let key = format!("{prefix}:{n}");
+                let sent = now_ms();
+                let r: redpilot::redis::Result<String> =
+                    conn.query("SET", redis::cmd("SET").arg(&key).arg(n)).await;
+                let acked = match r {
+                    Ok(ok) if ok == "OK" => {
+                        a.fetch_add(1, Ordering::SeqCst);
+                        Some(now_ms())
+                    }
+                    _ => {
+                        node = None;
+                        None
+                    }
+                };
+                stamps.push(Stamp { key, sent, acked });
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            stamps
+        });
+        TimedWriter { stop, task, acked }
+    }
+
+    async fn wait_acked(&self, more_than: u64, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.acked.load(Ordering::SeqCst) <= more_than {
+            assert!(
+                Instant::now() < deadline,
+                "the writer had {} acknowledged writes after {within:?}, wanted more than {more_than}",
+                self.acked.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(self) -> Vec<Stamp> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("writer")
+    }
+}
+
+/// `status.archive` once it satisfies `ok`.
+async fn archive_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&redpilot::api::v1alpha1::ArchiveStatus) -> bool,
+) -> redpilot::api::v1alpha1::ArchiveStatus {
+    let api = redis_api(client, ns);
+    wait_for(what, within, || async {
+        let a = api.get(name).await.ok()?.status?.archive?;
+        ok(&a).then_some(a)
+    })
+    .await
+}
+
+/// The newest restorable time, once it is at least `ms`.
+async fn archived_past(client: &Client, ns: &str, name: &str, ms: i64) {
+    archive_status(
+        client,
+        ns,
+        name,
+        &format!("{name}'s archive to reach {}", rfc3339(ms)),
+        Duration::from_secs(90),
+        |a| a.newest.as_deref().is_some_and(|n| parse_ms(n) >= ms),
+    )
+    .await;
+}
+
+/// Creates Redis `name` restored to `at` from `source`'s archive; returns
+/// the checkpoint it was restored to (ms).
+async fn restore(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    s3: &S3Server,
+    key: &str,
+    at: i64,
+    shape: Value,
+) -> i64 {
+    let mut spec = shape;
+    spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(s3), "key": key,
+                                              "pointInTime": rfc3339(at)}});
+    apply_redis(client, ns, name, spec).await;
+    let bs = bootstrapped(client, ns, name).await;
+    let to = parse_ms(
+        bs.restored_to
+            .as_deref()
+            .unwrap_or_else(|| panic!("{name}: status.bootstrap.restoredTo: {bs:?}")),
+    );
+    assert!(
+        to <= at && at - to <= 250,
+        "{name}: restored to {} for a time of {} (checkpoints are 100 ms apart)",
+        rfc3339(to),
+        rfc3339(at)
+    );
+    println!(
+        "{name}: restored to {} (asked {}), {} commands after the base",
+        rfc3339(to),
+        rfc3339(at),
+        bs.commands.unwrap_or(-1)
+    );
+    to
+}
+
+/// Checks Redis `name` against the writes: every key acknowledged at or
+/// before `c` holds its value, no key sent after `c` exists. Returns
+/// (keys that must be there, keys that must not, keys sent before and
+/// acknowledged after or never: either way).
+async fn check(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    stamps: &[Stamp],
+    c: i64,
+) -> (usize, usize, usize) {
+    let primary = redis_api(client, ns)
+        .get(name)
+        .await
+        .expect("redis")
+        .status
+        .and_then(|s| s.primary)
+        .expect("primary");
+    let pw = redis_password(client, ns, name).await;
+    let mut node = connect_pod(client, ns, &primary, &pw)
+        .await
+        .expect("connect");
+    let mut missing = Vec::new();
+    let mut wrong = Vec::new();
+    let mut extra = Vec::new();
+    let (mut must, mut must_not, mut either) = (0, 0, 0);
+    for chunk in stamps.chunks(500) {
+        let mut cmd = redis::cmd("MGET");
+        for s in chunk {
+            cmd.arg(&s.key);
+        }
+        let values: Vec<Option<String>> = node.query("MGET", &cmd).await.expect("MGET");
+        for (s, v) in chunk.iter().zip(values) {
+            let n = s.key.rsplit(':').next().unwrap_or_default();
+            if s.acked.is_some_and(|a| a < c) {
+                must += 1;
+                match v {
+                    None => missing.push(s.key.clone()),
+                    Some(v) if v != n => wrong.push(s.key.clone()),
+                    Some(_) => {}
+                }
+            } else if s.sent > c {
+                must_not += 1;
+                if v.is_some() {
+                    extra.push(s.key.clone());
+                }
+            } else {
+                either += 1;
+            }
+        }
+    }
+    assert!(
+        missing.is_empty() && wrong.is_empty(),
+        "{name} restored to {}: {} of {must} keys acknowledged before it are missing (first {:?}), {} hold another value",
+        rfc3339(c),
+        missing.len(),
+        missing.first(),
+        wrong.len()
+    );
+    assert!(
+        extra.is_empty(),
+        "{name} restored to {}: {} of {must_not} keys written after it are there (first {:?})",
+        rfc3339(c),
+        extra.len(),
+        extra.first()
+    );
+    (must, must_not, either)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replication_redis_restores_to_a_chosen_time_across_a_primary_kill() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let mut op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+
+    apply_redis(
+        &client,
+        ns,
+        "src",
+        json!({"mode": "Replication", "instances": 3,
+               "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    let src = wait_ready(&client, ns, "src", READY).await;
+    let first = src.status.and_then(|s| s.primary).expect("primary");
+    let a = archive_status(
+        &client,
+        ns,
+        "src",
+        "src to be archived",
+        Duration::from_secs(90),
+        |a| a.archiver.is_some() && a.newest.is_some(),
+    )
+    .await;
+    let archiver = a.archiver.clone().unwrap_or_default();
+    assert_ne!(
+        archiver, first,
+        "a Redis with replicas is archived from a replica, never its primary: {a:?}"
+    );
+    println!("archive: {} from {archiver}", a.location);
+
+    let pw = redis_password(&client, ns, "src").await;
+    let writer = TimedWriter::start(&client, ns, "src", &pw, "w");
+    writer.wait_acked(500, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before_kill = now_ms();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // kill -9 the primary under the writer: a failover.
+    let mut node = connect_pod(&client, ns, &first, &pw)
+        .await
+        .expect("connect");
+    let pid = server_pid(&mut node).await;
+    drop(node);
+    let acked_at_kill = writer.acked.load(Ordering::SeqCst);
+    kill_9(pid);
+    let killed = now_ms();
+    let api = redis_api(&client, ns);
+    let second = wait_for("a failover", Duration::from_secs(60), || async {
+        let p = api.get("src").await.ok()?.status?.primary?;
+        (p != first).then_some(p)
+    })
+    .await;
+    writer
+        .wait_acked(acked_at_kill + 500, Duration::from_secs(60))
+        .await;
+    println!(
+        "primary {first} killed; {second} took over {:.1} s later",
+        (now_ms() - killed) as f64 / 1000.0
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_failover = now_ms();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stamps = writer.stop().await;
+    let acked = stamps.iter().filter(|s| s.acked.is_some()).count();
+    println!("writer: {} writes, {acked} acknowledged", stamps.len());
+
+    archived_past(&client, ns, "src", after_failover + 500).await;
+    let a = api
+        .get("src")
+        .await
+        .expect("src")
+        .status
+        .and_then(|s| s.archive)
+        .expect("status.archive");
+    assert!(
+        a.holes.is_empty(),
+        "the archive has holes after the failover: {:?}",
+        a.holes
+    );
+    println!(
+        "archive after the failover: archiver {:?}, window {:?} .. {:?}, {} bytes, lag {:?} s",
+        a.archiver,
+        a.earliest,
+        a.newest,
+        a.size_bytes.unwrap_or(0),
+        a.lag_seconds
+    );
+
+    // Before the kill, into a Standalone.
+    let c1 = restore(
+        &client,
+        ns,
+        "at-one",
+        &s3,
+        &a.key,
+        before_kill,
+        json!({"mode": "Standalone"}),
+    )
+    .await;
+    let (must, must_not, either) = check(&client, ns, "at-one", &stamps, c1).await;
+    println!(
+        "at-one: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(
+        must > 500 && must_not > 500,
+        "too few writes on either side of the time"
+    );
+    // kill -9 of the restored server: it restarts in place from its own
+    // RDB file (the restored append-only file was removed once saved).
+    let pw1 = redis_password(&client, ns, "at-one").await;
+    let mut node = connect_pod(&client, ns, "at-one-0", &pw1)
+        .await
+        .expect("connect");
+    let old_pid = server_pid(&mut node).await;
+    drop(node);
+    kill_9(old_pid);
+    let mut node = wait_for("at-one-0 to restart", Duration::from_secs(60), || async {
+        let mut n = connect_pod(&client, ns, "at-one-0", &pw1).await.ok()?;
+        let pid = server_pid(&mut n).await;
+        (pid != old_pid).then_some(n)
+    })
+    .await;
+    let aof: String = node
+        .query(
+            "CONFIG GET",
+            redis::cmd("CONFIG").arg("GET").arg("appendonly"),
+        )
+        .await
+        .map(|v: Vec<String>| v.join(" "))
+        .expect("CONFIG GET");
+    assert_eq!(
+        aof, "appendonly no",
+        "the restarted server must start as configured"
+    );
+    drop(node);
+    let again = check(&client, ns, "at-one", &stamps, c1).await;
+    assert_eq!(
+        again.0, must,
+        "after a kill -9 the restored keys are all there"
+    );
+
+    // After the failover, into a Replication Redis; the operator is
+    // killed while the restored instance loads and restarted.
+    let mut spec = json!({"mode": "Replication", "instances": 2});
+    spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
+                                              "pointInTime": rfc3339(after_failover)}});
+    apply_redis(&client, ns, "at-two", spec).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_for("at-two-0 to exist", Duration::from_secs(60), || async {
+        pods.get_opt("at-two-0").await.ok().flatten().map(|_| ())
+    })
+    .await;
+    op.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _op2 = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let c2 = restore_done(&client, ns, "at-two", after_failover).await;
+    let (must, must_not, either) = check(&client, ns, "at-two", &stamps, c2).await;
+    println!(
+        "at-two: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    let before = stamps
+        .iter()
+        .filter(|s| s.acked.is_some_and(|t| t < killed))
+        .count();
+    let after = stamps
+        .iter()
+        .filter(|s| s.acked.is_some_and(|t| t > killed && t <= c2))
+        .count();
+    assert!(
+        before > 500 && after > 200,
+        "the restore after the failover must hold writes from both sides of it ({before} before, {after} after)"
+    );
+    // The restored Redis keeps its data as a plain RDB Redis: the
+    // restored append-only file is gone once it saved.
+    let r = api.get("at-two").await.expect("at-two");
+    println!(
+        "at-two status.bootstrap: {:?}",
+        r.status.and_then(|s| s.bootstrap)
+    );
+}
+
+/// `status.bootstrap` of Redis `name` once it is Ready and its bootstrap
+/// done (the restored data saved as the server's RDB file).
+async fn bootstrapped(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> redpilot::api::v1alpha1::BootstrapStatus {
+    wait_ready(client, ns, name, READY).await;
+    let api = redis_api(client, ns);
+    wait_for(
+        &format!("{name}'s bootstrap to be done"),
+        Duration::from_secs(60),
+        || async {
+            let bs = api.get(name).await.ok()?.status?.bootstrap?;
+            bs.done.then_some(bs)
+        },
+    )
+    .await
+}
+
+/// Waits for a restore created earlier and checks its checkpoint.
+async fn restore_done(client: &Client, ns: &str, name: &str, at: i64) -> i64 {
+    let bs = bootstrapped(client, ns, name).await;
+    let to = parse_ms(bs.restored_to.as_deref().expect("restoredTo"));
+    assert!(
+        to <= at && at - to <= 250,
+        "{name}: restored to {} for {}",
+        rfc3339(to),
+        rfc3339(at)
+    );
+    to
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standalone_archive_catches_up_after_the_store_was_down_for_a_minute() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr-store", &[]).await;
+    let ns = tns.name.as_str();
+    let mut s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "solo",
+        json!({"mode": "Standalone", "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    let r = wait_ready(&client, ns, "solo", READY).await;
+    let pod = r.status.and_then(|s| s.primary).expect("primary");
+    let a = archive_status(
+        &client,
+        ns,
+        "solo",
+        "solo to be archived",
+        Duration::from_secs(90),
+        |a| a.archiver.is_some() && a.newest.is_some(),
+    )
+    .await;
+    assert_eq!(
+        a.archiver.as_deref(),
+        Some(pod.as_str()),
+        "a Standalone archives its only instance"
+    );
+    let pw = redis_password(&client, ns, "solo").await;
+    let writer = TimedWriter::start(&client, ns, "solo", &pw, "s");
+    writer.wait_acked(300, Duration::from_secs(30)).await;
+
+    // The store goes away for a minute.
+    s3.kill();
+    let down = now_ms();
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let inside = now_ms();
+    let ip = pod_ip(&client, ns, &pod).await;
+    let metrics = sidecar_metrics(&ip).await;
+    let lag = metric(&metrics, "redpilot_archive_lag_seconds");
+    let bound = metric(&metrics, "redpilot_archive_lag_bound_seconds");
+    println!("25 s into the outage: lag {lag} s (alert bound {bound} s)");
+    assert!(
+        lag > bound,
+        "the lag must be over the alert's bound while the store is down: {metrics}"
+    );
+    let seen = archive_status(
+        &client,
+        ns,
+        "solo",
+        "the status to show the lag",
+        Duration::from_secs(60),
+        |a| a.lag_seconds.is_some_and(|l| l > 20.0),
+    )
+    .await;
+    println!(
+        "status.archive during the outage: lag {:?} s, message {:?}",
+        seen.lag_seconds, seen.message
+    );
+    tokio::time::sleep(Duration::from_secs(60 - 25)).await;
+    s3.restart();
+    let back = now_ms();
+    println!("store down for {:.1} s", (back - down) as f64 / 1000.0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stamps = writer.stop().await;
+    archived_past(&client, ns, "solo", back + 1000).await;
+    let caught = now_ms();
+    let metrics = sidecar_metrics(&ip).await;
+    let lag = metric(&metrics, "redpilot_archive_lag_seconds");
+    println!(
+        "caught up {:.1} s after the store came back; lag now {lag} s",
+        (caught - back) as f64 / 1000.0
+    );
+    assert!(
+        lag < bound,
+        "the lag must fall back under the bound: {metrics}"
+    );
+    let a = redis_api(&client, ns)
+        .get("solo")
+        .await
+        .expect("solo")
+        .status
+        .and_then(|s| s.archive)
+        .expect("archive");
+    assert!(a.holes.is_empty(), "the outage left a hole: {:?}", a.holes);
+
+    let c = restore(
+        &client,
+        ns,
+        "solo-at",
+        &s3,
+        &a.key,
+        inside,
+        json!({"mode": "Standalone"}),
+    )
+    .await;
+    let (must, must_not, either) = check(&client, ns, "solo-at", &stamps, c).await;
+    println!(
+        "solo-at: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(must > 300 && must_not > 300);
+    // A time outside the window is refused with the window in the message.
+    let mut spec = json!({"mode": "Standalone"});
+    spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
+                                              "pointInTime": rfc3339(down - 3_600_000)}});
+    apply_redis(&client, ns, "too-early", spec).await;
+    let why = wait_for("too-early to fail", Duration::from_secs(120), || async {
+        let r: Redis = redis_api(&client, ns).get("too-early").await.ok()?;
+        r.status?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "NotRestorable")
+            .map(|c| c.message.clone())
+    })
+    .await;
+    println!("too-early: {why}");
+    assert!(why.contains("can restore from"), "{why}");
+}
+
+async fn sidecar_metrics(ip: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect((ip, 9122))
+        .await
+        .expect("sidecar");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {page}"))
+}
