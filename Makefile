@@ -43,7 +43,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-pitr bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -230,9 +230,19 @@ UPGRADE_RUNS ?= 5
 # catch-up rate from a FOLLOW_MIB (1024) source, its lag under a steady
 # writer; `make test` runs the same with 64 MiB.
 FOLLOW_MIB ?= 1024
+# Point-in-time recovery (tests/operator_pitr.rs): the archive's recovery
+# point under a steady writer, its cost to a writer's throughput, and a
+# restore of a PITR_BASE_MB (1024) MiB base and PITR_WRITE_SECONDS (600)
+# of writes; `make test` runs the same with 8 MiB and 10 s.
+PITR_BASE_MB ?= 1024
+PITR_WRITE_SECONDS ?= 600
 bench-follow: engines cluster-up
 	REDPILOT_FOLLOW_MIB=$(FOLLOW_MIB) $(CARGO) test --profile $(BENCH_PROFILE) --test operator_follow -- \
 		--nocapture a_new_follower_catches_up
+
+bench-pitr: engines cluster-up
+	REDPILOT_PITR_BASE_MB=$(PITR_BASE_MB) REDPILOT_PITR_WRITE_SECONDS=$(PITR_WRITE_SECONDS) \
+		$(CARGO) test --profile $(BENCH_PROFILE) --test operator_pitr -- --nocapture the_archive_keeps_up
 
 bench-upgrade: engines cluster-up
 	REDPILOT_UPGRADE_RUNS=$(UPGRADE_RUNS) $(CARGO) test --test operator_upgrade -- \

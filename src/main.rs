@@ -853,6 +853,12 @@ async fn archive(args: ArchiveArgs) -> Result<(), redpilot::backup::BackupError>
         base_every: std::time::Duration::from_secs(args.base_every_seconds.max(60)),
         retention: std::time::Duration::from_secs(args.retention_seconds.max(60)),
         queue_limit: args.queue_limit_mib.max(1) * 1024 * 1024,
+        status_port: args
+            .listen
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(9122),
     };
     let state = std::sync::Arc::new(std::sync::Mutex::new(State::default()));
     let listener = tokio::net::TcpListener::bind(&args.listen)

@@ -190,6 +190,39 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.replicaOf.port", "less than or equal to 65535"],
         ),
         (
+            "a Cluster with an archive",
+            json!({"mode": "Cluster", "shards": 3,
+                   "archive": {"target": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
+            vec!["spec.archive", "a Cluster Redis is not archived yet"],
+        ),
+        (
+            "an archive with a segment interval of two minutes",
+            json!({"archive": {"intervalSeconds": 120,
+                   "target": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
+            vec!["spec.archive.intervalSeconds", "less than or equal to 60"],
+        ),
+        (
+            "an archive with no target",
+            json!({"archive": {"target": {}}}),
+            vec!["spec.archive.target", "set exactly one of s3"],
+        ),
+        (
+            "a point in time from a RedisBackup",
+            json!({"bootstrap": {"fromBackup": {"backup": "b1",
+                   "pointInTime": "2026-12-07T10:11:12Z"}}}),
+            vec![
+                "spec.bootstrap.fromBackup.pointInTime",
+                "not from a RedisBackup",
+            ],
+        ),
+        (
+            "a point in time that is not RFC 3339",
+            json!({"bootstrap": {"fromBackup": {"key": "ns/cache/archive",
+                   "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}},
+                   "pointInTime": "yesterday at five o'clock"}}}),
+            vec!["spec.bootstrap.fromBackup.pointInTime", "RFC 3339"],
+        ),
+        (
             "bootstrap naming a backup and a bucket",
             json!({"bootstrap": {"fromBackup": {"backup": "b1", "key": "k.rdb",
                 "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),

@@ -77,6 +77,9 @@ pub struct Settings {
     pub retention: Duration,
     /// Bytes queued for upload beyond which the stream is not read.
     pub queue_limit: usize,
+    /// The port the sidecars serve `/status` on (each asks the others
+    /// before it starts).
+    pub status_port: u16,
 }
 
 /// What `/status` answers and `/metrics` shows.
@@ -134,14 +137,17 @@ pub async fn run(settings: Settings, state: Shared) {
         s.lag_bound_seconds = 3.0 * settings.interval.as_secs_f64() + 10.0;
     });
     let mut last_retention = Instant::now() - settings.retention.min(Duration::from_secs(600));
+    // Since when no sidecar has been seen archiving while this one could.
+    let mut unattended: Option<Instant> = None;
     loop {
-        match source(&settings).await {
-            Ok(Some(from)) => {
+        match turn(&settings).await {
+            Ok(Turn::Mine) => {
+                unattended = None;
                 set(&state, |s| {
                     s.archiving = true;
-                    s.activity = format!("archiving from {from}");
+                    s.activity = format!("archiving from {}", settings.own);
                 });
-                if let Err(e) = session(&settings, &state, &from).await {
+                if let Err(e) = session(&settings, &state, &settings.own).await {
                     tracing::warn!(error = %e, "archive session ended");
                     set(&state, |s| s.last_error = Some(e.to_string()));
                 }
@@ -149,12 +155,32 @@ pub async fn run(settings: Settings, state: Shared) {
                     s.archiving = false;
                     s.run = None;
                 });
+                continue;
             }
-            Ok(None) => {}
-            Err(why) => set(&state, |s| {
-                s.archiving = false;
-                s.activity = why;
-            }),
+            Ok(Turn::Lowest(ip)) => {
+                // The lowest-addressed replica starts; another one only
+                // when it has not for a while (its sidecar may be down).
+                let since = *unattended.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(10) {
+                    unattended = None;
+                    set(&state, |s| {
+                        s.activity = format!("replica {ip} did not start archiving; taking over")
+                    });
+                    continue_as_mine(&settings, &state).await;
+                    continue;
+                }
+                set(&state, |s| {
+                    s.archiving = false;
+                    s.activity = format!("replica {ip} is to archive");
+                });
+            }
+            Err(why) => {
+                unattended = None;
+                set(&state, |s| {
+                    s.archiving = false;
+                    s.activity = why;
+                });
+            }
         }
         if last_retention.elapsed() >= Duration::from_secs(600) {
             last_retention = Instant::now();
@@ -166,9 +192,31 @@ pub async fn run(settings: Settings, state: Shared) {
     }
 }
 
-/// Where this sidecar should read the stream from now: its own server, or
-/// `None` (with the reason in the state) when another sidecar's turn.
-async fn source(s: &Settings) -> Result<Option<Endpoint>, String> {
+/// Runs a session although another replica was to start (it did not).
+async fn continue_as_mine(settings: &Settings, state: &Shared) {
+    set(state, |s| s.archiving = true);
+    if let Err(e) = session(settings, state, &settings.own).await {
+        tracing::warn!(error = %e, "archive session ended");
+        set(state, |s| s.last_error = Some(e.to_string()));
+    }
+    set(state, |s| {
+        s.archiving = false;
+        s.run = None;
+    });
+}
+
+/// Whose turn it is to archive.
+enum Turn {
+    /// This sidecar's.
+    Mine,
+    /// The replica at this address is to start (none archives yet).
+    Lowest(String),
+}
+
+/// Whether this sidecar's server may be archived now: a primary alone,
+/// or an online replica of a real primary (not a fence). The primary's
+/// address for a replica.
+async fn eligible(s: &Settings) -> Result<Option<Endpoint>, String> {
     let mut own = Node::connect(&s.own, &s.own_options)
         .await
         .map_err(|e| format!("waiting for the server: {e}"))?;
@@ -178,7 +226,7 @@ async fn source(s: &Settings) -> Result<Option<Endpoint>, String> {
         .map_err(|e| format!("waiting for the server: {e}"))?;
     if s.alone {
         return match info.role {
-            Some(Role::Primary) => Ok(Some(s.own.clone())),
+            Some(Role::Primary) => Ok(None),
             _ => Err("not the primary".into()),
         };
     }
@@ -196,6 +244,17 @@ async fn source(s: &Settings) -> Result<Option<Endpoint>, String> {
             return Err("the server follows a fence".into());
         }
     }
+    Ok(Some(primary))
+}
+
+/// Whose turn: none while another replica's sidecar archives (the one
+/// archiving keeps its turn while its server stays an online replica: a
+/// replica that just resynced in full could not continue the archive from
+/// its backlog); else the online replica with the lowest address.
+async fn turn(s: &Settings) -> Result<Turn, String> {
+    let Some(primary) = eligible(s).await? else {
+        return Ok(Turn::Mine);
+    };
     let mut p = Node::connect(&primary, &s.peer_options)
         .await
         .map_err(|e| format!("asking the primary {primary}: {e}"))?;
@@ -203,19 +262,44 @@ async fn source(s: &Settings) -> Result<Option<Endpoint>, String> {
         .replication()
         .await
         .map_err(|e| format!("asking the primary {primary}: {e}"))?;
-    let first = pinfo
+    let online: Vec<String> = pinfo
         .replicas
         .iter()
         .filter(|r| r.state == "online")
         .map(|r| r.endpoint.host().to_string())
-        .min_by_key(|h| sort_key(h));
-    if first.as_deref() != Some(s.pod_ip.as_str()) {
-        return Err(format!(
-            "replica {} archives",
-            first.unwrap_or_else(|| "(none online)".into())
-        ));
+        .collect();
+    for ip in online.iter().filter(|ip| **ip != s.pod_ip) {
+        if fetch_status(ip, s.status_port)
+            .await
+            .is_some_and(|st| st["archiving"] == true)
+        {
+            return Err(format!("replica {ip} archives"));
+        }
     }
-    Ok(Some(s.own.clone()))
+    match online.into_iter().min_by_key(|h| sort_key(h)) {
+        Some(first) if first == s.pod_ip => Ok(Turn::Mine),
+        Some(first) => Ok(Turn::Lowest(first)),
+        None => Err("the primary lists no online replica".into()),
+    }
+}
+
+/// `GET /status` of the archive sidecar at `ip:port`, within 1 s.
+pub async fn fetch_status(ip: &str, port: u16) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect((ip, port)).await.ok()?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: archive\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.take(1 << 20).read_to_end(&mut buf).await.ok()?;
+        let at = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+        serde_json::from_slice(&buf[at + 4..]).ok()
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Addresses compared as IPv4 numbers when they are.
@@ -466,6 +550,7 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
             }
             set(state, |st| {
                 st.bases += 1;
+                st.archive_bytes += *size;
                 st.holes = holes.clone();
             });
             RunInfo {
@@ -556,12 +641,12 @@ async fn stream(
     let mut upload_task: Option<tokio::task::JoinHandle<(Pending, Result<(), BackupError>)>> = None;
     let mut failures_in_a_row = 0u32;
     let mut retry_at = Instant::now();
-    loop {
+    let outcome = loop {
         // Receive (unless too much waits for the store).
         if queued < s.queue_limit {
-            link.read(&mut raw, Duration::from_millis(20))
-                .await
-                .map_err(source_err)?;
+            if let Err(e) = link.read(&mut raw, Duration::from_millis(20)).await {
+                break Err(source_err(e));
+            }
             let used = archive::scan(&raw, &mut db, |_| {})
                 .map_err(|e| BackupError::Invalid(format!("the replication stream: {e}")))?;
             whole.extend_from_slice(&raw[..used]);
@@ -628,6 +713,7 @@ async fn stream(
                     failures_in_a_row = 0;
                     uploaded = p.end;
                     set(state, |st| {
+                        st.last_error = None;
                         st.uploaded_offset = p.end;
                         if p.newest > 0 {
                             st.newest_ms = p.newest;
@@ -674,7 +760,9 @@ async fn stream(
         // Keep the link alive, acknowledging what the store holds.
         if last_ack.elapsed() >= Duration::from_millis(500) {
             last_ack = Instant::now();
-            link.ack(uploaded).await.map_err(source_err)?;
+            if let Err(e) = link.ack(uploaded).await {
+                break Err(source_err(e));
+            }
         }
         // A new base now and then, from the same server.
         if let Some(t) = &base_task
@@ -698,12 +786,40 @@ async fn stream(
         // Still this sidecar's turn?
         if last_turn.elapsed() >= Duration::from_secs(5) {
             last_turn = Instant::now();
-            if let Err(why) = source(s).await {
+            if let Err(why) = eligible(s).await {
                 tracing::info!(why, "archive turn ended");
-                return drain(s, state, queue, upload_task).await;
+                break Ok(());
             }
         }
+    };
+    // What was received goes too: the next run continues after it (less
+    // to fetch again from a backlog that may no longer hold it).
+    let received = seg_start + whole.len() as i64;
+    let reached: Vec<(i64, i64)> = checkpoints
+        .into_iter()
+        .filter(|(_, o)| *o <= received)
+        .collect();
+    if !whole.is_empty() || !reached.is_empty() {
+        let header = SegmentHeader {
+            replid: link.replid.clone(),
+            start: seg_start,
+            end: received,
+            db: seg_db,
+            checkpoints: reached,
+        };
+        if let Ok(mut body) = serde_json::to_vec(&header) {
+            body.push(b'\n');
+            body.extend_from_slice(&whole);
+            queue.push_back(Pending {
+                key: segment_key(&s.prefix, run, &header),
+                body,
+                end: received,
+                newest: archive::times(&header.checkpoints).1,
+            });
+        }
     }
+    drain(s, state, queue, upload_task).await?;
+    outcome
 }
 
 /// The next upload: the first queued segment, merged with those that

@@ -139,18 +139,7 @@ pub fn store_args(s3: &S3Location, key: &str) -> Vec<String> {
 /// copies it). `optional` lets a pod start once the Secret is gone, for an
 /// agent that will not need it (a finished bootstrap).
 pub fn credential_env(s3: &S3Location, optional: bool) -> Vec<EnvVar> {
-    let from = |name: &str, key: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: s3.credentials.secret_name.clone(),
-                key: key.into(),
-                optional: Some(optional),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let from = |name: &str, key: &str| secret_env(name, &s3.credentials.secret_name, key, optional);
     vec![
         from("AWS_ACCESS_KEY_ID", &s3.credentials.access_key_id_key),
         from(
@@ -158,6 +147,39 @@ pub fn credential_env(s3: &S3Location, optional: bool) -> Vec<EnvVar> {
             &s3.credentials.secret_access_key_key,
         ),
     ]
+}
+
+/// Variable `name` from the pod's field `path` (`metadata.name`,
+/// `status.podIP`).
+pub fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Variable `name` from key `key` of Secret `secret` (by reference: the
+/// operator never copies a secret into a spec).
+pub fn secret_env(name: &str, secret: &str, key: &str, optional: bool) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_string(),
+                key: key.into(),
+                optional: Some(optional),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// A container running the agent (`redpilot <args>`) from the operator's

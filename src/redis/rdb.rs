@@ -315,6 +315,29 @@ pub(super) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
         })
 }
 
+/// `AUTH` with `opts`' user and password, when it has a password.
+pub(super) async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut BufReader<S>,
+    label: &str,
+    bound: Duration,
+    opts: &ConnectOptions,
+) -> Result<()> {
+    let Some(password) = &opts.password else {
+        return Ok(());
+    };
+    let mut args: Vec<&[u8]> = vec![b"AUTH"];
+    if let Some(user) = &opts.username {
+        args.push(user.as_bytes());
+    }
+    args.push(password.expose().as_bytes());
+    send(conn, label, bound, encode(&args)).await?;
+    let reply = next_reply(conn, label, "AUTH", bound).await?;
+    if !reply.starts_with('+') {
+        return Err(reply_error(label, "AUTH", &reply));
+    }
+    Ok(())
+}
+
 pub(super) fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
@@ -754,18 +777,7 @@ pub async fn stream_rdb<W: AsyncWrite + Unpin>(
     let mut conn = BufReader::with_capacity(rdb.chunk_size.max(4096), stream);
     let bound = opts.command_timeout;
 
-    if let Some(password) = &opts.password {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if let Some(user) = &opts.username {
-            args.push(user.as_bytes());
-        }
-        args.push(password.expose().as_bytes());
-        send(&mut conn, &label, bound, encode(&args)).await?;
-        let reply = next_reply(&mut conn, &label, "AUTH", bound).await?;
-        if !reply.starts_with('+') {
-            return Err(reply_error(&label, "AUTH", &reply));
-        }
-    }
+    authenticate(&mut conn, &label, bound, opts).await?;
     if rdb.allow_diskless {
         send(
             &mut conn,

@@ -16,8 +16,8 @@ use super::conn::ConnectOptions;
 use super::endpoint::Endpoint;
 use super::error::{Error, Result};
 use super::rdb::{
-    RdbHeader, RdbOptions, Stream, TransferMode, encode, next_reply, open_stream, read_snapshot,
-    reply_error, send,
+    RdbHeader, RdbOptions, Stream, TransferMode, authenticate, encode, next_reply, open_stream,
+    read_snapshot, reply_error, send,
 };
 
 /// How the primary answered the `PSYNC`.
@@ -79,18 +79,7 @@ pub async fn open<W: AsyncWrite + Unpin>(
     let stream = open_stream(endpoint, opts).await?;
     let mut conn = BufReader::with_capacity(rdb.chunk_size.max(4096), stream);
     let bound = opts.command_timeout;
-    if let Some(password) = &opts.password {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if let Some(user) = &opts.username {
-            args.push(user.as_bytes());
-        }
-        args.push(password.expose().as_bytes());
-        send(&mut conn, &label, bound, encode(&args)).await?;
-        let reply = next_reply(&mut conn, &label, "AUTH", bound).await?;
-        if !reply.starts_with('+') {
-            return Err(reply_error(&label, "AUTH", &reply));
-        }
-    }
+    authenticate(&mut conn, &label, bound, opts).await?;
     let capa: Vec<&[u8]> = if rdb.allow_diskless {
         vec![b"REPLCONF", b"capa", b"eof", b"capa", b"psync2"]
     } else {

@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, ResourceRequirements, SecretKeySelector,
-    SecretVolumeSource, Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -85,18 +84,7 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Volume)> {
                     )),
                     ..Default::default()
                 },
-                EnvVar {
-                    name: "REDIS_PASSWORD".into(),
-                    value_from: Some(EnvVarSource {
-                        secret_key_ref: Some(SecretKeySelector {
-                            name: secret.to_string(),
-                            key: PASSWORD_KEY.into(),
-                            optional: Some(false),
-                        }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
+                super::super::agent::secret_env("REDIS_PASSWORD", secret, PASSWORD_KEY, false),
             ]
             .into_iter()
             .chain(tls.then(|| EnvVar {

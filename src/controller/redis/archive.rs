@@ -2,10 +2,7 @@
 //! [`crate::backup::archiver`] for which one archives), and
 //! `status.archive`, read from the sidecars' `/status`.
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector, Volume,
-    VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, Volume, VolumeMount};
 
 use crate::api::v1alpha1::{ArchiveStatus, Mode, Redis};
 use crate::controller::agent::{self, Target};
@@ -76,37 +73,15 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Vec<Volume>)> 
         }
     }
     args.extend(target.args(&key));
-    let field = |name: &str, path: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let mut env = vec![
-        field("POD_IP", "status.podIP"),
-        field("POD_NAME", "metadata.name"),
+        agent::field_env("POD_IP", "status.podIP"),
+        agent::field_env("POD_NAME", "metadata.name"),
         EnvVar {
             name: "REDIS_USER".into(),
             value: Some(names::BACKUP_USER.into()),
             ..Default::default()
         },
-        EnvVar {
-            name: "REDIS_PASSWORD".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.to_string(),
-                    key: names::BACKUP_PASSWORD_KEY.into(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+        agent::secret_env("REDIS_PASSWORD", secret, names::BACKUP_PASSWORD_KEY, false),
     ];
     env.extend(target.env(false));
     let mut mounts = vec![VolumeMount {
@@ -160,21 +135,8 @@ pub struct SidecarStatus {
 
 /// `GET /status` of the sidecar at `ip`, within 1 s.
 pub async fn fetch(ip: &str) -> Option<SidecarStatus> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let ask = async {
-        let mut s = tokio::net::TcpStream::connect((ip, PORT)).await.ok()?;
-        s.write_all(b"GET /status HTTP/1.0\r\nHost: archive\r\n\r\n")
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        s.take(1 << 20).read_to_end(&mut buf).await.ok()?;
-        let at = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
-        serde_json::from_slice::<SidecarStatus>(&buf[at + 4..]).ok()
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(1), ask)
-        .await
-        .ok()
-        .flatten()
+    let v = crate::backup::archiver::fetch_status(ip, PORT).await?;
+    serde_json::from_value(v).ok()
 }
 
 /// `status.archive` from the sidecars of the pods at `ips` (pod name,

@@ -25,9 +25,7 @@
 //! is whole.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, VolumeMount};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
@@ -732,20 +730,9 @@ pub fn init_container(
             names::engine_name(spec.engine()).into(),
         ]);
     }
-    let field = |name: &str, path: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let from_config = |name: &str, key: &str| super::statefulset::config_env(names, name, key);
     let mut env = vec![
-        field("POD_NAME", "metadata.name"),
+        agent::field_env("POD_NAME", "metadata.name"),
         from_config("REDPILOT_PRIMARY", names::PRIMARY_KEY),
         from_config("REDPILOT_BOOTSTRAPPED", names::BOOTSTRAPPED_KEY),
         // The restore is this object's: a marker left on a retained volume

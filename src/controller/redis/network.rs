@@ -102,8 +102,10 @@ pub fn policy(redis: &Redis, names: &Names, operator_ns: &str) -> Option<Network
     // The archive sidecar's `/status` (the operator) and `/metrics`
     // (whoever may scrape the metrics; anyone when unset).
     if redis.spec.archive.is_some() {
+        // The sidecars also ask each other before one starts.
         let from = spec.metrics.clone().map(|mut peers| {
             peers.push(operator.clone());
+            peers.push(pods(own.clone()));
             peers
         });
         ingress.push(NetworkPolicyIngressRule {
