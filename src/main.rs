@@ -850,8 +850,8 @@ async fn archive(args: ArchiveArgs) -> Result<(), redpilot::backup::BackupError>
         shard: args.shard,
         interval: std::time::Duration::from_millis(args.interval_ms),
         checkpoint_every: std::time::Duration::from_millis(args.checkpoint_ms),
-        base_every: std::time::Duration::from_secs(args.base_every_seconds.max(60)),
-        retention: std::time::Duration::from_secs(args.retention_seconds.max(60)),
+        base_every: std::time::Duration::from_secs(args.base_every_seconds.max(10)),
+        retention: std::time::Duration::from_secs(args.retention_seconds.max(10)),
         queue_limit: args.queue_limit_mib.max(1) * 1024 * 1024,
         status_port: args
             .listen

@@ -46,6 +46,10 @@ struct Archiver {
 
 impl Archiver {
     fn start(replica: &RedisServer, store: &std::path::Path) -> Self {
+        Self::start_with(replica, store, &[])
+    }
+
+    fn start_with(replica: &RedisServer, store: &std::path::Path, more: &[&str]) -> Self {
         let port = redis_server::free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(bin())
@@ -68,6 +72,7 @@ impl Archiver {
                 "--checkpoint-ms",
                 "50",
             ])
+            .args(more)
             .env("REDIS_PASSWORD", PASSWORD)
             .env("REDPILOT_LOG_FORMAT", "text")
             .stdin(Stdio::null())
@@ -212,6 +217,18 @@ async fn write(primary: &RedisServer, secs: u64) -> (Vec<Stamp>, Vec<(i64, i64)>
 
 /// Restores the archive in `store` to `at` into a new server of `engine`.
 fn restore(engine: Engine, store: &std::path::Path, at: i64) -> (RedisServer, serde_json::Value) {
+    match try_restore(engine, store, at) {
+        Ok(v) => v,
+        Err(e) => panic!("restore failed: {e}"),
+    }
+}
+
+/// As [`restore`], the agent's output when it fails.
+fn try_restore(
+    engine: Engine,
+    store: &std::path::Path,
+    at: i64,
+) -> Result<(RedisServer, serde_json::Value), String> {
     let mut server = RedisServer::start(engine, ServerConfig::default().password(PASSWORD));
     let dest = server.dir().join("redpilot-pitr.aof");
     let out = Command::new(bin())
@@ -229,12 +246,13 @@ fn restore(engine: Engine, store: &std::path::Path, at: i64) -> (RedisServer, se
         .env("REDPILOT_LOG_FORMAT", "text")
         .output()
         .expect("redpilot restore");
-    assert!(
-        out.status.success(),
-        "restore failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        return Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     let outcome: serde_json::Value = serde_json::from_slice(&out.stdout).expect("outcome JSON");
     server
         .config
@@ -251,7 +269,7 @@ fn restore(engine: Engine, store: &std::path::Path, at: i64) -> (RedisServer, se
             .push(("appenddirname".into(), "redpilot-pitr".into()));
     }
     server.restart();
-    (server, outcome)
+    Ok((server, outcome))
 }
 
 async fn check(
@@ -392,4 +410,73 @@ async fn every_engine_restores_to_a_chosen_time_from_its_replicas_stream() {
     for engine in Engine::ALL {
         round_trip(engine).await;
     }
+}
+
+/// A base taken within a run (every 10 s here) is what a later restore
+/// starts from, and the retention (20 s here) deletes what no restore
+/// inside it needs: the earliest restorable time moves on, an earlier
+/// time is refused with the window, a time inside it is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_bases_are_used_and_the_retention_drops_what_no_restore_needs() {
+    let engine = Engine::Redis70;
+    let store = tempfile::tempdir().expect("store dir");
+    let group = RedisServer::start_group(engine, 2, ServerConfig::default().password(PASSWORD));
+    let (primary, replica) = (&group[0], &group[1]);
+    let archiver = Archiver::start_with(
+        replica,
+        store.path(),
+        &["--base-every-seconds", "10", "--retention-seconds", "20"],
+    );
+    archiver
+        .wait_newest(now_ms(), Duration::from_secs(30))
+        .await;
+    let started = now_ms();
+    let (stamps, counter) = write(primary, 34).await;
+    let last = stamps.last().map(|s| s.acked).unwrap_or(0);
+    let st = archiver
+        .wait_newest(last + 300, Duration::from_secs(30))
+        .await;
+    assert!(
+        st["bases"].as_u64().unwrap_or(0) >= 3,
+        "bases every 10 s over 34 s: {st}"
+    );
+    let earliest = st["earliestMs"].as_i64().unwrap_or(0);
+    println!(
+        "bases taken: {}, earliest restorable {} ({:.1} s after the writes began)",
+        st["bases"],
+        rfc3339(earliest),
+        (earliest - started) as f64 / 1000.0
+    );
+    assert!(
+        earliest > started + 5_000,
+        "the retention must have dropped the first base and what only it needed: {st}"
+    );
+    // A time the retention dropped is refused, naming the window.
+    let refused = try_restore(engine, store.path(), started + 1_000)
+        .err()
+        .expect("a restore before the window must fail");
+    assert!(
+        refused.contains("NotRestorable") && refused.contains("can restore from"),
+        "{refused}"
+    );
+    // Near the end: from a base taken within the run.
+    let at = last - 1_000;
+    let (server, outcome) = restore(engine, store.path(), at);
+    assert!(
+        outcome["baseOffset"].as_i64().unwrap_or(0) > 0,
+        "a base taken within the run: {outcome}"
+    );
+    let c =
+        chrono::DateTime::parse_from_rfc3339(outcome["checkpoint"].as_str().expect("checkpoint"))
+            .expect("time")
+            .timestamp_millis();
+    let (must, must_not) = check(&server, &stamps, &counter, c).await;
+    println!(
+        "restored to {} from base {} (offset {}), {} commands: {must} keys there as required, {must_not} absent",
+        rfc3339(c),
+        outcome["base"],
+        outcome["baseOffset"],
+        outcome["commands"]
+    );
+    assert!(must > 1000 && must_not > 100);
 }

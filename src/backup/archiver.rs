@@ -136,7 +136,6 @@ pub async fn run(settings: Settings, state: Shared) {
     set(&state, |s| {
         s.lag_bound_seconds = 3.0 * settings.interval.as_secs_f64() + 10.0;
     });
-    let mut last_retention = Instant::now() - settings.retention.min(Duration::from_secs(600));
     // Since when no sidecar has been seen archiving while this one could.
     let mut unattended: Option<Instant> = None;
     loop {
@@ -180,12 +179,6 @@ pub async fn run(settings: Settings, state: Shared) {
                     s.archiving = false;
                     s.activity = why;
                 });
-            }
-        }
-        if last_retention.elapsed() >= Duration::from_secs(600) {
-            last_retention = Instant::now();
-            if let Err(e) = apply_retention(&settings, &state).await {
-                tracing::warn!(error = %e, "archive retention");
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -637,6 +630,11 @@ async fn stream(
     let mut last_turn = Instant::now();
     let mut last_base = Instant::now();
     let mut base_task: Option<tokio::task::JoinHandle<Result<(), BackupError>>> = None;
+    // The archiving sidecar applies the retention, a quarter of it apart
+    // (at most every 10 minutes).
+    let retention_every = (s.retention / 4).clamp(Duration::from_secs(5), Duration::from_secs(600));
+    let mut last_retention = Instant::now();
+    let mut retention_task: Option<tokio::task::JoinHandle<()>> = None;
     let mut primary: Option<Node> = None;
     let mut upload_task: Option<tokio::task::JoinHandle<(Pending, Result<(), BackupError>)>> = None;
     let mut failures_in_a_row = 0u32;
@@ -782,6 +780,17 @@ async fn stream(
                 run.to_string(),
                 from.clone(),
             )));
+        }
+        if retention_task.as_ref().is_none_or(|t| t.is_finished())
+            && last_retention.elapsed() >= retention_every
+        {
+            last_retention = Instant::now();
+            let (settings, shared) = (s.clone(), state.clone());
+            retention_task = Some(tokio::spawn(async move {
+                if let Err(e) = apply_retention(&settings, &shared).await {
+                    tracing::warn!(error = %e, "archive retention");
+                }
+            }));
         }
         // Still this sidecar's turn?
         if last_turn.elapsed() >= Duration::from_secs(5) {
