@@ -596,6 +596,8 @@ struct Pending {
     key: String,
     body: Vec<u8>,
     end: i64,
+    /// Its first and last checkpoint times (0: none).
+    oldest: i64,
     newest: i64,
 }
 
@@ -694,6 +696,7 @@ async fn stream(
                     key,
                     body,
                     end: received,
+                    oldest: archive::times(&header.checkpoints).0,
                     newest: archive::times(&header.checkpoints).1,
                 });
                 whole.clear();
@@ -712,6 +715,11 @@ async fn stream(
                     uploaded = p.end;
                     set(state, |st| {
                         st.last_error = None;
+                        // A first run's window opens with its first
+                        // checkpoint stored after its base.
+                        if st.earliest_ms == 0 && p.oldest > 0 {
+                            st.earliest_ms = p.oldest;
+                        }
                         st.uploaded_offset = p.end;
                         if p.newest > 0 {
                             st.newest_ms = p.newest;
@@ -823,6 +831,7 @@ async fn stream(
                 key: segment_key(&s.prefix, run, &header),
                 body,
                 end: received,
+                oldest: archive::times(&header.checkpoints).0,
                 newest: archive::times(&header.checkpoints).1,
             });
         }
@@ -871,6 +880,7 @@ fn coalesce(queue: &mut VecDeque<Pending>, prefix: &str, run: &str) -> Option<Pe
         key: segment_key(prefix, run, &header),
         body,
         end: header.end,
+        oldest: archive::times(&header.checkpoints).0,
         newest,
     })
 }
