@@ -480,3 +480,66 @@ async fn later_bases_are_used_and_the_retention_drops_what_no_restore_needs() {
     );
     assert!(must > 1000 && must_not > 100);
 }
+
+/// The stream names a database only when it changes: a run that begins
+/// with a full resync from a replica whose stream had database 3 selected
+/// keeps writing there without a `SELECT`. The restore must put them in
+/// database 3 (the snapshot's `repl-stream-db`), not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_starts_with_another_database_selected_restores_into_it() {
+    let engine = Engine::Redis70;
+    let store = tempfile::tempdir().expect("store dir");
+    let group = RedisServer::start_group(engine, 2, ServerConfig::default().password(PASSWORD));
+    let (primary, replica) = (&group[0], &group[1]);
+    let mut node = connect(primary).await;
+    let _: () = node
+        .query("SELECT", redis::cmd("SELECT").arg(3))
+        .await
+        .expect("SELECT");
+    let _: () = node
+        .query("SET", redis::cmd("SET").arg("before").arg(1))
+        .await
+        .expect("SET");
+    replica.wait_link_up(Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let archiver = Archiver::start(replica, store.path());
+    archiver
+        .wait_newest(now_ms(), Duration::from_secs(30))
+        .await;
+    // Still in database 3: the primary propagates no SELECT.
+    for i in 0..50 {
+        let _: () = node
+            .query("SET", redis::cmd("SET").arg(format!("after:{i}")).arg(i))
+            .await
+            .expect("SET");
+    }
+    let done = now_ms();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    archiver
+        .wait_newest(done + 200, Duration::from_secs(30))
+        .await;
+    let (server, outcome) = restore(engine, store.path(), done + 100);
+    let mut check = connect(&server).await;
+    let _: () = check
+        .query("SELECT", redis::cmd("SELECT").arg(3))
+        .await
+        .expect("SELECT");
+    let n: i64 = check
+        .query("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE");
+    let _: () = check
+        .query("SELECT", redis::cmd("SELECT").arg(0))
+        .await
+        .expect("SELECT");
+    let zero: i64 = check
+        .query("DBSIZE", &redis::cmd("DBSIZE"))
+        .await
+        .expect("DBSIZE");
+    println!("database 3: {n} keys, database 0: {zero} keys ({outcome})");
+    assert_eq!(
+        (n, zero),
+        (51, 0),
+        "the writes after the snapshot belong to database 3"
+    );
+}

@@ -553,7 +553,14 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
                 started_at: started.to_rfc3339(),
                 replid: replid.clone(),
                 start: *offset,
-                db: 0,
+                // The database the stream has selected at the snapshot
+                // (a replica serving the sync passes the primary's stream
+                // on and names no database again until it changes).
+                db: header
+                    .aux
+                    .get("repl-stream-db")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
                 continues: None,
             }
         }
