@@ -679,33 +679,15 @@ async fn stream(
         // Cut a segment of the whole commands and the checkpoints they reach.
         if last_cut.elapsed() >= s.interval {
             last_cut = Instant::now();
-            let reached: Vec<(i64, i64)> = checkpoints
-                .iter()
-                .copied()
-                .filter(|(_, o)| *o <= received)
-                .map(|(t, o)| (t, o.max(seg_start)))
-                .collect();
-            checkpoints.retain(|(_, o)| *o > received);
-            if !whole.is_empty() || !reached.is_empty() {
-                let header = SegmentHeader {
-                    replid: link.replid.clone(),
-                    start: seg_start,
-                    end: received,
-                    db: seg_db,
-                    checkpoints: reached,
-                };
-                let key = segment_key(&s.prefix, run, &header);
-                let mut body = serde_json::to_vec(&header)
-                    .map_err(|e| BackupError::Invalid(format!("encoding a segment header: {e}")))?;
-                body.push(b'\n');
-                body.extend_from_slice(&whole);
-                queue.push_back(Pending {
-                    key,
-                    body,
-                    end: received,
-                    oldest: archive::times(&header.checkpoints).0,
-                    newest: archive::times(&header.checkpoints).1,
-                });
+            if let Some(p) = cut(
+                &s.prefix,
+                run,
+                &link.replid,
+                (seg_start, seg_db),
+                &whole,
+                &mut checkpoints,
+            ) {
+                queue.push_back(p);
                 whole.clear();
                 seg_start = received;
                 seg_db = db;
@@ -818,33 +800,61 @@ async fn stream(
     };
     // What was received goes too: the next run continues after it (less
     // to fetch again from a backlog that may no longer hold it).
-    let received = seg_start + whole.len() as i64;
-    let reached: Vec<(i64, i64)> = checkpoints
-        .into_iter()
-        .filter(|(_, o)| *o <= received)
-        .collect();
-    if !whole.is_empty() || !reached.is_empty() {
-        let header = SegmentHeader {
-            replid: link.replid.clone(),
-            start: seg_start,
-            end: received,
-            db: seg_db,
-            checkpoints: reached,
-        };
-        if let Ok(mut body) = serde_json::to_vec(&header) {
-            body.push(b'\n');
-            body.extend_from_slice(&whole);
-            queue.push_back(Pending {
-                key: segment_key(&s.prefix, run, &header),
-                body,
-                end: received,
-                oldest: archive::times(&header.checkpoints).0,
-                newest: archive::times(&header.checkpoints).1,
-            });
-        }
+    if let Some(p) = cut(
+        &s.prefix,
+        run,
+        &link.replid,
+        (seg_start, seg_db),
+        &whole,
+        &mut checkpoints,
+    ) {
+        queue.push_back(p);
     }
     drain(s, state, queue, upload_task).await?;
     outcome
+}
+
+/// A segment of the whole commands received since `start` (offset and
+/// selected database) and the checkpoints they reach (taken out of
+/// `checkpoints`); `None` when there is neither.
+fn cut(
+    prefix: &str,
+    run: &str,
+    replid: &str,
+    (start, db): (i64, u32),
+    whole: &[u8],
+    checkpoints: &mut Vec<(i64, i64)>,
+) -> Option<Pending> {
+    let end = start + whole.len() as i64;
+    let reached: Vec<(i64, i64)> = checkpoints
+        .iter()
+        .copied()
+        .filter(|(_, o)| *o <= end)
+        .map(|(t, o)| (t, o.max(start)))
+        .collect();
+    checkpoints.retain(|(_, o)| *o > end);
+    if whole.is_empty() && reached.is_empty() {
+        return None;
+    }
+    let header = SegmentHeader {
+        replid: replid.to_string(),
+        start,
+        end,
+        db,
+        checkpoints: reached,
+    };
+    let (oldest, newest) = archive::times(&header.checkpoints);
+    // A header of strings and numbers always encodes.
+    let mut body = serde_json::to_vec(&header).unwrap_or_default();
+    body.push(b'\n');
+    body.extend_from_slice(whole);
+    Some(Pending {
+        key: segment_key(prefix, run, &header),
+        body,
+        end,
+        oldest,
+        newest,
+    })
 }
 
 /// The next upload: the first queued segment, merged with those that
