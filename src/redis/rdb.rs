@@ -754,7 +754,7 @@ fn parse_framing(label: &str, line: &str) -> Result<Framing> {
     rest.parse::<u64>().map(Framing::Sized).map_err(|_| bad())
 }
 
-fn truncate(s: &str) -> String {
+pub(super) fn truncate(s: &str) -> String {
     s.chars().take(80).collect()
 }
 

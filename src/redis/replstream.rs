@@ -17,7 +17,7 @@ use super::endpoint::Endpoint;
 use super::error::{Error, Result};
 use super::rdb::{
     RdbHeader, RdbOptions, Stream, TransferMode, authenticate, encode, next_reply, open_stream,
-    read_snapshot, reply_error, send,
+    read_snapshot, reply_error, send, truncate,
 };
 
 /// How the primary answered the `PSYNC`.
@@ -106,61 +106,52 @@ pub async fn open<W: AsyncWrite + Unpin>(
         endpoint: label.clone(),
         message,
     };
-    if let Some(rest) = reply.strip_prefix("+CONTINUE") {
-        let (replid, offset) = match resume {
-            Some((old, offset)) => {
-                let now = rest.trim();
-                (if now.is_empty() { old } else { now }.to_string(), offset)
-            }
-            None => return Err(protocol("+CONTINUE to a PSYNC that asked for none".into())),
+    let (replid, offset, began) = if let Some(rest) = reply.strip_prefix("+CONTINUE") {
+        let Some((old, offset)) = resume else {
+            return Err(protocol("+CONTINUE to a PSYNC that asked for none".into()));
         };
+        let now = rest.trim();
+        let replid = if now.is_empty() { old } else { now }.to_string();
         let began = Began::Continued {
             replid: replid.clone(),
         };
-        return Ok((
-            ReplStream {
-                conn,
-                label,
-                bound,
-                replid,
-                offset,
-            },
-            began,
-        ));
-    }
-    let Some(rest) = reply.strip_prefix("+FULLRESYNC ") else {
-        if reply.starts_with('-') {
-            return Err(reply_error(&label, "PSYNC", &reply));
+        (replid, offset, began)
+    } else {
+        let Some(rest) = reply.strip_prefix("+FULLRESYNC ") else {
+            if reply.starts_with('-') {
+                return Err(reply_error(&label, "PSYNC", &reply));
+            }
+            return Err(protocol(format!(
+                "unexpected PSYNC reply {:?}",
+                truncate(&reply)
+            )));
+        };
+        let mut parts = rest.split_whitespace();
+        let replid = parts.next().unwrap_or_default().to_string();
+        let offset = parts
+            .next()
+            .and_then(|o| o.parse::<i64>().ok())
+            .ok_or_else(|| protocol(format!("unexpected PSYNC reply {:?}", truncate(&reply))))?;
+        let header_line = next_reply(
+            &mut conn,
+            &label,
+            "snapshot preparation",
+            rdb.preamble_timeout,
+        )
+        .await?;
+        if header_line.starts_with('-') {
+            return Err(reply_error(&label, "PSYNC", &header_line));
         }
-        return Err(protocol(format!(
-            "unexpected PSYNC reply {:?}",
-            short(&reply)
-        )));
-    };
-    let mut parts = rest.split_whitespace();
-    let replid = parts.next().unwrap_or_default().to_string();
-    let offset = parts
-        .next()
-        .and_then(|o| o.parse::<i64>().ok())
-        .ok_or_else(|| protocol(format!("unexpected PSYNC reply {:?}", short(&reply))))?;
-    let header_line = next_reply(
-        &mut conn,
-        &label,
-        "snapshot preparation",
-        rdb.preamble_timeout,
-    )
-    .await?;
-    if header_line.starts_with('-') {
-        return Err(reply_error(&label, "PSYNC", &header_line));
-    }
-    let (header, size, mode) =
-        read_snapshot(&mut conn, &label, &header_line, rdb, snapshot).await?;
-    let began = Began::Full {
-        replid: replid.clone(),
-        offset,
-        header,
-        size,
-        mode,
+        let (header, size, mode) =
+            read_snapshot(&mut conn, &label, &header_line, rdb, snapshot).await?;
+        let began = Began::Full {
+            replid: replid.clone(),
+            offset,
+            header,
+            size,
+            mode,
+        };
+        (replid, offset, began)
     };
     Ok((
         ReplStream {
@@ -214,8 +205,4 @@ impl ReplStream {
         )
         .await
     }
-}
-
-fn short(s: &str) -> String {
-    s.chars().take(80).collect()
 }
