@@ -42,7 +42,7 @@ TOOL_GROUPS_DIST := helm image grpcprobe
 TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKUP) $(TOOL_GROUPS_INSIGHTS) $(TOOL_GROUPS_SECURITY) $(TOOL_GROUPS_DIST)
 
 .PHONY: bundle catalog olm-validate
-.PHONY: all build setup fmt fmt-check clippy lint unit tools tools-cluster engines \
+.PHONY: all build setup prune fmt fmt-check clippy lint unit tools tools-cluster engines \
 	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-pitr bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
@@ -57,6 +57,11 @@ build:
 # (hack/setup.sh, shared with .ci/run). Needs root when something is missing.
 setup:
 	@bash hack/setup.sh
+
+# Stale builds of this crate out of Cargo's shared target directory, and a
+# clear error when the disk has too little room for a test run.
+prune:
+	@bash hack/prune-target.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -163,7 +168,7 @@ test-long: engines tools release-bins cluster-up
 	exit $$status
 
 # The whole test run. The cluster comes down even when a step fails.
-test: setup lint unit tools release-bins cluster-up
+test: prune setup lint unit tools release-bins cluster-up
 	@status=0; $(MAKE) --no-print-directory integration || status=$$?; \
 	bash hack/stall-watch.sh report || true; \
 	$(MAKE) --no-print-directory cluster-down || true; \
