@@ -190,10 +190,14 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             vec!["spec.replicaOf.port", "less than or equal to 65535"],
         ),
         (
-            "a Cluster with an archive",
+            "a Cluster bootstrapped from a bucket key without a time",
             json!({"mode": "Cluster", "shards": 3,
-                   "archive": {"target": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
-            vec!["spec.archive", "a Cluster Redis is not archived yet"],
+                   "bootstrap": {"fromBackup": {"key": "ns/c/shard-0.rdb",
+                   "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
+            vec![
+                "spec.bootstrap.fromBackup",
+                "a bucket key alone holds one shard's file",
+            ],
         ),
         (
             "an archive with a segment interval of two minutes",
@@ -818,6 +822,18 @@ async fn valid_specs_are_accepted_with_defaults() {
         (
             "Redis 6.2.14 Standalone with 1 instance",
             json!({"mode": "Standalone", "version": "6.2.14", "instances": 1}),
+        ),
+        (
+            "a Cluster archived continuously",
+            json!({"mode": "Cluster", "shards": 3,
+                   "archive": {"target": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}}),
+        ),
+        (
+            "a Cluster restored from an archive to a time",
+            json!({"mode": "Cluster", "shards": 4, "engine": "Valkey", "version": "8.1",
+                   "bootstrap": {"fromBackup": {"key": "ns/c/archive",
+                   "s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}},
+                   "pointInTime": "2026-12-07T10:11:12.250Z"}}}),
         ),
     ];
     for (i, (case, spec)) in cases.iter().enumerate() {

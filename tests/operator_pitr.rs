@@ -19,7 +19,18 @@
 //!   is seen growing (status and the sidecar's metric), the archive
 //!   catches up with no hole, and a restore to a time inside the outage is
 //!   exact.
+//! - Cluster (3 shards, a primary and a replica each, Valkey 8.1): each
+//!   shard is archived from its replica, with the slots its primary serves
+//!   recorded at every checkpoint. 3 -> 4 shards under the writer; a time
+//!   before the resharding restores three shards with the layout of then,
+//!   a time after it four shards with the slots each served (no even
+//!   spread); a time at which slots were moving is refused with the
+//!   reason. Every shard is at its own last checkpoint at or before the
+//!   time: keys acknowledged before the earliest of them are there, none
+//!   sent after the time is.
 
+#[path = "support/cluster_client.rs"]
+mod cluster_client;
 mod support;
 
 use std::sync::Arc;
@@ -238,6 +249,65 @@ async fn restore(
     to
 }
 
+/// What a restored Redis holds of the writes, key by key.
+#[derive(Default)]
+struct Verdict {
+    missing: Vec<String>,
+    wrong: Vec<String>,
+    extra: Vec<String>,
+    /// Keys that must be there, must not be, and either way.
+    must: usize,
+    must_not: usize,
+    either: usize,
+}
+
+impl Verdict {
+    /// Judges one write whose key holds `v` in a Redis restored to `at`
+    /// whose data is at checkpoint `c` (at most `at`): acknowledged before
+    /// `c`, it must be there with its value; sent after `at`, it must not.
+    fn judge(&mut self, s: &Stamp, v: Option<String>, (c, at): (i64, i64)) {
+        let n = s.key.rsplit(':').next().unwrap_or_default();
+        if s.acked.is_some_and(|a| a < c) {
+            self.must += 1;
+            match v {
+                None => self.missing.push(s.key.clone()),
+                Some(v) if v != n => self.wrong.push(s.key.clone()),
+                Some(_) => {}
+            }
+        } else if s.sent > at {
+            self.must_not += 1;
+            if v.is_some() {
+                self.extra.push(s.key.clone());
+            }
+        } else {
+            self.either += 1;
+        }
+    }
+
+    /// Fails naming what is wrong; else the three counts.
+    fn assert_exact(self, name: &str, (c, at): (i64, i64)) -> (usize, usize, usize) {
+        assert!(
+            self.missing.is_empty() && self.wrong.is_empty(),
+            "{name} restored to {}: {} of {} keys acknowledged before {} are missing (first {:?}), {} hold another value",
+            rfc3339(at),
+            self.missing.len(),
+            self.must,
+            rfc3339(c),
+            self.missing.first(),
+            self.wrong.len()
+        );
+        assert!(
+            self.extra.is_empty(),
+            "{name} restored to {}: {} of {} keys written after it are there (first {:?})",
+            rfc3339(at),
+            self.extra.len(),
+            self.must_not,
+            self.extra.first()
+        );
+        (self.must, self.must_not, self.either)
+    }
+}
+
 /// Checks Redis `name` against the writes: every key acknowledged at or
 /// before `c` holds its value, no key sent after `c` exists. Returns
 /// (keys that must be there, keys that must not, keys sent before and
@@ -260,10 +330,7 @@ async fn check(
     let mut node = connect_pod(client, ns, &primary, &pw)
         .await
         .expect("connect");
-    let mut missing = Vec::new();
-    let mut wrong = Vec::new();
-    let mut extra = Vec::new();
-    let (mut must, mut must_not, mut either) = (0, 0, 0);
+    let mut verdict = Verdict::default();
     for chunk in stamps.chunks(500) {
         let mut cmd = redis::cmd("MGET");
         for s in chunk {
@@ -271,40 +338,10 @@ async fn check(
         }
         let values: Vec<Option<String>> = node.query("MGET", &cmd).await.expect("MGET");
         for (s, v) in chunk.iter().zip(values) {
-            let n = s.key.rsplit(':').next().unwrap_or_default();
-            if s.acked.is_some_and(|a| a < c) {
-                must += 1;
-                match v {
-                    None => missing.push(s.key.clone()),
-                    Some(v) if v != n => wrong.push(s.key.clone()),
-                    Some(_) => {}
-                }
-            } else if s.sent > c {
-                must_not += 1;
-                if v.is_some() {
-                    extra.push(s.key.clone());
-                }
-            } else {
-                either += 1;
-            }
+            verdict.judge(s, v, (c, c));
         }
     }
-    assert!(
-        missing.is_empty() && wrong.is_empty(),
-        "{name} restored to {}: {} of {must} keys acknowledged before it are missing (first {:?}), {} hold another value",
-        rfc3339(c),
-        missing.len(),
-        missing.first(),
-        wrong.len()
-    );
-    assert!(
-        extra.is_empty(),
-        "{name} restored to {}: {} of {must_not} keys written after it are there (first {:?})",
-        rfc3339(c),
-        extra.len(),
-        extra.first()
-    );
-    (must, must_not, either)
+    verdict.assert_exact(name, (c, c))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -898,4 +935,275 @@ async fn the_archive_keeps_up_costs_little_and_restores_a_base_and_its_writes() 
         size as u64 >= keys + must as u64,
         "the base's keys are not all there: {size}"
     );
+}
+
+/// Writes `prefix:N` = `N` one at a time through a cluster client (slot
+/// owners learnt from redirections), with no retry: a write that errs is
+/// recorded as not acknowledged.
+fn cluster_writer(
+    seed: Endpoint,
+    pw: &str,
+    prefix: &str,
+    stop: Arc<AtomicBool>,
+    acked: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<Stamp>> {
+    let opts = ConnectOptions::default()
+        .with_password(pw.to_string())
+        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
+    let prefix = prefix.to_string();
+    tokio::spawn(async move {
+        let mut c = cluster_client::Client::new(seed, opts);
+        let mut stamps = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            let key = format!("{prefix}:{n}");
+            let sent = now_ms();
+            let r: Result<String, String> = c.run(&key, redis::cmd("SET").arg(&key).arg(n)).await;
+            let ok = matches!(r.as_deref(), Ok("OK"));
+            if ok {
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+            stamps.push(Stamp {
+                key,
+                sent,
+                acked: ok.then(now_ms),
+            });
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        stamps
+    })
+}
+
+/// Checks Cluster Redis `name` restored to `at` (every shard at its own
+/// last checkpoint at or before it, the earliest `c`): every key
+/// acknowledged before `c` holds its value, no key sent after `at` exists.
+async fn check_cluster(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    stamps: &[Stamp],
+    (c, at): (i64, i64),
+) -> (usize, usize, usize) {
+    let pw = redis_password(client, ns, name).await;
+    let seed = Endpoint::new(pod_ip(client, ns, &format!("{name}-s0-0")).await, 6379);
+    let opts = ConnectOptions::default()
+        .with_password(pw)
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let mut reader = cluster_client::Client::new(seed, opts);
+    let mut verdict = Verdict::default();
+    for s in stamps {
+        let v: Option<String> = reader
+            .run(&s.key, redis::cmd("GET").arg(&s.key))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: GET {}: {e}", s.key));
+        verdict.judge(s, v, (c, at));
+    }
+    verdict.assert_exact(name, (c, at))
+}
+
+/// The slot ranges of a Redis's shards as its status lists them.
+async fn served_slots(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    let r = redis_api(client, ns).get(name).await.expect("redis");
+    r.status
+        .map(|s| {
+            s.shards
+                .iter()
+                .map(|x| x.slots.clone().unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Times at which a shard's archived layout says slots were moving (a
+/// checkpoint's mark), read from the segments the S3 server holds.
+fn moving_marks(s3: &S3Server, key: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut dirs = vec![s3.bucket_dir(BUCKET).join(key)];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if !name.starts_with("seg-") {
+                continue;
+            }
+            let body = std::fs::read(&p).expect("segment");
+            let line = body.split(|b| *b == b'\n').next().unwrap_or_default();
+            let h: Value = serde_json::from_slice(line).expect("segment header");
+            for m in h["layout"].as_array().into_iter().flatten() {
+                if m["moving"] == true {
+                    out.push(m["at"].as_i64().expect("at"));
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_time() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr-cluster", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    let shape = |shards: i32| {
+        json!({"mode": "Cluster", "shards": shards, "instances": 1,
+               "engine": "Valkey", "version": "8.1"})
+    };
+    apply_redis(
+        &client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2,
+               "engine": "Valkey", "version": "8.1",
+               "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "c", READY).await;
+    let a = archive_status(
+        &client,
+        ns,
+        "c",
+        "every shard of c to be archived",
+        Duration::from_secs(120),
+        |a| {
+            a.archiver
+                .as_deref()
+                .is_some_and(|x| x.split(", ").count() == 3)
+                && a.newest.is_some()
+        },
+    )
+    .await;
+    let archivers = a.archiver.clone().unwrap_or_default();
+    for p in archivers.split(", ") {
+        assert!(
+            p.ends_with("-1"),
+            "each shard is archived from its replica, not its primary: {archivers}"
+        );
+    }
+    println!("archive: {} from {archivers}", a.location);
+    let before = served_slots(&client, ns, "c").await;
+
+    let pw = redis_password(&client, ns, "c").await;
+    let seed = Endpoint::new(pod_ip(&client, ns, "c-s0-0").await, 6379);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = cluster_writer(seed, &pw, "k", stop.clone(), acked.clone());
+    let wait_acked = |more_than: u64| {
+        let acked = acked.clone();
+        async move {
+            wait_for("the writer's writes", Duration::from_secs(60), || async {
+                (acked.load(Ordering::SeqCst) > more_than).then_some(())
+            })
+            .await
+        }
+    };
+    wait_acked(800).await;
+    let t1 = now_ms();
+    wait_acked(acked.load(Ordering::SeqCst) + 500).await;
+
+    // 3 -> 4 shards under the writer.
+    let started = Instant::now();
+    support::operator::patch_redis(&client, ns, "c", json!({"spec": {"shards": 4}})).await;
+    wait_for(
+        "the resharding to finish",
+        Duration::from_secs(240),
+        || async {
+            let r = redis_api(&client, ns).get("c").await.ok()?;
+            let st = r.status?;
+            let rs = st.resharding?;
+            (rs.to_shards == 4
+                && rs.phase == redpilot::api::v1alpha1::ReshardingPhase::Done
+                && st.shards.len() == 4)
+                .then_some(())
+        },
+    )
+    .await;
+    println!("3 -> 4 shards in {:.1} s", started.elapsed().as_secs_f64());
+    wait_acked(acked.load(Ordering::SeqCst) + 500).await;
+    let t2 = now_ms();
+    wait_acked(acked.load(Ordering::SeqCst) + 300).await;
+    stop.store(true, Ordering::SeqCst);
+    let stamps = writer.await.expect("writer");
+    let after = served_slots(&client, ns, "c").await;
+    println!(
+        "writer: {} writes, {} acknowledged; layout before {before:?}, after {after:?}",
+        stamps.len(),
+        stamps.iter().filter(|s| s.acked.is_some()).count()
+    );
+    assert_eq!(after.len(), 4, "{after:?}");
+    archived_past(&client, ns, "c", t2 + 500).await;
+    let a = redis_api(&client, ns)
+        .get("c")
+        .await
+        .expect("c")
+        .status
+        .and_then(|s| s.archive)
+        .expect("status.archive");
+    assert!(a.holes.is_empty(), "holes: {:?}", a.holes);
+
+    // Before the resharding: three shards with the layout of then.
+    let c1 = restore(&client, ns, "before", &s3, &a.key, t1, shape(3)).await;
+    let (must, must_not, either) = check_cluster(&client, ns, "before", &stamps, (c1, t1)).await;
+    println!(
+        "before: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(
+        must > 500 && must_not > 1000,
+        "too few writes on either side of the time"
+    );
+    assert_eq!(served_slots(&client, ns, "before").await, before);
+    redis_api(&client, ns)
+        .delete("before", &Default::default())
+        .await
+        .expect("delete before");
+
+    // After it: four shards, each with the slots it served then (no even
+    // spread: the resharding moved slots from each of the three).
+    let c2 = restore(&client, ns, "after", &s3, &a.key, t2, shape(4)).await;
+    let (must, must_not, either) = check_cluster(&client, ns, "after", &stamps, (c2, t2)).await;
+    println!(
+        "after: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(
+        must > 1500 && must_not > 200,
+        "too few writes on either side of the time"
+    );
+    assert_eq!(served_slots(&client, ns, "after").await, after);
+    redis_api(&client, ns)
+        .delete("after", &Default::default())
+        .await
+        .expect("delete after");
+
+    // While slots moved: refused, with the reason.
+    let marks = moving_marks(&s3, &a.key);
+    println!("{} checkpoints recorded slots moving", marks.len());
+    let during = *marks
+        .get(marks.len() / 2)
+        .expect("the archive recorded the resharding's open slots");
+    let mut spec = shape(4);
+    spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
+                                              "pointInTime": rfc3339(during)}});
+    apply_redis(&client, ns, "during", spec).await;
+    let why = wait_for("during to be refused", Duration::from_secs(120), || async {
+        let r: Redis = redis_api(&client, ns).get("during").await.ok()?;
+        r.status?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "NotRestorable")
+            .map(|c| c.message.clone())
+    })
+    .await;
+    println!("during ({}): {why}", rfc3339(during));
+    assert!(why.contains("slots were moving"), "{why}");
 }

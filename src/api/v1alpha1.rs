@@ -310,12 +310,9 @@ const AUTOPILOT_NEEDS_LIMIT_RULE: &str = "!has(self.autopilot) || !has(self.auto
     validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(oldSelf.mode) || (has(self.instances) == has(oldSelf.instances) && (!has(self.instances) || self.instances == oldSelf.instances))")
         .message("spec.instances cannot change yet in Cluster mode: adding and removing replicas of a shard is not supported; create a new Cluster Redis")
         .field_path(".instances"),
-    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup)")
-        .message("spec.bootstrap.fromBackup: a Cluster Redis is restored from a RedisBackup of a Cluster Redis (set backup); a bucket key holds one shard's file")
+    validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || !has(self.bootstrap) || has(self.bootstrap.fromBackup.backup) || has(self.bootstrap.fromBackup.pointInTime)")
+        .message("spec.bootstrap.fromBackup: a Cluster Redis is restored from a RedisBackup of a Cluster Redis (set backup) or from a Cluster Redis's archive to a time (set pointInTime); a bucket key alone holds one shard's file")
         .field_path(".bootstrap"),
-    validation = Rule::new("!has(self.archive) || !has(self.mode) || self.mode != 'Cluster'")
-        .message("spec.archive: a Cluster Redis is not archived yet (restoring every shard to one time with the slot layout of that time is not built); archive a Standalone or Replication Redis, and back a Cluster up with a RedisBackupSchedule")
-        .field_path(".archive"),
     validation = Rule::new("has(self.storage) == has(oldSelf.storage)")
         .message("spec.storage cannot be added or removed after creation")
         .field_path(".storage"),

@@ -75,6 +75,66 @@ pub struct SegmentHeader {
     /// Checkpoints `[ms, offset]` taken while the bytes arrived; each
     /// offset is within `start..=end`.
     pub checkpoints: Vec<(i64, i64)>,
+    /// A Cluster Redis's shard: the slots its primary served, read with
+    /// each checkpoint; a mark at the segment's first checkpoint and one
+    /// at each checkpoint where they changed (empty for a Redis that is
+    /// not sharded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layout: Vec<LayoutMark>,
+}
+
+/// The slots a shard's primary served at a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayoutMark {
+    /// The checkpoint's time (ms).
+    pub at: i64,
+    /// Its slot ranges (`0-5460 10923`, empty for none).
+    pub slots: String,
+    /// Slots were moving in or out of the shard (a slot open for
+    /// migration or import): its data was not the whole of its slots.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub moving: bool,
+}
+
+/// `marks` (in time order) without those that repeat the one before.
+pub fn compress(marks: impl IntoIterator<Item = LayoutMark>) -> Vec<LayoutMark> {
+    let mut out: Vec<LayoutMark> = Vec::new();
+    for m in marks {
+        if out
+            .last()
+            .is_none_or(|l| l.slots != m.slots || l.moving != m.moving)
+        {
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// The layout in force at `ms`: the last mark at or before it.
+pub fn layout_at(marks: &[LayoutMark], ms: i64) -> Option<&LayoutMark> {
+    marks.iter().rfind(|m| m.at <= ms)
+}
+
+/// The shard's own slots and whether any is open, from its primary's
+/// `CLUSTER NODES` (the `myself` line: ranges, and `[slot->-id]` /
+/// `[slot-<-id]` for slots migrating or importing).
+pub fn own_layout(cluster_nodes: &str) -> Option<(String, bool)> {
+    let line = cluster_nodes.lines().find(|l| {
+        l.split_whitespace()
+            .nth(2)
+            .is_some_and(|f| f.split(',').any(|x| x == "myself"))
+    })?;
+    let mut slots = Vec::new();
+    let mut moving = false;
+    for field in line.split_whitespace().skip(8) {
+        if field.starts_with('[') {
+            moving = true;
+        } else {
+            slots.push(field);
+        }
+    }
+    Some((slots.join(" "), moving))
 }
 
 /// A segment as its key names it.
@@ -533,6 +593,54 @@ mod tests {
     }
 
     #[test]
+    fn a_shards_layout_is_read_from_its_myself_line_with_open_slots_marked() {
+        let nodes = "\
+a1 10.0.0.1:6379@16379 master - 0 1 1 connected 0-5460
+b2 10.0.0.2:6379@16379 myself,master - 0 0 2 connected 5461-10922 12000 [10923->-c3]
+c3 10.0.0.3:6379@16379 master - 0 1 3 connected 10923-11999 12001-16383
+";
+        assert_eq!(
+            own_layout(nodes),
+            Some(("5461-10922 12000".to_string(), true))
+        );
+        let settled = nodes.replace(" [10923->-c3]", "");
+        assert_eq!(
+            own_layout(&settled),
+            Some(("5461-10922 12000".to_string(), false))
+        );
+        // A primary that serves nothing yet.
+        assert_eq!(
+            own_layout("d4 10.0.0.4:6379@16379 myself,master - 0 0 0 connected\n"),
+            Some((String::new(), false))
+        );
+        assert_eq!(own_layout(""), None);
+        let marks = [
+            LayoutMark {
+                at: 100,
+                slots: "0-8191".into(),
+                moving: false,
+            },
+            LayoutMark {
+                at: 300,
+                slots: "0-8191".into(),
+                moving: true,
+            },
+            LayoutMark {
+                at: 500,
+                slots: "0-4095".into(),
+                moving: false,
+            },
+        ];
+        assert_eq!(layout_at(&marks, 99), None);
+        assert_eq!(layout_at(&marks, 299).map(|m| m.moving), Some(false));
+        assert_eq!(layout_at(&marks, 300).map(|m| m.moving), Some(true));
+        assert_eq!(
+            layout_at(&marks, 900).map(|m| m.slots.as_str()),
+            Some("0-4095")
+        );
+    }
+
+    #[test]
     fn scan_stops_before_a_command_cut_short_and_tracks_select() {
         let mut buf = cmd(&["SELECT", "3"]);
         buf.extend(cmd(&["SET", "k", "v"]));
@@ -559,6 +667,7 @@ mod tests {
             end: 99,
             db: 0,
             checkpoints: vec![(1_700_000_000_000, 20), (1_700_000_000_100, 99)],
+            layout: Vec::new(),
         };
         let p = line_prefix("pre/ns/r/archive", MAIN_LINE);
         let k = segment_key(&p, "1700-r-0", &h);

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use super::agent::{BackupError, Source, UploadWriter};
 use super::archive::{
-    self, Entry, Listing, RunInfo, SegmentHeader, base_key, run_key, segment_key,
+    self, Entry, LayoutMark, Listing, RunInfo, SegmentHeader, base_key, run_key, segment_key,
 };
 use crate::redis::info::Role;
 use crate::redis::rdb::RdbOptions;
@@ -67,6 +67,9 @@ pub struct Settings {
     pub prefix: String,
     /// A Cluster Redis's shard (recorded in bases' manifests).
     pub shard: Option<i32>,
+    /// A Cluster Redis's shard: each checkpoint also reads the slots its
+    /// primary serves (`CLUSTER NODES`), recorded in the segments.
+    pub cluster: bool,
     /// How often a segment is cut.
     pub interval: Duration,
     /// How often a checkpoint is taken.
@@ -629,6 +632,8 @@ async fn stream(
     let mut seg_db = info.db;
     let mut db = info.db;
     let mut checkpoints: Vec<(i64, i64)> = Vec::new();
+    // A shard's layout at each checkpoint, with the checkpoint's offset.
+    let mut marks: Marks = Vec::new();
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut queued = 0usize;
     let mut inflight = 0usize;
@@ -666,8 +671,18 @@ async fn stream(
         if last_check.elapsed() >= s.checkpoint_every {
             last_check = Instant::now();
             match checkpoint(s, &mut primary, from).await {
-                Ok(Some((ms, replid, offset))) if replid == link.replid => {
-                    checkpoints.push((ms, offset))
+                Ok(Some(c)) if c.replid == link.replid => {
+                    checkpoints.push((c.ms, c.offset));
+                    if let Some((slots, moving)) = c.layout {
+                        marks.push((
+                            c.offset,
+                            LayoutMark {
+                                at: c.ms,
+                                slots,
+                                moving,
+                            },
+                        ));
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -685,7 +700,7 @@ async fn stream(
                 &link.replid,
                 (seg_start, seg_db),
                 &whole,
-                &mut checkpoints,
+                (&mut checkpoints, &mut marks),
             ) {
                 queue.push_back(p);
                 whole.clear();
@@ -806,7 +821,7 @@ async fn stream(
         &link.replid,
         (seg_start, seg_db),
         &whole,
-        &mut checkpoints,
+        (&mut checkpoints, &mut marks),
     ) {
         queue.push_back(p);
     }
@@ -814,16 +829,20 @@ async fn stream(
     outcome
 }
 
+/// A shard's layout marks not yet in a segment, with their checkpoints'
+/// offsets.
+type Marks = Vec<(i64, LayoutMark)>;
+
 /// A segment of the whole commands received since `start` (offset and
 /// selected database) and the checkpoints they reach (taken out of
-/// `checkpoints`); `None` when there is neither.
+/// `checkpoints`, with their layout marks); `None` when there is neither.
 fn cut(
     prefix: &str,
     run: &str,
     replid: &str,
     (start, db): (i64, u32),
     whole: &[u8],
-    checkpoints: &mut Vec<(i64, i64)>,
+    (checkpoints, marks): (&mut Vec<(i64, i64)>, &mut Marks),
 ) -> Option<Pending> {
     let end = start + whole.len() as i64;
     let reached: Vec<(i64, i64)> = checkpoints
@@ -836,12 +855,23 @@ fn cut(
     if whole.is_empty() && reached.is_empty() {
         return None;
     }
+    // Every checkpoint has its mark: the segment's first one keeps its
+    // own, later ones only where the layout changed.
+    let layout = archive::compress(
+        marks
+            .iter()
+            .filter(|(o, _)| *o <= end)
+            .map(|(_, m)| m.clone())
+            .collect::<Vec<_>>(),
+    );
+    marks.retain(|(o, _)| *o > end);
     let header = SegmentHeader {
         replid: replid.to_string(),
         start,
         end,
         db,
         checkpoints: reached,
+        layout,
     };
     let (oldest, newest) = archive::times(&header.checkpoints);
     // A header of strings and numbers always encodes.
@@ -884,6 +914,11 @@ fn coalesce(queue: &mut VecDeque<Pending>, prefix: &str, run: &str) -> Option<Pe
         }
         header.end = h.end;
         header.checkpoints.extend(h.checkpoints);
+        header.layout = archive::compress(
+            std::mem::take(&mut header.layout)
+                .into_iter()
+                .chain(h.layout),
+        );
         stream.extend_from_slice(b);
         newest = newest.max(next.newest);
         queue.pop_front();
@@ -938,13 +973,24 @@ async fn drain(
     Ok(())
 }
 
-/// The primary's time and offset, read at once. `None` when the server
-/// asked is not a primary.
+/// A checkpoint as read from the primary.
+struct Checkpoint {
+    /// The primary's clock (ms).
+    ms: i64,
+    /// Its replication id and offset.
+    replid: String,
+    offset: i64,
+    /// A shard's slots and whether any is open ([`Settings::cluster`]).
+    layout: Option<(String, bool)>,
+}
+
+/// The primary's time and offset (and a shard's slots), read at once.
+/// `None` when the server asked is not a primary.
 async fn checkpoint(
     s: &Settings,
     primary: &mut Option<Node>,
     from: &Endpoint,
-) -> crate::redis::Result<Option<(i64, String, i64)>> {
+) -> crate::redis::Result<Option<Checkpoint>> {
     if primary.is_none() {
         let target = if s.alone {
             from.clone()
@@ -968,14 +1014,27 @@ async fn checkpoint(
     };
     let mut pipe = redis::pipe();
     pipe.atomic().cmd("TIME").cmd("INFO").arg("replication");
-    let ((secs, micros), text): ((i64, i64), String) = node.pipeline("MULTI", &pipe).await?;
+    let ((secs, micros), text, layout) = if s.cluster {
+        pipe.cmd("CLUSTER").arg("NODES");
+        let (time, text, nodes): ((i64, i64), String, String) =
+            node.pipeline("MULTI", &pipe).await?;
+        (time, text, archive::own_layout(&nodes))
+    } else {
+        let (time, text): ((i64, i64), String) = node.pipeline("MULTI", &pipe).await?;
+        (time, text, None)
+    };
     let info = crate::redis::info::Info::parse(&text).replication;
     if info.role != Some(Role::Primary) {
         *primary = None;
         return Ok(None);
     }
     match (info.replid, info.repl_offset) {
-        (Some(id), Some(o)) => Ok(Some((secs * 1000 + micros / 1000, id, o))),
+        (Some(replid), Some(offset)) => Ok(Some(Checkpoint {
+            ms: secs * 1000 + micros / 1000,
+            replid,
+            offset,
+            layout,
+        })),
         _ => Ok(None),
     }
 }

@@ -41,6 +41,10 @@ pub struct Outcome {
     pub commands: u64,
     /// Bytes of the file written.
     pub size_bytes: u64,
+    /// A Cluster Redis's shard: the slots its primary served at the
+    /// checkpoint (the restored cluster's layout is made of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<String>,
 }
 
 /// The last checkpoint at or before `ms` among `checkpoints`.
@@ -69,6 +73,7 @@ pub async fn restore_to(
             plan.last.key
         )))
     })?;
+    let slots = shard_slots(&header.layout, at, &plan.last.key)?;
     if target < plan.base.offset {
         return Err(not_restorable(PlanError::Hole(format!(
             "the base {} is at offset {}, past the target's {target}",
@@ -160,7 +165,40 @@ pub async fn restore_to(
         sha256: manifest.sha256,
         commands,
         size_bytes: size,
+        slots,
     })
+}
+
+/// A shard's slots at the checkpoint `at` (`None` for a line that is not
+/// a shard's). Refused while slots were open: part of a moving slot's
+/// keys was on the other shard, and the two shards' checkpoints are not
+/// the same instant.
+fn shard_slots(
+    layout: &[archive::LayoutMark],
+    at: i64,
+    segment: &str,
+) -> Result<Option<String>, BackupError> {
+    if layout.is_empty() {
+        return Ok(None);
+    }
+    let mark = archive::layout_at(layout, at).ok_or_else(|| {
+        BackupError::Invalid(format!(
+            "segment {segment} records no slots at its checkpoint {}",
+            archive::show_ms(at)
+        ))
+    })?;
+    if mark.moving {
+        return Err(not_restorable(PlanError::OutOfWindow(format!(
+            "at the checkpoint {} slots were moving between this shard and another (a resharding, slots {}): a Cluster Redis restores to a time outside its reshardings; choose one before it began or after it ended",
+            archive::show_ms(at),
+            if mark.slots.is_empty() {
+                "none"
+            } else {
+                mark.slots.as_str()
+            }
+        ))));
+    }
+    Ok(Some(mark.slots.clone()))
 }
 
 /// The window a line of the archive can restore, and its holes.
@@ -191,6 +229,40 @@ fn io(what: &str, p: &Path, e: std::io::Error) -> BackupError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_restores_outside_a_resharding_only() {
+        use archive::LayoutMark;
+        let mark = |at, slots: &str, moving| LayoutMark {
+            at,
+            slots: slots.into(),
+            moving,
+        };
+        let layout = [
+            mark(1000, "0-5460", false),
+            mark(1200, "0-5460", true),
+            mark(1500, "0-4095", false),
+        ];
+        assert_eq!(shard_slots(&[], 1100, "s").unwrap(), None);
+        assert_eq!(
+            shard_slots(&layout, 1100, "s").unwrap().as_deref(),
+            Some("0-5460")
+        );
+        assert_eq!(
+            shard_slots(&layout, 1600, "s").unwrap().as_deref(),
+            Some("0-4095")
+        );
+        match shard_slots(&layout, 1300, "s") {
+            Err(BackupError::NotRestorable(m)) => {
+                assert!(m.contains("slots were moving"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            shard_slots(&layout, 900, "s"),
+            Err(BackupError::Invalid(_))
+        ));
+    }
 
     #[test]
     fn the_checkpoint_is_the_last_at_or_before_the_time() {

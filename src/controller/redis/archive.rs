@@ -2,9 +2,9 @@
 //! [`crate::backup::archiver`] for which one archives), and
 //! `status.archive`, read from the sidecars' `/status`.
 
-use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar, PodSpec, Volume, VolumeMount};
 
-use crate::api::v1alpha1::{ArchiveStatus, Mode, Redis};
+use crate::api::v1alpha1::{ArchiveStatus, Redis};
 use crate::controller::agent::{self, Target};
 use crate::controller::names::{self, REDIS_PORT};
 
@@ -36,14 +36,12 @@ pub fn root_key(redis: &Redis) -> Option<String> {
     })
 }
 
-/// The sidecar and the volumes it needs, or `None` without `spec.archive`
-/// (or in Cluster mode, whose shards are not archived yet). `secret` is
-/// the server-auth Secret (the agent's ACL user's password).
+/// The sidecar and the volumes it needs, or `None` without `spec.archive`.
+/// `secret` is the server-auth Secret (the agent's ACL user's password).
+/// A Cluster Redis's shard StatefulSets give it their shard with
+/// [`for_shard`].
 pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Vec<Volume>)> {
     let a = redis.spec.archive.as_ref()?;
-    if redis.spec.mode() == Mode::Cluster {
-        return None;
-    }
     let target = Target::of(a.target.s3.as_ref(), a.target.volume.as_ref())?;
     let key = root_key(redis)?;
     let mut args = vec![
@@ -113,6 +111,24 @@ pub fn sidecar(redis: &Redis, secret: &str) -> Option<(Container, Vec<Volume>)> 
     Some((c, volumes))
 }
 
+/// Makes the sidecar of a pod template (if it has one) archive shard
+/// `shard` of a Cluster Redis: its own line, and the slots its primary
+/// serves recorded with each checkpoint.
+pub fn for_shard(pod: &mut PodSpec, shard: i32) {
+    let Some(c) = pod.containers.iter_mut().find(|c| c.name == CONTAINER) else {
+        return;
+    };
+    let Some(args) = c.args.as_mut() else {
+        return;
+    };
+    if let Some(i) = args.iter().position(|a| a == "--line")
+        && let Some(line) = args.get_mut(i + 1)
+    {
+        *line = crate::backup::archive::shard_line(shard);
+    }
+    args.extend(["--shard".into(), shard.to_string(), "--cluster".into()]);
+}
+
 /// One sidecar's `/status` (the fields the operator reads).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -139,16 +155,22 @@ pub async fn fetch(ip: &str) -> Option<SidecarStatus> {
     serde_json::from_value(v).ok()
 }
 
-/// `status.archive` from the sidecars of the pods at `ips` (pod name,
-/// address): the one archiving, else why none does.
-pub async fn observe(redis: &Redis, pods: &[(String, String)]) -> Option<ArchiveStatus> {
+/// `status.archive` from the sidecars of the pods in `lines` (one group
+/// of (pod name, address) per line: one for a Redis that is not sharded,
+/// one per shard of a Cluster Redis). A Cluster Redis restores every
+/// shard to the same time, so its window is what every shard can reach:
+/// from the latest earliest to the earliest newest; its lag is the worst
+/// shard's, its size the sum, its holes every shard's.
+pub async fn observe(redis: &Redis, lines: &[Vec<(String, String)>]) -> Option<ArchiveStatus> {
     let a = redis.spec.archive.as_ref()?;
     let key = root_key(redis)?;
     let location = Target::of(a.target.s3.as_ref(), a.target.volume.as_ref())?.location(&key);
-    let answers = futures::future::join_all(
-        pods.iter()
-            .map(|(name, ip)| async move { (name.clone(), fetch(ip).await) }),
-    )
+    let answers = futures::future::join_all(lines.iter().map(|pods| {
+        futures::future::join_all(
+            pods.iter()
+                .map(|(name, ip)| async move { (name.clone(), fetch(ip).await) }),
+        )
+    }))
     .await;
     let now = chrono::Utc::now();
     let show = crate::backup::archive::show_ms;
@@ -158,42 +180,81 @@ pub async fn observe(redis: &Redis, pods: &[(String, String)]) -> Option<Archive
         observed_at: Some(now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         ..Default::default()
     };
-    let archiving = answers
-        .iter()
-        .find(|(_, s)| s.as_ref().is_some_and(|s| s.archiving));
-    // The best view of the window: the archiving sidecar's, else the
-    // freshest any sidecar has.
-    let best = archiving.or_else(|| {
-        answers
-            .iter()
-            .filter(|(_, s)| s.is_some())
-            .max_by_key(|(_, s)| s.as_ref().map_or(0, |s| s.newest_ms))
-    });
-    if let Some((name, Some(s))) = best {
+    let sharded = lines.len() > 1;
+    let mut archivers = Vec::new();
+    let mut messages = Vec::new();
+    let mut newest: Option<i64> = None;
+    let mut earliest: Option<i64> = None;
+    let mut size: Option<u64> = None;
+    let mut holes = Vec::new();
+    let mut every_line_seen = true;
+    for (i, line) in answers.iter().enumerate() {
+        let tag = |m: String| {
+            if sharded {
+                format!("shard {i}: {m}")
+            } else {
+                m
+            }
+        };
+        let Some((name, s)) = best(line) else {
+            every_line_seen = false;
+            messages.push(tag("no archive sidecar answered".into()));
+            continue;
+        };
         if s.archiving {
-            out.archiver = Some(name.clone());
+            archivers.push(name.clone());
         }
         if s.newest_ms > 0 {
-            out.newest = Some(show(s.newest_ms));
-            out.lag_seconds =
-                Some(((now.timestamp_millis() - s.newest_ms).max(0) as f64 / 100.0).round() / 10.0);
+            newest = Some(newest.map_or(s.newest_ms, |n| n.min(s.newest_ms)));
+        } else {
+            every_line_seen = false;
         }
         if s.earliest_ms > 0 {
-            out.earliest = Some(show(s.earliest_ms));
+            earliest = Some(earliest.map_or(s.earliest_ms, |e| e.max(s.earliest_ms)));
         }
-        out.size_bytes = i64::try_from(s.archive_bytes).ok();
-        out.holes = s
-            .holes
-            .iter()
-            .map(|(a, b)| format!("{}/{}", show(*a), show(*b)))
-            .collect();
+        size = Some(size.unwrap_or(0) + s.archive_bytes);
+        holes.extend(
+            s.holes
+                .iter()
+                .map(|(a, b)| format!("{}/{}", show(*a), show(*b))),
+        );
         if !s.archiving {
-            out.message = Some(format!("no instance archives now ({name}: {})", s.activity));
+            messages.push(tag(format!(
+                "no instance archives now ({name}: {})",
+                s.activity
+            )));
         } else if let Some(e) = &s.last_error {
-            out.message = Some(format!("last error: {e}"));
+            messages.push(tag(format!("last error: {e}")));
         }
-    } else {
-        out.message = Some("no archive sidecar answered".into());
+    }
+    if !archivers.is_empty() {
+        out.archiver = Some(archivers.join(", "));
+    }
+    if let Some(n) = newest.filter(|_| every_line_seen) {
+        out.newest = Some(show(n));
+        out.lag_seconds = Some(((now.timestamp_millis() - n).max(0) as f64 / 100.0).round() / 10.0);
+    }
+    if let Some(e) = earliest.filter(|_| every_line_seen) {
+        out.earliest = Some(show(e));
+    }
+    out.size_bytes = size.and_then(|s| i64::try_from(s).ok());
+    holes.sort();
+    holes.dedup();
+    out.holes = holes;
+    if !messages.is_empty() {
+        out.message = Some(messages.join("; "));
     }
     Some(out)
+}
+
+/// The best view of a line's window: its archiving sidecar's, else the
+/// freshest any of its sidecars has.
+fn best(line: &[(String, Option<SidecarStatus>)]) -> Option<(&String, &SidecarStatus)> {
+    let answered = line
+        .iter()
+        .filter_map(|(name, s)| s.as_ref().map(|s| (name, s)));
+    answered
+        .clone()
+        .find(|(_, s)| s.archiving)
+        .or_else(|| answered.max_by_key(|(_, s)| s.newest_ms))
 }

@@ -158,8 +158,10 @@ fn spec_auth_hashes(auth: &ServerAuth) -> Vec<String> {
 /// The operator's own users, when the servers have a password: its own
 /// (the `spec.auth` password, current and previous, every command but
 /// those that wipe data), the metrics sidecar's and the backup agent's,
-/// each with only the commands it runs.
-pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
+/// each with only the commands it runs. The backup agent's user of an
+/// archived Cluster Redis (`cluster_archive`) also reads `CLUSTER NODES`
+/// (each checkpoint records the slots of the shard's primary).
+pub fn system_users(auth: &ServerAuth, cluster_archive: bool) -> Vec<Desired> {
     if auth.current.is_empty() {
         return Vec::new();
     }
@@ -202,25 +204,31 @@ pub fn system_users(auth: &ServerAuth) -> Vec<Desired> {
         ));
     }
     if !auth.backup.is_empty() {
-        out.push(user(
-            names::BACKUP_USER,
-            &auth.backup,
-            // The replication handshake (backups, the archive's stream);
-            // `INFO` and `TIME` in `MULTI`/`EXEC` for the archive's
-            // checkpoints. No key is readable or writable.
-            &[
-                "+ping",
-                "+replconf",
-                "+psync",
-                "+sync",
-                "+info",
-                "+time",
-                "+multi",
-                "+exec",
-            ],
-        ));
+        // The replication handshake (backups, the archive's stream);
+        // `INFO` and `TIME` in `MULTI`/`EXEC` for the archive's
+        // checkpoints. No key is readable or writable.
+        let mut rules = vec![
+            "+ping",
+            "+replconf",
+            "+psync",
+            "+sync",
+            "+info",
+            "+time",
+            "+multi",
+            "+exec",
+        ];
+        if cluster_archive {
+            rules.push("+cluster|nodes");
+        }
+        out.push(user(names::BACKUP_USER, &auth.backup, &rules));
     }
     out
+}
+
+/// A Cluster Redis with `spec.archive`: its archive reads each shard's
+/// slots.
+pub fn archives_shards(redis: &crate::api::v1alpha1::Redis) -> bool {
+    redis.spec.archive.is_some() && redis.spec.mode() == crate::api::v1alpha1::Mode::Cluster
 }
 
 /// The default user's line: `on`/`off`, its rights, and the `spec.auth`
@@ -406,7 +414,7 @@ pub fn server_auth_secret(redis: &Redis, names: &Names, auth: &ServerAuth) -> Se
     // servers start with them. Replication as the operator's user and the
     // default user's rights only once every instance has that user (a
     // replica starting before would be refused by a primary without it).
-    for u in system_users(auth) {
+    for u in system_users(auth, archives_shards(redis)) {
         conf.push_str(&u.conf_line());
     }
     conf.push_str(&auth.users);

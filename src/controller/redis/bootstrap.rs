@@ -23,6 +23,12 @@
 //! each shard's backed-up slots to the same node.
 //! The bootstrap is done once every shard serves its slots and the cluster
 //! is whole.
+//!
+//! Restored to a time (`pointInTime`), a Cluster Redis's shard `i` restores
+//! the archive's line `shard-<i>` into `<name>-s<i>-0`; the slots each shard
+//! served at its checkpoint come back in the restore's outcome, and only
+//! once every shard reported them (and they hold every slot once) are they
+//! the shards' homes and is the cluster formed ([`Reconciler::pitr_layout`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, VolumeMount};
@@ -68,8 +74,24 @@ impl Reconciler {
         let resolved = match (&from.backup, &from.key) {
             (Some(name), _) => self.resolve_named(name).await?,
             (None, Some(key)) if from.s3.is_some() || from.volume.is_some() => {
+                // A Cluster Redis restored to a time: every shard from its
+                // own line of the archive; the slots each served then are
+                // known once its restore ran (`pitr_layout`).
+                let shards =
+                    if from.point_in_time.is_some() && self.redis.spec.mode() == Mode::Cluster {
+                        (0..self.redis.spec.desired_shards())
+                            .map(|index| BootstrapShard {
+                                index,
+                                key: key.clone(),
+                                slots: String::new(),
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                 Ok(BootstrapStatus {
                     point_in_time: from.point_in_time.clone(),
+                    shards,
                     ..resolved(from.s3.clone(), from.volume.clone(), key.clone())
                 })
             }
@@ -105,7 +127,15 @@ impl Reconciler {
         };
         match resolved {
             Ok(bs) => {
-                let note = if let Some(t) = &bs.point_in_time {
+                let note = if let Some(t) =
+                    bs.point_in_time.as_ref().filter(|_| !bs.shards.is_empty())
+                {
+                    format!(
+                        "restoring every one of the {} shards of the archive {} to {t} into the first instance of each shard",
+                        bs.shards.len(),
+                        bs.location
+                    )
+                } else if let Some(t) = &bs.point_in_time {
                     format!(
                         "restoring the archive {} to {t} into {}",
                         bs.location,
@@ -406,11 +436,90 @@ impl Reconciler {
         agent::termination(&statuses, RESTORE_CONTAINER)
     }
 
+    /// A Cluster Redis restored to a time: once every shard's restore
+    /// ended, the slots each served at its checkpoint become the shards'
+    /// homes (`status.bootstrap.shards[].slots`). False while they are not
+    /// known yet or do not make one cluster (then reported); true for any
+    /// other bootstrap.
+    pub(super) async fn pitr_layout(&mut self) -> bool {
+        let Some(bs) = self.records.bootstrap.clone() else {
+            return true;
+        };
+        let Some(at) = bs.point_in_time.clone() else {
+            return true;
+        };
+        if bs.done || bs.shards.is_empty() || bs.shards.iter().all(|s| !s.slots.is_empty()) {
+            return true;
+        }
+        let mut shards = bs.shards.clone();
+        let mut reported = 0;
+        let mut commands = 0i64;
+        let mut checkpoints: Vec<String> = Vec::new();
+        for sh in &mut shards {
+            let first = cluster_build::first_of_shard(&self.names, sh.index);
+            let Some((0, Some(message))) = self.restore_ended(&first) else {
+                continue;
+            };
+            if let Some(Outcome::ToTime(o)) = agent::outcome(&message) {
+                // As the status writes slot ranges (`a-b,c`), whatever
+                // the server's `CLUSTER NODES` spelling.
+                let slots = o.slots.clone().unwrap_or_default();
+                sh.slots = crate::redis::cluster::parse_ranges(&slots)
+                    .map(|r| super::cluster::plan::show(&r))
+                    .unwrap_or(slots);
+                commands += i64::try_from(o.commands).unwrap_or(0);
+                checkpoints.push(o.checkpoint.clone());
+                reported += 1;
+            }
+        }
+        if reported < shards.len() {
+            self.report.progress(format!(
+                "restoring every shard to {at}: {reported} of {} shards restored",
+                shards.len()
+            ));
+            return false;
+        }
+        if let Some(why) = pitr_layout_problem(&shards, &at) {
+            let msg = format!("restoring {} to {at}: {why}", bs.location);
+            self.report_failure("NotRestorable", "Bootstrap", "bootstrap", msg)
+                .await;
+            return false;
+        }
+        // Every shard is at its own last checkpoint at or before the time:
+        // the status names the earliest of them (every write acknowledged
+        // by then is in).
+        checkpoints.sort();
+        let note = format!(
+            "every shard restored to {at} (checkpoints {} to {}): layout {}",
+            checkpoints.first().map(String::as_str).unwrap_or("-"),
+            checkpoints.last().map(String::as_str).unwrap_or("-"),
+            shards
+                .iter()
+                .map(|s| format!("shard {} {}", s.index, s.slots))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.event(EventType::Normal, "Restored", "Bootstrap", note)
+            .await;
+        self.records.bootstrap = Some(BootstrapStatus {
+            shards,
+            restored_to: checkpoints.first().cloned(),
+            commands: Some(commands),
+            ..bs
+        });
+        true
+    }
+
     /// A Cluster Redis's bootstrap: a failed restore of any shard is
     /// reported; the bootstrap is done once every shard's first instance
     /// (the one its file was loaded into) serves the shard's slots and the
     /// cluster is whole.
-    pub(super) async fn track_cluster_bootstrap(&mut self, shards: &[Shard], healthy: bool) {
+    pub(super) async fn track_cluster_bootstrap(
+        &mut self,
+        facts: &[PodFacts],
+        shards: &[Shard],
+        healthy: bool,
+    ) {
         let Some(bs) = self.records.bootstrap.clone() else {
             return;
         };
@@ -440,6 +549,27 @@ impl Reconciler {
             }
         }
         if healthy && serving == bs.shards.len() {
+            // Restored to a time: each shard's first instance saves what it
+            // loaded as its RDB file and turns its append-only file off.
+            if bs.point_in_time.is_some() {
+                let mut saved = 0;
+                for sh in &bs.shards {
+                    let first = cluster_build::first_of_shard(&self.names, sh.index);
+                    if self.pitr_saved(facts, &first).await {
+                        saved += 1;
+                    }
+                }
+                if saved < bs.shards.len() {
+                    self.report.progress(format!(
+                        "every shard loaded the archive to {}; {saved} of {} saved it as their RDB file",
+                        bs.restored_to.as_deref().unwrap_or("the time asked"),
+                        bs.shards.len()
+                    ));
+                    self.report
+                        .recheck_within(std::time::Duration::from_secs(1));
+                    return;
+                }
+            }
             let note = format!(
                 "the first instance of each of the {serving} shards serves the slots restored from {}",
                 bs.location
@@ -598,51 +728,90 @@ pub fn shape_mismatch(
     // Any layout restores (a backup taken after a resharding holds no even
     // spread): each shard's first node gets its file and its slots. The
     // files must hold every slot exactly once.
+    let msg = match partition(b.shards.iter().map(|s| (s.index, s.slots.as_str())))? {
+        Partition::NotRanges(index, slots) => format!(
+            "{field}: shard {index} of RedisBackup {name} records slots {slots:?}, which are not slot ranges"
+        ),
+        Partition::OutOfOrder(index, i) => format!(
+            "{field}: RedisBackup {name} lists shard {index} in place {i}; its shards must be listed in order"
+        ),
+        Partition::Twice(slot, a, b) => format!(
+            "{field}: slot {slot} is in both shard {a} and shard {b} of RedisBackup {name} (taken while slots moved?); it cannot be restored"
+        ),
+        Partition::Missing(slots) => format!(
+            "{field}: no shard of RedisBackup {name} holds slots {slots}; it cannot be restored whole"
+        ),
+    };
+    Some(("SlotLayoutMismatch", msg))
+}
+
+/// Why shards' slots are not every slot exactly once, shards in order.
+#[derive(Debug, PartialEq)]
+enum Partition {
+    /// Shard `.0`'s slots `.1` are not slot ranges.
+    NotRanges(i32, String),
+    /// Shard `.0` is listed in place `.1`.
+    OutOfOrder(i32, usize),
+    /// Slot `.0` is in shards `.1` and `.2`.
+    Twice(u16, i32, i32),
+    /// No shard holds these slots.
+    Missing(String),
+}
+
+fn partition<'a>(shards: impl IntoIterator<Item = (i32, &'a str)>) -> Option<Partition> {
     let mut seen = vec![None::<i32>; usize::from(crate::redis::cluster::SLOTS)];
-    for (i, s) in b.shards.iter().enumerate() {
-        let Some(ranges) = crate::redis::cluster::parse_ranges(&s.slots) else {
-            return Some((
-                "SlotLayoutMismatch",
-                format!(
-                    "{field}: shard {} of RedisBackup {name} records slots {:?}, which are not slot ranges",
-                    s.index, s.slots
-                ),
-            ));
+    for (i, (index, slots)) in shards.into_iter().enumerate() {
+        let Some(ranges) = crate::redis::cluster::parse_ranges(slots) else {
+            return Some(Partition::NotRanges(index, slots.to_string()));
         };
-        if s.index != i as i32 {
-            return Some((
-                "SlotLayoutMismatch",
-                format!(
-                    "{field}: RedisBackup {name} lists shard {} in place {i}; its shards must be listed in order",
-                    s.index
-                ),
-            ));
+        if index != i as i32 {
+            return Some(Partition::OutOfOrder(index, i));
         }
         for slot in ranges.iter().flat_map(|r| r.start..=r.end) {
-            if let Some(other) = seen[usize::from(slot)].replace(s.index) {
-                return Some((
-                    "SlotLayoutMismatch",
-                    format!(
-                        "{field}: slot {slot} is in both shard {other} and shard {} of RedisBackup {name} (taken while slots moved?); it cannot be restored",
-                        s.index
-                    ),
-                ));
+            if let Some(other) = seen[usize::from(slot)].replace(index) {
+                return Some(Partition::Twice(slot, other, index));
             }
         }
     }
     let missing: Vec<u16> = (0..crate::redis::cluster::SLOTS)
         .filter(|s| seen[usize::from(*s)].is_none())
         .collect();
-    if !missing.is_empty() {
-        return Some((
-            "SlotLayoutMismatch",
-            format!(
-                "{field}: no shard of RedisBackup {name} holds slots {}; it cannot be restored whole",
-                super::cluster::plan::show(&crate::redis::cluster::ranges(missing))
-            ),
+    (!missing.is_empty()).then(|| {
+        Partition::Missing(super::cluster::plan::show(&crate::redis::cluster::ranges(
+            missing,
+        )))
+    })
+}
+
+/// A Cluster Redis restored to a time: why the slots its shards served at
+/// their checkpoints do not make one cluster (`spec.shards` fewer or more
+/// than the archive had then, or shards whose checkpoints fell on the two
+/// sides of a slot's move).
+fn pitr_layout_problem(shards: &[BootstrapShard], at: &str) -> Option<String> {
+    if let Some(empty) = shards.iter().find(|s| s.slots.is_empty()) {
+        return Some(format!(
+            "shard {} of the archive served no slot at {at}: spec.shards ({}) is more than the Redis had then",
+            empty.index,
+            shards.len()
         ));
     }
-    None
+    Some(
+        match partition(shards.iter().map(|s| (s.index, s.slots.as_str())))? {
+            Partition::NotRanges(index, slots) => {
+                format!(
+                    "shard {index}'s restore reported slots {slots:?}, which are not slot ranges"
+                )
+            }
+            Partition::OutOfOrder(index, i) => format!("shard {index} is in place {i}"),
+            Partition::Twice(slot, a, b) => format!(
+                "slot {slot} was served by both shard {a} and shard {b} at their checkpoints before {at}: a slot moved between them within a checkpoint interval of that time; choose a time a second earlier or later"
+            ),
+            Partition::Missing(slots) => format!(
+                "no shard of the archive served slots {slots} at {at}: spec.shards ({}) is fewer than the Redis had then, or a slot moved within a checkpoint interval of that time",
+                shards.len()
+            ),
+        },
+    )
 }
 
 /// Adds the restore of `key` into `pod` to a StatefulSet's pod template
@@ -650,7 +819,7 @@ pub fn shape_mismatch(
 pub fn add_restore(
     sts: &mut StatefulSet,
     bs: &BootstrapStatus,
-    key: &str,
+    (key, line): (&str, &str),
     pod: &str,
     names: &Names,
     redis: &Redis,
@@ -658,7 +827,7 @@ pub fn add_restore(
     let Some(spec) = sts.spec.template.spec.as_mut() else {
         return;
     };
-    spec.init_containers = Some(vec![init_container(bs, key, pod, names, redis)]);
+    spec.init_containers = Some(vec![init_container(bs, (key, line), pod, names, redis)]);
     if let Some((v, _)) = target(bs).and_then(|t| t.volume(true)) {
         spec.volumes.get_or_insert_with(Vec::new).push(v);
     }
@@ -697,7 +866,7 @@ pub fn target(bs: &BootstrapStatus) -> Option<Target<'_>> {
 /// against its manifest and this Redis's server.
 pub fn init_container(
     bs: &BootstrapStatus,
-    key: &str,
+    (key, line): (&str, &str),
     pod: &str,
     names: &Names,
     redis: &Redis,
@@ -715,7 +884,7 @@ pub fn init_container(
             "--point-in-time".into(),
             t.clone(),
             "--line".into(),
-            crate::backup::archive::MAIN_LINE.into(),
+            line.into(),
         ]),
         None => args.push("/data/dump.rdb".into()),
     }

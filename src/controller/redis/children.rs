@@ -258,7 +258,14 @@ impl Reconciler {
         );
         if let Some(bs) = &self.records.bootstrap {
             let first = self.names.pod(0);
-            super::bootstrap::add_restore(&mut sts, bs, &bs.key, &first, &self.names, &self.redis);
+            super::bootstrap::add_restore(
+                &mut sts,
+                bs,
+                (&bs.key, crate::backup::archive::MAIN_LINE),
+                &first,
+                &self.names,
+                &self.redis,
+            );
         }
         let live_sts = match live_sts {
             Some(s) => Some(s.clone()),

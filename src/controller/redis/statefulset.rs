@@ -135,7 +135,7 @@ pub const PITR_FILE: &str = "redpilot-pitr.aof";
 /// append-only file (`appendonly yes` on it alone). The operator saves the
 /// data as `dump.rdb` once it is loaded; the restore container then
 /// removes the file and the marker, and later starts are as configured.
-fn pitr_clause(spec: &crate::api::v1alpha1::RedisSpec) -> String {
+pub(crate) fn pitr_clause(spec: &crate::api::v1alpha1::RedisSpec) -> String {
     let pitr = spec
         .bootstrap
         .as_ref()

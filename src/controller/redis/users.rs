@@ -114,7 +114,7 @@ impl Reconciler {
         facts: &[PodFacts],
         auth: &ServerAuth,
     ) -> Result<(), Error> {
-        let system = system_users(auth);
+        let system = system_users(auth, super::auth::archives_shards(&self.redis));
         if self.redis.spec.users.is_empty() && auth.users.is_empty() && system.is_empty() {
             return Ok(());
         }

@@ -88,7 +88,7 @@ pub fn in_kept_shard(names: &Names, pod: &str, shards: i32) -> bool {
 /// answer one way is asked the other: once the servers are switched live,
 /// they listen the way the pod's template does not, and a node restarted
 /// then would otherwise hear no peer and start as primary after the bound.
-pub fn start_script(engine: Engine, tls: &str, other: Option<&str>) -> String {
+pub fn start_script(engine: Engine, tls: &str, other: Option<&str>, pitr: &str) -> String {
     let (server, cli) = match engine {
         Engine::Redis => ("redis-server", "redis-cli"),
         Engine::Valkey => ("valkey-server", "valkey-cli"),
@@ -152,7 +152,7 @@ if [ -s "$conf" ]; then
     fi
   fi
 fi
-{MAXMEMORY_CAP}
+{pitr}{MAXMEMORY_CAP}
 exec {server} "$@"
 "#
     )
@@ -228,6 +228,7 @@ pub fn shard_statefulset(
                     redis.spec.engine(),
                     &crate::controller::layout::cli_flags(redis, true),
                     crate::controller::layout::either_flags(redis).as_deref(),
+                    &statefulset::pitr_clause(&redis.spec),
                 ),
             ]);
             c.env
@@ -244,6 +245,7 @@ pub fn shard_statefulset(
                 ..Default::default()
             });
         }
+        crate::controller::redis::archive::for_shard(pod, shard);
     }
     names::stamp_hash(sts)
 }
@@ -382,6 +384,7 @@ mod tests {
             Engine::Valkey,
             " --tls --cacert /etc/redis-tls/ca.crt",
             None,
+            "",
         );
         assert!(
             tls.contains(
@@ -389,7 +392,7 @@ mod tests {
             ),
             "{tls}"
         );
-        let plain = start_script(Engine::Valkey, "", None);
+        let plain = start_script(Engine::Valkey, "", None, "");
         assert!(!plain.contains("--tls"), "{plain}");
         // The mounted CA is where the TLS volume puts it.
         let r = test_redis(RedisSpec {
@@ -500,7 +503,7 @@ mod tests {
         // The peer listens with TLS only.
         let peer = format!("[ \"${{1:-}}\" = --tls ] && printf '%s\\n' '{view}'");
         let run = |either: Option<&str>| {
-            let script = start_script(Engine::Redis, "", either);
+            let script = start_script(Engine::Redis, "", either, "");
             run_boot_rule(&dir, script, &conf, "", Some(&peer))
         };
         let (out, took) = run(Some(" --tls --insecure"));
@@ -538,7 +541,7 @@ mod tests {
         // without it).
         let run_peers = |conf: &str, waking: &str, peers: Option<&str>| {
             let peer = peers.map(|view| format!("printf '%s\\n' '{view}'"));
-            let script = start_script(Engine::Redis, "", None);
+            let script = start_script(Engine::Redis, "", None, "");
             run_boot_rule(&dir, script, conf, waking, peer.as_deref())
         };
         let run_with = |conf: &str, waking: &str| run_peers(conf, waking, None);

@@ -92,6 +92,10 @@ impl Reconciler {
                 .await;
         }
         let restoring = self.records.bootstrap.as_ref().is_some_and(|b| !b.done);
+        // Restored to a time: the shards' slots are known once every
+        // shard's restore reported them; until then the pods start (their
+        // restores run) and nothing is asked of the servers.
+        let layout_known = self.pitr_layout().await;
         let recorded = self
             .redis
             .status
@@ -111,7 +115,7 @@ impl Reconciler {
         // While restoring, each shard's home is the backed-up layout (a
         // backup taken after a resharding holds no even spread).
         let homes = match &self.records.bootstrap {
-            Some(b) if restoring && !b.shards.is_empty() => b
+            Some(b) if restoring && layout_known && !b.shards.is_empty() => b
                 .shards
                 .iter()
                 .map(|s| rc::parse_ranges(&s.slots).unwrap_or_default())
@@ -128,6 +132,13 @@ impl Reconciler {
                 homes,
             },
         );
+        if !layout_known {
+            plan.steps.clear();
+            plan.waiting.push(
+                "waiting for every shard's restore to a point in time to report the slots it served"
+                    .into(),
+            );
+        }
 
         if paused {
             self.report
@@ -215,7 +226,7 @@ impl Reconciler {
                 .cluster_finish(&facts, &members, &plan, false, out)
                 .await;
         }
-        if obs.servers_observed {
+        if obs.servers_observed && layout_known {
             self.rotate_password(&facts, &auth, &wanted_password)
                 .await?;
             if super::auth::next_step(&auth, &wanted_password) == super::auth::Step::Steady {
@@ -405,7 +416,15 @@ impl Reconciler {
                 && let Some(file) = bs.shards.iter().find(|f| f.index == shard)
             {
                 let first = build::first_of_shard(&self.names, shard);
-                super::bootstrap::add_restore(&mut sts, bs, &file.key, &first, &self.names, &view);
+                let line = crate::backup::archive::shard_line(file.index);
+                super::bootstrap::add_restore(
+                    &mut sts,
+                    bs,
+                    (&file.key, &line),
+                    &first,
+                    &self.names,
+                    &view,
+                );
             }
             let name = build::shard_statefulset_name(&self.names, shard);
             let live: Option<StatefulSet> = self.lookup(&name).await?;

@@ -36,7 +36,7 @@ impl Reconciler {
         // Pods of shards being emptied count until they are gone.
         let width = i32::try_from(plan.shards.len()).unwrap_or(0);
         let total = width.max(spec.desired_shards()) * instances;
-        self.track_cluster_bootstrap(&plan.shards, plan.healthy)
+        self.track_cluster_bootstrap(facts, &plan.shards, plan.healthy)
             .await;
         self.report.notes_from(plan.problems.iter().cloned());
         self.report.progress_from(plan.waiting.iter().cloned());
@@ -197,6 +197,7 @@ impl Reconciler {
             resharding: self.records.resharding.clone(),
             insights,
             tuning: self.tuning_for_status(&mut out.tuning, std::mem::take(&mut out.refused)),
+            archive: self.archive_for_status(facts, old.archive.as_ref()).await,
             ..Default::default()
         };
         st.conditions = facts::merge(

@@ -401,17 +401,31 @@ impl Reconciler {
     /// `status.archive`: the sidecars' view, written again when what it
     /// says changed, or the window every 30 s (the newest time moves with
     /// every checkpoint; a write per pass would be a write per pass).
-    async fn archive_for_status(
+    pub(in crate::controller::redis) async fn archive_for_status(
         &mut self,
         facts: &[PodFacts],
         old: Option<&crate::api::v1alpha1::ArchiveStatus>,
     ) -> Option<crate::api::v1alpha1::ArchiveStatus> {
         self.redis.spec.archive.as_ref()?;
-        let pods: Vec<(String, String)> = facts
+        let pods = facts
             .iter()
-            .filter_map(|f| f.ip.clone().map(|ip| (f.name.clone(), ip)))
-            .collect();
-        let new = super::archive::observe(&self.redis, &pods).await?;
+            .filter_map(|f| f.ip.clone().map(|ip| (f.name.clone(), ip)));
+        // One line per shard of a Cluster Redis (the shards the spec keeps).
+        let lines: Vec<Vec<(String, String)>> = if self.redis.spec.mode() == Mode::Cluster {
+            let shards = self.redis.spec.desired_shards().max(0);
+            let mut lines = vec![Vec::new(); usize::try_from(shards).unwrap_or(0)];
+            for (name, ip) in pods {
+                if let Some((s, _)) = super::cluster::build::shard_of(&self.names, &name)
+                    && let Some(line) = usize::try_from(s).ok().and_then(|s| lines.get_mut(s))
+                {
+                    line.push((name, ip));
+                }
+            }
+            lines
+        } else {
+            vec![pods.collect()]
+        };
+        let new = super::archive::observe(&self.redis, &lines).await?;
         self.report.recheck_within(Duration::from_secs(30));
         let Some(old) = old else {
             return Some(new);
