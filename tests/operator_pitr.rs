@@ -19,6 +19,9 @@
 //!   is seen growing (status and the sidecar's metric), the archive
 //!   catches up with no hole, and a restore to a time inside the outage is
 //!   exact.
+//! - An upgrade (Valkey 8.1 -> 9.1, Replication of three) under the writer:
+//!   every instance restarts, the archiving one among them, and the
+//!   archive goes on with no hole; times before and after restore exactly.
 //! - Cluster (3 shards, a primary and a replica each, Valkey 8.1): each
 //!   shard is archived from its replica, with the slots its primary serves
 //!   recorded at every checkpoint. 3 -> 4 shards under the writer; a time
@@ -1206,4 +1209,116 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
     .await;
     println!("during ({}): {why}", rfc3339(during));
     assert!(why.contains("slots were moving"), "{why}");
+}
+
+/// An upgrade under the archive: a Replication Redis of three (Valkey 8.1,
+/// archived from a replica) upgraded to 9.1 under the writer; the rolls
+/// restart every instance, the archiving one among them, and a switchover
+/// moves the primary. The archive goes on with no hole, and times before
+/// and after the upgrade restore exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_archive_continues_through_an_upgrade_with_no_hole() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr-upgrade", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "up",
+        json!({"mode": "Replication", "instances": 3, "engine": "Valkey", "version": "8.1",
+               "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "up", READY).await;
+    let a = archive_status(
+        &client,
+        ns,
+        "up",
+        "up to be archived",
+        Duration::from_secs(90),
+        |a| a.archiver.is_some() && a.newest.is_some(),
+    )
+    .await;
+    println!("archive: {} from {:?}", a.location, a.archiver);
+    let pw = redis_password(&client, ns, "up").await;
+    let writer = TimedWriter::start(&client, ns, "up", &pw, "u");
+    writer.wait_acked(500, Duration::from_secs(30)).await;
+    let before = now_ms();
+    let n = writer.acked.load(Ordering::SeqCst);
+    writer.wait_acked(n + 300, Duration::from_secs(30)).await;
+
+    let started = Instant::now();
+    support::operator::patch_redis(&client, ns, "up", json!({"spec": {"version": "9.1"}})).await;
+    let api = redis_api(&client, ns);
+    wait_for(
+        "the upgrade to 9.1 to succeed",
+        Duration::from_secs(300),
+        || async {
+            let st = api.get("up").await.ok()?.status?;
+            (st.upgrade
+                .as_ref()
+                .is_some_and(|u| u.phase == redpilot::api::v1alpha1::UpgradePhase::Succeeded)
+                && st
+                    .current_version
+                    .as_deref()
+                    .is_some_and(|v| v.starts_with("9.1") && !v.contains(',')))
+            .then_some(())
+        },
+    )
+    .await;
+    println!("8.1 -> 9.1 in {:.1} s", started.elapsed().as_secs_f64());
+    let n = writer.acked.load(Ordering::SeqCst);
+    writer.wait_acked(n + 300, Duration::from_secs(60)).await;
+    let after = now_ms();
+    let n = writer.acked.load(Ordering::SeqCst);
+    writer.wait_acked(n + 300, Duration::from_secs(30)).await;
+    let stamps = writer.stop().await;
+    let during = stamps
+        .iter()
+        .filter(|s| s.acked.is_some_and(|t| t > before && t < after))
+        .count();
+    println!(
+        "writer: {} writes, {} acknowledged, {during} of them between the two times",
+        stamps.len(),
+        stamps.iter().filter(|s| s.acked.is_some()).count()
+    );
+
+    archived_past(&client, ns, "up", after + 500).await;
+    let a = api
+        .get("up")
+        .await
+        .expect("up")
+        .status
+        .and_then(|s| s.archive)
+        .expect("status.archive");
+    assert!(
+        a.holes.is_empty(),
+        "the archive has holes after the upgrade: {:?}",
+        a.holes
+    );
+    println!(
+        "archive after the upgrade: archiver {:?}, window {:?} .. {:?}, lag {:?} s",
+        a.archiver, a.earliest, a.newest, a.lag_seconds
+    );
+    let shape = json!({"mode": "Standalone", "engine": "Valkey", "version": "9.1"});
+    let c1 = restore(&client, ns, "up-before", &s3, &a.key, before, shape.clone()).await;
+    let (must, must_not, either) = check(&client, ns, "up-before", &stamps, c1).await;
+    println!(
+        "up-before: {must} present as required, {must_not} absent as required, {either} either way"
+    );
+    api.delete("up-before", &Default::default())
+        .await
+        .expect("delete up-before");
+    let c2 = restore(&client, ns, "up-after", &s3, &a.key, after, shape).await;
+    let (must, must_not, either) = check(&client, ns, "up-after", &stamps, c2).await;
+    println!(
+        "up-after: {must} present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(
+        must > 500 + during / 2 && must_not > 200,
+        "the restore after the upgrade must hold the writes made during it"
+    );
 }
