@@ -376,8 +376,11 @@ async fn a_switchover_is_traced_and_a_missing_collector_costs_nothing() {
         n_up >= 10.0 && n_down >= 10.0,
         "too few reconciles measured"
     );
+    // An exporter that waited for the collector would add its connect
+    // timeout (seconds) to reconciles; the bound leaves room for a busy
+    // machine's noise (0.049 -> 0.154 s once, with the test pool running).
     assert!(
-        down <= up * 2.0 + 0.05,
+        down <= up * 3.0 + 0.25,
         "reconciles slowed down without a collector: {up:.3} s -> {down:.3} s"
     );
     assert!(

@@ -3288,7 +3288,9 @@ async fn client_certificates_are_required_of_every_client_the_operators_own_incl
     stranger.client_key_pem = Some(stranger_key.into_bytes());
     let strange = ConnectOptions::default()
         .with_password(pw.clone())
-        .with_timeouts(Duration::from_millis(500), Duration::from_millis(500))
+        // A TLS handshake on a busy machine: what is checked is that it is
+        // accepted, not how fast (500 ms timed out once under the test pool).
+        .with_timeouts(Duration::from_secs(3), Duration::from_secs(3))
         .with_tls(stranger);
     asking_everywhere(&client, ns, &without, "optional").await;
     println!(

@@ -577,8 +577,10 @@ async fn background_save_never_blocks(engine: Engine) {
         foreground > background * 3 && foreground > Duration::from_millis(50),
         "the foreground SAVE is the stall the background one avoids: {foreground:?} vs {background:?}"
     );
+    // The fork itself takes milliseconds; the bound leaves room for a busy
+    // machine (168 ms once with the test pool's cluster jobs running).
     assert!(
-        background < Duration::from_millis(150),
+        background < Duration::from_millis(300),
         "the background save blocked the server {background:?}"
     );
 }
