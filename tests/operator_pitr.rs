@@ -1155,38 +1155,33 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
         .expect("status.archive");
     assert!(a.holes.is_empty(), "holes: {:?}", a.holes);
 
-    // Before the resharding: three shards with the layout of then.
-    let c1 = restore(&client, ns, "before", &s3, &a.key, t1, shape(3)).await;
-    let (must, must_not, either) = check_cluster(&client, ns, "before", &stamps, (c1, t1)).await;
-    println!(
-        "before: {must} keys present as required, {must_not} absent as required, {either} either way"
-    );
-    assert!(
-        must > 500 && must_not > 1000,
-        "too few writes on either side of the time"
-    );
-    assert_eq!(served_slots(&client, ns, "before").await, before);
-    redis_api(&client, ns)
-        .delete("before", &Default::default())
-        .await
-        .expect("delete before");
-
-    // After it: four shards, each with the slots it served then (no even
-    // spread: the resharding moved slots from each of the three).
-    let c2 = restore(&client, ns, "after", &s3, &a.key, t2, shape(4)).await;
-    let (must, must_not, either) = check_cluster(&client, ns, "after", &stamps, (c2, t2)).await;
-    println!(
-        "after: {must} keys present as required, {must_not} absent as required, {either} either way"
-    );
-    assert!(
-        must > 1500 && must_not > 200,
-        "too few writes on either side of the time"
-    );
-    assert_eq!(served_slots(&client, ns, "after").await, after);
-    redis_api(&client, ns)
-        .delete("after", &Default::default())
-        .await
-        .expect("delete after");
+    // Before the resharding: three shards with the layout of then; after
+    // it: four shards, each with the slots it served then (no even spread:
+    // the resharding moved slots from each of the three).
+    for (name, at, layout, least) in [
+        ("before", t1, &before, (500, 1000)),
+        ("after", t2, &after, (1500, 200)),
+    ] {
+        let shards = i32::try_from(layout.len()).expect("shards");
+        let c = restore(&client, ns, name, &s3, &a.key, at, shape(shards)).await;
+        let (must, must_not, either) = check_cluster(&client, ns, name, &stamps, (c, at)).await;
+        println!(
+            "{name}: {must} keys present as required, {must_not} absent as required, {either} either way"
+        );
+        assert!(
+            must > least.0 && must_not > least.1,
+            "{name}: too few writes on either side of the time"
+        );
+        assert_eq!(
+            &served_slots(&client, ns, name).await,
+            layout,
+            "{name}'s layout"
+        );
+        redis_api(&client, ns)
+            .delete(name, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
 
     // While slots moved: refused, with the reason.
     let marks = moving_marks(&s3, &a.key);
