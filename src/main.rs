@@ -223,13 +223,11 @@ struct ArchiveArgs {
     /// The line archived (`main`, or `shard-<i>` of a Cluster Redis).
     #[arg(long, default_value = "main")]
     line: String,
-    /// A Cluster Redis's shard index (recorded in bases).
+    /// A Cluster Redis's shard index: recorded in bases, and the slots its
+    /// primary serves recorded with each checkpoint (a restore to a time
+    /// rebuilds the layout from them).
     #[arg(long)]
     shard: Option<i32>,
-    /// A Cluster Redis's shard: record the slots its primary serves with
-    /// each checkpoint (a restore to a time rebuilds the layout from them).
-    #[arg(long)]
-    cluster: bool,
     /// The pod's own server.
     #[arg(long, default_value_t = 6379)]
     port: u16,
@@ -852,7 +850,6 @@ async fn archive(args: ArchiveArgs) -> Result<(), redpilot::backup::BackupError>
         location,
         prefix: redpilot::backup::archive::line_prefix(&args.store.key, &args.line),
         shard: args.shard,
-        cluster: args.cluster,
         interval: std::time::Duration::from_millis(args.interval_ms),
         checkpoint_every: std::time::Duration::from_millis(args.checkpoint_ms),
         base_every: std::time::Duration::from_secs(args.base_every_seconds.max(10)),

@@ -65,11 +65,10 @@ pub struct Settings {
     pub location: String,
     /// `<root>/<line>`.
     pub prefix: String,
-    /// A Cluster Redis's shard (recorded in bases' manifests).
+    /// A Cluster Redis's shard: recorded in bases' manifests, and each
+    /// checkpoint also reads the slots its primary serves (`CLUSTER
+    /// NODES`), recorded in the segments.
     pub shard: Option<i32>,
-    /// A Cluster Redis's shard: each checkpoint also reads the slots its
-    /// primary serves (`CLUSTER NODES`), recorded in the segments.
-    pub cluster: bool,
     /// How often a segment is cut.
     pub interval: Duration,
     /// How often a checkpoint is taken.
@@ -980,7 +979,7 @@ struct Checkpoint {
     /// Its replication id and offset.
     replid: String,
     offset: i64,
-    /// A shard's slots and whether any is open ([`Settings::cluster`]).
+    /// A shard's slots and whether any is open ([`Settings::shard`]).
     layout: Option<(String, bool)>,
 }
 
@@ -1014,7 +1013,7 @@ async fn checkpoint(
     };
     let mut pipe = redis::pipe();
     pipe.atomic().cmd("TIME").cmd("INFO").arg("replication");
-    let ((secs, micros), text, layout) = if s.cluster {
+    let ((secs, micros), text, layout) = if s.shard.is_some() {
         pipe.cmd("CLUSTER").arg("NODES");
         let (time, text, nodes): ((i64, i64), String, String) =
             node.pipeline("MULTI", &pipe).await?;

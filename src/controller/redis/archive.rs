@@ -126,7 +126,7 @@ pub fn for_shard(pod: &mut PodSpec, shard: i32) {
     {
         *line = crate::backup::archive::shard_line(shard);
     }
-    args.extend(["--shard".into(), shard.to_string(), "--cluster".into()]);
+    args.extend(["--shard".into(), shard.to_string()]);
 }
 
 /// One sidecar's `/status` (the fields the operator reads).
