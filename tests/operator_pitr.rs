@@ -203,8 +203,13 @@ async fn archive_status(
     .await
 }
 
-/// The newest restorable time, once it is at least `ms`.
-async fn archived_past(client: &Client, ns: &str, name: &str, ms: i64) {
+/// `status.archive` once its newest restorable time is at least `ms`.
+async fn archived_past(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ms: i64,
+) -> redpilot::api::v1alpha1::ArchiveStatus {
     archive_status(
         client,
         ns,
@@ -213,7 +218,7 @@ async fn archived_past(client: &Client, ns: &str, name: &str, ms: i64) {
         Duration::from_secs(90),
         |a| a.newest.as_deref().is_some_and(|n| parse_ms(n) >= ms),
     )
-    .await;
+    .await
 }
 
 /// Creates Redis `name` restored to `at` from `source`'s archive; returns
@@ -418,14 +423,7 @@ async fn a_replication_redis_restores_to_a_chosen_time_across_a_primary_kill() {
     let acked = stamps.iter().filter(|s| s.acked.is_some()).count();
     println!("writer: {} writes, {acked} acknowledged", stamps.len());
 
-    archived_past(&client, ns, "src", after_failover + 500).await;
-    let a = api
-        .get("src")
-        .await
-        .expect("src")
-        .status
-        .and_then(|s| s.archive)
-        .expect("status.archive");
+    let a = archived_past(&client, ns, "src", after_failover + 500).await;
     assert!(
         a.holes.is_empty(),
         "the archive has holes after the failover: {:?}",
@@ -649,14 +647,7 @@ async fn a_standalone_archive_catches_up_after_the_store_was_down_for_a_minute()
         (caught - back) as f64 / 1000.0
     );
     let stamps = writer.stop().await;
-    archived_past(&client, ns, "solo", caught).await;
-    let a = redis_api(&client, ns)
-        .get("solo")
-        .await
-        .expect("solo")
-        .status
-        .and_then(|s| s.archive)
-        .expect("archive");
+    let a = archived_past(&client, ns, "solo", caught).await;
     assert!(a.holes.is_empty(), "the outage left a hole: {:?}", a.holes);
 
     let c = restore(
@@ -897,14 +888,7 @@ async fn the_archive_keeps_up_costs_little_and_restores_a_base_and_its_writes() 
         pick(0.99) < 5.0,
         "the archive fell behind a steady writer: {lags:?}"
     );
-    archived_past(&client, ns, "big", at + 500).await;
-    let a = redis_api(&client, ns)
-        .get("big")
-        .await
-        .expect("big")
-        .status
-        .and_then(|s| s.archive)
-        .expect("archive");
+    let a = archived_past(&client, ns, "big", at + 500).await;
     println!("archive: {} bytes", a.size_bytes.unwrap_or(0));
 
     // Restore to the end of the writes: the base and everything after it.
@@ -1145,14 +1129,7 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
         stamps.iter().filter(|s| s.acked.is_some()).count()
     );
     assert_eq!(after.len(), 4, "{after:?}");
-    archived_past(&client, ns, "c", t2 + 500).await;
-    let a = redis_api(&client, ns)
-        .get("c")
-        .await
-        .expect("c")
-        .status
-        .and_then(|s| s.archive)
-        .expect("status.archive");
+    let a = archived_past(&client, ns, "c", t2 + 500).await;
     assert!(a.holes.is_empty(), "holes: {:?}", a.holes);
 
     // Before the resharding: three shards with the layout of then; after
@@ -1281,14 +1258,7 @@ async fn the_archive_continues_through_an_upgrade_with_no_hole() {
         stamps.iter().filter(|s| s.acked.is_some()).count()
     );
 
-    archived_past(&client, ns, "up", after + 500).await;
-    let a = api
-        .get("up")
-        .await
-        .expect("up")
-        .status
-        .and_then(|s| s.archive)
-        .expect("status.archive");
+    let a = archived_past(&client, ns, "up", after + 500).await;
     assert!(
         a.holes.is_empty(),
         "the archive has holes after the upgrade: {:?}",
