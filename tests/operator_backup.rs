@@ -1170,8 +1170,7 @@ async fn backups_survive_an_unreachable_store_and_an_operator_restart() {
     let ns = tns.name.as_str();
     let mut s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
     secret(&client, ns, "s3", ACCESS_KEY, SECRET_KEY).await;
-    let mut opts = OperatorOptions::watching(&[ns]);
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[ns]).crash_lease();
     let mut op = start_operator(&client, opts.clone()).await;
     apply_redis(
         &client,
@@ -1752,8 +1751,9 @@ async fn a_backup_asked_for_during_a_roll_reads_an_instance_the_roll_is_done_wit
     let client = client().await;
     let tns = TestNamespace::new(&client, "backup-roll", &[]).await;
     let ns = tns.name.as_str();
-    let mut opts = OperatorOptions::watching(&[ns]).named("backup-roll");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[ns])
+        .named("backup-roll")
+        .crash_lease();
     let mut op = start_operator(&client, opts.clone()).await;
     let (_, writer) = src_under_a_writer(&client, ns, 3).await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);

@@ -542,8 +542,9 @@ async fn a_restart_rolls_shard_by_shard_and_a_requested_failover_moves_one_shard
 async fn an_operator_killed_mid_creation_is_finished_by_the_next_one() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-cluster-crash", &[]).await;
-    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-crash");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[&ns.name])
+        .named("op-crash")
+        .crash_lease();
     // Either process is started again if it loses its short lease on a
     // loaded machine, as its Deployment would; the one stopped at the
     // failpoint (exit 86) is left down.
@@ -1537,8 +1538,9 @@ async fn a_backup_takes_every_shard_across_an_operator_crash_and_restores_into_a
         .create(&PostParams::default(), &creds)
         .await
         .expect("creating the credentials Secret");
-    let mut opts = OperatorOptions::watching(&[&ns.name]).named("op-cluster-backup");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[&ns.name])
+        .named("op-cluster-backup")
+        .crash_lease();
     // Started again if it loses its short lease on a loaded machine (as
     // its Deployment would); left down once stopped at the failpoint.
     let mut crashing = opts.clone();

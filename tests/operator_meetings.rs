@@ -717,8 +717,9 @@ async fn a_backup_job_made_again_checks_the_secrets_mark_again() {
         .create(&PostParams::default(), &creds)
         .await
         .expect("creating the credentials Secret");
-    let mut opts = OperatorOptions::watching(&[ns]).named("meet-mark");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[ns])
+        .named("meet-mark")
+        .crash_lease();
     let mut crashing = opts.clone();
     crashing.env.push((
         "REDPILOT_FAILPOINTS".into(),
@@ -1082,8 +1083,9 @@ async fn a_backup_reads_no_instance_that_came_back_empty_since_the_status_was_wr
     let tns = TestNamespace::new(&client, "meet-stale", &[]).await;
     let ns = tns.name.as_str();
     create_claim(&client, ns, "backups").await;
-    let mut opts = OperatorOptions::watching(&[ns]).named("meet-stale");
-    opts.env.push(("LEASE_DURATION_SECONDS".into(), "5".into()));
+    let opts = OperatorOptions::watching(&[ns])
+        .named("meet-stale")
+        .crash_lease();
     let mut first = start_operator(&client, opts.clone()).await;
     valkey_cluster(&client, ns).await;
     let r = wait_ready(&client, ns, "c", READY).await;

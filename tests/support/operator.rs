@@ -385,6 +385,10 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
 // The operator process
 // ---------------------------------------------------------------------------
 
+/// [`OperatorOptions::crash_lease`]: renewed every 3 s, given up after 8 s
+/// without an answer.
+pub const CRASH_LEASE_SECONDS: &str = "10";
+
 /// How to start one operator process.
 #[derive(Clone, Debug)]
 pub struct OperatorOptions {
@@ -427,6 +431,18 @@ impl OperatorOptions {
             api_server: None,
             restart_after_failpoint: false,
         }
+    }
+
+    /// A lease short enough that a successor takes over soon after this
+    /// process is killed at a failpoint (no release), long enough that a
+    /// loaded API server (reads of 4 s seen under the test pool) does not
+    /// take it first: a process that loses its lease before the failpoint
+    /// is restarted and may resume past the step the failpoint marks, so
+    /// the test would never see the crash it is about.
+    pub fn crash_lease(mut self) -> Self {
+        self.env
+            .push(("LEASE_DURATION_SECONDS".into(), CRASH_LEASE_SECONDS.into()));
+        self
     }
 
     /// Never restarted by the harness (for tests that watch it exit).
