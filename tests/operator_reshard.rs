@@ -849,16 +849,19 @@ async fn fill_until_added(
 }
 
 /// Writes `{f<i>}` keys of `size` bytes for `i` in `range`, paced at
-/// `rate` bytes a second; returns the OOM replies met (each write is sent
-/// once; a failure other than OOM fails the test).
+/// `rates.0` bytes a second, and at `rates.1` once `faster` is set;
+/// returns the OOM replies met (each write is sent once; a failure other
+/// than OOM fails the test).
 async fn fill_paced(
     client: &mut Client,
     range: std::ops::Range<usize>,
     size: usize,
-    rate: f64,
+    rates: (f64, f64),
+    faster: &AtomicBool,
 ) -> u64 {
     let value = "m".repeat(size);
-    let (t, first) = (Instant::now(), range.start);
+    let t = Instant::now();
+    let mut due = Duration::ZERO;
     let mut oom = 0;
     for i in range {
         let key = format!("{{f{i}}}");
@@ -882,7 +885,12 @@ async fn fill_paced(
                 Err(e) => panic!("SET {key}: {e}"),
             }
         }
-        let due = Duration::from_secs_f64(((i + 1 - first) * size) as f64 / rate);
+        let rate = if faster.load(Ordering::Relaxed) {
+            rates.1
+        } else {
+            rates.0
+        };
+        due += Duration::from_secs_f64(size as f64 / rate);
         if let Some(ahead) = due.checked_sub(t.elapsed()) {
             tokio::time::sleep(ahead).await;
         }
@@ -901,7 +909,7 @@ async fn fill_paced(
 /// and four readers run throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_after_a_drain() {
-    let (tags, size) = (2_500, 64);
+    let (tags, size) = (500, 64);
     let client = client().await;
     let ns = TestNamespace::new(&client, "op-shard-autopilot", &[]).await;
     let (mut first, opts) =
@@ -970,13 +978,33 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         .expect("the intent is recorded first");
     println!("operator stopped after recording {intent:?}");
     let _next = spawn_operator(&client, opts.named("op-shards-next")).await;
-    // On through the resharding, past what 3 shards hold (3 x 48 MiB of
-    // maxmemory): only the added shards leave room for it.
+    // On through the resharding (about 1 MiB/s; 4 MiB/s once it is done),
+    // past what 3 shards hold (3 x 48 MiB of maxmemory): only the added
+    // shards leave room for it.
     let past_three = ((3 * 48) << 20) * 21 / 20 / 4096;
     let t_more = Instant::now();
-    let more_oom = fill_paced(&mut filler, written..past_three, 4096, f64::from(1 << 20)).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let watch = tokio::spawn({
+        let (api, done) = (api.clone(), done.clone());
+        async move {
+            while !done.load(Ordering::Relaxed) {
+                if let Ok(r) = api.get("cache").await
+                    && r.spec
+                        .shards
+                        .is_some_and(|n| n > 3 && resharding_done(&r, n))
+                {
+                    done.store(true, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    let rates = (f64::from(1 << 20), f64::from(4 << 20));
+    let more_oom = fill_paced(&mut filler, written..past_three, 4096, rates, &done).await;
+    let done_during_fill = done.load(Ordering::Relaxed);
+    watch.abort();
     println!(
-        "filled on to {past_three} keys of 4 KiB ({} MiB) in {:.1} s: {more_oom} OOM replies",
+        "filled on to {past_three} keys of 4 KiB ({} MiB) in {:.1} s: {more_oom} OOM replies; resharding done before the fill's end: {done_during_fill}",
         (past_three * 4096) >> 20,
         t_more.elapsed().as_secs_f64()
     );
@@ -1043,28 +1071,43 @@ async fn the_shard_autopilot_adds_shards_atomically_on_a_fill_and_removes_them_a
         "{used} bytes: no more than 3 shards hold"
     );
 
-    // The drain: the fill deleted; back to minShards after the cooldown.
+    // The drain: the fill deleted (four clients side by side); back to
+    // minShards after the cooldown. Nothing pokes the operator: the
+    // monitor sees the shards' data fall under scaleDownPercent.
     let t = Instant::now();
-    for i in 0..written {
-        let key = format!("{{f{i}}}");
-        // The filler's connections sat idle through the reshard: one the
-        // server side closed meanwhile fails once (the client opens another
-        // on the next call); DEL is idempotent and counts nothing here.
-        let mut tries = 0;
-        loop {
-            match filler
-                .run::<redis::Value>(&key, redis::cmd("DEL").arg(&key))
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if tries < 3 => {
-                    tries += 1;
-                    println!("DEL {key}: {e}; once more");
+    let mut deleting = Vec::new();
+    for part in 0..4 {
+        let mut c = Client::new(seed.clone(), copts.clone());
+        deleting.push(tokio::spawn(async move {
+            for i in (part..written).step_by(4) {
+                let key = format!("{{f{i}}}");
+                // A connection the server closed meanwhile fails once (the
+                // client opens another on the next call); DEL is idempotent
+                // and counts nothing here.
+                let mut tries = 0;
+                loop {
+                    match c
+                        .run::<redis::Value>(&key, redis::cmd("DEL").arg(&key))
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(e) if tries < 3 => {
+                            tries += 1;
+                            println!("DEL {key}: {e}; once more");
+                        }
+                        Err(e) => panic!("DEL {key}: {e}"),
+                    }
                 }
-                Err(e) => panic!("DEL {key}: {e}"),
             }
-        }
+        }));
     }
+    for d in deleting {
+        d.await.expect("a deleting client");
+    }
+    println!(
+        "deleted {written} keys in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     let r = wait_for(
         "the autopilot back at 3 shards",
         Duration::from_secs(300),

@@ -64,6 +64,8 @@ struct MemoryWatch {
     alert: Option<u64>,
     /// ... and when it falls below this many.
     low: u64,
+    /// What `low` is compared with.
+    low_measure: LowMeasure,
     /// A reconcile was asked for since the use last was above `low`.
     told_low: bool,
     /// Project the growth rate this far.
@@ -72,6 +74,21 @@ struct MemoryWatch {
     samples: VecDeque<(Instant, u64)>,
     /// A reconcile was asked for since the use last was below the alert.
     told: bool,
+}
+
+/// What the scale-down level of a memory watch is compared with: the
+/// measure the autopilot that set it decides on, so the pass the monitor
+/// asks for finds the level crossed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum LowMeasure {
+    /// `used_memory` (the memory autopilot).
+    #[default]
+    Used,
+    /// `used_memory_dataset` (the shard autopilot: the data that moves
+    /// when a shard goes; the replication backlog and the server's own
+    /// overhead stay with every shard, so `used_memory` may never fall
+    /// that low after a drain).
+    Dataset,
 }
 
 /// The primary's memory as the monitor sampled it.
@@ -94,8 +111,9 @@ impl MemoryWatch {
         Some(MemorySample { used: last, rate })
     }
 
-    /// Records a sample; true when a reconcile is to be asked for.
-    fn record(&mut self, at: Instant, used: u64) -> bool {
+    /// Records a sample (`used_memory`, and `used_memory_dataset` when the
+    /// server reports it); true when a reconcile is to be asked for.
+    fn record(&mut self, at: Instant, used: u64, dataset: Option<u64>) -> bool {
         self.samples.push_back((at, used));
         while self
             .samples
@@ -120,7 +138,11 @@ impl MemoryWatch {
             self.told = false;
             false
         };
-        let down = if used < self.low {
+        let low_side = match self.low_measure {
+            LowMeasure::Used => used,
+            LowMeasure::Dataset => dataset.unwrap_or(used),
+        };
+        let down = if low_side < self.low {
             let ask = !self.told_low;
             self.told_low = true;
             ask
@@ -310,6 +332,7 @@ impl Monitor {
         {
             new.alert = old.alert;
             new.low = old.low;
+            new.low_measure = old.low_measure;
             new.lookahead = old.lookahead;
         }
         let probing = probe_loop(
@@ -337,23 +360,28 @@ impl Monitor {
     }
 
     /// Samples the memory of the primary of `obj` and asks for a reconcile
-    /// when `used_memory` falls below the first of `levels` or reaches the
-    /// second, now or within `lookahead` at its growth rate. `None` stops
-    /// the sampling.
+    /// when its `low_measure` falls below the first of `levels` or its
+    /// `used_memory` reaches the second, now or within `lookahead` at its
+    /// growth rate. `None` stops the sampling.
     pub fn watch_memory(
         &self,
         obj: &ObjectRef<Redis>,
         levels: Option<(u64, u64)>,
+        low_measure: LowMeasure,
         lookahead: Duration,
     ) {
         let Ok(w) = self.watches.lock() else { return };
         let (low, alert) = (levels.map_or(0, |l| l.0), levels.map(|l| l.1));
         for (_, watch) in w.iter().filter(|((o, _), _)| o == obj) {
             if let Ok(mut m) = watch.memory.lock()
-                && (m.alert != alert || m.low != low || m.lookahead != lookahead)
+                && (m.alert != alert
+                    || m.low != low
+                    || m.low_measure != low_measure
+                    || m.lookahead != lookahead)
             {
                 m.alert = alert;
                 m.low = low;
+                m.low_measure = low_measure;
                 m.lookahead = lookahead;
                 m.told = false;
                 m.told_low = false;
@@ -578,15 +606,15 @@ fn grid_after(
     epoch + Duration::from_nanos(u64::try_from(k * step).unwrap_or(u64::MAX))
 }
 
-/// Reads `used_memory` when the memory is watched; `Some(used)` when a
-/// reconcile is to be asked for.
+/// Reads `used_memory` (and `used_memory_dataset`) when the memory is
+/// watched; `Some(used)` when a reconcile is to be asked for.
 async fn sample_memory(node: &mut ProbeConn, memory: &Mutex<MemoryWatch>) -> Option<u64> {
     if !memory.lock().is_ok_and(|m| m.alert.is_some()) {
         return None;
     }
-    let used = node.used_memory().await.ok()??;
+    let (used, dataset) = node.used_memory().await.ok()??;
     let ask = match memory.lock() {
-        Ok(mut m) => m.record(Instant::now(), used),
+        Ok(mut m) => m.record(Instant::now(), used, dataset),
         Err(_) => false,
     };
     ask.then_some(used)
@@ -891,20 +919,20 @@ mod tests {
         };
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        assert!(!m.record(at(0), 100));
+        assert!(!m.record(at(0), 100, None));
         assert_eq!(m.sample().map(|s| s.rate), Some(None));
-        assert!(!m.record(at(2), 120));
+        assert!(!m.record(at(2), 120, None));
         // 10 bytes/s: 150 + 100 < 1000.
-        assert!(!m.record(at(5), 150));
+        assert!(!m.record(at(5), 150, None));
         assert_eq!(m.sample().and_then(|s| s.rate), Some(10.0));
         // A fill starts: the window holds only the last 5 s, so the rate is
         // the fill's (96 bytes/s), and 600 + 10 s of it crosses.
-        assert!(m.record(at(7), 600));
+        assert!(m.record(at(7), 600, None));
         assert_eq!(m.sample().and_then(|s| s.rate), Some(96.0));
-        assert!(!m.record(at(8), 650), "asked once per crossing");
+        assert!(!m.record(at(8), 650, None), "asked once per crossing");
         // Below again (a grow raised nothing yet, the data went): re-armed.
-        assert!(!m.record(at(40), 100));
-        assert!(m.record(at(41), 1000));
+        assert!(!m.record(at(40), 100, None));
+        assert!(m.record(at(41), 1000, None));
         // A fill that starts below the low level is caught by its rate.
         let mut f = MemoryWatch {
             alert: Some(1000),
@@ -912,18 +940,34 @@ mod tests {
             lookahead: Duration::from_secs(10),
             ..Default::default()
         };
-        assert!(f.record(at(0), 100), "below the low level: asked once");
-        assert!(!f.record(at(1), 100));
         assert!(
-            f.record(at(2), 250),
+            f.record(at(0), 100, None),
+            "below the low level: asked once"
+        );
+        assert!(!f.record(at(1), 100, None));
+        assert!(
+            f.record(at(2), 250, None),
             "75 bytes/s for 10 s from 250 crosses 1000"
         );
         // Falling below the low level asks once too.
         m.low = 200;
-        assert!(m.record(at(42), 150));
-        assert!(!m.record(at(43), 140));
-        assert!(!m.record(at(44), 300));
-        assert!(m.record(at(45), 100));
+        assert!(m.record(at(42), 150, None));
+        assert!(!m.record(at(43), 140, None));
+        assert!(!m.record(at(44), 300, None));
+        assert!(m.record(at(45), 100, None));
+        // The shard autopilot's low level is the dataset's: a drained shard
+        // whose used_memory stays above it (backlog, overhead) still asks.
+        let mut d = MemoryWatch {
+            alert: Some(1000),
+            low: 200,
+            low_measure: LowMeasure::Dataset,
+            ..Default::default()
+        };
+        assert!(!d.record(at(0), 600, Some(500)));
+        assert!(d.record(at(1), 400, Some(100)), "dataset under 200");
+        assert!(!d.record(at(2), 400, Some(90)), "asked once");
+        assert!(!d.record(at(3), 400, Some(300)), "above again: re-armed");
+        assert!(d.record(at(4), 150, None), "no dataset field: used_memory");
         // The window forgets old samples.
         assert!(
             m.samples

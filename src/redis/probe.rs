@@ -126,21 +126,21 @@ impl ProbeConn {
         Ok(role == b"master" || role == b"primary")
     }
 
-    /// `used_memory` from `INFO memory`.
-    pub async fn used_memory(&mut self) -> Result<Option<u64>> {
+    /// `used_memory` from `INFO memory`, with `used_memory_dataset` when
+    /// the server reports it.
+    pub async fn used_memory(&mut self) -> Result<Option<(u64, Option<u64>)>> {
         let r = tokio::time::timeout(self.timeout, self.memory_once()).await;
         self.within(r, "INFO")
     }
 
-    async fn memory_once(&mut self) -> Result<Option<u64>> {
+    async fn memory_once(&mut self) -> Result<Option<(u64, Option<u64>)>> {
         self.write(INFO_MEMORY).await?;
         self.read_line().await?;
         self.fail_on_error("INFO")?;
         let len = self.header(b'$', "INFO")?;
         let body = self.bulk(len).await?;
-        Ok(Info::parse(&String::from_utf8_lossy(&body))
-            .memory
-            .used_memory)
+        let memory = Info::parse(&String::from_utf8_lossy(&body)).memory;
+        Ok(memory.used_memory.map(|u| (u, memory.used_memory_dataset)))
     }
 
     /// A step's result, or a timeout naming `operation` when the bound

@@ -28,6 +28,7 @@ use super::facts::PodFacts;
 use super::facts::quantity_bytes;
 use super::report::Memory;
 use crate::api::v1alpha1::{MemoryAutopilotStatus, MemoryDecision};
+use crate::controller::monitor::LowMeasure;
 
 use crate::controller::layout::MEMORY_AT_MAXIMUM as CONDITION;
 
@@ -161,7 +162,7 @@ impl Reconciler {
             if !shards {
                 self.ctx
                     .monitor
-                    .watch_memory(&self.oref, None, Duration::ZERO);
+                    .watch_memory(&self.oref, None, LowMeasure::Used, Duration::ZERO);
             }
             return Ok(out);
         };
@@ -178,6 +179,7 @@ impl Reconciler {
         self.ctx.monitor.watch_memory(
             &self.oref,
             Some((low, alert)),
+            LowMeasure::Used,
             Duration::from_secs(policy.lookahead.max(0) as u64),
         );
         let Some(used) = facts

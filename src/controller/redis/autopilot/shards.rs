@@ -219,6 +219,7 @@ impl Reconciler {
             self.ctx.monitor.watch_memory(
                 &self.oref,
                 Some((level(policy.down), level(policy.up))),
+                crate::controller::monitor::LowMeasure::Dataset,
                 std::time::Duration::ZERO,
             );
         }
