@@ -529,18 +529,26 @@ async fn a_failed_upgrade_is_rolled_back_without_touching_the_primary() {
     expect_rolled_back(&client, &ns.name, g, "CrashLoop", "redis:6.2", &p0).await;
 
     // 3. A server that starts but never becomes Ready: rolled back once
-    // spec.upgrade.timeoutSeconds (60 here) has passed.
+    // spec.upgrade.timeoutSeconds (40 here) has passed, and soon after:
+    // the operator looks again when the timeout runs out, not at its next
+    // backed-off pass (2, 4, 8, 16, 32 s apart by then: about 70 s in).
     let g = spec_change(
         &client,
         &ns.name,
-        json!({"image": "redpilot-test/never-ready:7.0"}),
+        json!({"image": "redpilot-test/never-ready:7.0", "upgrade": {"timeoutSeconds": 40}}),
     )
     .await;
     let t = Instant::now();
     expect_rolled_back(&client, &ns.name, g, "NotReadyInTime", "redis:6.2", &p0).await;
+    let took = t.elapsed();
+    println!(
+        "never ready: rolled back {:.1} s after the change (timeout 40 s)",
+        took.as_secs_f64()
+    );
+    assert!(took >= Duration::from_secs(40), "not before the timeout");
     assert!(
-        t.elapsed() >= Duration::from_secs(60),
-        "not before the timeout"
+        took < Duration::from_secs(65),
+        "rolled back {took:?} after the change: the timeout's end was not looked at"
     );
 
     // 4. A working image: upgraded.

@@ -192,6 +192,21 @@ impl Reconciler {
         // Until the primary moves, a failed instance rolls everything back.
         if !primary_left(facts, primaries, &u.from) || self.redis.spec.mode() == Mode::Standalone {
             let timeout = self.upgrade_timeout();
+            // An upgraded instance not Ready yet is judged again when its
+            // timeout runs out, not at the next backed-off pass (a minute
+            // or more after it once the state stands still).
+            if let Some(left) = facts
+                .iter()
+                .filter(upgraded)
+                .filter(|f| !f.terminating)
+                .filter_map(|f| f.unready_secs)
+                .map(|s| timeout.saturating_sub(s))
+                .filter(|left| *left >= 0)
+                .min()
+            {
+                self.report
+                    .recheck_within(std::time::Duration::from_secs(left.unsigned_abs() + 1));
+            }
             if let Some((reason, msg)) = facts
                 .iter()
                 .filter(upgraded)

@@ -476,7 +476,13 @@ impl Reconciler {
         let n = self
             .ctx
             .stuck_passes(&self.oref, fingerprint, self.report.has_written());
-        let wait = stuck_backoff(n);
+        // A step that asked to look again sooner (an upgrade's timeout
+        // running out, a bootstrap's restore) is not held back by the
+        // backoff.
+        let wait = match self.report.recheck() {
+            Some(d) => stuck_backoff(n).min(d.max(PROGRESS_REQUEUE)),
+            None => stuck_backoff(n),
+        };
         // Why this pass waits, once per state (and again when the backoff
         // stretches), so a Redis that stays unready says so in the log.
         if n == 0 || n >= PATIENT_PASSES && wait != stuck_backoff(n - 1) {
