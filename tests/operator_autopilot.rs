@@ -238,7 +238,13 @@ async fn the_autopilot_grows_in_place_before_oom_shrinks_and_stops_at_its_bounds
     let _shared = NODE.read().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "autopilot", &[]).await;
-    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    // Nothing wakes a Redis when a ResourceQuota goes (the operator watches
+    // none): step 4's grow comes at a periodic pass, every 10 s here (the
+    // tuning recheck) instead of every 60 s.
+    let mut opts = OperatorOptions::watching(&[&ns.name]);
+    opts.env
+        .push(("REDPILOT_TUNING_INTERVAL_SECONDS".into(), "10".into()));
+    let op = start_operator(&client, opts).await;
     let policy = json!({
         "maxMemory": "512Mi",
         "lookaheadSeconds": 0,

@@ -1386,7 +1386,13 @@ async fn at_its_maximum_the_shard_autopilot_adds_nothing_and_says_so() {
 /// ordered restart runs, and moves no slot while any pod of the old
 /// template is left; then it moves and ends `Done`. Back to three shards
 /// with a replica's server stopped (`SIGSTOP`): `Paused`, naming the pod,
-/// no slot moved, until it runs again. Every key stays whole.
+/// no slot moved, until it runs again. Every key stays whole. Valkey 9.1
+/// (the atomic path: the bounds are checked before any move, whichever the
+/// path; the classic path's moves of 4,096 nearly empty slots took 40 to
+/// 150 s of this test on a loaded machine). A move is recorded in
+/// `status.resharding.current` before its first command, so "no move
+/// begun" is checked there as well as in the count of slots moved, which
+/// an atomic move reports when it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
     use support::operator::{patch_redis, pod_uids, server_pid, signal};
@@ -1398,7 +1404,7 @@ async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
         &client,
         &ns.name,
         "cache",
-        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "8.1"}),
+        json!({"mode": "Cluster", "shards": 3, "instances": 2, "engine": "Valkey", "version": "9.1"}),
     )
     .await;
     wait_ready(&client, &ns.name, "cache", READY).await;
@@ -1436,8 +1442,8 @@ async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
         }
         if let Some(rs) = r.status.as_ref().and_then(|s| s.resharding.as_ref()) {
             assert!(
-                rs.slots_moved == 0 || old.is_empty(),
-                "{} slots moved while {old:?} ran the old template: {rs:?}",
+                (rs.slots_moved == 0 && rs.current.is_none()) || old.is_empty(),
+                "slots moved ({}) or a move begun while {old:?} ran the old template: {rs:?}",
                 rs.slots_moved
             );
             if rs.phase == ReshardingPhase::Paused
@@ -1519,10 +1525,11 @@ async fn resharding_waits_for_an_ordered_restart_and_a_stopped_server() {
         .and_then(|s| s.resharding)
         .expect("resharding");
     assert_eq!(
-        (rs.phase, rs.slots_moved),
-        (ReshardingPhase::Paused, 0),
+        (rs.phase, rs.slots_moved, rs.current.is_none()),
+        (ReshardingPhase::Paused, 0, true),
         "nothing moves while {replica} is stopped: {rs:?}"
     );
+    assert_eq!(rs.path, "Atomic", "{rs:?}");
     signal(pid, "-CONT");
     let t = Instant::now();
     wait_for("4 → 3 done once it runs again", READY, || async {

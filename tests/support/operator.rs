@@ -1456,6 +1456,16 @@ pub async fn wait_failpoint(op: &mut Operator, within: Duration) {
         "{}",
         op.log_tail(30)
     );
+    // The process is gone and nothing starts it again (a failpoint exit):
+    // its Lease is deleted, a shortcut past the lease's expiry: the test's
+    // next operator takes over at once (what these tests are about is the
+    // work resumed; tests/operator_leader.rs covers the expiry).
+    let client = super::client().await;
+    let leases: Api<Lease> = Api::namespaced(client, OPERATOR_NAMESPACE);
+    leases
+        .delete(&op.opts.lease_name, &Default::default())
+        .await
+        .expect("deleting the stopped operator's Lease");
 }
 
 /// `kill <sig> pid` (e.g. `-STOP`, `-CONT`).
