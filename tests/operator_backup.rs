@@ -792,8 +792,9 @@ async fn secrets_and_endpoints_a_tenant_names_are_checked_before_any_request() {
 
 /// Two schedules every minute, one with `keepLast: 1`, one with `maxAge:
 /// 1m`: each runs twice, and retention deletes each one's first backup and
-/// its stored object once the second completes; once suspended, a schedule
-/// starts no more runs.
+/// its stored object once the second completes. A third, suspended as soon
+/// as its first run appears, starts no more runs while the others run
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_schedule_runs_twice_and_prunes_by_retention() {
     use redpilot::api::v1alpha1::{BackupPhase, RedisBackupSchedule};
@@ -822,15 +823,61 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
             .await
             .expect("creating the schedule");
     }
+    let paused = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
+        "metadata": {"name": "paused"},
+        "spec": {"redis": "cache", "schedule": "* * * * *", "target": backup_target(&s3, "s3")}});
+    schedules
+        .patch(
+            "paused",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&paused),
+        )
+        .await
+        .expect("creating the schedule");
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
     let lp =
         |s: &str| kube::api::ListParams::default().labels(&format!("redpilot.io/schedule={s}"));
+    let listed = |s: &'static str| {
+        let backups = backups.clone();
+        async move {
+            let mut n: Vec<String> = backups
+                .list(&lp(s))
+                .await
+                .expect("list")
+                .items
+                .iter()
+                .map(kube::ResourceExt::name_any)
+                .collect();
+            n.sort();
+            n
+        }
+    };
+    // "paused" once suspended: its runs then, and the first due time after.
+    let mut suspended: Option<(Vec<String>, chrono::DateTime<chrono::Utc>)> = None;
     // Per schedule: (backup, key) of each completed run, in order.
     let mut seen: Vec<Vec<(String, String)>> = vec![Vec::new(); names.len()];
     let mut pruned = [false; 2];
     let start = Instant::now();
     // Two completed runs each, the first pruned with its object.
     while pruned.iter().any(|p| !p) {
+        if suspended.is_none() && !listed("paused").await.is_empty() {
+            schedules
+                .patch(
+                    "paused",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"suspend": true}})),
+                )
+                .await
+                .expect("suspend");
+            // A run whose pass had begun before the suspend was seen may
+            // still appear: the names are taken once it is observed.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let now = chrono::Utc::now();
+            // "* * * * *" is due at every minute boundary.
+            let due = now + chrono::Duration::seconds(60 - now.timestamp().rem_euclid(60));
+            println!("paused: suspended at {now}; next due time {due}");
+            suspended = Some((listed("paused").await, due));
+        }
         for (i, name) in names.iter().enumerate() {
             let items = backups.list(&lp(name)).await.expect("list").items;
             for b in &items {
@@ -894,46 +941,21 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
         "{events}"
     );
 
-    // Suspended: due times pass without a run. Retention (keepLast: 1)
-    // keeps the number of backups the same whatever happens, so the names
-    // are compared: no backup that was not there before.
-    schedules
-        .patch(
-            "every-minute",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"suspend": true}})),
-        )
-        .await
-        .expect("suspend");
-    let listed = || async {
-        let mut n: Vec<String> = backups
-            .list(&lp("every-minute"))
-            .await
-            .expect("list")
-            .items
-            .iter()
-            .map(kube::ResourceExt::name_any)
-            .collect();
-        n.sort();
-        n
-    };
-    // A run whose pass had begun before the suspend was seen may still
-    // appear: the names are taken once the suspend is observed.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = listed().await;
-    // "* * * * *" is due at every minute boundary (in any time zone with a
-    // whole-minute offset): wait past the next one, with the time a run
-    // would take to appear.
-    let now = chrono::Utc::now();
-    let into_minute = now.timestamp().rem_euclid(60) as u64;
-    let past_due = Duration::from_secs(60 - into_minute + 10);
-    println!(
-        "suspended at {now}: watching {} s, past the next due time",
-        past_due.as_secs()
-    );
-    tokio::time::sleep(past_due).await;
-    let after = listed().await;
+    // Suspended: its due times pass without a run (the names compared),
+    // past the first one after the suspend with the time a run would take
+    // to appear.
+    let (before, due) = suspended.expect("the paused schedule's first run appeared");
+    let watch_until = due + chrono::Duration::seconds(10);
+    if let Ok(left) = (watch_until - chrono::Utc::now()).to_std() {
+        tokio::time::sleep(left).await;
+    }
+    let after = listed("paused").await;
     let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
+    println!(
+        "paused: {} run(s) before the suspend, none after it through {due} (checked at {})",
+        before.len(),
+        chrono::Utc::now()
+    );
     assert!(
         new.is_empty(),
         "a suspended schedule started {new:?} (before: {before:?})"
@@ -1429,6 +1451,26 @@ async fn a_backup_that_cannot_start_fails_and_frees_its_schedule() {
         .await
         .expect("creating the claim that never binds");
 
+    // 2. A schedule whose first run cannot be scheduled: made first, so
+    // its first minute boundary passes while step 1 runs (the two backups
+    // have nothing in common but the Redis).
+    let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
+    let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
+        "metadata": {"name": "stuck"},
+        "spec": {"redis": "cache", "schedule": "* * * * *", "timeoutSeconds": 70,
+                 "target": {"volume": {"claimName": "never-bound"}}}});
+    schedules
+        .patch(
+            "stuck",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&s),
+        )
+        .await
+        .expect("creating the schedule");
+    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels("redpilot.io/schedule=stuck");
+    let start = Instant::now();
+
     // 1. The image cannot be pulled.
     let t = Instant::now();
     create_backup(
@@ -1471,23 +1513,8 @@ async fn a_backup_that_cannot_start_fails_and_frees_its_schedule() {
     )
     .await;
 
-    // 2. A schedule whose first run cannot be scheduled.
-    let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
-    let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
-        "metadata": {"name": "stuck"},
-        "spec": {"redis": "cache", "schedule": "* * * * *", "timeoutSeconds": 70,
-                 "target": {"volume": {"claimName": "never-bound"}}}});
-    schedules
-        .patch(
-            "stuck",
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&s),
-        )
-        .await
-        .expect("creating the schedule");
-    let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
-    let lp = kube::api::ListParams::default().labels("redpilot.io/schedule=stuck");
-    let start = Instant::now();
+    // 2. (below) The schedule's first run waits for its minute boundary
+    // meanwhile.
     let first = wait_for("the first run", Duration::from_secs(75), || async {
         let items = backups.list(&lp).await.ok()?.items;
         items.first().map(kube::ResourceExt::name_any)

@@ -1268,16 +1268,19 @@ async fn the_archive_continues_through_an_upgrade_with_no_hole() {
         "archive after the upgrade: archiver {:?}, window {:?} .. {:?}, lag {:?} s",
         a.archiver, a.earliest, a.newest, a.lag_seconds
     );
-    let shape = json!({"mode": "Standalone", "engine": "Valkey", "version": "9.1"});
-    let c1 = restore(&client, ns, "up-before", &s3, &a.key, before, shape.clone()).await;
+    // The two restores side by side.
+    for (name, at) in [("up-before", before), ("up-after", after)] {
+        let mut spec = json!({"mode": "Standalone", "engine": "Valkey", "version": "9.1"});
+        spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
+                                                  "pointInTime": rfc3339(at)}});
+        apply_redis(&client, ns, name, spec).await;
+    }
+    let c1 = restore_done(&client, ns, "up-before", before).await;
     let (must, must_not, either) = check(&client, ns, "up-before", &stamps, c1).await;
     println!(
         "up-before: {must} present as required, {must_not} absent as required, {either} either way"
     );
-    api.delete("up-before", &Default::default())
-        .await
-        .expect("delete up-before");
-    let c2 = restore(&client, ns, "up-after", &s3, &a.key, after, shape).await;
+    let c2 = restore_done(&client, ns, "up-after", after).await;
     let (must, must_not, either) = check(&client, ns, "up-after", &stamps, c2).await;
     println!(
         "up-after: {must} present as required, {must_not} absent as required, {either} either way"
