@@ -349,23 +349,62 @@ impl Reconciler {
                 .as_deref()
                 .map(|s| format!(" (SHA-256 {s})"))
                 .unwrap_or_default();
+            let bs = BootstrapStatus { sha256, ..bs };
+            if !self.publish_bootstrapped(&bs.location).await {
+                return;
+            }
             let note = format!(
                 "{first_name} serves as primary the data restored from {}{checksum}",
                 bs.location
             );
             self.event(EventType::Normal, "Bootstrapped", "Bootstrap", note)
                 .await;
-            self.records.bootstrap = Some(BootstrapStatus {
-                done: true,
-                sha256,
-                ..bs
-            });
+            self.records.bootstrap = Some(BootstrapStatus { done: true, ..bs });
             return;
         }
         if let Some((reason, why)) = restore_failure(ended) {
             let msg = format!("restoring {} into {first_name}: {why}", bs.location);
             self.report_failure(reason, "Bootstrap", "bootstrap", msg)
                 .await;
+        }
+    }
+
+    /// Publishes the finished bootstrap's `location` in the ConfigMap (the
+    /// one this pass applied, with the key added) before the status says
+    /// done: a server that restarts in place reads `REDPILOT_BOOTSTRAPPED`
+    /// from it at its start (and a re-created pod's restore, to skip), so it
+    /// must not find it empty once the status says done (a restarted server
+    /// would start on the restored append-only file again). False (done
+    /// waits for a later pass) when this pass applied no ConfigMap or the
+    /// write failed.
+    async fn publish_bootstrapped(&mut self, location: &str) -> bool {
+        let Some(cm) = self.config_applied.clone() else {
+            self.report
+                .recheck_within(std::time::Duration::from_secs(1));
+            return false;
+        };
+        let cm = super::conf::with_bootstrapped(cm, location);
+        let live = match self
+            .lookup::<k8s_openapi::api::core::v1::ConfigMap>(&self.names.config())
+            .await
+        {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!(redis = %self.oref, error = %e, "reading the ConfigMap to publish the bootstrap");
+                return false;
+            }
+        };
+        match self.apply("ConfigMap", &cm, live.as_ref()).await {
+            Ok(_) => {
+                self.config_applied = Some(cm);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(redis = %self.oref, error = %e, "publishing the bootstrap in the ConfigMap");
+                self.report
+                    .recheck_within(std::time::Duration::from_secs(1));
+                false
+            }
         }
     }
 
@@ -569,6 +608,9 @@ impl Reconciler {
                         .recheck_within(std::time::Duration::from_secs(1));
                     return;
                 }
+            }
+            if !self.publish_bootstrapped(&bs.location).await {
+                return;
             }
             let note = format!(
                 "the first instance of each of the {serving} shards serves the slots restored from {}",

@@ -117,6 +117,20 @@ mod tests {
     }
 
     #[test]
+    fn the_bootstrap_added_to_an_applied_config_map_is_what_a_later_pass_makes() {
+        let r = redis(RedisSpec {
+            mode: Some(crate::api::v1alpha1::Mode::Replication),
+            ..Default::default()
+        });
+        let names = Names::new("cache");
+        let before = config_map(&r, &names, Some("10.0.0.1"), None);
+        let added = crate::controller::redis::conf::with_bootstrapped(before.clone(), "s3://b/k");
+        let later = config_map(&r, &names, Some("10.0.0.1"), Some("s3://b/k"));
+        assert_eq!(added, later);
+        assert_ne!(stamped_hash(&added), stamped_hash(&before));
+    }
+
+    #[test]
     fn generated_passwords_are_long_and_distinct() {
         let a = generate_password().expect("random");
         let b = generate_password().expect("random");

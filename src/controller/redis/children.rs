@@ -242,6 +242,7 @@ impl Reconciler {
         );
         self.apply_or_degrade("ConfigMap", &cm, live_cm.as_ref())
             .await?;
+        self.config_applied = Some(cm);
 
         self.apply_services_and_pdb(build::services(&self.redis, &self.names))
             .await?;

@@ -64,6 +64,21 @@ pub fn config_map(
     })
 }
 
+/// `cm` (as [`config_map`] made it) with the bootstrap's `location` added:
+/// what [`config_map`] makes with it given.
+pub fn with_bootstrapped(mut cm: ConfigMap, location: &str) -> ConfigMap {
+    if let Some(a) = cm.metadata.annotations.as_mut() {
+        a.remove(crate::controller::names::HASH_ANNOTATION);
+        if a.is_empty() {
+            cm.metadata.annotations = None;
+        }
+    }
+    cm.data
+        .get_or_insert_with(BTreeMap::new)
+        .insert(BOOTSTRAPPED_KEY.to_string(), location.to_string());
+    stamp_hash(cm)
+}
+
 /// redis.conf lines the operator owns.
 fn base_config(redis: &Redis) -> Vec<String> {
     let p = redis.spec.persistence();

@@ -122,6 +122,7 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         reach: Reach::default(),
         records: Records::default(),
         report: report::Report::default(),
+        config_applied: None,
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
@@ -167,6 +168,9 @@ pub struct Reconciler {
     reach: Reach,
     records: Records,
     report: report::Report,
+    /// The ConfigMap this pass applied (a step later in the pass that
+    /// must publish one more key starts from it).
+    config_applied: Option<k8s_openapi::api::core::v1::ConfigMap>,
 }
 
 /// How this pass reaches the servers: set by [`Reconciler::begin`] (the
