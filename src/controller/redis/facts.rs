@@ -209,6 +209,8 @@ pub struct PodFacts {
     /// condition last turned false, or since it was created); `None` while
     /// Ready.
     pub unready_secs: Option<i64>,
+    /// Since when (Unix seconds) the pod has been Ready; `None` while not.
+    pub ready_since: Option<i64>,
     /// The pod's server listens with TLS: as its template starts it (its
     /// readiness probe speaks TLS; pods of two templates differ while TLS
     /// is turned on or off), or, for a template of a Cluster Redis turning
@@ -350,6 +352,7 @@ pub fn pod_facts(pods: &[Pod], update_revision: Option<&str>, kept: &[String]) -
                 } else {
                     unready_since.map(|t| now.saturating_sub(t))
                 },
+                ready_since: if ready { unready_since } else { None },
                 mem_limit: server_spec.and_then(|c| memory_limit(c.resources.as_ref())),
                 mem_limit_applied: server.and_then(|c| memory_limit(c.resources.as_ref())),
                 resize: status

@@ -112,7 +112,9 @@ impl Reconciler {
             Some(_) => primary,
             None => return Ok(()),
         };
-        if self.backup_holds_restart(next_pod).await? {
+        if self.backup_holds_restart(next_pod).await?
+            || self.archive_holds_restart(facts, next_pod).await
+        {
             return Ok(());
         }
         let victim = match next {
@@ -177,6 +179,65 @@ impl Reconciler {
             b.name_any()
         ));
         Ok(true)
+    }
+
+    /// How far behind an archive may be for a roll to wait for it
+    /// ([`Self::archive_holds_restart`]).
+    const ARCHIVE_HOLD_MAX_LAG_MS: i64 = 30_000;
+
+    /// Whether the ordered restart of `pod`, the archive's sidecar that
+    /// archives now, waits for the archive to pass the moment the last
+    /// other instance became Ready. The instance that takes the archive
+    /// over continues it from its own server's backlog, which starts where
+    /// that server last synced: a restarted replica's backlog starts at its
+    /// sync, so an archive still behind that point when its archiver stops
+    /// has a hole (seen in a roll that restarted the archiver 0.2 s after
+    /// another replica's sync). Says so in Progressing when it waits.
+    pub(super) async fn archive_holds_restart(&mut self, facts: &[PodFacts], pod: &str) -> bool {
+        if self.redis.spec.archive.is_none() {
+            return false;
+        }
+        let Some(ip) = facts
+            .iter()
+            .find(|f| f.name == pod)
+            .and_then(|f| f.ip.clone())
+        else {
+            return false;
+        };
+        let Some(status) = super::archive::fetch(&ip).await else {
+            return false;
+        };
+        if !status.archiving {
+            return false;
+        }
+        let Some((other, since)) = facts
+            .iter()
+            .filter(|f| f.name != pod && !f.terminating)
+            .filter_map(|f| Some((f.name.as_str(), f.ready_since?)))
+            .max_by_key(|(_, since)| *since)
+        else {
+            return false;
+        };
+        // Kubernetes times are whole seconds: a second past it.
+        let after_ms = (since + 1) * 1000;
+        if status.newest_ms >= after_ms {
+            return false;
+        }
+        // An archive that does not advance (its store unreachable) holds no
+        // roll: waiting would not close the hole, which is then reported.
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        if now_ms - status.newest_ms > Self::ARCHIVE_HOLD_MAX_LAG_MS {
+            return false;
+        }
+        self.report.progress(format!(
+            "the ordered restart of {pod} waits for its archive to pass {} (when {other} became Ready), so the instance that takes the archive over holds its continuation",
+            crate::controller::base::rfc3339(
+                chrono::DateTime::from_timestamp_millis(after_ms).unwrap_or_default()
+            )
+        ));
+        self.report
+            .recheck_within(std::time::Duration::from_secs(1));
+        true
     }
 
     /// Deletes pod `name` so the StatefulSet re-creates it from its current
