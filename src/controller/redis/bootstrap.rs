@@ -415,11 +415,7 @@ impl Reconciler {
     /// Disabled), so the file can go. Starts a background save when none
     /// was made; true once both hold.
     async fn pitr_saved(&mut self, facts: &[PodFacts], pod: &str) -> bool {
-        let Some(ip) = facts
-            .iter()
-            .find(|f| f.name == pod)
-            .and_then(|f| f.ip.clone())
-        else {
+        let Some(ip) = super::facts::ip_of(facts, pod) else {
             return false;
         };
         let endpoint = crate::redis::Endpoint::new(&ip, crate::controller::names::REDIS_PORT);

@@ -464,6 +464,11 @@ pub fn merge_topology(facts: &mut [PodFacts], topo: &Topology, source: Option<&S
     }
 }
 
+/// The address of pod `pod`, when it has one.
+pub fn ip_of(facts: &[PodFacts], pod: &str) -> Option<String> {
+    facts.iter().find(|f| f.name == pod)?.ip.clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -197,11 +197,7 @@ impl Reconciler {
         if self.redis.spec.archive.is_none() {
             return false;
         }
-        let Some(ip) = facts
-            .iter()
-            .find(|f| f.name == pod)
-            .and_then(|f| f.ip.clone())
-        else {
+        let Some(ip) = super::facts::ip_of(facts, pod) else {
             return false;
         };
         let Some(status) = super::archive::fetch(&ip).await else {
