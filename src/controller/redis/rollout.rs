@@ -192,7 +192,9 @@ impl Reconciler {
     /// that server last synced: a restarted replica's backlog starts at its
     /// sync, so an archive still behind that point when its archiver stops
     /// has a hole (seen in a roll that restarted the archiver 0.2 s after
-    /// another replica's sync). Says so in Progressing when it waits.
+    /// another replica's sync). Says so in Progressing when it waits. In
+    /// Cluster mode the last instance of any shard counts (a roll restarts
+    /// one pod at a time, so it is the one restarted before).
     pub(super) async fn archive_holds_restart(&mut self, facts: &[PodFacts], pod: &str) -> bool {
         if self.redis.spec.archive.is_none() {
             return false;

@@ -598,7 +598,10 @@ impl Reconciler {
             roll::Roll::Idle => {}
             roll::Roll::Wait(w) => self.report.progress(w),
             roll::Roll::Restart { pod, shard } | roll::Roll::RestartLone { pod, shard } => {
-                if !lone && self.backup_holds_restart(&pod).await? {
+                if !lone
+                    && (self.backup_holds_restart(&pod).await?
+                        || self.archive_holds_restart(facts, &pod).await)
+                {
                     return Ok(None);
                 }
                 self.restart_pod(&pod).await?;
