@@ -810,30 +810,31 @@ async fn a_schedule_runs_twice_and_prunes_by_retention() {
 
     let schedules: Api<RedisBackupSchedule> = Api::namespaced(client.clone(), ns);
     let names = ["every-minute", "young"];
-    for (name, retention) in names
-        .iter()
-        .zip([json!({"keepLast": 1}), json!({"maxAge": "1m"})])
-    {
+    // The two with retention, and "paused" (suspended once its first run
+    // appears), which keeps the defaults.
+    for (name, extra) in [
+        (
+            names[0],
+            json!({"timeZone": "Europe/Paris", "retention": {"keepLast": 1}}),
+        ),
+        (
+            names[1],
+            json!({"timeZone": "Europe/Paris", "retention": {"maxAge": "1m"}}),
+        ),
+        ("paused", json!({})),
+    ] {
+        let mut spec = json!({"redis": "cache", "schedule": "* * * * *",
+                              "target": backup_target(&s3, "s3")});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            spec[k] = v.clone();
+        }
         let s = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
-            "metadata": {"name": name},
-            "spec": {"redis": "cache", "schedule": "* * * * *", "timeZone": "Europe/Paris",
-                     "target": backup_target(&s3, "s3"), "retention": retention}});
+            "metadata": {"name": name}, "spec": spec});
         schedules
             .patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&s))
             .await
             .expect("creating the schedule");
     }
-    let paused = json!({"apiVersion": "redpilot.io/v1alpha1", "kind": "RedisBackupSchedule",
-        "metadata": {"name": "paused"},
-        "spec": {"redis": "cache", "schedule": "* * * * *", "target": backup_target(&s3, "s3")}});
-    schedules
-        .patch(
-            "paused",
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&paused),
-        )
-        .await
-        .expect("creating the schedule");
     let backups: Api<RedisBackup> = Api::namespaced(client.clone(), ns);
     let lp =
         |s: &str| kube::api::ListParams::default().labels(&format!("redpilot.io/schedule={s}"));
