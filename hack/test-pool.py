@@ -23,6 +23,11 @@ counts as busy. A job whose CPU time was --heavy of its wall time or more
 at most --heavy-slots of those run at once, so two cores are not shared
 by three such jobs and every one of them slowed past its deadlines.
 
+A --quiet job (suite:test; a test whose outcome depends on how fast the
+operator reacts to a load it makes itself, such as memory filled faster
+than a grow can follow) runs before the others, one at a time, and while
+it runs at most --quiet-with other jobs that are not light run beside it.
+
 Every job's own harness output (`test ... ok`, `test result: ...`) is
 printed when it ends, a failed job's output in full; the totals at the end
 are the sums of those harness lines. The exit status is 1 when a job failed
@@ -109,6 +114,9 @@ def main():
     ap.add_argument("--light", type=float, default=0.05, help="CPU share under which a job mostly waits")
     ap.add_argument("--heavy", type=float, default=0.2, help="CPU share from which a job is heavy")
     ap.add_argument("--heavy-slots", type=int, default=2, help="heavy jobs at most at once")
+    ap.add_argument("--quiet", action="append", default=[],
+                    help="suite:test run first, one at a time, beside at most --quiet-with busy jobs")
+    ap.add_argument("--quiet-with", type=int, default=2, help="busy jobs at most beside a --quiet one")
     ap.add_argument("--logs", help="directory for each job's output")
     args = ap.parse_args()
 
@@ -126,7 +134,13 @@ def main():
     for suite in whole:
         jobs.append((suite, [exes[suite]]))
     expected = read_times(args.times, args.seed)
-    jobs.sort(key=lambda j: expected.get(j[0], (args.default, None))[0], reverse=True)
+    quiet_names = {q.replace(":", "::", 1) for q in args.quiet}
+    unknown = quiet_names - {name for name, _ in jobs}
+    if unknown:
+        print(f"test-pool: --quiet names no job: {', '.join(sorted(unknown))}", flush=True)
+        return 1
+    # Quiet jobs first (while the pool fills), then the longest first.
+    jobs.sort(key=lambda j: (j[0] in quiet_names, expected.get(j[0], (args.default, None))[0]), reverse=True)
 
     def share(name):
         """The job's CPU time over its wall time when measured, else None."""
@@ -158,7 +172,8 @@ def main():
     print(f"test-pool: {len(jobs)} jobs ({len(split)} suites a test per job, {len(whole)} whole) "
           f"in {args.slots} slots and {args.light_slots} for the {waiting} that mostly wait "
           f"(CPU under {args.light:.0%} of their time), {args.heavy_slots} at most at once of the "
-          f"{heavies} heavy (CPU from {args.heavy:.0%}); job output under {logs}", flush=True)
+          f"{heavies} heavy (CPU from {args.heavy:.0%}), {len(quiet_names)} quiet (first, one at a time, "
+          f"beside at most {args.quiet_with} busy); job output under {logs}", flush=True)
 
     def run(job):
         name, cmd = job
@@ -207,11 +222,24 @@ def main():
 
     # Workers take the longest job left they may run: a slot any job, a
     # light slot only a job that mostly waits; a heavy job only while fewer
-    # than --heavy-slots heavy jobs run. A worker that may run none of the
-    # jobs left waits for a heavy one to end.
+    # than --heavy-slots heavy jobs run; a quiet job only when no other quiet
+    # one runs and at most --quiet-with busy (not light) jobs do, and while
+    # one runs no busy job starts beyond those. A worker that may run none
+    # of the jobs left waits for a job to end.
     queue = list(jobs)
     ended = threading.Condition(lock)
     heavy_running = [0]
+    busy_running = [0]
+    quiet_running = [0]
+
+    def may_start(name):
+        if heavy(name) and heavy_running[0] >= args.heavy_slots:
+            return False
+        if name in quiet_names:
+            return quiet_running[0] == 0 and busy_running[0] <= args.quiet_with
+        if quiet_running[0] and not light(name):
+            return busy_running[0] <= args.quiet_with
+        return True
 
     def worker(light_only):
         while True:
@@ -220,18 +248,24 @@ def main():
                     may = [j for j in queue if not light_only or light(j[0])]
                     if not may:
                         return
-                    job = next((j for j in may if not heavy(j[0]) or heavy_running[0] < args.heavy_slots), None)
+                    job = next((j for j in may if may_start(j[0])), None)
                     if job is not None:
                         break
                     ended.wait()
                 queue.remove(job)
                 is_heavy = heavy(job[0])
+                is_quiet = job[0] in quiet_names
+                is_busy = is_quiet or not light(job[0])
                 heavy_running[0] += is_heavy
+                busy_running[0] += is_busy
+                quiet_running[0] += is_quiet
             try:
                 run(job)
             finally:
                 with ended:
                     heavy_running[0] -= is_heavy
+                    busy_running[0] -= is_busy
+                    quiet_running[0] -= is_quiet
                     ended.notify_all()
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.slots + args.light_slots) as pool:

@@ -936,6 +936,20 @@ fn cluster_writer(
     stop: Arc<AtomicBool>,
     acked: Arc<std::sync::atomic::AtomicU64>,
 ) -> tokio::task::JoinHandle<Vec<Stamp>> {
+    cluster_writer_reseeded(seed, None, pw, prefix, stop, acked)
+}
+
+/// [`cluster_writer`] that, after a failed write, takes its seed again
+/// from the pods `<redis>-s0-0` and `<redis>-s0-1` in turn (a roll gives
+/// every pod a new address).
+fn cluster_writer_reseeded(
+    seed: Endpoint,
+    reseed: Option<(Client, String, String)>,
+    pw: &str,
+    prefix: &str,
+    stop: Arc<AtomicBool>,
+    acked: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<Stamp>> {
     let opts = ConnectOptions::default()
         .with_password(pw.to_string())
         .with_timeouts(Duration::from_millis(500), Duration::from_millis(500));
@@ -944,6 +958,7 @@ fn cluster_writer(
         let mut c = cluster_client::Client::new(seed, opts);
         let mut stamps = Vec::new();
         let mut n = 0u64;
+        let mut failed = 0u64;
         while !stop.load(Ordering::SeqCst) {
             n += 1;
             let key = format!("{prefix}:{n}");
@@ -952,6 +967,19 @@ fn cluster_writer(
             let ok = matches!(r.as_deref(), Ok("OK"));
             if ok {
                 acked.fetch_add(1, Ordering::SeqCst);
+            } else if let Some((client, ns, name)) = &reseed {
+                failed += 1;
+                let pod = format!("{name}-s0-{}", failed % 2);
+                let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+                if let Some(ip) = pods
+                    .get_opt(&pod)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|p| p.status?.pod_ip)
+                {
+                    c.set_seed(Endpoint::new(ip, 6379));
+                }
             }
             stamps.push(Stamp {
                 key,
@@ -1059,27 +1087,22 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
     )
     .await;
     wait_ready(&client, ns, "c", READY).await;
+    // Each shard is archived from its replica once it is online (its
+    // primary's sidecar stands in only while none is).
     let a = archive_status(
         &client,
         ns,
         "c",
-        "every shard of c to be archived",
+        "every shard of c to be archived from its replica, not its primary",
         Duration::from_secs(120),
         |a| {
-            a.archiver
-                .as_deref()
-                .is_some_and(|x| x.split(", ").count() == 3)
-                && a.newest.is_some()
+            a.archiver.as_deref().is_some_and(|x| {
+                x.split(", ").count() == 3 && x.split(", ").all(|p| p.ends_with("-1"))
+            }) && a.newest.is_some()
         },
     )
     .await;
     let archivers = a.archiver.clone().unwrap_or_default();
-    for p in archivers.split(", ") {
-        assert!(
-            p.ends_with("-1"),
-            "each shard is archived from its replica, not its primary: {archivers}"
-        );
-    }
     println!("archive: {} from {archivers}", a.location);
     let before = served_slots(&client, ns, "c").await;
 
@@ -1291,4 +1314,369 @@ async fn the_archive_continues_through_an_upgrade_with_no_hole() {
         must > 500 + during / 2 && must_not > 200,
         "the restore after the upgrade must hold the writes made during it"
     );
+}
+
+/// The update revision of each of `sets` now (before a change that rolls
+/// them).
+async fn revisions(client: &Client, ns: &str, sets: &[String]) -> Vec<String> {
+    let api: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
+    let mut out = Vec::new();
+    for set in sets {
+        let s = api.get(set).await.expect("statefulset");
+        out.push(
+            s.status
+                .and_then(|st| st.update_revision)
+                .unwrap_or_default(),
+        );
+    }
+    out
+}
+
+/// Waits until each of `sets` has a new update revision (not the one in
+/// `before`) and its `instances` pods all run it and are Ready.
+async fn rolled(client: &Client, ns: &str, sets: &[String], before: &[String], instances: usize) {
+    let api: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_for("the roll to finish", Duration::from_secs(300), || async {
+        for (set, old) in sets.iter().zip(before) {
+            let s = api.get(set).await.ok()?;
+            let update = s.status.as_ref()?.update_revision.clone()?;
+            if update == *old {
+                return None;
+            }
+            for i in 0..instances {
+                let p = pods.get(&format!("{set}-{i}")).await.ok()?;
+                let rev = p
+                    .metadata
+                    .labels
+                    .as_ref()?
+                    .get("controller-revision-hash")?;
+                let ready = p
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if *rev != update || !ready {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    })
+    .await;
+}
+
+/// `Degraded`'s `NotRestorable` message of Redis `name`, once it has one.
+async fn not_restorable(client: &Client, ns: &str, name: &str) -> String {
+    wait_for(
+        &format!("{name} to be refused"),
+        Duration::from_secs(120),
+        || async {
+            let r: Redis = redis_api(client, ns).get(name).await.ok()?;
+            r.status?
+                .conditions
+                .iter()
+                .find(|c| {
+                    c.type_ == "Degraded" && c.status == "True" && c.reason == "NotRestorable"
+                })
+                .map(|c| c.message.clone())
+        },
+    )
+    .await
+}
+
+/// A roll of a Replication Redis of two restarts its only replica, the
+/// archiving one: the restarted server resyncs in full (its backlog begins
+/// after the archive's end), so the archive begins a new run and reports
+/// the span between as a hole. No checkpoint places the writes made
+/// inside it, so a time in the hole is refused, naming the nearest times
+/// that restore exactly (before this, it restored to the last checkpoint
+/// before the hole, seconds short of the time asked, and said nothing);
+/// a time after the roll restores exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_time_inside_a_hole_a_roll_left_is_refused_and_one_after_restores_exactly() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr-hole", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "two",
+        json!({"mode": "Replication", "instances": 2,
+               "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "two", READY).await;
+    archive_status(
+        &client,
+        ns,
+        "two",
+        "two to be archived",
+        Duration::from_secs(90),
+        |a| a.archiver.is_some() && a.newest.is_some(),
+    )
+    .await;
+    let pw = redis_password(&client, ns, "two").await;
+    let writer = TimedWriter::start(&client, ns, "two", &pw, "h");
+    writer.wait_acked(500, Duration::from_secs(30)).await;
+
+    // A change only a restart applies: both instances restart in turn.
+    let sets = vec!["two".to_string()];
+    let before = revisions(&client, ns, &sets).await;
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "two",
+        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    rolled(&client, ns, &sets, &before, 2).await;
+    // The fault: the restarted replica could not continue the archive; it
+    // began again (a new run) once an instance was an online replica.
+    let a = archive_status(
+        &client,
+        ns,
+        "two",
+        "a hole, and the archive going on after it",
+        Duration::from_secs(120),
+        |a| {
+            a.holes.last().is_some_and(|h| {
+                let to = h.split_once('/').map_or(i64::MAX, |(_, to)| parse_ms(to));
+                a.newest
+                    .as_deref()
+                    .is_some_and(|n| parse_ms(n) > to + 2_000)
+            })
+        },
+    )
+    .await;
+    println!("archive after the roll: holes {:?}", a.holes);
+    let n = writer.acked.load(Ordering::SeqCst);
+    writer.wait_acked(n + 500, Duration::from_secs(60)).await;
+    let after = now_ms();
+    let n = writer.acked.load(Ordering::SeqCst);
+    writer.wait_acked(n + 300, Duration::from_secs(30)).await;
+    let stamps = writer.stop().await;
+    let a = archived_past(&client, ns, "two", after + 500).await;
+    let hole = a.holes.first().expect("the hole seen above");
+    let (from, to) = hole.split_once('/').expect("<from>/<to>");
+    let (from, to) = (parse_ms(from), parse_ms(to));
+    assert!(to - from > 2_000, "a hole of {} ms", to - from);
+    let written_inside = stamps
+        .iter()
+        .filter(|s| s.acked.is_some_and(|t| t > from && t < to))
+        .count();
+    println!(
+        "hole {:.1} s long, {written_inside} writes acknowledged inside it",
+        (to - from) as f64 / 1000.0
+    );
+    assert!(written_inside > 100, "the writer wrote through the hole");
+
+    // A time inside the hole: refused, with the times that restore.
+    let inside = (from + to) / 2;
+    let mut spec = json!({"mode": "Standalone"});
+    spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
+                                              "pointInTime": rfc3339(inside)}});
+    apply_redis(&client, ns, "in-hole", spec).await;
+    let why = not_restorable(&client, ns, "in-hole").await;
+    println!("in-hole: {why}");
+    assert!(
+        why.contains("past the archive's last checkpoint before it") && why.contains("from "),
+        "{why}"
+    );
+    // A time after the roll restores exactly.
+    let c = restore(
+        &client,
+        ns,
+        "after-roll",
+        &s3,
+        &a.key,
+        after,
+        json!({"mode": "Standalone"}),
+    )
+    .await;
+    let (must, must_not, either) = check(&client, ns, "after-roll", &stamps, c).await;
+    println!(
+        "after-roll: {must} present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(must > 500 + written_inside && must_not > 200);
+}
+
+/// Every run of line `line` of the archive under `key` in the S3 server's
+/// files: its `run.json` and the checkpoint times of its segments.
+fn runs_of(s3: &S3Server, key: &str, line: &str) -> Vec<(Value, Vec<i64>)> {
+    let dir = s3.bucket_dir(BUCKET).join(key).join(line);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+    {
+        let run_dir = e.path();
+        let Ok(info) = std::fs::read(run_dir.join("run.json")) else {
+            continue;
+        };
+        let info: Value = serde_json::from_slice(&info).expect("run.json");
+        let mut times = Vec::new();
+        for f in std::fs::read_dir(&run_dir).expect("run dir").flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("seg-") {
+                continue;
+            }
+            let body = std::fs::read(f.path()).expect("segment");
+            let head = body.split(|b| *b == b'\n').next().unwrap_or_default();
+            let h: Value = serde_json::from_slice(head).expect("segment header");
+            for c in h["checkpoints"].as_array().into_iter().flatten() {
+                times.push(c[0].as_i64().expect("checkpoint time"));
+            }
+        }
+        times.sort_unstable();
+        out.push((info, times));
+    }
+    out.sort_by_key(|(i, _)| i["run"].as_str().unwrap_or_default().to_string());
+    out
+}
+
+/// A roll of a Cluster Redis with one replica per shard restarts each
+/// shard's archiving replica, the only one: while it is away each shard's
+/// primary archives its own stream (a Cluster has no write fence), from
+/// where the replica's sidecar stopped, and hands back once the replica
+/// is online again. The archive has no hole (before, every shard had one
+/// per roll: the restarted replica resynced in full), and a time while a
+/// primary archived restores exactly on every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_roll_is_archived_by_each_primary_while_its_replica_restarts() {
+    let client = client().await;
+    let tns = TestNamespace::new(&client, "pitr-roll", &[]).await;
+    let ns = tns.name.as_str();
+    let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
+    s3_secret(&client, ns).await;
+    let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
+    apply_redis(
+        &client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2,
+               "engine": "Valkey", "version": "8.1",
+               "archive": {"target": {"s3": s3_location(&s3)}}}),
+    )
+    .await;
+    wait_ready(&client, ns, "c", READY).await;
+    archive_status(
+        &client,
+        ns,
+        "c",
+        "every shard of c to be archived",
+        Duration::from_secs(120),
+        |a| {
+            a.archiver
+                .as_deref()
+                .is_some_and(|x| x.split(", ").count() == 3)
+                && a.newest.is_some()
+        },
+    )
+    .await;
+    let pw = redis_password(&client, ns, "c").await;
+    let seed = Endpoint::new(pod_ip(&client, ns, "c-s0-0").await, 6379);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = cluster_writer_reseeded(
+        seed,
+        Some((client.clone(), ns.to_string(), "c".to_string())),
+        &pw,
+        "r",
+        stop.clone(),
+        acked.clone(),
+    );
+    let wait_acked = |more_than: u64| {
+        let acked = acked.clone();
+        async move {
+            wait_for("the writer's writes", Duration::from_secs(60), || async {
+                (acked.load(Ordering::SeqCst) > more_than).then_some(())
+            })
+            .await
+        }
+    };
+    wait_acked(500).await;
+
+    // A change only a restart applies: every instance restarts in turn.
+    let sets: Vec<String> = (0..3).map(|i| format!("c-s{i}")).collect();
+    let before = revisions(&client, ns, &sets).await;
+    let started = Instant::now();
+    support::operator::patch_redis(
+        &client,
+        ns,
+        "c",
+        json!({"spec": {"config": {"tcp-backlog": "600"}}}),
+    )
+    .await;
+    rolled(&client, ns, &sets, &before, 2).await;
+    println!(
+        "roll of 6 instances in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    wait_acked(acked.load(Ordering::SeqCst) + 500).await;
+    let after = now_ms();
+    stop.store(true, Ordering::SeqCst);
+    let stamps = writer.await.expect("writer");
+    println!(
+        "writer: {} writes, {} acknowledged",
+        stamps.len(),
+        stamps.iter().filter(|s| s.acked.is_some()).count()
+    );
+
+    let a = archived_past(&client, ns, "c", after + 500).await;
+    assert!(a.holes.is_empty(), "the roll left holes: {:?}", a.holes);
+    // Each shard's primary archived while its replica was away.
+    let mut stand_ins = Vec::new();
+    for shard in 0..3 {
+        let runs = runs_of(&s3, &a.key, &format!("shard-{shard}"));
+        for (info, _) in &runs {
+            println!(
+                "shard {shard}: run {} from {} continues {:?}{}",
+                info["run"],
+                info["pod"],
+                info["continues"],
+                if info["primary"] == true {
+                    " (primary)"
+                } else {
+                    ""
+                }
+            );
+        }
+        let (info, times) = runs
+            .iter()
+            .find(|(i, t)| i["primary"] == true && i["continues"].is_string() && t.len() >= 3)
+            .unwrap_or_else(|| {
+                panic!("shard {shard}: no run read from the primary while its replica restarted")
+            });
+        stand_ins.push((shard, info["pod"].clone(), times.clone()));
+    }
+    // A time in the middle of shard 0's stand-in run, with writes made
+    // while that primary archived: every shard restores to it exactly.
+    let (_, pod, times) = &stand_ins[0];
+    let (first, last) = (times[0], times[times.len() - 1]);
+    let at = times[times.len() / 2];
+    let inside = stamps
+        .iter()
+        .filter(|s| s.acked.is_some_and(|t| t > first && t < last))
+        .count();
+    println!(
+        "shard 0's primary {pod} archived from {} to {} ({inside} writes acknowledged meanwhile); restoring to {}",
+        rfc3339(first),
+        rfc3339(last),
+        rfc3339(at)
+    );
+    assert!(inside > 20, "the writer wrote while the primary archived");
+    let shape = json!({"mode": "Cluster", "shards": 3, "instances": 1,
+                       "engine": "Valkey", "version": "8.1"});
+    let c = restore(&client, ns, "mid-roll", &s3, &a.key, at, shape).await;
+    let (must, must_not, either) = check_cluster(&client, ns, "mid-roll", &stamps, (c, at)).await;
+    println!(
+        "mid-roll: {must} keys present as required, {must_not} absent as required, {either} either way"
+    );
+    assert!(must > 500 && must_not > 200);
 }

@@ -58,6 +58,10 @@ pub struct RunInfo {
     /// with a full resync whose snapshot is its first base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continues: Option<String>,
+    /// Read from the primary itself (`--alone`, or a Cluster shard's
+    /// primary while no replica of it was online) rather than a replica.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub primary: bool,
 }
 
 /// The JSON line at the head of a segment.
@@ -419,6 +423,64 @@ pub enum PlanError {
     /// Bytes are missing between a base and the time.
     #[error("{0}")]
     Hole(String),
+    /// The time falls between two checkpoints too far apart to place the
+    /// writes made between them (the archive changed hands, or a hole).
+    #[error("{0}")]
+    Unplaced(String),
+}
+
+/// How far a restore's checkpoint may precede the time asked when writes
+/// were made between it and the next checkpoint (ms). Checkpoints are
+/// 100 ms apart while one sidecar archives; where the archive changed
+/// hands (a restart or a failover: the next sidecar's first checkpoint) or
+/// has a hole, they are seconds apart, and a write made in between could
+/// have been acknowledged before the time asked or after it.
+pub const MAX_BEHIND_MS: i64 = 1_000;
+
+/// The checkpoint after the one a restore found, as far as the restore
+/// can compare it: its time, and its offset when it is in the same run
+/// (the same history, so offsets compare).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextCheckpoint {
+    /// Its time (ms).
+    pub ms: i64,
+    /// Its offset, when in the same run as the restore's checkpoint.
+    pub offset: Option<i64>,
+}
+
+/// Whether a restore to `ms` may use the checkpoint `(at, offset)`: it is
+/// at most [`MAX_BEHIND_MS`] before `ms`, or nothing reached the stream
+/// between it and the next checkpoint. Else the reason, naming the times
+/// that restore exactly.
+pub fn placed(
+    ms: i64,
+    (at, offset): (i64, i64),
+    next: Option<NextCheckpoint>,
+) -> Result<(), PlanError> {
+    if ms - at <= MAX_BEHIND_MS {
+        return Ok(());
+    }
+    match next {
+        // No byte between the two: nothing was written.
+        Some(NextCheckpoint {
+            offset: Some(o), ..
+        }) if o == offset => Ok(()),
+        Some(n) => Err(PlanError::Unplaced(format!(
+            "{} is {:.1} s past the archive's last checkpoint before it ({}) and the next one is at {}: writes were made between the two and the archive cannot tell which came before the time asked (the archive changed hands there, at a restart or a failover, or has a hole); choose a time at most {} s after {} or from {} on",
+            show_ms(ms),
+            (ms - at) as f64 / 1000.0,
+            show_ms(at),
+            show_ms(n.ms),
+            MAX_BEHIND_MS / 1000,
+            show_ms(at),
+            show_ms(n.ms)
+        ))),
+        None => Err(PlanError::OutOfWindow(format!(
+            "{} is after the newest archived checkpoint ({})",
+            show_ms(ms),
+            show_ms(at)
+        ))),
+    }
 }
 
 /// The runs of one line, and what each holds.
@@ -451,6 +513,15 @@ impl Listing {
         }
         out.reverse();
         out
+    }
+
+    /// The segment whose first checkpoint is the earliest after `ms` (the
+    /// first run by name on a tie).
+    pub fn segment_after(&self, ms: i64) -> Option<&SegmentKey> {
+        self.segments
+            .iter()
+            .filter(|s| s.t0 > ms)
+            .min_by(|a, b| (a.t0, &a.run).cmp(&(b.t0, &b.run)))
     }
 
     /// The segment holding the last checkpoint at or before `ms`: the
@@ -713,6 +784,7 @@ c3 10.0.0.3:6379@16379 master - 0 1 3 connected 10923-11999 12001-16383
             start,
             db: 0,
             continues: continues.map(str::to_string),
+            primary: false,
         }
     }
 
@@ -781,5 +853,61 @@ c3 10.0.0.3:6379@16379 master - 0 1 3 connected 10923-11999 12001-16383
         let p = l.plan(3050).unwrap();
         assert_eq!(p.base.offset, 200);
         assert_eq!(p.pieces.len(), 1);
+    }
+
+    #[test]
+    fn a_time_between_checkpoints_far_apart_is_refused_unless_nothing_was_written() {
+        // Checkpoints 100 ms apart: any time restores to the last before it.
+        let same = |ms, offset| {
+            Some(NextCheckpoint {
+                ms,
+                offset: Some(offset),
+            })
+        };
+        assert_eq!(placed(1_050, (1_000, 500), same(1_100, 520)), Ok(()));
+        // A second after the checkpoint is still its granularity.
+        assert_eq!(placed(2_000, (1_000, 500), same(9_000, 900)), Ok(()));
+        // Seconds between two checkpoints (a handover) with writes between
+        // them: refused, naming both.
+        match placed(4_000, (1_000, 500), same(9_000, 900)) {
+            Err(PlanError::Unplaced(m)) => {
+                assert!(m.contains("3.0 s past"), "{m}");
+                assert!(m.contains("1970-01-01T00:00:01.000Z"), "{m}");
+                assert!(m.contains("from 1970-01-01T00:00:09.000Z on"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same gap with no byte between the two: exact.
+        assert_eq!(placed(4_000, (1_000, 500), same(9_000, 500)), Ok(()));
+        // The next checkpoint in another run (a new history): refused.
+        let other = Some(NextCheckpoint {
+            ms: 9_000,
+            offset: None,
+        });
+        assert!(matches!(
+            placed(4_000, (1_000, 500), other),
+            Err(PlanError::Unplaced(_))
+        ));
+        // None after it: past the archive.
+        assert!(matches!(
+            placed(4_000, (1_000, 500), None),
+            Err(PlanError::OutOfWindow(_))
+        ));
+    }
+
+    #[test]
+    fn the_segment_after_a_time_is_the_earliest_first_checkpoint_past_it() {
+        let l = Listing {
+            runs: vec![run("a", 0, None), run("b", 0, None)],
+            segments: vec![
+                seg("a", 0, 100, 1000, 1100),
+                seg("a", 100, 200, 1200, 1300),
+                seg("b", 0, 50, 8000, 8100),
+            ],
+            bases: vec![],
+        };
+        assert_eq!(l.segment_after(1050).map(|s| s.start), Some(100));
+        assert_eq!(l.segment_after(1300).map(|s| s.run.as_str()), Some("b"));
+        assert_eq!(l.segment_after(8000), None);
     }
 }

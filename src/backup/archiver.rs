@@ -11,7 +11,14 @@
 //! write fence (`min-replicas-to-write`), and a primary cut off from its
 //! replicas must stop taking writes even with its own sidecar beside it.
 //! Without replicas (`--alone`: one instance per primary) the primary's
-//! sidecar reads the primary.
+//! sidecar reads the primary. So does a Cluster shard primary's sidecar
+//! while its shard has no replica online (the replica restarting in a
+//! roll, or resyncing): a Cluster has no write fence, and the primary's
+//! backlog still holds what the replica's sidecar had not stored, so the
+//! archive continues instead of leaving a hole until the replica is back.
+//! It hands back once a replica is online: the replica's sidecar waits
+//! while the primary's archives, and starts after it stored all it
+//! received (past the replica's sync, where the replica's backlog begins).
 //!
 //! Checkpoints come from the primary (`MULTI`, `TIME`, `INFO
 //! replication`, `EXEC`) every `checkpoint_every`; a segment is cut every
@@ -142,13 +149,19 @@ pub async fn run(settings: Settings, state: Shared) {
     let mut unattended: Option<Instant> = None;
     loop {
         match turn(&settings).await {
-            Ok(Turn::Mine) => {
+            Ok(Turn::Mine(kind)) => {
                 unattended = None;
                 set(&state, |s| {
                     s.archiving = true;
-                    s.activity = format!("archiving from {}", settings.own);
+                    s.activity = match kind {
+                        Kind::Fallback => format!(
+                            "archiving from {} (the shard's primary, while no replica is online)",
+                            settings.own
+                        ),
+                        _ => format!("archiving from {}", settings.own),
+                    };
                 });
-                if let Err(e) = session(&settings, &state, &settings.own).await {
+                if let Err(e) = session(&settings, &state, &settings.own, kind).await {
                     tracing::warn!(error = %e, "archive session ended");
                     set(&state, |s| s.last_error = Some(e.to_string()));
                 }
@@ -190,7 +203,7 @@ pub async fn run(settings: Settings, state: Shared) {
 /// Runs a session although another replica was to start (it did not).
 async fn continue_as_mine(settings: &Settings, state: &Shared) {
     set(state, |s| s.archiving = true);
-    if let Err(e) = session(settings, state, &settings.own).await {
+    if let Err(e) = session(settings, state, &settings.own, Kind::Replica).await {
         tracing::warn!(error = %e, "archive session ended");
         set(state, |s| s.last_error = Some(e.to_string()));
     }
@@ -202,16 +215,36 @@ async fn continue_as_mine(settings: &Settings, state: &Shared) {
 
 /// Whose turn it is to archive.
 enum Turn {
-    /// This sidecar's.
-    Mine,
+    /// This sidecar's, reading its server as `Kind` says.
+    Mine(Kind),
     /// The replica at this address is to start (none archives yet).
     Lowest(String),
 }
 
-/// Whether this sidecar's server may be archived now: a primary alone,
-/// or an online replica of a real primary (not a fence). The primary's
+/// How this sidecar's server may be archived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The primary, alone (`--alone`).
+    Primary,
+    /// A Cluster shard's primary while no replica of it is online.
+    Fallback,
+    /// An online replica: its stream, checkpoints from its primary.
+    Replica,
+}
+
+impl Kind {
+    /// Whether the server archived is the primary itself (checkpoints
+    /// read from it).
+    fn direct(self) -> bool {
+        self != Kind::Replica
+    }
+}
+
+/// Whether this sidecar's server may be archived now: a primary alone, a
+/// Cluster shard's primary with no write fence and no replica online, or
+/// an online replica of a real primary (not a fence). The primary's
 /// address for a replica.
-async fn eligible(s: &Settings) -> Result<Option<Endpoint>, String> {
+async fn eligible(s: &Settings) -> Result<(Kind, Option<Endpoint>), String> {
     let mut own = Node::connect(&s.own, &s.own_options)
         .await
         .map_err(|e| format!("waiting for the server: {e}"))?;
@@ -221,8 +254,20 @@ async fn eligible(s: &Settings) -> Result<Option<Endpoint>, String> {
         .map_err(|e| format!("waiting for the server: {e}"))?;
     if s.alone {
         return match info.role {
-            Some(Role::Primary) => Ok(None),
+            Some(Role::Primary) => Ok((Kind::Primary, None)),
             _ => Err("not the primary".into()),
+        };
+    }
+    if info.role == Some(Role::Primary) {
+        // A replica link that acknowledges counts toward a write fence:
+        // only where there is none (a Cluster's shard). This sidecar's
+        // own link, once it archives, is listed too (port 0: it names no
+        // listening port, as a server does).
+        let online = info.replicas.iter().any(real_replica);
+        return if s.shard.is_some() && info.good_replicas.is_none() && !online {
+            Ok((Kind::Fallback, None))
+        } else {
+            Err("not a replica with a live link".into())
         };
     }
     if info.role != Some(Role::Replica)
@@ -239,16 +284,25 @@ async fn eligible(s: &Settings) -> Result<Option<Endpoint>, String> {
             return Err("the server follows a fence".into());
         }
     }
-    Ok(Some(primary))
+    Ok((Kind::Replica, Some(primary)))
+}
+
+/// An online replica server: not an archive's link, which names no
+/// listening port (listed with port 0).
+fn real_replica(r: &crate::redis::info::ReplicaEntry) -> bool {
+    r.state == "online" && r.endpoint.port() != 0
 }
 
 /// Whose turn: none while another replica's sidecar archives (the one
 /// archiving keeps its turn while its server stays an online replica: a
 /// replica that just resynced in full could not continue the archive from
-/// its backlog); else the online replica with the lowest address.
+/// its backlog), nor while the primary's own sidecar does (a Cluster
+/// shard's, until it has stored what it received); else the online
+/// replica with the lowest address.
 async fn turn(s: &Settings) -> Result<Turn, String> {
-    let Some(primary) = eligible(s).await? else {
-        return Ok(Turn::Mine);
+    let (kind, primary) = eligible(s).await?;
+    let Some(primary) = primary else {
+        return Ok(Turn::Mine(kind));
     };
     let mut p = Node::connect(&primary, &s.peer_options)
         .await
@@ -257,10 +311,12 @@ async fn turn(s: &Settings) -> Result<Turn, String> {
         .replication()
         .await
         .map_err(|e| format!("asking the primary {primary}: {e}"))?;
+    // The primary's own sidecar's link (port 0) is not a replica to take
+    // turns with.
     let online: Vec<String> = pinfo
         .replicas
         .iter()
-        .filter(|r| r.state == "online")
+        .filter(|r| real_replica(r))
         .map(|r| r.endpoint.host().to_string())
         .collect();
     for ip in online.iter().filter(|ip| **ip != s.pod_ip) {
@@ -272,7 +328,19 @@ async fn turn(s: &Settings) -> Result<Turn, String> {
         }
     }
     match online.into_iter().min_by_key(|h| sort_key(h)) {
-        Some(first) if first == s.pod_ip => Ok(Turn::Mine),
+        Some(first) if first == s.pod_ip => {
+            if s.shard.is_some()
+                && fetch_status(primary.host(), s.status_port)
+                    .await
+                    .is_some_and(|st| st["archiving"] == true)
+            {
+                return Err(format!(
+                    "the primary's sidecar ({}) archives until it has stored what it received",
+                    primary.host()
+                ));
+            }
+            Ok(Turn::Mine(kind))
+        }
         Some(first) => Ok(Turn::Lowest(first)),
         None => Err("the primary lists no online replica".into()),
     }
@@ -454,7 +522,12 @@ async fn newest_end(
 /// One session: open the link (continuing the newest run when the server
 /// still has its history), then receive, cut, upload and checkpoint until
 /// the link breaks or this sidecar's turn ends.
-async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), BackupError> {
+async fn session(
+    s: &Settings,
+    state: &Shared,
+    from: &Endpoint,
+    kind: Kind,
+) -> Result<(), BackupError> {
     let source_err = |error: crate::redis::Error| BackupError::Source {
         source_name: from.to_string(),
         error,
@@ -483,6 +556,19 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
         }
         None => None,
     };
+    // A server a little behind the archive's end (the primary's stand-in
+    // stored what this replica had not received yet) could not continue
+    // it: wait for the server to get there, a few seconds at most.
+    if let Some((_, _, at)) = &resume {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let now = own.replication().await.map_err(source_err)?;
+            if now.repl_offset.is_none_or(|o| o >= *at) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let started = chrono::Utc::now();
     let run = format!("{:013}-{}", started.timestamp_millis(), s.pod);
     let base = base_key(&s.prefix, &run, started.timestamp_millis());
@@ -564,6 +650,7 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0),
                 continues: None,
+                primary: kind.direct(),
             }
         }
         Began::Continued { replid } => {
@@ -579,6 +666,7 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
                 start: at,
                 db,
                 continues: Some(prev),
+                primary: kind.direct(),
             }
         }
     };
@@ -591,13 +679,13 @@ async fn session(s: &Settings, state: &Shared, from: &Endpoint) -> Result<(), Ba
         body,
     )
     .await?;
-    tracing::info!(run, start = info.start, continues = ?info.continues, "archive run started");
+    tracing::info!(run, start = info.start, continues = ?info.continues, ?kind, "archive run started");
     set(state, |st| {
         st.run = Some(run.clone());
         st.received_offset = info.start;
         st.uploaded_offset = info.start;
     });
-    stream(s, state, &mut link, &run, &info, from).await
+    stream(s, state, &mut link, (&run, &info), from, kind).await
 }
 
 /// A segment waiting for upload.
@@ -616,9 +704,9 @@ async fn stream(
     s: &Settings,
     state: &Shared,
     link: &mut ReplStream,
-    run: &str,
-    info: &RunInfo,
+    (run, info): (&str, &RunInfo),
     from: &Endpoint,
+    kind: Kind,
 ) -> Result<(), BackupError> {
     let source_err = |error: crate::redis::Error| BackupError::Source {
         source_name: from.to_string(),
@@ -669,7 +757,7 @@ async fn stream(
         // Checkpoint from the primary.
         if last_check.elapsed() >= s.checkpoint_every {
             last_check = Instant::now();
-            match checkpoint(s, &mut primary, from).await {
+            match checkpoint(s, &mut primary, from, kind.direct()).await {
                 Ok(Some(c)) if c.replid == link.replid => {
                     checkpoints.push((c.ms, c.offset));
                     if let Some((slots, moving)) = c.layout {
@@ -803,12 +891,21 @@ async fn stream(
                 }
             }));
         }
-        // Still this sidecar's turn?
-        if last_turn.elapsed() >= Duration::from_secs(5) {
+        // Still this sidecar's turn, reading the same kind of server? A
+        // primary's stand-in looks each second, to hand back soon.
+        let every = if kind == Kind::Fallback { 1 } else { 5 };
+        if last_turn.elapsed() >= Duration::from_secs(every) {
             last_turn = Instant::now();
-            if let Err(why) = eligible(s).await {
-                tracing::info!(why, "archive turn ended");
-                break Ok(());
+            match eligible(s).await {
+                Ok((now, _)) if now == kind => {}
+                Ok((now, _)) => {
+                    tracing::info!(?kind, ?now, "archive turn ended: the server's role changed");
+                    break Ok(());
+                }
+                Err(why) => {
+                    tracing::info!(why, "archive turn ended");
+                    break Ok(());
+                }
             }
         }
     };
@@ -989,9 +1086,10 @@ async fn checkpoint(
     s: &Settings,
     primary: &mut Option<Node>,
     from: &Endpoint,
+    direct: bool,
 ) -> crate::redis::Result<Option<Checkpoint>> {
     if primary.is_none() {
-        let target = if s.alone {
+        let target = if direct {
             from.clone()
         } else {
             let mut own = Node::connect(&s.own, &s.own_options).await?;
@@ -1001,7 +1099,7 @@ async fn checkpoint(
                 None => return Ok(None),
             }
         };
-        let opts = if s.alone {
+        let opts = if direct {
             &s.own_options
         } else {
             &s.peer_options
@@ -1242,6 +1340,7 @@ mod tests {
             start: 0,
             db: 0,
             continues: continues.map(str::to_string),
+            primary: false,
         };
         let l = Listing {
             runs: vec![run("a", None), run("b", Some("a")), run("c", None)],

@@ -73,6 +73,8 @@ pub async fn restore_to(
             plan.last.key
         )))
     })?;
+    let next = next_checkpoint(store, location, &listing, &plan.last, &header, ms).await?;
+    archive::placed(ms, (at, target), next).map_err(not_restorable)?;
     let slots = shard_slots(&header.layout, at, &plan.last.key)?;
     if target < plan.base.offset {
         return Err(not_restorable(PlanError::Hole(format!(
@@ -167,6 +169,43 @@ pub async fn restore_to(
         size_bytes: size,
         slots,
     })
+}
+
+/// The first checkpoint after `ms`: in `last`'s own header when it has
+/// one past `ms`, else the first of the next segment (its offset only when
+/// that segment is of the same run, read from its header).
+async fn next_checkpoint(
+    store: &dyn object_store::ObjectStore,
+    location: &str,
+    listing: &Listing,
+    last: &archive::SegmentKey,
+    header: &archive::SegmentHeader,
+    ms: i64,
+) -> Result<Option<archive::NextCheckpoint>, BackupError> {
+    if let Some((t, o)) = header.checkpoints.iter().find(|(t, _)| *t > ms) {
+        return Ok(Some(archive::NextCheckpoint {
+            ms: *t,
+            offset: Some(*o),
+        }));
+    }
+    let Some(seg) = listing.segment_after(ms) else {
+        return Ok(None);
+    };
+    if seg.run != last.run {
+        return Ok(Some(archive::NextCheckpoint {
+            ms: seg.t0,
+            offset: None,
+        }));
+    }
+    let body = get(store, location, &seg.key).await?;
+    let (h, _) = archive::split_segment(&body).map_err(BackupError::Invalid)?;
+    Ok(h.checkpoints
+        .iter()
+        .find(|(t, _)| *t > ms)
+        .map(|(t, o)| archive::NextCheckpoint {
+            ms: *t,
+            offset: Some(*o),
+        }))
 }
 
 /// A shard's slots at the checkpoint `at` (`None` for a line that is not

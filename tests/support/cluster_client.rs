@@ -67,6 +67,12 @@ impl Client {
         }
     }
 
+    /// Asks `seed` next for the owner of a slot it does not know (the
+    /// old seed gone: a pod restarted at a new address).
+    pub fn set_seed(&mut self, seed: Endpoint) {
+        self.seed = seed;
+    }
+
     pub async fn node(&mut self, at: &Endpoint) -> Result<&mut Node, String> {
         let key = at.to_string();
         if !self.conns.contains_key(&key) {
@@ -95,7 +101,10 @@ impl Client {
                 let node = match self.node(&at).await {
                     Ok(n) => n,
                     Err(e) => {
-                        self.owners.remove(&slot);
+                        // Unreachable: forget every slot it was known to
+                        // own, not only this one (a node restarted at a
+                        // new address owns none of them there).
+                        self.owners.retain(|_, owner| *owner != at);
                         return Err(e);
                     }
                 };

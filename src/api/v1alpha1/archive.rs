@@ -84,7 +84,7 @@ pub struct ArchiveStatus {
     pub size_bytes: Option<i64>,
     /// Times the archive cannot restore exactly (`<from>/<to>`, RFC 3339):
     /// the stream could not be continued there (a full resync began a new
-    /// run), so a time inside restores to the start of the span.
+    /// run); a restore to a time more than a second inside one is refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holes: Vec<String>,
     /// Why archiving is not going on, when it is not.
