@@ -1065,6 +1065,39 @@ fn moving_marks(s3: &S3Server, key: &str) -> Vec<i64> {
     out
 }
 
+/// Cluster Redis `c` (3 shards of a primary and a replica, Valkey 8.1)
+/// archived to `s3`, once Ready and each shard archived from its replica
+/// (its primary's sidecar stands in only while no replica is online).
+async fn archived_cluster(
+    client: &Client,
+    ns: &str,
+    s3: &S3Server,
+) -> redpilot::api::v1alpha1::ArchiveStatus {
+    apply_redis(
+        client,
+        ns,
+        "c",
+        json!({"mode": "Cluster", "shards": 3, "instances": 2,
+               "engine": "Valkey", "version": "8.1",
+               "archive": {"target": {"s3": s3_location(s3)}}}),
+    )
+    .await;
+    wait_ready(client, ns, "c", READY).await;
+    archive_status(
+        client,
+        ns,
+        "c",
+        "every shard of c to be archived from its replica, not its primary",
+        Duration::from_secs(120),
+        |a| {
+            a.archiver.as_deref().is_some_and(|x| {
+                x.split(", ").count() == 3 && x.split(", ").all(|p| p.ends_with("-1"))
+            }) && a.newest.is_some()
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_time() {
     let client = client().await;
@@ -1077,31 +1110,7 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
         json!({"mode": "Cluster", "shards": shards, "instances": 1,
                "engine": "Valkey", "version": "8.1"})
     };
-    apply_redis(
-        &client,
-        ns,
-        "c",
-        json!({"mode": "Cluster", "shards": 3, "instances": 2,
-               "engine": "Valkey", "version": "8.1",
-               "archive": {"target": {"s3": s3_location(&s3)}}}),
-    )
-    .await;
-    wait_ready(&client, ns, "c", READY).await;
-    // Each shard is archived from its replica once it is online (its
-    // primary's sidecar stands in only while none is).
-    let a = archive_status(
-        &client,
-        ns,
-        "c",
-        "every shard of c to be archived from its replica, not its primary",
-        Duration::from_secs(120),
-        |a| {
-            a.archiver.as_deref().is_some_and(|x| {
-                x.split(", ").count() == 3 && x.split(", ").all(|p| p.ends_with("-1"))
-            }) && a.newest.is_some()
-        },
-    )
-    .await;
+    let a = archived_cluster(&client, ns, &s3).await;
     let archivers = a.archiver.clone().unwrap_or_default();
     println!("archive: {} from {archivers}", a.location);
     let before = served_slots(&client, ns, "c").await;
@@ -1351,14 +1360,7 @@ async fn rolled(client: &Client, ns: &str, sets: &[String], before: &[String], i
                     .labels
                     .as_ref()?
                     .get("controller-revision-hash")?;
-                let ready = p
-                    .status
-                    .as_ref()?
-                    .conditions
-                    .as_ref()?
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                if *rev != update || !ready {
+                if *rev != update || !support::operator::pod_ready(&p) {
                     return None;
                 }
             }
@@ -1555,30 +1557,7 @@ async fn a_cluster_roll_is_archived_by_each_primary_while_its_replica_restarts()
     let s3 = S3Server::start_on(NODE_IP, &[BUCKET]);
     s3_secret(&client, ns).await;
     let _op = start_operator(&client, OperatorOptions::watching(&[ns])).await;
-    apply_redis(
-        &client,
-        ns,
-        "c",
-        json!({"mode": "Cluster", "shards": 3, "instances": 2,
-               "engine": "Valkey", "version": "8.1",
-               "archive": {"target": {"s3": s3_location(&s3)}}}),
-    )
-    .await;
-    wait_ready(&client, ns, "c", READY).await;
-    archive_status(
-        &client,
-        ns,
-        "c",
-        "every shard of c to be archived",
-        Duration::from_secs(120),
-        |a| {
-            a.archiver
-                .as_deref()
-                .is_some_and(|x| x.split(", ").count() == 3)
-                && a.newest.is_some()
-        },
-    )
-    .await;
+    archived_cluster(&client, ns, &s3).await;
     let pw = redis_password(&client, ns, "c").await;
     let seed = Endpoint::new(pod_ip(&client, ns, "c-s0-0").await, 6379);
     let stop = Arc::new(AtomicBool::new(false));
