@@ -670,15 +670,7 @@ async fn a_standalone_archive_catches_up_after_the_store_was_down_for_a_minute()
     spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
                                               "pointInTime": rfc3339(down - 3_600_000)}});
     apply_redis(&client, ns, "too-early", spec).await;
-    let why = wait_for("too-early to fail", Duration::from_secs(120), || async {
-        let r: Redis = redis_api(&client, ns).get("too-early").await.ok()?;
-        r.status?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "NotRestorable")
-            .map(|c| c.message.clone())
-    })
-    .await;
+    let why = not_restorable(&client, ns, "too-early").await;
     println!("too-early: {why}");
     assert!(why.contains("can restore from"), "{why}");
 }
@@ -1204,15 +1196,7 @@ async fn every_shard_of_a_cluster_restores_to_one_time_with_the_layout_of_that_t
     spec["bootstrap"] = json!({"fromBackup": {"s3": s3_location(&s3), "key": a.key,
                                               "pointInTime": rfc3339(during)}});
     apply_redis(&client, ns, "during", spec).await;
-    let why = wait_for("during to be refused", Duration::from_secs(120), || async {
-        let r: Redis = redis_api(&client, ns).get("during").await.ok()?;
-        r.status?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "NotRestorable")
-            .map(|c| c.message.clone())
-    })
-    .await;
+    let why = not_restorable(&client, ns, "during").await;
     println!("during ({}): {why}", rfc3339(during));
     assert!(why.contains("slots were moving"), "{why}");
 }
