@@ -5,9 +5,10 @@
 //! four keys of four types, `RESHARD_VALUE` bytes each), grown to
 //! `RESHARD_TO` shards and brought back to 3 by the operator; it prints
 //! per path and direction the time from the spec change to done (new
-//! pods included), the slots moved, the keys moved (what the shards'
-//! `DBSIZE` gained; nothing else writes) and their rates, and checks every
-//! key whole at the end. Run on the dev cluster (`make cluster-up`).
+//! pods included), the moves alone (`status.resharding.movingSince` to
+//! `finishedAt`), the slots whose owner changed, the filled keys they hold
+//! and their rates, and checks every key whole at the end. Run on the dev
+//! cluster (`make cluster-up`).
 //!
 //! Beside it, the engine's own tool on the same data: eight servers of the
 //! same engine and version started here on loopback (the pods' RDB save
@@ -19,9 +20,14 @@
 //! no servers to start). The tool is Valkey 8.1's `valkey-cli`, which has
 //! the classic path only (it moves keys with `MIGRATE`, ten per batch by
 //! default); on Valkey 9.1 servers it is compared with the operator's
-//! atomic path. For the operator the table gives the time from the spec
-//! change and the moves alone (`status.resharding`: from the record's
-//! start, when the new shard is Ready, to `finishedAt`).
+//! atomic path.
+//!
+//! Each step runs once per count in `RESHARD_WRITERS` (default `0,2`):
+//! with writers, unique keys are `SET` throughout the step (each writer
+//! one command at a time, at most one a millisecond), every acknowledged
+//! one is checked afterwards, and errors other than redirections are
+//! counted by kind. `RESHARD_VERSIONS` (default `8.1,9.1`) picks the
+//! engines, `RESHARD_TOOLS` (default `valkey-cli,operator`) the movers.
 
 #[path = "../tests/support/cluster_client.rs"]
 mod cluster_client;
@@ -32,9 +38,12 @@ mod redis_server;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster_client::{Client, fill, whole};
+use cluster_client::{Client, error_kind, fill, missing_keys, whole};
 use redpilot::api::v1alpha1::{Redis, ReshardingPhase};
 use redpilot::redis::{ConnectOptions, Endpoint};
 use serde_json::json;
@@ -62,29 +71,6 @@ fn done(r: &Redis, shards: i32) -> bool {
     })
 }
 
-/// Keys each shard primary holds (`DBSIZE`), by pod, from status.
-async fn keys_per_primary(
-    client: &kube::Client,
-    ns: &str,
-    copts: &ConnectOptions,
-) -> Vec<(String, u64)> {
-    let r = redis_api(client, ns).get("cache").await.expect("redis");
-    let mut out = Vec::new();
-    for s in r.status.map(|s| s.shards).unwrap_or_default() {
-        let Some(pod) = s.primary else { continue };
-        let ep = Endpoint::new(pod_ip(client, ns, &pod).await, 6379);
-        let mut n = redpilot::redis::Node::connect(&ep, copts)
-            .await
-            .expect("connect to a shard primary");
-        let keys: u64 = n
-            .query("DBSIZE", &redis::cmd("DBSIZE"))
-            .await
-            .expect("DBSIZE");
-        out.push((pod, keys));
-    }
-    out
-}
-
 struct Row {
     tool: &'static str,
     version: &'static str,
@@ -97,6 +83,134 @@ struct Row {
     slots: i64,
     keys: i64,
     mib: f64,
+    load: Option<Tally>,
+}
+
+/// What the writers of one step did.
+#[derive(Default)]
+struct Tally {
+    writers: usize,
+    acked: u64,
+    lost: u64,
+    /// Errors other than redirections, by kind.
+    errors: BTreeMap<String, u64>,
+    redirections: u64,
+}
+
+/// A writer's acknowledged keys, its errors by kind, its redirections.
+type WriterOut = (Vec<String>, BTreeMap<String, u64>, u64);
+
+/// Writers running through one step: each `SET`s unique keys spread over
+/// every slot (no hash tag), one command at a time every millisecond at
+/// most, following `MOVED` and `ASK` as a cluster client does; no retry
+/// (the test client sends each command once).
+struct Writers {
+    stop: Arc<AtomicBool>,
+    handles: Vec<tokio::task::JoinHandle<WriterOut>>,
+}
+
+fn writers(n: usize, run: &str, seed: &Endpoint, copts: &ConnectOptions) -> Writers {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles = (0..n)
+        .map(|w| {
+            let (stop, seed, copts) = (stop.clone(), seed.clone(), copts.clone());
+            let prefix = format!("bw{w}:{run}");
+            tokio::spawn(async move {
+                let mut client = Client::new(seed, copts);
+                let (mut acked, mut errors) = (Vec::new(), BTreeMap::new());
+                let mut pace = tokio::time::interval(Duration::from_millis(1));
+                pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    pace.tick().await;
+                    let key = format!("{prefix}:{i}");
+                    i += 1;
+                    match client
+                        .run::<redis::Value>(&key, redis::cmd("SET").arg(&key).arg(&key))
+                        .await
+                    {
+                        Ok(_) => acked.push(key),
+                        Err(e) => {
+                            *errors.entry(error_kind(&e)).or_insert(0u64) += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                let met = &client.met;
+                (acked, errors, met.moved + met.ask + met.tryagain)
+            })
+        })
+        .collect();
+    Writers { stop, handles }
+}
+
+impl Writers {
+    /// Stops the writers and checks every acknowledged key (none may be
+    /// missing).
+    async fn finish(self, seed: &Endpoint, copts: &ConnectOptions) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = Tally {
+            writers: self.handles.len(),
+            ..Default::default()
+        };
+        let mut keys = Vec::new();
+        for h in self.handles {
+            let (acked, errors, redirections) = h.await.expect("writer");
+            keys.extend(acked);
+            for (k, n) in errors {
+                *tally.errors.entry(k).or_default() += n;
+            }
+            tally.redirections += redirections;
+        }
+        tally.acked = keys.len() as u64;
+        let mut check = Client::new(seed.clone(), copts.clone());
+        tally.lost = missing_keys(&mut check, &keys).await.len() as u64;
+        tally
+    }
+}
+
+/// Each slot's owner (node ID; empty when none) as the node at `at` sees it.
+async fn owners(at: &Endpoint, copts: &ConnectOptions) -> Vec<String> {
+    let mut n = redpilot::redis::Node::connect(at, copts)
+        .await
+        .expect("connect");
+    let nodes = redpilot::redis::cluster::nodes(&mut n)
+        .await
+        .expect("CLUSTER NODES");
+    let mut out = vec![String::new(); 16384];
+    for x in nodes.iter().filter(|x| x.primary) {
+        for r in &x.slots {
+            for slot in r.start..=r.end {
+                out[usize::from(slot)] = x.id.clone();
+            }
+        }
+    }
+    out
+}
+
+/// Slots whose owner changed, and the filled keys they hold (four per tag:
+/// the writers' keys are not counted).
+fn changed(before: &[String], after: &[String], tags: usize) -> (i64, i64) {
+    let slots = before.iter().zip(after).filter(|(a, b)| a != b).count();
+    let keys = (0..tags)
+        .filter(|t| {
+            let slot = usize::from(redpilot::redis::cluster::key_slot(
+                format!("{{t{t}}}").as_bytes(),
+            ));
+            before[slot] != after[slot]
+        })
+        .count()
+        * 4;
+    (slots as i64, keys as i64)
+}
+
+/// The writer counts to run each step with (`RESHARD_WRITERS`, e.g. `0,2`).
+fn writer_counts() -> Vec<usize> {
+    std::env::var("RESHARD_WRITERS")
+        .unwrap_or_else(|_| "0,2".into())
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect()
 }
 
 /// Runs `valkey-cli` with `args` (the password given), panicking with its
@@ -122,30 +236,6 @@ fn valkey_cli(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// `DBSIZE` of the server at `ep`.
-async fn dbsize(ep: &Endpoint, copts: &ConnectOptions) -> i64 {
-    let mut n = redpilot::redis::Node::connect(ep, copts)
-        .await
-        .expect("connect");
-    n.query("DBSIZE", &redis::cmd("DBSIZE"))
-        .await
-        .expect("DBSIZE")
-}
-
-/// Slots the node with `id` serves, as `at` sees it.
-async fn slots_of(at: &Endpoint, copts: &ConnectOptions, id: &str) -> i64 {
-    let mut n = redpilot::redis::Node::connect(at, copts)
-        .await
-        .expect("connect");
-    let nodes = redpilot::redis::cluster::nodes(&mut n)
-        .await
-        .expect("CLUSTER NODES");
-    nodes
-        .iter()
-        .find(|x| x.id == id)
-        .map_or(0, |x| i64::from(x.slot_count()))
 }
 
 /// Waits until `valkey-cli --cluster check` finds every node agreeing
@@ -192,7 +282,7 @@ async fn known(eps: &[Endpoint], copts: &ConnectOptions, n: usize) {
 }
 
 /// The stock tool moving the same keys 3 -> 4 -> 3 (see the module's doc).
-async fn stock(version: &'static str, tags: usize, size: usize) -> Vec<Row> {
+async fn stock(version: &'static str, tags: usize, size: usize, n: usize) -> Vec<Row> {
     let engine = match version {
         "8.1" => redis_server::Engine::Valkey81,
         _ => redis_server::Engine::Valkey91,
@@ -274,14 +364,20 @@ async fn stock(version: &'static str, tags: usize, size: usize) -> Vec<Row> {
             ],
         ),
     ] {
-        let before = dbsize(&new_ep, &copts).await;
-        let slots_before = slots_of(&seed_ep, &copts, &new_id).await;
+        let before = owners(&seed_ep, &copts).await;
+        let load = writers(n, &format!("cli{version}{step}"), &seed_ep, &copts);
         let t = Instant::now();
-        valkey_cli(&args);
+        // The tool blocks: it runs on a thread of its own while the
+        // writers go on.
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            valkey_cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .expect("valkey-cli");
         let secs = t.elapsed().as_secs_f64();
-        let after = dbsize(&new_ep, &copts).await;
-        let slots_after = slots_of(&seed_ep, &copts, &new_id).await;
-        let keys = (after - before).abs();
+        let tally = load.finish(&seed_ep, &copts).await;
+        let (slots, keys) = changed(&before, &owners(&seed_ep, &copts).await, tags);
         rows.push(Row {
             tool: "valkey-cli",
             version,
@@ -289,9 +385,10 @@ async fn stock(version: &'static str, tags: usize, size: usize) -> Vec<Row> {
             step: step.into(),
             secs,
             moves: secs,
-            slots: (slots_after - slots_before).abs(),
+            slots,
             keys,
             mib: keys as f64 * size as f64 / 1048576.0,
+            load: (n > 0).then_some(tally),
         });
         settled(&seed).await;
     }
@@ -316,10 +413,25 @@ async fn main() {
     let to = i32::try_from(env_or("RESHARD_TO", 4)).expect("shard count");
     let client = client().await;
     let mut rows = Vec::new();
-    for version in ["8.1", "9.1"] {
-        rows.extend(stock(version, tags, size).await);
+    let versions: Vec<&'static str> = std::env::var("RESHARD_VERSIONS")
+        .unwrap_or_else(|_| "8.1,9.1".into())
+        .split(',')
+        .filter_map(|v| match v.trim() {
+            "8.1" => Some("8.1"),
+            "9.1" => Some("9.1"),
+            _ => None,
+        })
+        .collect();
+    // The tool's servers are made afresh for each writer count: its 4 -> 3
+    // leaves the emptied primary a replica, so a second 3 -> 4 would find
+    // no empty primary to fill.
+    let tools = std::env::var("RESHARD_TOOLS").unwrap_or_else(|_| "valkey-cli,operator".into());
+    for &version in versions.iter().filter(|_| tools.contains("valkey-cli")) {
+        for n in writer_counts() {
+            rows.extend(stock(version, tags, size, n).await);
+        }
     }
-    for version in ["8.1", "9.1"] {
+    for &version in versions.iter().filter(|_| tools.contains("operator")) {
         let ns = TestNamespace::new(&client, "bench-reshard", &[]).await;
         let _op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
         let spec = |shards: i32| {
@@ -342,56 +454,47 @@ async fn main() {
             t.elapsed().as_secs_f64()
         );
         let api = redis_api(&client, &ns.name);
-        for shards in [to, 3] {
-            let before = keys_per_primary(&client, &ns.name, &copts).await;
-            let asked = Instant::now();
-            apply_redis(&client, &ns.name, "cache", spec(shards)).await;
-            let r = wait_for(&format!("resharding to {shards} done"), READY, || async {
-                let r = api.get("cache").await.ok()?;
-                done(&r, shards).then_some(r)
-            })
-            .await;
-            let secs = asked.elapsed().as_secs_f64();
-            // Keys moved: what the shards gained (nothing else writes).
-            let after = keys_per_primary(&client, &ns.name, &copts).await;
-            let keys: u64 = after
-                .iter()
-                .map(|(pod, n)| {
-                    let shard = pod.rsplit_once('-').map_or(pod.as_str(), |(s, _)| s);
-                    let was = before
-                        .iter()
-                        .filter(|(p, _)| p.starts_with(&format!("{shard}-")))
-                        .map(|(_, n)| *n)
-                        .sum::<u64>();
-                    n.saturating_sub(was)
+        for n in writer_counts() {
+            for shards in [to, 3] {
+                let before = owners(&seed, &copts).await;
+                let load = writers(n, &format!("op{version}{shards}"), &seed, &copts);
+                let asked = Instant::now();
+                apply_redis(&client, &ns.name, "cache", spec(shards)).await;
+                let r = wait_for(&format!("resharding to {shards} done"), READY, || async {
+                    let r = api.get("cache").await.ok()?;
+                    done(&r, shards).then_some(r)
                 })
-                .sum();
-            let keys = i64::try_from(keys).unwrap_or(i64::MAX);
-            let x = r
-                .status
-                .and_then(|s| s.resharding)
-                .expect("status.resharding");
-            let at = |t: &str| {
-                chrono::DateTime::parse_from_rfc3339(t)
-                    .map(|t| t.timestamp_millis())
-                    .unwrap_or_else(|e| panic!("{t:?}: {e}"))
-            };
-            let moves = x
-                .finished_at
-                .as_deref()
-                .map(|f| (at(f) - at(&x.started_at)) as f64 / 1000.0)
-                .expect("status.resharding.finishedAt");
-            rows.push(Row {
-                tool: "operator",
-                version,
-                path: x.path.clone(),
-                step: format!("3 → {shards}").replace("3 → 3", &format!("{to} → 3")),
-                secs,
-                moves,
-                slots: x.slots_moved,
-                keys,
-                mib: keys as f64 * size as f64 / 1048576.0,
-            });
+                .await;
+                let secs = asked.elapsed().as_secs_f64();
+                let tally = load.finish(&seed, &copts).await;
+                let (slots, keys) = changed(&before, &owners(&seed, &copts).await, tags);
+                let x = r
+                    .status
+                    .and_then(|s| s.resharding)
+                    .expect("status.resharding");
+                let at = |t: &str| {
+                    chrono::DateTime::parse_from_rfc3339(t)
+                        .map(|t| t.timestamp_millis())
+                        .unwrap_or_else(|e| panic!("{t:?}: {e}"))
+                };
+                // The moves alone: from the first slot's move to the last's.
+                let moves = (at(x.slots_moved_at.as_deref().expect("slotsMovedAt"))
+                    - at(x.moving_since.as_deref().expect("movingSince")))
+                    as f64
+                    / 1000.0;
+                rows.push(Row {
+                    tool: "operator",
+                    version,
+                    path: x.path.clone(),
+                    step: format!("3 → {shards}").replace("3 → 3", &format!("{to} → 3")),
+                    secs,
+                    moves,
+                    slots,
+                    keys,
+                    mib: keys as f64 * size as f64 / 1048576.0,
+                    load: (n > 0).then_some(tally),
+                });
+            }
         }
         let mut check = Client::new(seed.clone(), copts.clone());
         let mut broken = 0;
@@ -404,17 +507,34 @@ async fn main() {
         println!("Valkey {version}: all {} keys whole", tags * 4);
     }
     println!(
-        "\n{:<10} {:<6} {:<8} {:<7} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}",
-        "tool", "valkey", "path", "step", "seconds", "moves", "slots", "keys", "keys/s", "MiB/s"
+        "\n{:<10} {:<6} {:<8} {:<7} {:>7} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}  load",
+        "tool",
+        "valkey",
+        "path",
+        "step",
+        "writers",
+        "seconds",
+        "moves",
+        "slots",
+        "keys",
+        "keys/s",
+        "MiB/s"
     );
-    println!("(keys/s and MiB/s over the moves alone)");
+    println!("(keys: the filled keys whose slot moved; keys/s and MiB/s over the moves alone)");
     for r in &rows {
+        let load = r.load.as_ref().map_or(String::new(), |l| {
+            format!(
+                "{} writes acknowledged, {} lost, {} redirections, errors {:?}",
+                l.acked, l.lost, l.redirections, l.errors
+            )
+        });
         println!(
-            "{:<10} {:<6} {:<8} {:<7} {:>8.1} {:>7.1} {:>6} {:>8} {:>8.0} {:>8.2}",
+            "{:<10} {:<6} {:<8} {:<7} {:>7} {:>8.1} {:>7.1} {:>6} {:>8} {:>8.0} {:>8.2}  {load}",
             r.tool,
             r.version,
             r.path,
             r.step,
+            r.load.as_ref().map_or(0, |l| l.writers),
             r.secs,
             r.moves,
             r.slots,
@@ -423,4 +543,10 @@ async fn main() {
             r.mib / r.moves
         );
     }
+    let lost: u64 = rows
+        .iter()
+        .filter_map(|r| r.load.as_ref())
+        .map(|l| l.lost)
+        .sum();
+    assert_eq!(lost, 0, "acknowledged writes lost");
 }

@@ -68,6 +68,19 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The last client errors of the test, as met (shown when a phase that
+/// must have none had some).
+static LAST_ERRORS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note_error(e: &str) {
+    if let Ok(mut v) = LAST_ERRORS.lock() {
+        if v.len() >= 10 {
+            v.remove(0);
+        }
+        v.push(e.to_string());
+    }
+}
+
 /// A client's errors, by kind.
 #[derive(Debug, Default)]
 struct Errors {
@@ -122,6 +135,7 @@ fn writer(
                 Err(e) => {
                     out.errors.add(&e);
                     failures.fetch_add(1, Ordering::Relaxed);
+                    note_error(&e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -180,6 +194,7 @@ fn reader(
                 Err(e) => {
                     out.errors.add(&e);
                     failures.fetch_add(1, Ordering::Relaxed);
+                    note_error(&e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -681,7 +696,9 @@ async fn three_to_four_to_three_shards_under_writers_and_readers_across_an_opera
     assert_eq!(
         load.failures() - failures_before,
         0,
-        "client errors while slots moved from 3 to {grow} shards with nothing stopped"
+        "client errors while slots moved from 3 to {grow} shards with nothing stopped (the \
+         test's last errors: {:?})",
+        LAST_ERRORS.lock().map(|v| v.clone()).unwrap_or_default()
     );
     let out = r.status.clone().expect("status");
     let rs = out.resharding.clone().expect("status.resharding");

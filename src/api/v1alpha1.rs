@@ -1213,6 +1213,14 @@ pub struct ReshardingStatus {
     pub current: Option<SlotMoveIntent>,
     /// When it started (RFC 3339).
     pub started_at: String,
+    /// When the first slot began to move (RFC 3339): from here to
+    /// `slotsMovedAt` is the moves alone, without the new shards' start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_since: Option<String>,
+    /// When the last slot moved (RFC 3339); `finishedAt` follows once the
+    /// shards past the count are removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_moved_at: Option<String>,
     /// When the last slot moved and the shards past the count were
     /// removed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]

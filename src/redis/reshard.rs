@@ -212,92 +212,173 @@ pub struct Moved {
     pub longest_ms: u64,
 }
 
-/// Moves `slot` from the primary `source` (node ID `source_id`) to the
-/// primary `target` (`target_id`, which the source reaches at `target_at`)
-/// with the importing/migrating protocol: the target imports, the source
-/// migrates, the keys go over in batches of `MIGRATE ... REPLACE KEYS`
-/// bounded by count, bytes and time (see [`Classic`]; clients meanwhile
-/// follow `ASK` to the target for keys already moved), then the target and
-/// the source take the new owner. Safe to run again on a slot a stopped
-/// run left open: the states are set again, the keys left go over
-/// (`REPLACE`: while the slot migrates, the source's copy is the one
-/// clients see), and the owner is set.
-#[tracing::instrument(name = "redis.cluster_move_slot", skip_all, fields(source = %source.endpoint(), target = %target.endpoint(), slot))]
+/// `MIGRATE` commands one pipeline sends at most: the source runs a
+/// pipeline's commands one after another before it serves anyone else, so
+/// the group is bounded by count as well as by bytes.
+pub const MIGRATES_PER_PIPELINE: usize = 32;
+
+/// Moves `slot` from the primary `source` to the primary `target`: see
+/// [`move_slots`].
 pub async fn move_slot(
     source: &mut Node,
     target: &mut Node,
-    (source_id, target_id): (&str, &str),
+    ids: (&str, &str),
     target_at: &Endpoint,
     slot: u16,
     how: &Classic,
 ) -> Result<Moved> {
-    setslot(target, slot, "IMPORTING", source_id).await?;
-    setslot(source, slot, "MIGRATING", target_id).await?;
+    move_slots(
+        std::slice::from_mut(source),
+        std::slice::from_mut(target),
+        ids,
+        target_at,
+        &[slot],
+        how,
+    )
+    .await
+}
+
+/// Moves `slots` from the primary `source` (node ID `source_id`) to the
+/// primary `target` (`target_id`, which the source reaches at `target_at`)
+/// with the importing/migrating protocol, several slots at a time: the
+/// target imports them all (one pipeline), the source migrates them all
+/// (one pipeline), their keys are listed (one pipeline of
+/// `CLUSTER GETKEYSINSLOT`) and sized (one of `MEMORY USAGE`), and go over
+/// as `MIGRATE ... REPLACE KEYS` commands (one per slot and byte batch: a
+/// `MIGRATE` carries keys of one slot only), pipelined in groups bounded by
+/// bytes, count and time (see [`Classic`]; clients meanwhile follow `ASK`
+/// to the target for keys already moved); then the target and the source
+/// take the new owner of every slot (one pipeline each). A slot whose
+/// listing came back shorter than asked is empty once its keys went: while
+/// it migrates, a key it lacks is created on the target (`ASK`), never on
+/// the source. Safe to run again on slots a stopped run left open: the
+/// states are set again, the keys left go over (`REPLACE`: while a slot
+/// migrates, the source's copy is the one clients see), and the owner is
+/// set.
+///
+/// `sources` and `targets` are connections to the two primaries (at least
+/// one each; the first carries everything but `CLUSTER SETSLOT`): Valkey 8
+/// and later replicate each `SETSLOT` and answer it only once the
+/// replicas acknowledge it, one command after another on a connection, so
+/// the `SETSLOT`s of a group are spread over every connection given and
+/// their waits overlap.
+#[tracing::instrument(name = "redis.cluster_move_slots", skip_all, fields(source = %sources.first().map(|n| n.endpoint().to_string()).unwrap_or_default(), target = %target_at, first = slots.first().copied(), count = slots.len()))]
+pub async fn move_slots(
+    sources: &mut [Node],
+    targets: &mut [Node],
+    (source_id, target_id): (&str, &str),
+    target_at: &Endpoint,
+    slots: &[u16],
+    how: &Classic,
+) -> Result<Moved> {
+    if slots.is_empty() || sources.is_empty() || targets.is_empty() {
+        return Ok(Moved::default());
+    }
+    let began = std::time::Instant::now();
+    setslots(targets, slots, "IMPORTING", source_id).await?;
+    setslots(sources, slots, "MIGRATING", target_id).await?;
+    let source = &mut sources[0];
+    let opened = began.elapsed();
     // Tests stop the operator at each step of a move (`REDPILOT_FAILPOINTS`).
     crate::failpoint::hit("reshard-after-open");
     let mut moved = Moved::default();
     let timeout_ms = u64::try_from(how.timeout.as_millis()).unwrap_or(u64::MAX);
+    let batch = how.batch.max(1);
     let mut max_bytes = how.max_bytes.max(1);
-    loop {
-        let keys: Vec<Vec<u8>> = source
-            .query(
-                "CLUSTER GETKEYSINSLOT",
-                redis::cmd("CLUSTER")
-                    .arg("GETKEYSINSLOT")
-                    .arg(slot)
-                    .arg(how.batch.max(1)),
-            )
-            .await?;
+    let mut pending: Vec<u16> = slots.to_vec();
+    let mut migrating = Duration::ZERO;
+    while !pending.is_empty() {
+        let mut list = redis::pipe();
+        for &slot in &pending {
+            list.cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(batch);
+        }
+        let listed: Vec<Vec<Vec<u8>>> = source.pipeline("CLUSTER GETKEYSINSLOT", &list).await?;
+        // A slot listed in full may hold more: it is listed again.
+        let again: Vec<u16> = pending
+            .iter()
+            .zip(&listed)
+            .filter(|(_, keys)| keys.len() >= batch)
+            .map(|(s, _)| *s)
+            .collect();
+        let keys: Vec<&Vec<Vec<u8>>> = listed.iter().filter(|k| !k.is_empty()).collect();
         if keys.is_empty() {
             break;
         }
         // Each key's size in one round trip (an estimate for collections:
         // `MEMORY USAGE` samples them; a key gone meanwhile counts 0).
         let mut sizes_pipe = redis::pipe();
-        for k in &keys {
+        for k in keys.iter().flat_map(|k| k.iter()) {
             sizes_pipe.cmd("MEMORY").arg("USAGE").arg(k.as_slice());
         }
         let sizes: Vec<Option<u64>> = source.pipeline("MEMORY USAGE", &sizes_pipe).await?;
-        let sizes: Vec<u64> = sizes.into_iter().map(Option::unwrap_or_default).collect();
-        let mut at = 0usize;
-        while at < keys.len() {
-            let n = byte_batches(&sizes[at..], max_bytes)
-                .first()
-                .copied()
-                .unwrap_or(1);
-            let batch = &keys[at..at + n];
-            let bytes: u64 = sizes[at..at + n].iter().sum();
-            at += n;
-            let mut cmd = redis::cmd("MIGRATE");
-            cmd.arg(target_at.host())
-                .arg(target_at.port())
-                .arg("")
-                .arg(0)
-                .arg(timeout_ms)
-                .arg("REPLACE");
-            // As the user the operator logged in to the source as: the
-            // target has the same users, and its default user may be off.
-            match (&how.password, source.user()) {
-                (Some(pw), Some(user)) => {
-                    cmd.arg("AUTH2").arg(user).arg(pw);
-                }
-                (Some(pw), None) => {
-                    cmd.arg("AUTH").arg(pw);
-                }
-                (None, _) => {}
+        let mut sizes = sizes.into_iter().map(Option::unwrap_or_default);
+        // Every `MIGRATE` to send: one slot's keys, bounded by bytes.
+        let mut sends: Vec<(&[Vec<u8>], u64)> = Vec::new();
+        for slot_keys in keys {
+            let slot_sizes: Vec<u64> = sizes.by_ref().take(slot_keys.len()).collect();
+            let mut at = 0usize;
+            for n in byte_batches(&slot_sizes, max_bytes) {
+                let bytes = slot_sizes[at..at + n].iter().sum();
+                sends.push((&slot_keys[at..at + n], bytes));
+                at += n;
             }
-            cmd.arg("KEYS");
-            for k in batch {
-                cmd.arg(k.as_slice());
+        }
+        let mut next = 0usize;
+        while next < sends.len() {
+            // A group: at least one send, then more while the bytes and
+            // the count allow.
+            let mut end = next + 1;
+            let mut bytes = sends[next].1;
+            while end < sends.len()
+                && end - next < MIGRATES_PER_PIPELINE
+                && bytes.saturating_add(sends[end].1) <= max_bytes
+            {
+                bytes = bytes.saturating_add(sends[end].1);
+                end += 1;
             }
-            // A transfer may take the whole timeout on top of the command's own.
-            let within = how.timeout + Duration::from_secs(5);
+            let mut pipe = redis::pipe();
+            for (batch_keys, _) in &sends[next..end] {
+                let cmd = pipe
+                    .cmd("MIGRATE")
+                    .arg(target_at.host())
+                    .arg(target_at.port())
+                    .arg("")
+                    .arg(0)
+                    .arg(timeout_ms)
+                    .arg("REPLACE");
+                // As the user the operator logged in to the source as: the
+                // target has the same users, and its default user may be off.
+                match (&how.password, source.user()) {
+                    (Some(pw), Some(user)) => {
+                        cmd.arg("AUTH2").arg(user).arg(pw);
+                    }
+                    (Some(pw), None) => {
+                        cmd.arg("AUTH").arg(pw);
+                    }
+                    (None, _) => {}
+                }
+                cmd.arg("KEYS");
+                for k in *batch_keys {
+                    cmd.arg(k.as_slice());
+                }
+            }
+            let count = u32::try_from(end - next).unwrap_or(u32::MAX);
+            // Each transfer may take the whole timeout on top of the
+            // commands' own.
+            let within = how.timeout.saturating_mul(count) + Duration::from_secs(5);
             let started = std::time::Instant::now();
-            let _: redis::Value = source.query_within("MIGRATE", &cmd, within).await?;
+            let _: Vec<redis::Value> = source.pipeline_within("MIGRATE", &pipe, within).await?;
             let took = started.elapsed();
-            moved.keys += batch.len() as u64;
+            migrating += took;
+            moved.keys += sends[next..end]
+                .iter()
+                .map(|(k, _)| k.len() as u64)
+                .sum::<u64>();
             moved.bytes += bytes;
-            moved.batches += 1;
+            moved.batches += u64::from(count);
             moved.longest_ms = moved
                 .longest_ms
                 .max(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
@@ -306,12 +387,24 @@ pub async fn move_slot(
             } else if took * 4 < how.target_block {
                 max_bytes = max_bytes.saturating_mul(2).min(how.max_bytes.max(1));
             }
+            next = end;
             crate::failpoint::hit("reshard-after-batch");
         }
+        pending = again;
     }
-    setslot(target, slot, "NODE", target_id).await?;
+    let listed_and_sent = began.elapsed();
+    setslots(targets, slots, "NODE", target_id).await?;
     crate::failpoint::hit("reshard-after-owner");
-    setslot(source, slot, "NODE", target_id).await?;
+    setslots(sources, slots, "NODE", target_id).await?;
+    tracing::debug!(
+        slots = slots.len(),
+        keys = moved.keys,
+        open_us = opened.as_micros() as u64,
+        migrate_us = migrating.as_micros() as u64,
+        list_us = (listed_and_sent - opened - migrating).as_micros() as u64,
+        owner_us = (began.elapsed() - listed_and_sent).as_micros() as u64,
+        "slots moved"
+    );
     Ok(moved)
 }
 
@@ -330,6 +423,33 @@ pub async fn stable(node: &mut Node, slot: u16) -> Result<()> {
             redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("STABLE"),
         )
         .await?;
+    Ok(())
+}
+
+/// `CLUSTER SETSLOT <slot> <state> <id>` for every slot of `slots`: a
+/// pipeline on each connection of `nodes` (all to one server), the slots
+/// spread over them, all at once.
+async fn setslots(nodes: &mut [Node], slots: &[u16], state: &str, id: &str) -> Result<()> {
+    if let ([node, ..], [slot]) = (&mut *nodes, slots) {
+        return setslot(node, *slot, state, id).await;
+    }
+    let per = slots.len().div_ceil(nodes.len().max(1)).max(1);
+    let sends = nodes.iter_mut().zip(slots.chunks(per)).map(|(node, part)| {
+        let mut pipe = redis::pipe();
+        for &slot in part {
+            pipe.cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id)
+                .ignore();
+        }
+        async move {
+            let _: () = node.pipeline("CLUSTER SETSLOT", &pipe).await?;
+            Ok::<(), Error>(())
+        }
+    });
+    futures::future::try_join_all(sends).await?;
     Ok(())
 }
 

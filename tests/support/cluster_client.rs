@@ -26,6 +26,9 @@ pub struct Met {
     pub moved: u64,
     pub ask: u64,
     pub tryagain: u64,
+    /// Commands sent again through the seed because the node the map named
+    /// could not be reached and nothing had been sent to it.
+    pub rerouted: u64,
 }
 
 /// A cluster client for the test: one connection per node, every command
@@ -95,6 +98,7 @@ impl Client {
         let slot = cluster::key_slot(key.as_bytes());
         let mut at = self.owners.get(&slot).cloned().unwrap_or(self.seed.clone());
         let mut asking = false;
+        let mut rerouted = false;
         let confirm = self.confirm;
         for _ in 0..5 {
             let result = {
@@ -105,6 +109,16 @@ impl Client {
                         // own, not only this one (a node restarted at a
                         // new address owns none of them there).
                         self.owners.retain(|_, owner| *owner != at);
+                        // Nothing was sent: once per command, ask the seed
+                        // who owns the slot now, as a cluster client
+                        // refreshes its map (a removed shard's address).
+                        if !rerouted && at != self.seed {
+                            rerouted = true;
+                            self.met.rerouted += 1;
+                            at = self.seed.clone();
+                            asking = false;
+                            continue;
+                        }
                         return Err(e);
                     }
                 };
@@ -163,6 +177,17 @@ impl Client {
                             // ask the seed who owns the slot.
                             self.conns.remove(&at.to_string());
                             self.owners.remove(&slot);
+                            // A kept connection found closed before the
+                            // command went out (the write failed): nothing
+                            // was sent, so it goes once more as above.
+                            if text.contains("broken pipe") && !rerouted && at != self.seed {
+                                self.owners.retain(|_, owner| *owner != at);
+                                rerouted = true;
+                                self.met.rerouted += 1;
+                                at = self.seed.clone();
+                                asking = false;
+                                continue;
+                            }
                             return Err(text);
                         }
                     }

@@ -238,7 +238,7 @@ impl Reconciler {
             // and nothing else touches the servers in that pass.
             let resharded = plan.steps.is_empty()
                 && self
-                    .reshard(&plan, &members, &facts, &mut conns, &auth.current)
+                    .reshard(&plan, &members, &facts, &mut conns, (&auth.current, &opts))
                     .await?;
             // The memory autopilot's limit reaches the instances: in place,
             // every replica before the primaries, or by marking them for

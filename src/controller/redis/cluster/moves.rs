@@ -202,6 +202,53 @@ pub fn next(
     }
 }
 
+/// Every slot open between shard `from`'s primary and shard `to`'s that
+/// shard `from` still owns, `slot` among them: a classic move opens
+/// several slots at once, and one stopped midway leaves them all open, to
+/// be finished together. A slot counts when the source migrates it to the
+/// target or the target imports it from the source.
+pub fn open_between(
+    plan: &Plan,
+    members: &[Member],
+    from: usize,
+    to: usize,
+    slot: u16,
+) -> Vec<SlotRange> {
+    let view = |shard: usize| {
+        plan.shards
+            .get(shard)
+            .and_then(|s| s.primary.as_ref())
+            .and_then(|p| members.iter().find(|m| &m.pod == p))
+            .and_then(|m| m.view.as_ref())
+    };
+    let id = |shard: usize| plan.shards.get(shard).and_then(|s| s.primary_id.clone());
+    let owned = |s: u16| {
+        plan.shards
+            .get(from)
+            .is_some_and(|sh| sh.slots.iter().any(|r| r.contains(s)))
+    };
+    let (Some(src_id), Some(dst_id)) = (id(from), id(to)) else {
+        return ranges([slot]);
+    };
+    let mut slots = vec![slot];
+    if let Some(v) = view(from) {
+        slots.extend(v.open.iter().filter_map(|o| match o {
+            OpenSlot::Migrating { slot, to } if *to == dst_id => Some(*slot),
+            _ => None,
+        }));
+    }
+    if let Some(v) = view(to) {
+        slots.extend(v.open.iter().filter_map(|o| match o {
+            OpenSlot::Importing { slot, from } if *from == src_id => Some(*slot),
+            _ => None,
+        }));
+    }
+    slots.retain(|s| *s == slot || owned(*s));
+    slots.sort_unstable();
+    slots.dedup();
+    ranges(slots)
+}
+
 pub fn count(slots: &[SlotRange]) -> i64 {
     slots.iter().map(|r| i64::from(r.count())).sum()
 }
@@ -260,6 +307,73 @@ mod tests {
         let mut v: Vec<Vec<SlotRange>> = spread(3).into_iter().map(|r| vec![r]).collect();
         v.push(Vec::new());
         v
+    }
+
+    #[test]
+    fn a_stopped_group_is_finished_together_and_only_with_its_own_pair() {
+        // Shard 0 migrates 4096-4098 to shard 3 (the target imports 4097
+        // and 4099 too); 4099 is also still owned by shard 0. Slot 10 is
+        // migrating to shard 1 instead, and 20000 is not a slot shard 0 owns.
+        let open = [
+            (
+                0,
+                OpenSlot::Migrating {
+                    slot: 4096,
+                    to: id(3),
+                },
+            ),
+            (
+                0,
+                OpenSlot::Migrating {
+                    slot: 4097,
+                    to: id(3),
+                },
+            ),
+            (
+                0,
+                OpenSlot::Migrating {
+                    slot: 4098,
+                    to: id(3),
+                },
+            ),
+            (
+                0,
+                OpenSlot::Migrating {
+                    slot: 10,
+                    to: id(1),
+                },
+            ),
+            (
+                3,
+                OpenSlot::Importing {
+                    slot: 4099,
+                    from: id(0),
+                },
+            ),
+            (
+                3,
+                OpenSlot::Importing {
+                    slot: 6000,
+                    from: id(1),
+                },
+            ),
+        ];
+        let (plan, members) = case(&three_and_a_new_one(), &open);
+        assert_eq!(
+            next(&plan, &members, 4, None, 64),
+            Next::Finish {
+                slot: 4096,
+                from: 0,
+                to: 3
+            }
+        );
+        assert_eq!(
+            open_between(&plan, &members, 0, 3, 4096),
+            vec![r(4096, 4099)]
+        );
+        // Nothing open: the one slot asked for.
+        let (plan, members) = case(&three_and_a_new_one(), &[]);
+        assert_eq!(open_between(&plan, &members, 0, 3, 7), vec![r(7, 7)]);
     }
 
     #[test]

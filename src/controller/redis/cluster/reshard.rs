@@ -25,7 +25,9 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::model::{Member, Plan};
-use super::moves::{ATOMIC_CHUNK, CLASSIC_CHUNK, Next, Path, count, next, remaining, slots_left};
+use super::moves::{
+    ATOMIC_CHUNK, CLASSIC_CHUNK, Next, Path, count, next, open_between, remaining, slots_left,
+};
 use super::plan;
 use crate::api::v1alpha1::{ReshardingPhase, ReshardingStatus, SlotMoveIntent};
 use crate::controller::redis::facts::PodFacts;
@@ -33,10 +35,19 @@ use crate::controller::redis::{Error, Reconciler};
 use crate::redis::cluster::SlotRange;
 use crate::redis::info::EngineKind;
 use crate::redis::reshard as rs;
-use crate::redis::{Endpoint, Node};
+use crate::redis::{ConnectOptions, Endpoint, Node};
 
 /// How long a pass keeps moving classic slots before it reports.
 const PASS_BUDGET: Duration = Duration::from_secs(3);
+/// Slots a classic move opens, empties and hands over together (each
+/// step a pipeline): a pass of many small slots is bound by round trips,
+/// not by the keys. A move stopped midway leaves up to this many slots
+/// open; the next pass finishes them together.
+const SLOTS_AT_ONCE: usize = 32;
+/// Connections to each of the two primaries a classic move uses for its
+/// `CLUSTER SETSLOT`s: Valkey 8 answers each only after its replicas
+/// acknowledged it, so their waits overlap across connections.
+const SETSLOT_LANES: usize = 8;
 /// How long a pass waits for an atomic job before it reports (the job
 /// goes on; the next pass waits for it).
 const ATOMIC_WAIT: Duration = Duration::from_secs(10);
@@ -117,7 +128,7 @@ impl Reconciler {
         members: &[Member],
         facts: &[PodFacts],
         conns: &mut BTreeMap<String, Node>,
-        password: &str,
+        (password, opts): (&str, &ConnectOptions),
     ) -> Result<bool, Error> {
         let shards = usize::try_from(self.redis.spec.desired_shards()).unwrap_or(0);
         let path = self.reshard_path();
@@ -178,7 +189,14 @@ impl Reconciler {
             }
         }
         match step {
-            Next::Idle => self.remove_emptied(plan, shards, conns).await,
+            Next::Idle => {
+                if let Some(r) = self.records.resharding.as_mut()
+                    && r.slots_moved_at.is_none()
+                {
+                    r.slots_moved_at = Some(Timestamp::now().to_string());
+                }
+                self.remove_emptied(plan, shards, conns).await
+            }
             Next::Stuck(why) => {
                 self.report_failure("ReshardingStuck", "Reshard", "redis", why)
                     .await;
@@ -198,11 +216,8 @@ impl Reconciler {
                 Ok(true)
             }
             Next::Finish { slot, from, to } => {
-                let slots = vec![SlotRange {
-                    start: slot,
-                    end: slot,
-                }];
-                self.move_classic(plan, members, conns, password, from, to, &slots)
+                let slots = open_between(plan, members, from, to, slot);
+                self.move_classic(plan, members, conns, (password, opts), from, to, &slots)
                     .await?;
                 Ok(true)
             }
@@ -226,7 +241,7 @@ impl Reconciler {
                         } else {
                             slots
                         };
-                        self.move_classic(plan, members, conns, password, from, to, &slots)
+                        self.move_classic(plan, members, conns, (password, opts), from, to, &slots)
                             .await?;
                     }
                     Path::Atomic => self.move_atomic(plan, conns, from, to, &slots).await?,
@@ -292,6 +307,8 @@ impl Reconciler {
             keys_moved: 0,
             current,
             started_at: Timestamp::now().to_string(),
+            moving_since: None,
+            slots_moved_at: None,
             finished_at: None,
             estimated_end: None,
             message: None,
@@ -361,8 +378,19 @@ impl Reconciler {
             .ok()
             .map(|t| now.duration_since(t).as_secs_f64())
             .unwrap_or(0.0);
+        let moved_at = r
+            .slots_moved_at
+            .get_or_insert_with(|| now.to_string())
+            .clone();
+        let moves = r
+            .moving_since
+            .as_deref()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .zip(moved_at.parse::<Timestamp>().ok())
+            .map(|(a, b)| format!(", the moves {:.1} s", b.duration_since(a).as_secs_f64()))
+            .unwrap_or_default();
         let note = format!(
-            "resharding to {} shards done: {} slots and {} keys moved in {secs:.1} s ({} path)",
+            "resharding to {} shards done: {} slots and {} keys moved in {secs:.1} s{moves} ({} path)",
             r.to_shards, r.slots_moved, r.keys_moved, r.path
         );
         r.message = Some(note.clone());
@@ -377,6 +405,9 @@ impl Reconciler {
         let Some(r) = self.records.resharding.as_mut() else {
             return Ok(());
         };
+        if intent.is_some() && r.moving_since.is_none() {
+            r.moving_since = Some(Timestamp::now().to_string());
+        }
         r.current = intent;
         r.phase = ReshardingPhase::Moving;
         r.message = None;
@@ -417,7 +448,7 @@ impl Reconciler {
         plan: &Plan,
         members: &[Member],
         conns: &mut BTreeMap<String, Node>,
-        password: &str,
+        (password, opts): (&str, &ConnectOptions),
         from: usize,
         to: usize,
         slots: &[SlotRange],
@@ -439,9 +470,26 @@ impl Reconciler {
             return Ok(());
         };
         let target_at = Endpoint::new(&ip, crate::controller::names::REDIS_PORT);
-        let (Some(mut source), Some(mut target)) = (conns.remove(src), conns.remove(dst)) else {
+        let (Some(source), Some(target)) = (conns.remove(src), conns.remove(dst)) else {
             return Ok(());
         };
+        // More connections to both, for the `SETSLOT`s (see `move_slots`);
+        // a pass goes on with fewer when some do not open.
+        let source_at = source.endpoint().clone();
+        let more = |at: Endpoint| {
+            futures::future::join_all((1..SETSLOT_LANES).map(move |_| {
+                let at = at.clone();
+                async move { Node::connect(&at, opts).await.ok() }
+            }))
+        };
+        let (more_sources, more_targets) =
+            futures::join!(more(source_at), more(target.endpoint().clone()));
+        let mut sources: Vec<Node> = std::iter::once(source)
+            .chain(more_sources.into_iter().flatten())
+            .collect();
+        let mut targets: Vec<Node> = std::iter::once(target)
+            .chain(more_targets.into_iter().flatten())
+            .collect();
         self.record_move(Some(SlotMoveIntent {
             slots: plan::show(slots),
             from_shard: i32::try_from(from).unwrap_or(0),
@@ -458,24 +506,28 @@ impl Reconciler {
         let started = Instant::now();
         let (mut moved, mut keys, mut longest) = (0i64, 0u64, 0u64);
         let mut failed = None;
-        for slot in slots.iter().flat_map(|r| r.start..=r.end) {
-            match rs::move_slot(
-                &mut source,
-                &mut target,
+        let all: Vec<u16> = slots.iter().flat_map(|r| r.start..=r.end).collect();
+        for group in all.chunks(SLOTS_AT_ONCE) {
+            match rs::move_slots(
+                &mut sources,
+                &mut targets,
                 (&src_id, &dst_id),
                 &target_at,
-                slot,
+                group,
                 &how,
             )
             .await
             {
                 Ok(k) => {
-                    moved += 1;
+                    moved += i64::try_from(group.len()).unwrap_or(0);
                     keys += k.keys;
                     longest = longest.max(k.longest_ms);
                 }
                 Err(e) => {
-                    failed = Some((slot, e));
+                    failed = Some((
+                        plan::show(&crate::redis::cluster::ranges(group.iter().copied())),
+                        e,
+                    ));
                     break;
                 }
             }
@@ -483,8 +535,13 @@ impl Reconciler {
                 break;
             }
         }
-        conns.insert(src.clone(), source);
-        conns.insert(dst.clone(), target);
+        // The first of each goes back; the others close.
+        if let Some(n) = sources.into_iter().next() {
+            conns.insert(src.clone(), n);
+        }
+        if let Some(n) = targets.into_iter().next() {
+            conns.insert(dst.clone(), n);
+        }
         self.report.wrote();
         let left = slots_left(
             plan,
@@ -494,7 +551,7 @@ impl Reconciler {
         if let Some((slot, e)) = failed {
             // The slot stays open: the next pass finishes it.
             self.data_plane_failed(
-                format!("moving slot {slot} from shard {from} to shard {to}"),
+                format!("moving slots {slot} from shard {from} to shard {to}"),
                 &e,
             )
             .await;
