@@ -109,7 +109,7 @@ struct RunArgs {
     /// How often the operator looks at each Redis's servers for tuning
     /// advice (status.insights), in seconds; 0 turns it off (at most
     /// 86,400).
-    #[arg(long, env = "REDPILOT_TUNING_INTERVAL_SECONDS", default_value_t = 60,
+    #[arg(long, env = "REDPILOT_TUNING_INTERVAL_SECONDS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     tuning_interval_seconds: u64,
 }

@@ -4,7 +4,8 @@
 //! target its own connection) with few and with many targets, and the
 //! server counts connections and commands while the process counts its
 //! CPU time. `REDPILOT_MONITOR_TARGETS` sets the larger count (default
-//! 300; `make bench-failover` uses 1,000). Also the last look the failover
+//! 300; `make bench-failover` uses 1,000). Both at the full rate and at
+//! the calm one (every replica hears from the primary). Also the last look the failover
 //! module takes at a primary before replacing it for silence.
 
 #[path = "support/redis_server.rs"]
@@ -59,7 +60,14 @@ struct Cost {
     cpu_ms_per_s: f64,
 }
 
-async fn measure(server: &RedisServer, n: usize) -> Cost {
+/// `n` targets, calm or not (a calm one expects `replicas` online), measured
+/// over `window`.
+async fn measure(
+    server: &RedisServer,
+    n: usize,
+    (calm, replicas): (bool, usize),
+    window: Duration,
+) -> Cost {
     let opts = ConnectOptions::default().with_password("pw");
     let mut admin = Node::connect(&server.endpoint(), &opts)
         .await
@@ -86,6 +94,8 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
                 authenticate: true,
                 tls: None,
                 follows_source: false,
+                calm,
+                replicas,
             },
         );
     }
@@ -98,7 +108,7 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (clients, c0) = stats(&mut admin).await;
     let (cpu0, t0) = (cpu_time(), Instant::now());
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(window).await;
     let (_, c1) = stats(&mut admin).await;
     let (cpu1, secs) = (cpu_time(), t0.elapsed().as_secs_f64());
     for r in &refs {
@@ -106,8 +116,10 @@ async fn measure(server: &RedisServer, n: usize) -> Cost {
         assert_eq!(h.verdict, Verdict::Healthy, "{r}");
     }
     drop(monitor);
-    // The admin connection's own INFO is one command per measurement.
-    let probes = (c1 - c0).saturating_sub(1) as f64;
+    // The admin connection's own INFO is one command per measurement; a
+    // replica's acknowledgement (`REPLCONF ACK`) one a second.
+    let acks = if replicas > 0 { window.as_secs() } else { 0 };
+    let probes = (c1 - c0).saturating_sub(1 + acks) as f64;
     Cost {
         targets: n,
         connections: clients - 1,
@@ -130,7 +142,7 @@ async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
     );
     let mut costs = Vec::new();
     for n in [30, many] {
-        let c = measure(&server, n).await;
+        let c = measure(&server, n, (false, 0), Duration::from_secs(5)).await;
         println!(
             "{:>5} primaries watched: {} connections ({:.2} per primary), {:.2} probes/s per \
              primary, {:.3} ms CPU per second per primary ({:.2} ms per minute)",
@@ -159,6 +171,48 @@ async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
         few.probes_per_s,
         lots.probes_per_s
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calm_primaries_are_probed_every_five_seconds() {
+    // Primaries whose replicas all report a live link (`Target::calm`):
+    // one probe per `CALM_INTERVAL`, all on the same ticks, each an
+    // `INFO replication` that must name the one replica online (here a
+    // real one: the server stands in for every primary).
+    let many: usize = std::env::var("REDPILOT_MONITOR_TARGETS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let group = RedisServer::start_group(
+        Engine::Redis70,
+        2,
+        ServerConfig::default()
+            .password("pw")
+            .with("maxclients", "4000"),
+    );
+    let server = &group[0];
+    for n in [30, many] {
+        // Three calm ticks.
+        let c = measure(server, n, (true, 1), Duration::from_secs(15)).await;
+        println!(
+            "{:>5} calm primaries watched: {} connections, {:.3} probes/s per primary, {:.4} ms \
+             CPU per second per primary ({:.3} ms per minute)",
+            c.targets,
+            c.connections,
+            c.probes_per_s,
+            c.cpu_ms_per_s,
+            c.cpu_ms_per_s * 60.0
+        );
+        assert_eq!(
+            c.connections, c.targets as u64,
+            "one connection per primary"
+        );
+        assert!(
+            (0.13..=0.27).contains(&c.probes_per_s),
+            "{:.3} probes/s per calm primary, expected 0.2",
+            c.probes_per_s
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

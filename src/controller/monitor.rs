@@ -43,10 +43,46 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::v1alpha1::Redis;
 use crate::redis::probe::{ProbeConn, answered, closed};
-use crate::redis::{ConnectOptions, Endpoint};
+use crate::redis::{ConnectOptions, Endpoint, KEEPALIVE_RETRIES};
 
 /// Time between two probes of one primary.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Time between two probes of a calm primary: the last probe answered,
+/// every replica reported a live link to it in the last reconcile (they
+/// hear from it every second; [`Target::calm`]), and its memory is not
+/// watched. A server that dies closes the kept connection and is probed
+/// at once whatever the rate; a partition fails the kept connection by
+/// its keepalive ([`KEEPALIVE`], about 3 s) and a stopped process is
+/// noticed at the next calm tick; from then on it is probed at
+/// [`PROBE_INTERVAL`]. Its silence is counted from `CALM_INTERVAL -
+/// PROBE_INTERVAL` after its last answer (what the full rate would have
+/// vouched for), so the silence bound keeps its meaning and a silent calm
+/// primary is replaced at most that much later.
+pub const CALM_INTERVAL: Duration = Duration::from_secs(5);
+
+/// TCP keepalive on the kept connection: between calm probes the kernel
+/// probes the peer once a second and fails the connection after
+/// [`KEEPALIVE_RETRIES`] probes in a row went unanswered, so a partition
+/// closes it about three seconds after the last acknowledgement, and the
+/// monitor probes at once (at the full rate from then on). No command
+/// reaches Redis, and the process is not woken: the kernel answers.
+pub const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// The time up to which a kept connection that closed at `at` vouched
+/// for the primary, as a probe at the full rate would have: a keepalive
+/// failure comes `KEEPALIVE * (KEEPALIVE_RETRIES + 1)` after the last
+/// acknowledgement at most, and the full rate would have found that
+/// answer at most a [`PROBE_INTERVAL`] later.
+fn keepalive_vouched(at: Instant) -> Instant {
+    let since = KEEPALIVE * (KEEPALIVE_RETRIES + 1);
+    at.checked_sub(since.saturating_sub(PROBE_INTERVAL))
+        .unwrap_or(at)
+}
+
+/// The oldest acknowledgement a calm probe accepts from a replica (they
+/// acknowledge every second).
+pub const LIVE_LAG_SECS: i64 = 3;
 
 /// Time between two memory samples of a primary (autopilot on): every
 /// probe.
@@ -178,6 +214,12 @@ pub struct Target {
     /// The primary of a Redis that follows a source (`spec.replicaOf`): a
     /// replica to Redis, so the probe does not ask for the primary role.
     pub follows_source: bool,
+    /// Every replica reported a live link to it when the target was set:
+    /// it is probed at [`CALM_INTERVAL`] while it answers and names at
+    /// least `replicas` replicas online (each calm probe asks it).
+    pub calm: bool,
+    /// The replicas a calm primary should name online.
+    pub replicas: usize,
 }
 
 /// What the probes found.
@@ -202,9 +244,14 @@ pub struct Health {
     pub ip: String,
     /// The last probe's verdict.
     pub verdict: Verdict,
+    /// Its silence, as the silence bound counts it: since the last answer
+    /// from it as primary (since the watch started when it never
+    /// answered), or since what a calm probe rate vouched for after it
+    /// (see [`CALM_INTERVAL`]).
+    pub silent_for: Duration,
     /// Time since the last answer from it as primary (since the watch
     /// started when it never answered).
-    pub silent_for: Duration,
+    pub since_answer: Duration,
     /// While failing: how long after that last answer the probe first
     /// found it failing.
     pub noticed_after: Option<Duration>,
@@ -216,6 +263,9 @@ pub struct Health {
 struct Shared {
     verdict: Verdict,
     last_answer: Instant,
+    /// Silence is counted from here: the last answer, or later by what a
+    /// calm probe rate leaves unprobed (see [`CALM_INTERVAL`]).
+    vouched: Instant,
     /// When a probe first found it failing since its last answer.
     failing_since: Option<Instant>,
     /// It answered as primary at least once.
@@ -321,6 +371,7 @@ impl Monitor {
             _ => Arc::new(Mutex::new(Shared {
                 verdict: Verdict::Healthy,
                 last_answer: Instant::now(),
+                vouched: Instant::now(),
                 failing_since: None,
                 answered: false,
             })),
@@ -437,6 +488,22 @@ impl Monitor {
         out
     }
 
+    /// Whether the primary of `obj` is watched calm (see [`CALM_INTERVAL`]):
+    /// its replicas heard from it at the last reconcile and it answered
+    /// since. The Redis controller then re-observes it less often.
+    pub fn calm(&self, obj: &ObjectRef<Redis>) -> bool {
+        let Ok(w) = self.watches.lock() else {
+            return false;
+        };
+        w.get(&(obj.clone(), 0)).is_some_and(|watch| {
+            watch.target.calm
+                && watch
+                    .shared
+                    .lock()
+                    .is_ok_and(|s| s.verdict == Verdict::Healthy)
+        })
+    }
+
     /// The health of the primary watched for `obj` (in Cluster mode, shard
     /// 0's).
     pub fn health(&self, obj: &ObjectRef<Redis>) -> Option<Health> {
@@ -447,7 +514,8 @@ impl Monitor {
             pod: watch.target.pod.clone(),
             ip: watch.target.ip.clone(),
             verdict: s.verdict,
-            silent_for: s.last_answer.elapsed(),
+            silent_for: Instant::now().saturating_duration_since(s.vouched),
+            since_answer: s.last_answer.elapsed(),
             noticed_after: s
                 .failing_since
                 .map(|t| t.saturating_duration_since(s.last_answer)),
@@ -468,7 +536,7 @@ pub async fn answers_as_primary(
 ) -> bool {
     let opts = opts.clone().with_timeouts(within, within);
     matches!(
-        tokio::time::timeout(within, probe(&mut None, endpoint, &opts, false)).await,
+        tokio::time::timeout(within, open_probe(&mut None, endpoint, &opts, false)).await,
         Ok(Probe::Answered)
     )
 }
@@ -501,7 +569,8 @@ async fn probe_loop(
             crate::controller::names::OPERATOR_USER,
             target.password.clone(),
         )
-        .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
+        .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL)
+        .with_keepalive(KEEPALIVE);
     let opts = match &target.tls {
         Some(tls) => opts.with_tls(tls.clone()),
         None => opts,
@@ -509,16 +578,19 @@ async fn probe_loop(
     // Every watch probes on the same grid (see `grid_start`); a probe
     // that ran late skips to the grid's next tick rather than drifting off
     // it. The first probe runs at once.
-    let mut ticker =
-        tokio::time::interval_at(grid_start(tokio::time::Instant::now()), PROBE_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut period = PROBE_INTERVAL;
+    let mut ticker = grid_ticker(period);
     let mut conn: Option<ProbeConn> = None;
     let mut told_silent = false;
+    let mut told_short = false;
     let mut first = true;
     // At most one probe between two ticks comes from a closed connection,
     // so a server that accepts and closes at once cannot spin the loop.
     let mut watch_close = true;
     loop {
+        // When the kept connection was seen to close (a calm primary's
+        // silence is then counted from no later than that).
+        let mut closed_at = None;
         if !std::mem::take(&mut first) {
             // Between probes the open connection is watched too: a server
             // that dies closes it, and the probe runs then instead of at
@@ -528,14 +600,29 @@ async fn probe_loop(
                 _ = closed(&mut conn), if watch_close => {
                     conn = None;
                     watch_close = false;
+                    closed_at = Some(Instant::now());
                 }
             }
         }
-        let probe = if target.authenticate {
-            probe(&mut conn, &endpoint, &opts, target.follows_source).await
+        // A calm probe asks for the replicas instead of a `PING`.
+        let ask = (period == CALM_INTERVAL && target.replicas > 0).then_some(target.replicas);
+        let (probe, heard) = if target.authenticate {
+            probe(&mut conn, &endpoint, &opts, target.follows_source, ask).await
         } else {
-            probe_address(&endpoint).await
+            (probe_address(&endpoint).await, None)
         };
+        // Fewer replicas heard than the last reconcile saw: a reconcile
+        // looks (once per change), and the probes go to the full rate.
+        let short = heard.is_some_and(|n| n < target.replicas);
+        if short && !told_short {
+            tracing::info!(redis = %obj, primary = %target.pod, heard = ?heard, replicas = target.replicas, "a replica no longer hears from the primary; reconciling");
+            if trigger.unbounded_send(obj.clone()).is_err() {
+                return;
+            }
+        }
+        if heard.is_some() {
+            told_short = short;
+        }
         if matches!(probe, Probe::Answered)
             && last_sample.is_none_or(|t| t.elapsed() >= MEMORY_INTERVAL)
             && let Some(node) = conn.as_mut()
@@ -548,11 +635,29 @@ async fn probe_loop(
                 }
             }
         }
+        // The rate for the next probe: calm only after an answer.
+        let calm = target.calm
+            && !told_short
+            && matches!(probe, Probe::Answered)
+            && memory.lock().is_ok_and(|m| m.alert.is_none());
+        let next = if calm { CALM_INTERVAL } else { PROBE_INTERVAL };
+        if next != period {
+            period = next;
+            ticker = grid_ticker(period);
+        }
         let Ok(mut s) = shared.lock() else { return };
         let before = s.verdict;
         s.verdict = match probe {
             Probe::Answered => {
-                s.last_answer = Instant::now();
+                // What the full rate would have vouched for: up to a
+                // probe interval before the next tick (calm ticks are on
+                // a grid: the next may be nearer than a whole period).
+                let now = Instant::now();
+                let next_tick = grid_start(tokio::time::Instant::now(), period).into_std();
+                s.last_answer = now;
+                s.vouched = next_tick
+                    .checked_sub(PROBE_INTERVAL)
+                    .map_or(now, |v| v.max(now));
                 s.failing_since = None;
                 s.answered = true;
                 told_silent = false;
@@ -562,9 +667,17 @@ async fn probe_loop(
             Probe::NotPrimary => Verdict::Restarted,
             Probe::Silent => Verdict::Silent,
         };
+        // The connection closed and the primary does not answer: silence
+        // counts from no later than what the kernel's keepalive vouched
+        // for (see `KEEPALIVE`).
+        if let Some(at) = closed_at
+            && s.verdict != Verdict::Healthy
+        {
+            s.vouched = s.vouched.min(keepalive_vouched(at));
+        }
         let crossed = s.verdict == Verdict::Silent
             && !told_silent
-            && s.last_answer.elapsed() >= target.silence;
+            && Instant::now().saturating_duration_since(s.vouched) >= target.silence;
         let changed = s.verdict != before && s.verdict != Verdict::Healthy;
         if s.verdict != Verdict::Healthy && s.failing_since.is_none() {
             s.failing_since = Some(Instant::now());
@@ -589,10 +702,20 @@ async fn probe_loop(
 /// their replies come back in a burst, instead of two wake-ups per probe
 /// spread over the interval (at a few watched primaries, those wake-ups
 /// were most of an idle operator's CPU time).
-fn grid_start(now: tokio::time::Instant) -> tokio::time::Instant {
+fn grid_start(now: tokio::time::Instant, interval: Duration) -> tokio::time::Instant {
     static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(|| now);
-    grid_after(epoch, now, PROBE_INTERVAL)
+    grid_after(epoch, now, interval)
+}
+
+/// A ticker on the grid of `interval` (the calm grid's ticks are also the
+/// full rate's: [`CALM_INTERVAL`] is a multiple of [`PROBE_INTERVAL`]); a
+/// tick missed is skipped.
+fn grid_ticker(interval: Duration) -> tokio::time::Interval {
+    let mut t =
+        tokio::time::interval_at(grid_start(tokio::time::Instant::now(), interval), interval);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    t
 }
 
 /// The first `epoch + k * interval` after `now` (k ≥ 1).
@@ -628,15 +751,30 @@ async fn probe(
     endpoint: &Endpoint,
     opts: &ConnectOptions,
     any_role: bool,
-) -> Probe {
+    ask_replicas: Option<usize>,
+) -> (Probe, Option<usize>) {
     if let Some(node) = conn.as_mut() {
-        match node.ping().await {
+        let asked = match ask_replicas {
+            Some(_) => node.replicas_heard(LIVE_LAG_SECS).await.map(Some),
+            None => node.ping().await.map(|()| None),
+        };
+        match asked {
+            Ok(heard) => return (Probe::Answered, heard),
             // An error reply (LOADING, a changed password) is an answer.
-            Ok(()) => return Probe::Answered,
-            Err(e) if answered(&e) => return Probe::Answered,
+            Err(e) if answered(&e) => return (Probe::Answered, None),
             Err(_) => *conn = None,
         }
     }
+    (open_probe(conn, endpoint, opts, any_role).await, None)
+}
+
+/// The probe of a primary without an open connection: see [`probe`].
+async fn open_probe(
+    conn: &mut Option<ProbeConn>,
+    endpoint: &Endpoint,
+    opts: &ConnectOptions,
+    any_role: bool,
+) -> Probe {
     let addr = format!("{}:{}", endpoint.host(), endpoint.port());
     match tokio::time::timeout(PROBE_INTERVAL, tokio::net::TcpStream::connect(&addr)).await {
         Ok(Ok(_)) => {}
@@ -730,7 +868,7 @@ mod tests {
             .with_password("s3cret-pw".to_string())
             .with_timeouts(PROBE_INTERVAL, PROBE_INTERVAL);
         let verdict = if authenticate {
-            probe(&mut None, &ep, &opts, false).await
+            open_probe(&mut None, &ep, &opts, false).await
         } else {
             probe_address(&ep).await
         };
@@ -801,6 +939,18 @@ mod tests {
         ObjectRef<Redis>,
         mpsc::UnboundedReceiver<ObjectRef<Redis>>,
     ) {
+        watching_local_as(name, port, false)
+    }
+
+    fn watching_local_as(
+        name: &str,
+        port: u16,
+        calm: bool,
+    ) -> (
+        Monitor,
+        ObjectRef<Redis>,
+        mpsc::UnboundedReceiver<ObjectRef<Redis>>,
+    ) {
         let (monitor, rx) = Monitor::new();
         let obj = ObjectRef::<Redis>::new(name).within("ns");
         monitor.watch(
@@ -814,6 +964,8 @@ mod tests {
                 authenticate: true,
                 tls: None,
                 follows_source: false,
+                calm,
+                replicas: usize::from(calm),
             },
         );
         (monitor, obj, rx)
@@ -822,6 +974,19 @@ mod tests {
     /// A primary on plain threads (no runtime of its own) that answers
     /// `AUTH`, `ROLE` and `PING`, counting the `PING`s.
     fn threaded_primary() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        threaded_primary_muted(
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            Arc::new(std::sync::atomic::AtomicUsize::new(1)),
+        )
+    }
+
+    /// [`threaded_primary`] that reads but answers nothing while `mute`
+    /// is set (a primary cut off: its connections stay open), and names
+    /// `online` replicas online in `INFO replication` (counted as a probe).
+    fn threaded_primary_muted(
+        mute: Arc<std::sync::atomic::AtomicBool>,
+        online: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
@@ -831,16 +996,39 @@ mod tests {
             for sock in listener.incoming() {
                 let Ok(mut sock) = sock else { return };
                 let count = count.clone();
+                let mute = mute.clone();
+                let online = online.clone();
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 512];
                     // One command per read: the probe waits for each reply.
                     while let Ok(n) = sock.read(&mut buf) {
                         let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        let info = {
+                            let n = online.load(std::sync::atomic::Ordering::SeqCst);
+                            let body: String = (0..n)
+                                .map(|i| {
+                                    format!(
+                                        "slave{i}:ip=127.0.0.1,port={},state=online,offset=9,lag=0\r\n",
+                                        7000 + i
+                                    )
+                                })
+                                .collect();
+                            let body = format!("# Replication\r\nrole:master\r\n{body}");
+                            format!("${}\r\n{body}\r\n", body.len())
+                        };
                         let reply: &[u8] = if n == 0 {
                             return;
+                        } else if mute.load(std::sync::atomic::Ordering::SeqCst) {
+                            // Counted: any command (a new connection's
+                            // login is a probe too).
+                            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            continue;
                         } else if text.contains("PING") {
                             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             b"+PONG\r\n"
+                        } else if text.contains("replication") {
+                            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            info.as_bytes()
                         } else if text.contains("ROLE") {
                             b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n"
                         } else {
@@ -879,6 +1067,87 @@ mod tests {
             monitor.health(&obj).map(|h| h.verdict),
             Some(Verdict::Healthy)
         );
+    }
+
+    #[tokio::test]
+    async fn a_calm_primary_is_probed_every_five_seconds_and_its_silence_counts_as_at_full_rate() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mute = Arc::new(AtomicBool::new(false));
+        let online = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let (port, pings) = threaded_primary_muted(mute.clone(), online.clone());
+        let (monitor, obj, _rx) = watching_local_as("calm", port, true);
+        // The first calm probe (an `INFO replication`) within a calm tick.
+        let deadline = Instant::now() + CALM_INTERVAL + Duration::from_secs(2);
+        while pings.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "no calm probe");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // 11 s: two or three calm ticks (22 at the full rate).
+        let before = pings.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let calm = pings.load(Ordering::SeqCst) - before;
+        assert!(
+            (2..=3).contains(&calm),
+            "{calm} probes in 11 s at the calm rate"
+        );
+        assert!(monitor.calm(&obj), "held calm");
+        // Cut off: the next calm tick finds it silent, and from then on it
+        // is probed at the full rate.
+        mute.store(true, Ordering::SeqCst);
+        let muted = Instant::now();
+        let h = loop {
+            let h = monitor.health(&obj).expect("watched");
+            if h.verdict == Verdict::Silent {
+                break h;
+            }
+            assert!(
+                muted.elapsed() < CALM_INTERVAL + Duration::from_secs(2),
+                "not found silent within a calm tick"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // Its silence counts from CALM_INTERVAL - PROBE_INTERVAL after the
+        // last answer: what probes at the full rate would have vouched for.
+        let since_answer = h.noticed_after.expect("failing");
+        let head = CALM_INTERVAL - PROBE_INTERVAL;
+        assert!(
+            since_answer > head,
+            "noticed {since_answer:?} after the last answer"
+        );
+        let expected = since_answer - head;
+        assert!(
+            h.silent_for <= expected + Duration::from_millis(300),
+            "silent for {:?}, {since_answer:?} after the last answer",
+            h.silent_for
+        );
+        // No calm tick for 5 s; probes (each waiting its 0.5 s for an
+        // answer) at the full rate meanwhile.
+        let at_silence = pings.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let fast = pings.load(Ordering::SeqCst) - at_silence;
+        assert!(fast >= 2, "{fast} probes in 2.1 s after it went silent");
+        // A new watch, calm again; its replica gone from INFO: a reconcile
+        // is asked for at the next calm probe, and the probes go to the
+        // full rate.
+        mute.store(false, Ordering::SeqCst);
+        drop(monitor);
+        let (monitor, obj, mut rx) = watching_local_as("calm", port, true);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(monitor.calm(&obj), "held calm");
+        while rx.try_recv().is_ok() {}
+        online.store(0, Ordering::SeqCst);
+        let asked = Instant::now();
+        while rx.try_recv().is_err() {
+            assert!(
+                asked.elapsed() < CALM_INTERVAL + Duration::from_secs(1),
+                "no reconcile asked for within a calm tick of the replica going"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let at_short = pings.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let fast = pings.load(Ordering::SeqCst) - at_short;
+        assert!(fast >= 2, "{fast} probes in 1.6 s with a replica gone");
     }
 
     #[tokio::test]

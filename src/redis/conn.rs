@@ -150,7 +150,16 @@ pub struct ConnectOptions {
     /// When `username`'s credentials are refused, try the same password
     /// as the default user (a server that has not got that user yet).
     pub default_fallback: bool,
+    /// TCP keepalive on the connection: the kernel probes the peer after
+    /// this long without traffic and then as often, and fails the
+    /// connection when [`KEEPALIVE_RETRIES`] probes in a row go
+    /// unanswered (a partition is seen without a command sent).
+    pub keepalive: Option<Duration>,
 }
+
+/// Unanswered keepalive probes after which the kernel fails a connection
+/// (see [`ConnectOptions::keepalive`]).
+pub const KEEPALIVE_RETRIES: u32 = 2;
 
 impl Default for ConnectOptions {
     fn default() -> Self {
@@ -162,11 +171,18 @@ impl Default for ConnectOptions {
             listeners: None,
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(3),
+            keepalive: None,
         }
     }
 }
 
 impl ConnectOptions {
+    /// Sets TCP keepalive (see [`ConnectOptions::keepalive`]).
+    pub fn with_keepalive(mut self, every: Duration) -> Self {
+        self.keepalive = Some(every);
+        self
+    }
+
     /// Sets the password of the default user.
     pub fn with_password(mut self, password: impl Into<Secret>) -> Self {
         self.password = Some(password.into());
@@ -468,6 +484,26 @@ impl Node {
         let bound = self.command_timeout;
         let fut = pipe.query_async::<T>(&mut self.conn);
         bounded(&self.label, command, bound, fut).await
+    }
+
+    /// Like [`Node::pipeline`] with an explicit bound for the whole
+    /// pipeline (for commands that may take longer, such as `MIGRATE`).
+    pub async fn pipeline_within<T: FromRedisValue>(
+        &mut self,
+        command: &'static str,
+        pipe: &redis::Pipeline,
+        bound: Duration,
+    ) -> Result<T> {
+        let lifted = bound != self.command_timeout;
+        if lifted {
+            self.conn.set_response_timeout(bound);
+        }
+        let fut = pipe.query_async::<T>(&mut self.conn);
+        let out = bounded(&self.label, command, bound, fut).await;
+        if lifted {
+            self.conn.set_response_timeout(self.command_timeout);
+        }
+        out
     }
 
     /// `PING`.

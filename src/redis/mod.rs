@@ -23,6 +23,8 @@ pub mod reshard;
 pub mod topology;
 pub mod tuning;
 
-pub use conn::{ConnectOptions, Listeners, Node, Secret, TlsOptions, redis_client};
+pub use conn::{
+    ConnectOptions, KEEPALIVE_RETRIES, Listeners, Node, Secret, TlsOptions, redis_client,
+};
 pub use endpoint::Endpoint;
 pub use error::{Error, ErrorCategory, Result};

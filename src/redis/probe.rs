@@ -22,6 +22,7 @@ use super::rdb::{Stream, encode, open_stream, read_line_into, reply_error};
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 const ROLE: &[u8] = b"*1\r\n$4\r\nROLE\r\n";
 const INFO_MEMORY: &[u8] = b"*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n";
+const INFO_REPLICATION: &[u8] = b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n";
 /// Largest bulk reply read (`INFO memory` is about 1.5 KB).
 const MAX_BULK: usize = 1 << 20;
 
@@ -141,6 +142,32 @@ impl ProbeConn {
         let body = self.bulk(len).await?;
         let memory = Info::parse(&String::from_utf8_lossy(&body)).memory;
         Ok(memory.used_memory.map(|u| (u, memory.used_memory_dataset)))
+    }
+
+    /// From `INFO replication`: how many replicas are online with an
+    /// acknowledgement at most `max_lag` seconds old (a link that names no
+    /// listening port, such as an archiving sidecar's, is not a replica).
+    pub async fn replicas_heard(&mut self, max_lag: i64) -> Result<usize> {
+        let r = tokio::time::timeout(self.timeout, self.replication_once(max_lag)).await;
+        self.within(r, "INFO")
+    }
+
+    async fn replication_once(&mut self, max_lag: i64) -> Result<usize> {
+        self.write(INFO_REPLICATION).await?;
+        self.read_line().await?;
+        self.fail_on_error("INFO")?;
+        let len = self.header(b'$', "INFO")?;
+        let body = self.bulk(len).await?;
+        let replication = Info::parse(&String::from_utf8_lossy(&body)).replication;
+        Ok(replication
+            .replicas
+            .iter()
+            .filter(|r| {
+                r.endpoint.port() != 0
+                    && r.state == "online"
+                    && r.lag_seconds.is_some_and(|l| l <= max_lag)
+            })
+            .count())
     }
 
     /// A step's result, or a timeout naming `operation` when the bound

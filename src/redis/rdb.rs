@@ -250,7 +250,7 @@ fn connect_timeout(endpoint: &Endpoint, opts: &ConnectOptions, operation: &'stat
 
 /// A TCP connection within `opts.connect_timeout`.
 async fn connect_tcp(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<TcpStream> {
-    tokio::time::timeout(
+    let tcp = tokio::time::timeout(
         opts.connect_timeout,
         TcpStream::connect((endpoint.host(), endpoint.port())),
     )
@@ -259,7 +259,20 @@ async fn connect_tcp(endpoint: &Endpoint, opts: &ConnectOptions) -> Result<TcpSt
     .map_err(|e| Error::Connection {
         endpoint: endpoint.to_string(),
         message: e.to_string(),
-    })
+    })?;
+    if let Some(every) = opts.keepalive {
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(every)
+            .with_interval(every)
+            .with_retries(super::conn::KEEPALIVE_RETRIES);
+        socket2::SockRef::from(&tcp)
+            .set_tcp_keepalive(&keepalive)
+            .map_err(|e| Error::Connection {
+                endpoint: endpoint.to_string(),
+                message: format!("setting TCP keepalive: {e}"),
+            })?;
+    }
+    Ok(tcp)
 }
 
 /// The TLS handshake over `tcp` within `opts.connect_timeout`.

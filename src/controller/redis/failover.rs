@@ -355,6 +355,24 @@ async fn answers_late(health: Option<&Health>, opts: &ConnectOptions) -> bool {
     crate::controller::monitor::answers_as_primary(&ep, opts, LAST_LOOK).await
 }
 
+/// Whether every other instance answered this pass as a replica of
+/// `primary` (at `ip`) with a live link to it: they hear from it every
+/// second, so the monitor may probe it at its calm rate (see
+/// `monitor::CALM_INTERVAL`). Any instance unseen, elsewhere or with a
+/// stale link, and the monitor probes at its full rate.
+pub fn replicas_hear(facts: &[PodFacts], primary: &str, ip: &str, spec: &FailoverSpec) -> bool {
+    let others: Vec<&PodFacts> = facts.iter().filter(|f| f.name != primary).collect();
+    !others.is_empty()
+        && others.iter().all(|f| {
+            f.reachable
+                && !f.terminating
+                && f.role == Some(Role::Replica)
+                && f.link_up == Some(true)
+                && f.following.as_deref() == Some(ip)
+                && f.link_age.is_some_and(|a| live_link(a, spec))
+        })
+}
+
 impl Reconciler {
     /// Keeps the monitor on the recorded primary of a Replication with more
     /// than one instance (failure detection), and on the primary of any
@@ -386,6 +404,7 @@ impl Reconciler {
             },
         };
         let tls = self.tls_options_for(&ip);
+        let calm = !autopilot && authenticate && replicas_hear(facts, p, &ip, &spec.failover());
         monitor.watch(
             &self.oref,
             Target {
@@ -397,6 +416,8 @@ impl Reconciler {
                 tls,
                 authenticate,
                 follows_source: super::facts::SourceAddress::of(&self.redis).is_some(),
+                calm,
+                replicas: facts.iter().filter(|f| f.name != p).count(),
             },
         );
     }
@@ -439,6 +460,8 @@ impl Reconciler {
                     tls,
                     authenticate: true,
                     follows_source: false,
+                    calm: false,
+                    replicas: 0,
                 },
             );
         }
@@ -588,7 +611,7 @@ impl Reconciler {
             candidates.clone(),
             FailoverTimeline {
                 noticed_ms: seen.and_then(|h| h.noticed_after).map(ms),
-                silent_ms: seen.map(|h| ms(h.silent_for)),
+                silent_ms: seen.map(|h| ms(h.since_answer)),
                 promote_ms: ms(promoted),
                 labels_ms: ms(labelled),
             },

@@ -56,6 +56,7 @@ fn health(verdict: Verdict, silent: u64) -> Health {
         ip: "10.0.0.0".into(),
         verdict,
         silent_for: Duration::from_secs(silent),
+        since_answer: Duration::from_secs(silent),
         noticed_after: None,
         answered: true,
     }
