@@ -128,18 +128,25 @@ async fn measure(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
-    let many: usize = std::env::var("REDPILOT_MONITOR_TARGETS")
+/// The larger count of primaries (`REDPILOT_MONITOR_TARGETS`, 300).
+fn many_targets() -> usize {
+    std::env::var("REDPILOT_MONITOR_TARGETS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let server = RedisServer::start(
-        Engine::Redis70,
-        ServerConfig::default()
-            .password("pw")
-            .with("maxclients", "4000"),
-    );
+        .unwrap_or(300)
+}
+
+/// The server standing in for every primary: room for a connection each.
+fn server_config() -> ServerConfig {
+    ServerConfig::default()
+        .password("pw")
+        .with("maxclients", "4000")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
+    let many = many_targets();
+    let server = RedisServer::start(Engine::Redis70, server_config());
     let mut costs = Vec::new();
     for n in [30, many] {
         let c = measure(&server, n, (false, 0), Duration::from_secs(5)).await;
@@ -179,17 +186,8 @@ async fn calm_primaries_are_probed_every_five_seconds() {
     // one probe per `CALM_INTERVAL`, all on the same ticks, each an
     // `INFO replication` that must name the one replica online (here a
     // real one: the server stands in for every primary).
-    let many: usize = std::env::var("REDPILOT_MONITOR_TARGETS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let group = RedisServer::start_group(
-        Engine::Redis70,
-        2,
-        ServerConfig::default()
-            .password("pw")
-            .with("maxclients", "4000"),
-    );
+    let many = many_targets();
+    let group = RedisServer::start_group(Engine::Redis70, 2, server_config());
     let server = &group[0];
     for n in [30, many] {
         // Three calm ticks.

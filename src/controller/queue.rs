@@ -38,13 +38,6 @@ pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(2);
 /// How often a healthy Redis is re-observed to keep status fresh.
 pub const STEADY_REQUEUE: Duration = Duration::from_secs(60);
 
-/// How often a healthy Redis whose primary the failure monitor holds calm
-/// (it answers, and every 5 s names every replica online with a fresh
-/// acknowledgement: `monitor::CALM_INTERVAL`) is re-observed: the monitor
-/// asks for a pass as soon as either changes, and pods' changes come as
-/// watch events.
-pub const CALM_STEADY_REQUEUE: Duration = Duration::from_secs(300);
-
 /// What a reconcile asks of the scheduler: run again after a delay, or only
 /// on a change. Kept readable (kube-runtime's [`Action`] hides its delay)
 /// so the ledger knows when the next run is due.

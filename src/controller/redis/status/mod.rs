@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::controller::queue::{CALM_STEADY_REQUEUE, Next, PROGRESS_REQUEUE, STEADY_REQUEUE};
+use crate::controller::queue::{Next, PROGRESS_REQUEUE, STEADY_REQUEUE};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -347,8 +347,7 @@ impl Reconciler {
         self.redis = std::sync::Arc::new(updated);
     }
 
-    /// The next pass: [`STEADY_REQUEUE`] when Ready ([`CALM_STEADY_REQUEUE`]
-    /// while the monitor holds the primary calm), else the progress
+    /// The next pass: [`STEADY_REQUEUE`] when Ready, else the progress
     /// interval with a per-object backoff while passes keep seeing the same
     /// state (see [`stuck_backoff`]).
     /// The upgrade's and the memory autopilot's conditions for this pass
@@ -464,12 +463,9 @@ impl Reconciler {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let steady_for = if self.ctx.monitor.calm(&self.oref) {
-                CALM_STEADY_REQUEUE
-            } else {
-                STEADY_REQUEUE
-            };
-            return Next::after(due.map_or(steady_for, |d| d.clamp(PROGRESS_REQUEUE, steady_for)));
+            return Next::after(due.map_or(STEADY_REQUEUE, |d| {
+                d.clamp(PROGRESS_REQUEUE, STEADY_REQUEUE)
+            }));
         }
         let seen = serde_json::to_string(&strip_offsets(status)).unwrap_or_default();
         let fingerprint = crate::controller::names::stable_hash(&[
