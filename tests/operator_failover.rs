@@ -629,7 +629,12 @@ async fn a_partitioned_primary_fences_itself_before_a_replica_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_primary_is_not_failed_over() {
-    let Fixture { client, ns, op, pw } = fixture("fo-slow", None).await;
+    // maxLagSeconds 5: a silence bound of 8 s, so the process can stop for
+    // longer than a calm probe interval (5 s; the monitor probes a primary
+    // whose replicas hear from it that often) and the monitor surely sees
+    // it silent, still under the bound.
+    let Fixture { client, ns, op, pw } =
+        fixture("fo-slow", Some(json!({"maxLagSeconds": 5}))).await;
     let primary = primary_of(&client, &ns.name).await;
     let writer = ServiceWriter::start(&client, &ns.name, "cache", &pw, "slow", 0);
     // A connection whose replies may take longer than the script.
@@ -641,7 +646,7 @@ async fn a_slow_primary_is_not_failed_over() {
     )
     .await
     .expect("connect");
-    // A script that keeps the server busy for 3 s (under the 5 s bound).
+    // A script that keeps the server busy for 3 s (under the 8 s bound).
     let t = Instant::now();
     let busy = r#"local t0 = redis.call('TIME') local s = tonumber(t0[1]) + tonumber(t0[2]) / 1e6
         while true do local t = redis.call('TIME')
@@ -659,15 +664,16 @@ async fn a_slow_primary_is_not_failed_over() {
         t.elapsed().as_secs_f64()
     );
     // Writes flow again before the next stall (the two are separate
-    // pauses, each under the bound, not one of 6 s).
+    // pauses, each under the bound, not one of 9 s).
     let pid = server_pid(&mut node).await;
     let before = writer.acked();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(writer.acked() > before, "writes flow after the script");
-    // A stopped process (a CPU stall): 3 s.
+    // A stopped process (a CPU stall): 6 s, a calm probe's tick and its
+    // 0.5 s for an answer inside it.
     let stopped = Instant::now();
     signal(pid, "-STOP");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     signal(pid, "-CONT");
     let resumed = Instant::now();
     println!(

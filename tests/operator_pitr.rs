@@ -1075,6 +1075,19 @@ async fn archived_cluster(
     )
     .await;
     wait_ready(client, ns, "c", READY).await;
+    // Each shard's replica as the status names it (the cluster's own
+    // election may make either pod of a shard its primary at creation).
+    let replicas: Vec<String> = redis_api(client, ns)
+        .get("c")
+        .await
+        .expect("redis c")
+        .status
+        .map(|s| s.shards)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|s| s.replicas)
+        .collect();
+    assert_eq!(replicas.len(), 3, "one replica per shard: {replicas:?}");
     archive_status(
         client,
         ns,
@@ -1083,7 +1096,7 @@ async fn archived_cluster(
         Duration::from_secs(120),
         |a| {
             a.archiver.as_deref().is_some_and(|x| {
-                x.split(", ").count() == 3 && x.split(", ").all(|p| p.ends_with("-1"))
+                x.split(", ").count() == 3 && x.split(", ").all(|p| replicas.iter().any(|r| r == p))
             }) && a.newest.is_some()
         },
     )

