@@ -128,6 +128,30 @@ async fn measure(
     }
 }
 
+/// Prints what `c` measured of the `what` watched, and checks one
+/// connection per primary and a probe rate per primary within `rate`.
+fn check(c: &Cost, what: &str, rate: std::ops::RangeInclusive<f64>) {
+    println!(
+        "{:>5} {what} watched: {} connections ({:.2} per primary), {:.3} probes/s per \
+         primary, {:.4} ms CPU per second per primary ({:.3} ms per minute)",
+        c.targets,
+        c.connections,
+        c.connections as f64 / c.targets as f64,
+        c.probes_per_s,
+        c.cpu_ms_per_s,
+        c.cpu_ms_per_s * 60.0
+    );
+    assert_eq!(
+        c.connections, c.targets as u64,
+        "one connection per primary"
+    );
+    assert!(
+        rate.contains(&c.probes_per_s),
+        "{:.3} probes/s per primary ({what}), expected {rate:?}",
+        c.probes_per_s
+    );
+}
+
 /// The larger count of primaries (`REDPILOT_MONITOR_TARGETS`, 300).
 fn many_targets() -> usize {
     std::env::var("REDPILOT_MONITOR_TARGETS")
@@ -150,25 +174,7 @@ async fn detection_costs_one_connection_and_two_pings_a_second_per_redis() {
     let mut costs = Vec::new();
     for n in [30, many] {
         let c = measure(&server, n, (false, 0), Duration::from_secs(5)).await;
-        println!(
-            "{:>5} primaries watched: {} connections ({:.2} per primary), {:.2} probes/s per \
-             primary, {:.3} ms CPU per second per primary ({:.2} ms per minute)",
-            c.targets,
-            c.connections,
-            c.connections as f64 / c.targets as f64,
-            c.probes_per_s,
-            c.cpu_ms_per_s,
-            c.cpu_ms_per_s * 60.0
-        );
-        assert_eq!(
-            c.connections, c.targets as u64,
-            "one connection per primary"
-        );
-        assert!(
-            (1.6..=2.2).contains(&c.probes_per_s),
-            "{:.2} probes/s per primary, expected 2",
-            c.probes_per_s
-        );
+        check(&c, "primaries", 1.6..=2.2);
         costs.push(c);
     }
     let (few, lots) = (&costs[0], &costs[1]);
@@ -192,24 +198,7 @@ async fn calm_primaries_are_probed_every_five_seconds() {
     for n in [30, many] {
         // Three calm ticks.
         let c = measure(server, n, (true, 1), Duration::from_secs(15)).await;
-        println!(
-            "{:>5} calm primaries watched: {} connections, {:.3} probes/s per primary, {:.4} ms \
-             CPU per second per primary ({:.3} ms per minute)",
-            c.targets,
-            c.connections,
-            c.probes_per_s,
-            c.cpu_ms_per_s,
-            c.cpu_ms_per_s * 60.0
-        );
-        assert_eq!(
-            c.connections, c.targets as u64,
-            "one connection per primary"
-        );
-        assert!(
-            (0.13..=0.27).contains(&c.probes_per_s),
-            "{:.3} probes/s per calm primary, expected 0.2",
-            c.probes_per_s
-        );
+        check(&c, "calm primaries", 0.13..=0.27);
     }
 }
 
