@@ -315,7 +315,10 @@ bench-cluster: engines cluster-up
 # errors by kind, writes lost. Beside it, Valkey 9.1's atomic path 3 -> 4.
 # `make test` runs both at 10,000 keys and 3 -> 4 -> 3. Then benches/reshard.rs
 # moves the same data on each path (Valkey 8.1 classic, 9.1 atomic), 3 ->
-# RESHARD_TO -> 3 with nothing stopped, and prints slots, keys and MiB per second.
+# RESHARD_TO -> 3 with nothing stopped, beside valkey-cli --cluster rebalance
+# on the same keys, each step without and with writers (RESHARD_WRITERS,
+# default 0,2), and prints the moves alone, slots, keys and MiB per second;
+# RESHARD_VERSIONS and RESHARD_TOOLS narrow it.
 RESHARD_TAGS ?= 25000
 RESHARD_VALUE ?= 2048
 RESHARD_TO ?= 5
