@@ -276,9 +276,12 @@ async fn one_run(client: &kube::Client, ns: &str, pw: &str, fault: Fault, n: usi
         inside_lost = missing(&new_ip, pw, &after).await.len();
     }
     // The detection and promotion bounds, with room for a loaded machine:
-    // a dead primary within the p99 target, a silent one within its
-    // fencing bound (5 s) and as much again.
-    let bound = if fault == Fault::Partition { 8.0 } else { 5.0 };
+    // a dead primary within the p99 target; a silent one within its
+    // silence bound (5 s), a calm probe interval (5 s: when the kernel
+    // cannot even send the keepalive's probes, as with the pod's link
+    // down here, the next calm probe finds the silence), and 1 s for the
+    // promotion and the route.
+    let bound = if fault == Fault::Partition { 11.0 } else { 5.0 };
     assert!(p4 < bound, "{fault:?}: P4 {p4:.2}s, bound {bound}s");
     let events = recent_events(client, ns, 80).await;
     if fault == Fault::Delete {
