@@ -589,7 +589,7 @@ async fn probe_loop(
             }
         }
         // A calm probe asks for the replicas instead of a `PING`.
-        let ask = (period == CALM_INTERVAL && target.replicas > 0).then_some(target.replicas);
+        let ask = period == CALM_INTERVAL && target.replicas > 0;
         let (probe, heard) = if target.authenticate {
             probe(&mut conn, &endpoint, &opts, target.follows_source, ask).await
         } else {
@@ -735,12 +735,13 @@ async fn probe(
     endpoint: &Endpoint,
     opts: &ConnectOptions,
     any_role: bool,
-    ask_replicas: Option<usize>,
+    ask_replicas: bool,
 ) -> (Probe, Option<usize>) {
     if let Some(node) = conn.as_mut() {
-        let asked = match ask_replicas {
-            Some(_) => node.replicas_heard(LIVE_LAG_SECS).await.map(Some),
-            None => node.ping().await.map(|()| None),
+        let asked = if ask_replicas {
+            node.replicas_heard(LIVE_LAG_SECS).await.map(Some)
+        } else {
+            node.ping().await.map(|()| None)
         };
         match asked {
             Ok(heard) => return (Probe::Answered, heard),

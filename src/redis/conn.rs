@@ -481,9 +481,8 @@ impl Node {
         command: &'static str,
         pipe: &redis::Pipeline,
     ) -> Result<T> {
-        let bound = self.command_timeout;
-        let fut = pipe.query_async::<T>(&mut self.conn);
-        bounded(&self.label, command, bound, fut).await
+        self.pipeline_within(command, pipe, self.command_timeout)
+            .await
     }
 
     /// Like [`Node::pipeline`] with an explicit bound for the whole

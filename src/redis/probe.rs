@@ -135,13 +135,18 @@ impl ProbeConn {
     }
 
     async fn memory_once(&mut self) -> Result<Option<(u64, Option<u64>)>> {
-        self.write(INFO_MEMORY).await?;
+        let memory = self.info_once(INFO_MEMORY).await?.memory;
+        Ok(memory.used_memory.map(|u| (u, memory.used_memory_dataset)))
+    }
+
+    /// Sends an `INFO <section>` `request` and parses its bulk reply.
+    async fn info_once(&mut self, request: &[u8]) -> Result<Info> {
+        self.write(request).await?;
         self.read_line().await?;
         self.fail_on_error("INFO")?;
         let len = self.header(b'$', "INFO")?;
         let body = self.bulk(len).await?;
-        let memory = Info::parse(&String::from_utf8_lossy(&body)).memory;
-        Ok(memory.used_memory.map(|u| (u, memory.used_memory_dataset)))
+        Ok(Info::parse(&String::from_utf8_lossy(&body)))
     }
 
     /// From `INFO replication`: how many replicas are online with an
@@ -153,12 +158,7 @@ impl ProbeConn {
     }
 
     async fn replication_once(&mut self, max_lag: i64) -> Result<usize> {
-        self.write(INFO_REPLICATION).await?;
-        self.read_line().await?;
-        self.fail_on_error("INFO")?;
-        let len = self.header(b'$', "INFO")?;
-        let body = self.bulk(len).await?;
-        let replication = Info::parse(&String::from_utf8_lossy(&body)).replication;
+        let replication = self.info_once(INFO_REPLICATION).await?.replication;
         Ok(replication
             .replicas
             .iter()

@@ -170,14 +170,10 @@ pub fn decide(
         },
     };
     let primary_ip = pf.and_then(|f| f.ip.as_deref());
-    if let Some(r) = facts.iter().find(|f| {
-        f.reachable
-            && f.role == Some(Role::Replica)
-            && f.link_up == Some(true)
-            && f.link_age.is_some_and(|a| live_link(a, spec))
-            && primary_ip.is_some()
-            && f.following.as_deref() == primary_ip
-    }) {
+    if let Some(r) = facts
+        .iter()
+        .find(|f| primary_ip.is_some_and(|ip| hears_from(f, ip, spec)))
+    {
         return Decision::Wait(format!(
             "primary {primary} does not answer the operator, but replica {} still hears from it",
             r.name
@@ -363,14 +359,19 @@ async fn answers_late(health: Option<&Health>, opts: &ConnectOptions) -> bool {
 pub fn replicas_hear(facts: &[PodFacts], primary: &str, ip: &str, spec: &FailoverSpec) -> bool {
     let others: Vec<&PodFacts> = facts.iter().filter(|f| f.name != primary).collect();
     !others.is_empty()
-        && others.iter().all(|f| {
-            f.reachable
-                && !f.terminating
-                && f.role == Some(Role::Replica)
-                && f.link_up == Some(true)
-                && f.following.as_deref() == Some(ip)
-                && f.link_age.is_some_and(|a| live_link(a, spec))
-        })
+        && others
+            .iter()
+            .all(|f| !f.terminating && hears_from(f, ip, spec))
+}
+
+/// Whether instance `f` answered this pass as a replica of the primary at
+/// `ip` whose link to it is up and fresh (within the lag bound).
+fn hears_from(f: &PodFacts, ip: &str, spec: &FailoverSpec) -> bool {
+    f.reachable
+        && f.role == Some(Role::Replica)
+        && f.link_up == Some(true)
+        && f.link_age.is_some_and(|a| live_link(a, spec))
+        && f.following.as_deref() == Some(ip)
 }
 
 impl Reconciler {
