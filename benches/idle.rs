@@ -119,7 +119,8 @@ async fn window(
             std::process::Command::new("perf")
                 // The release build keeps no frame pointers: stacks are
                 // unwound from its unwind tables.
-                .args(["record", "-F", "499", "--call-graph", "dwarf,16384"])
+                .args(["record", "-F", &knob("IDLE_PERF_HZ", 499).to_string()])
+                .args(["--call-graph", "dwarf,16384"])
                 .args(["-o", &out, "-p", &pid.to_string()])
                 .args(["--", "sleep", &idle.as_secs().to_string()])
                 .stdout(std::process::Stdio::null())
@@ -131,6 +132,15 @@ async fn window(
     let cpu = cpu_seconds(pid) - cpu0;
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let (passes1, requests1) = counters().await;
+    if let Some(page) = op.metrics().await {
+        // Which requests (by verb and resource), since the start.
+        for line in page
+            .lines()
+            .filter(|l| l.starts_with("redpilot_kube_requests_total{"))
+        {
+            println!("    {line}");
+        }
+    }
     if let Some(mut perf) = perf {
         let _ = perf.wait();
     }

@@ -9,6 +9,7 @@ pub mod backup;
 pub mod controller;
 pub mod exporter;
 pub mod failpoint;
+pub mod pages;
 pub mod plugin;
 pub mod redis;
 pub mod scorecard;

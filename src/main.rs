@@ -972,6 +972,7 @@ async fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     metrics.leader.set(1);
     let namespaces = controller::base::watch_namespaces(Some(&args.watch_namespace));
     give_back_freed_heap();
+    give_back_binary_pages();
     tracing::info!(
         version = redpilot::VERSION,
         namespaces = ?namespaces,
@@ -1014,6 +1015,35 @@ fn give_back_freed_heap() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn give_back_freed_heap() {}
+
+/// When the operator first lets go of the binary's pages it ran at start
+/// (the clients set up, the caches listed), and how often after that it
+/// lets go of those it has not needed since (they come back on use: see
+/// [`redpilot::pages`]).
+const UNMAP_FIRST: std::time::Duration = std::time::Duration::from_secs(60);
+const UNMAP_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+#[cfg(target_os = "linux")]
+fn give_back_binary_pages() {
+    tokio::spawn(async {
+        let start = tokio::time::Instant::now() + UNMAP_FIRST;
+        let mut tick = tokio::time::interval_at(start, UNMAP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match redpilot::pages::unmap_idle_binary_pages() {
+                Ok(bytes) => tracing::debug!(bytes, "binary pages unmapped"),
+                Err(e) => {
+                    tracing::info!(error = %e, "binary pages left mapped");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+#[cfg(not(target_os = "linux"))]
+fn give_back_binary_pages() {}
 
 #[cfg(test)]
 mod tests {

@@ -227,6 +227,9 @@ pub struct Metrics {
     pub tuning_looks: prometheus::IntCounterVec,
     /// Reconciles running now.
     pub in_flight: prometheus::IntGauge,
+    /// Periodic passes that ended after reading only what the last full
+    /// pass read past the caches (see `controller::redis::light`).
+    pub light_passes: prometheus::IntCounter,
     /// The Redis controller's work queue (the depth series are computed
     /// from it at each scrape).
     pub queue: crate::controller::queue::Queue,
@@ -337,6 +340,11 @@ impl Metrics {
         )?;
         let in_flight = IntGauge::new("redpilot_reconciles_in_flight", "Reconciles running now")?;
         registry.register(Box::new(in_flight.clone()))?;
+        let light_passes = prometheus::IntCounter::new(
+            "redpilot_light_passes_total",
+            "Periodic passes of a calm, unchanged Redis that re-read only its Secrets' versions",
+        )?;
+        registry.register(Box::new(light_passes.clone()))?;
         let build = prometheus::IntGaugeVec::new(
             Opts::new("redpilot_build_info", "The operator's build"),
             &["version"],
@@ -389,6 +397,7 @@ impl Metrics {
             upgrades,
             autopilot,
             in_flight,
+            light_passes,
             queue: crate::controller::queue::Queue::default(),
             queue_wait,
             sources: std::sync::Mutex::new(Vec::new()),

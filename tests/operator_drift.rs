@@ -20,8 +20,9 @@ use kube::{Api, Client};
 use serde_json::json;
 use support::audit::{operator_requests, tally};
 use support::operator::{
-    Operator, OperatorOptions, apply_redis, create_user_secret, kubectl, metric_sum, poke,
-    recent_events, redis_api, redis_pods, settled_children, start_operator, wait_ready,
+    Operator, OperatorOptions, apply_redis, connect_pod, create_user_secret, kubectl, metric_sum,
+    poke, recent_events, redis_api, redis_password, redis_pods, settled_children, start_operator,
+    wait_ready,
 };
 use support::{TestNamespace, client, wait_for};
 
@@ -487,4 +488,144 @@ async fn the_work_queue_shows_what_waits_behind_one_worker() {
         (started - finished - running).abs() < 1.0,
         "every reconcile started from a due entry: {started} waits counted, {finished} ended, {running} running"
     );
+}
+
+/// The role and link state `pod` reports (`None` when it does not answer).
+async fn role_of(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    password: &str,
+) -> Option<(
+    redpilot::redis::info::Role,
+    Option<redpilot::redis::info::LinkStatus>,
+)> {
+    let mut node = connect_pod(client, ns, pod, password).await.ok()?;
+    let info = node.info().await.ok()?;
+    Some((info.replication.role?, info.replication.link_status))
+}
+
+/// A calm Replication Redis that nothing changes is looked at lightly: its
+/// periodic pass re-reads only its Secrets' versions, not the servers. A
+/// change still gets a full pass at once: a replica detached by hand (no
+/// pod, child or Secret changes) is wired back as soon as the failure
+/// monitor's calm probe misses it, not at the next full pass minutes
+/// later; and a new password in the generated Secret starts a rotation at
+/// the next periodic pass, within a minute, as with no light passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calm_redis_is_looked_at_lightly_and_still_acts_on_a_change() {
+    use redpilot::redis::info::{LinkStatus, Role};
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "light", &[]).await;
+    let op = start_operator(&client, OperatorOptions::watching(&[&ns.name])).await;
+    apply_redis(
+        &client,
+        &ns.name,
+        "calm",
+        json!({"mode": "Replication", "instances": 3}),
+    )
+    .await;
+    let ready = wait_ready(&client, &ns.name, "calm", READY).await;
+    let t0 = Instant::now();
+    let light = || async {
+        op.metric_sum("redpilot_light_passes_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    wait_for("a light pass", Duration::from_secs(200), || async {
+        (light().await >= 1.0).then_some(())
+    })
+    .await;
+    println!(
+        "first light pass {:.1} s after Ready",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // 1. A replica detached by hand: it answers as a primary (the fault
+    //    happened), then the operator wires it back.
+    let primary = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.primary.clone())
+        .expect("a primary in the status");
+    let replica = redis_pods(&client, &ns.name, "calm")
+        .await
+        .into_keys()
+        .find(|p| *p != primary)
+        .expect("a replica pod");
+    let pw = redis_password(&client, &ns.name, "calm").await;
+    let mut node = connect_pod(&client, &ns.name, &replica, &pw)
+        .await
+        .expect("connect to the replica");
+    let light_before = light().await;
+    let cut = Instant::now();
+    let _: String = node
+        .query("REPLICAOF", redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        .await
+        .expect("REPLICAOF NO ONE");
+    let (role, _) = role_of(&client, &ns.name, &replica, &pw)
+        .await
+        .expect("the replica answers");
+    assert_eq!(role, Role::Primary, "{replica} detached by hand");
+    wait_for(
+        "the detached replica wired back",
+        Duration::from_secs(120),
+        || async {
+            match role_of(&client, &ns.name, &replica, &pw).await {
+                Some((Role::Replica, Some(LinkStatus::Up))) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    let back = cut.elapsed();
+    println!(
+        "{replica} detached by hand, replica again {:.1} s later ({} light passes meanwhile)",
+        back.as_secs_f64(),
+        light().await - light_before
+    );
+    assert!(
+        back < Duration::from_secs(20),
+        "a replica detached by hand is wired back within the monitor's calm probe and a \
+         pass, not at the next full pass: {back:?}"
+    );
+
+    // 2. A new password in the generated Secret, nothing else touched: the
+    //    next periodic pass (light or not) sees the Secret's new version.
+    wait_for("light passes again", Duration::from_secs(200), || async {
+        (light().await >= light_before + 1.0).then_some(())
+    })
+    .await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &ns.name);
+    let changed = Instant::now();
+    secrets
+        .patch(
+            "calm-auth",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"password": "a-new-password"}})),
+        )
+        .await
+        .expect("a new password in calm-auth");
+    wait_for(
+        "the rotation to start",
+        Duration::from_secs(120),
+        || async {
+            recent_events(&client, &ns.name, 80)
+                .await
+                .contains("PasswordRotating")
+                .then_some(())
+        },
+    )
+    .await;
+    let noticed = changed.elapsed();
+    println!(
+        "new password noticed {:.1} s after the Secret changed",
+        noticed.as_secs_f64()
+    );
+    assert!(
+        noticed < Duration::from_secs(70),
+        "a changed Secret is noticed within a minute: {noticed:?}"
+    );
+    wait_ready(&client, &ns.name, "calm", READY).await;
 }

@@ -270,6 +270,9 @@ struct Shared {
     failing_since: Option<Instant>,
     /// It answered as primary at least once.
     answered: bool,
+    /// Probed at the calm rate: it answered the last probe, and every
+    /// replica the last reconcile saw still hears from it.
+    calm: bool,
 }
 
 struct Watch {
@@ -374,6 +377,7 @@ impl Monitor {
                 vouched: Instant::now(),
                 failing_since: None,
                 answered: false,
+                calm: false,
             })),
         };
         // A new primary starts a new series; the level carries over.
@@ -488,6 +492,21 @@ impl Monitor {
         out
     }
 
+    /// Whether `obj`'s primary is watched, answered its last probe and is
+    /// probed at the calm rate (every replica hears from it).
+    pub fn holds_calm(&self, obj: &ObjectRef<Redis>) -> bool {
+        let Ok(w) = self.watches.lock() else {
+            return false;
+        };
+        w.get(&(obj.clone(), 0)).is_some_and(|watch| {
+            watch.target.calm
+                && watch
+                    .shared
+                    .lock()
+                    .is_ok_and(|s| s.calm && s.verdict == Verdict::Healthy)
+        })
+    }
+
     /// The health of the primary watched for `obj` (in Cluster mode, shard
     /// 0's).
     pub fn health(&self, obj: &ObjectRef<Redis>) -> Option<Health> {
@@ -599,6 +618,11 @@ async fn probe_loop(
         // looks (once per change), and the probes go to the full rate.
         let short = heard.is_some_and(|n| n < target.replicas);
         if short && !told_short {
+            // Not calm from now on: the pass asked for below must be a full
+            // one (see `controller::redis::light`).
+            if let Ok(mut s) = shared.lock() {
+                s.calm = false;
+            }
             tracing::info!(redis = %obj, primary = %target.pod, heard = ?heard, replicas = target.replicas, "a replica no longer hears from the primary; reconciling");
             if trigger.unbounded_send(obj.clone()).is_err() {
                 return;
@@ -630,6 +654,7 @@ async fn probe_loop(
             ticker = grid_ticker(period);
         }
         let Ok(mut s) = shared.lock() else { return };
+        s.calm = calm;
         let before = s.verdict;
         s.verdict = match probe {
             Probe::Answered => {

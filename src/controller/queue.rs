@@ -92,11 +92,70 @@ pub struct Depth {
     pub oldest: Duration,
 }
 
+/// How long a Redis may go on [`Mark`]s alone: at least this often its pass
+/// is a full one (the servers observed, every step run).
+pub const FULL_PASS_EVERY: Duration = Duration::from_secs(300);
+
+/// An object a pass read from the API past the caches (a Secret, the
+/// operator never caches), and the version it found.
+#[derive(Clone)]
+pub struct Read {
+    /// Its name (in the Redis' namespace).
+    pub name: String,
+    /// Its `resourceVersion` then (`None`: it did not exist).
+    pub version: Option<String>,
+    /// Reads its `resourceVersion` now (its metadata only).
+    pub check: VersionNow,
+}
+
+/// Reads the `resourceVersion` of an object of one kind, by namespace and
+/// name (`None`: it does not exist).
+pub type VersionNow =
+    fn(kube::Client, String, String) -> futures::future::BoxFuture<'static, VersionRead>;
+
+/// What [`VersionNow`] gives.
+pub type VersionRead = Result<Option<String>, kube::Error>;
+
+impl std::fmt::Debug for Read {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Read")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// What a full pass that found nothing to do left for the periodic passes
+/// after it: when it ran and what it read past the caches. While no change
+/// reached the controller for that Redis since the pass began (its object,
+/// a child, a pod, a monitor's trigger: every one goes through
+/// [`Queue::triggered`]), a periodic pass reads those objects' versions
+/// again and stops there when none changed (see
+/// `controller::redis::light`).
+#[derive(Debug, Clone)]
+pub struct Mark {
+    /// When the full pass ended.
+    pub at: Instant,
+    /// What it read past the caches.
+    pub reads: Vec<Read>,
+}
+
+#[derive(Debug, Default)]
+struct Changes {
+    /// Changes that reached the controller for this Redis (never reset
+    /// while it exists).
+    epoch: u64,
+    /// Left by the last full pass that found nothing to do, when no change
+    /// came since it began.
+    mark: Option<Mark>,
+}
+
 /// The ledger (one per process; entries are keyed by namespace and name, so
 /// controllers of several namespaces share it).
 #[derive(Debug, Default)]
 pub struct Queue {
     entries: Mutex<HashMap<Key, Entry>>,
+    changes: Mutex<HashMap<Key, Changes>>,
 }
 
 fn key(o: &ObjectRef<Redis>) -> Key {
@@ -104,11 +163,51 @@ fn key(o: &ObjectRef<Redis>) -> Key {
 }
 
 impl Queue {
-    /// A trigger for `o` reached the controller at `now`.
+    /// A trigger for `o` reached the controller at `now`: a change, so its
+    /// next pass is a full one.
     pub fn triggered(&self, o: &ObjectRef<Redis>, now: Instant) {
+        if let Ok(mut c) = self.changes.lock() {
+            let changes = c.entry(key(o)).or_default();
+            changes.epoch = changes.epoch.wrapping_add(1);
+            changes.mark = None;
+        }
         if let Ok(mut e) = self.entries.lock() {
             let entry = e.entry(key(o)).or_default();
             entry.due = Some(entry.due.map_or(now, |d| d.min(now)));
+        }
+    }
+
+    /// The changes counted for `o` so far (read when a pass begins).
+    pub fn epoch(&self, o: &ObjectRef<Redis>) -> u64 {
+        self.changes
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&key(o)).map(|x| x.epoch))
+            .unwrap_or(0)
+    }
+
+    /// A full pass of `o` that began at `epoch` found nothing to do: kept
+    /// unless a change came since it began.
+    pub fn leave_mark(&self, o: &ObjectRef<Redis>, epoch: u64, mark: Mark) {
+        if let Ok(mut c) = self.changes.lock() {
+            let changes = c.entry(key(o)).or_default();
+            if changes.epoch == epoch {
+                changes.mark = Some(mark);
+            }
+        }
+    }
+
+    /// The mark `o`'s last full pass left, while no change came since.
+    pub fn mark(&self, o: &ObjectRef<Redis>) -> Option<Mark> {
+        self.changes.lock().ok()?.get(&key(o))?.mark.clone()
+    }
+
+    /// Forgets `o`'s mark (a light look found something changed).
+    pub fn drop_mark(&self, o: &ObjectRef<Redis>) {
+        if let Ok(mut c) = self.changes.lock()
+            && let Some(changes) = c.get_mut(&key(o))
+        {
+            changes.mark = None;
         }
     }
 
@@ -141,16 +240,24 @@ impl Queue {
 
     /// The scheduler dropped `name`'s run: the Redis is gone.
     pub fn gone(&self, namespace: Option<&str>, name: &str) {
+        let k = (namespace.map(str::to_string), name.to_string());
+        if let Ok(mut c) = self.changes.lock() {
+            c.remove(&k);
+        }
         if let Ok(mut e) = self.entries.lock() {
-            e.remove(&(namespace.map(str::to_string), name.to_string()));
+            e.remove(&k);
         }
     }
 
     /// A controller of `namespace` (all when `None`) stopped: its queue
     /// went with it.
     pub fn clear(&self, namespace: Option<&str>) {
+        let keep = |ns: &Option<String>| namespace.is_some_and(|n| ns.as_deref() != Some(n));
+        if let Ok(mut c) = self.changes.lock() {
+            c.retain(|(ns, _), _| keep(ns));
+        }
         if let Ok(mut e) = self.entries.lock() {
-            e.retain(|(ns, _), _| namespace.is_some_and(|n| ns.as_deref() != Some(n)));
+            e.retain(|(ns, _), _| keep(ns));
         }
     }
 
@@ -182,6 +289,46 @@ mod tests {
 
     fn r(name: &str) -> ObjectRef<Redis> {
         ObjectRef::new(name).within("ns")
+    }
+
+    fn mark() -> Mark {
+        Mark {
+            at: Instant::now(),
+            reads: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_mark_stays_only_while_no_change_came_since_its_pass_began() {
+        let q = Queue::default();
+        let (a, b) = (r("a"), r("b"));
+        // A pass that began before a change leaves no mark.
+        let began = q.epoch(&a);
+        q.triggered(&a, Instant::now());
+        q.leave_mark(&a, began, mark());
+        assert!(q.mark(&a).is_none(), "a change came during the pass");
+        // One that began after it does; the next change takes it away.
+        let began = q.epoch(&a);
+        q.leave_mark(&a, began, mark());
+        assert!(q.mark(&a).is_some());
+        assert!(q.mark(&b).is_none(), "marks are per Redis");
+        q.triggered(&b, Instant::now());
+        assert!(q.mark(&a).is_some(), "another Redis' change");
+        q.triggered(&a, Instant::now());
+        assert!(q.mark(&a).is_none(), "a change drops the mark");
+        // Dropped by hand, and gone with the Redis (a new one of the same
+        // name starts over).
+        let began = q.epoch(&a);
+        q.leave_mark(&a, began, mark());
+        q.drop_mark(&a);
+        assert!(q.mark(&a).is_none());
+        q.leave_mark(&a, began, mark());
+        q.gone(Some("ns"), "a");
+        assert!(q.mark(&a).is_none());
+        assert_eq!(q.epoch(&a), 0);
+        q.leave_mark(&a, 0, mark());
+        q.clear(Some("ns"));
+        assert!(q.mark(&a).is_none(), "its namespace's controller stopped");
     }
 
     #[test]

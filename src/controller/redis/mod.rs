@@ -67,6 +67,7 @@ pub mod follow;
 pub mod hibernate;
 pub mod issuer;
 pub mod kept;
+pub mod light;
 pub mod material;
 pub mod network;
 pub mod observe;
@@ -113,6 +114,14 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
     // The records the status carries from pass to pass (`upgrade`,
     // `bootstrap`, `hibernation`, `resharding`) are read in `run`, after
     // the object is refreshed: the cache may not have seen the last write.
+    // A periodic pass of a calm Redis that nothing changed since its last
+    // full pass: only what that pass read past the caches is read again.
+    let epoch = ctx.metrics.queue.epoch(&oref);
+    if light::unchanged(&redis, &oref, &ns, &ctx).await {
+        ctx.metrics.light_passes.inc();
+        return Ok(Next::after(crate::controller::queue::STEADY_REQUEUE));
+    }
+    ctx.metrics.queue.drop_mark(&oref);
     let mut r = Reconciler {
         redis,
         ctx,
@@ -123,11 +132,13 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         records: Records::default(),
         report: report::Report::default(),
         config_applied: None,
+        reads: Default::default(),
     };
     let action = r.run().await?;
     if !r.redis.spec.paused {
         r.apply_insights().await;
     }
+    light::leave_mark(&r, epoch, action);
     Ok(action)
 }
 
@@ -171,6 +182,8 @@ pub struct Reconciler {
     /// The ConfigMap this pass applied (a step later in the pass that
     /// must publish one more key starts from it).
     config_applied: Option<k8s_openapi::api::core::v1::ConfigMap>,
+    /// What this pass read from the API past the caches (see [`light`]).
+    reads: std::sync::Mutex<Vec<crate::controller::queue::Read>>,
 }
 
 /// How this pass reaches the servers: set by [`Reconciler::begin`] (the

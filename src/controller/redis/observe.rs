@@ -79,10 +79,21 @@ impl Reconciler {
         }
     }
 
-    /// A child read from the API, past the cache.
+    /// A child read from the API, past the cache. What it found is noted
+    /// for the periodic passes after this one (see [`super::light`]).
     pub(super) async fn fetch<K: Child>(&self, name: &str) -> Result<Option<K>, Error> {
         self.ctx.metrics.kube("get");
-        Ok(self.api::<K>().get_opt(name).await?)
+        let found: Option<K> = self.api::<K>().get_opt(name).await?;
+        if let Ok(mut reads) = self.reads.lock() {
+            reads.push(crate::controller::queue::Read {
+                name: name.to_string(),
+                version: found
+                    .as_ref()
+                    .and_then(|o| o.meta().resource_version.clone()),
+                check: super::light::version_now::<K>,
+            });
+        }
+        Ok(found)
     }
 
     /// Replaces the cached `Redis` with a fresh read when the cache has not

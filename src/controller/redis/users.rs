@@ -56,8 +56,7 @@ impl Reconciler {
             let mut problem = None;
             for p in &u.passwords {
                 if !secrets.contains_key(&p.secret_name) {
-                    self.ctx.metrics.kube("get_secret");
-                    let s: Option<Secret> = self.api().get_opt(&p.secret_name).await?;
+                    let s: Option<Secret> = self.fetch(&p.secret_name).await?;
                     secrets.insert(p.secret_name.clone(), s);
                 }
                 let value = secrets
