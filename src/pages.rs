@@ -11,10 +11,11 @@
 //! fault, about a microsecond, 64 KiB mapped at a time).
 //!
 //! Only mappings of the executable that are not writable and hold no
-//! private copy of a page (`Anonymous: 0 kB` in `/proc/self/smaps`) are
-//! dropped: their contents are exactly the file's. The relocated read-only
-//! data (RELRO) holds private copies and is left alone, as is everything
-//! writable.
+//! private copy of a page, resident or swapped out (`Anonymous: 0 kB` and
+//! `Swap: 0 kB` in `/proc/self/smaps`), are dropped: their contents are
+//! exactly the file's, and a read-only mapping cannot gain a private copy
+//! without a write. The relocated read-only data (RELRO) holds private
+//! copies and is left alone, as is everything writable.
 
 use std::ops::Range;
 
@@ -23,20 +24,31 @@ use std::ops::Range;
 /// and hold no anonymous (copied-on-write) page.
 pub fn droppable(smaps: &str, exe: &str) -> Vec<Range<usize>> {
     let mut out = Vec::new();
-    // The mapping being read, while its fields follow.
-    let mut current: Option<Range<usize>> = None;
-    for line in smaps.lines() {
-        if let Some(range) = mapping_header(line, exe) {
-            current = range;
-            continue;
-        }
-        if let Some(kib) = line.strip_prefix("Anonymous:")
-            && let Some(range) = current.take()
-            && kib.trim().trim_end_matches("kB").trim() == "0"
-        {
+    // The mapping being read (when it is one of `exe`'s read-only ones),
+    // and its `Anonymous:` and `Swap:` fields once read: a private copy of
+    // a page is resident (Anonymous) or swapped out (Swap).
+    let mut current: Option<(Range<usize>, Option<u64>, Option<u64>)> = None;
+    let mut finish = |c: Option<(Range<usize>, Option<u64>, Option<u64>)>| {
+        if let Some((range, Some(0), Some(0))) = c {
             out.push(range);
         }
+    };
+    for line in smaps.lines() {
+        if let Some(range) = mapping_header(line, exe) {
+            finish(current.take());
+            current = range.map(|r| (r, None, None));
+            continue;
+        }
+        let kib = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
+        if let Some((_, anon, swap)) = current.as_mut() {
+            if let Some(v) = line.strip_prefix("Anonymous:") {
+                *anon = kib(v);
+            } else if let Some(v) = line.strip_prefix("Swap:") {
+                *swap = kib(v);
+            }
+        }
     }
+    finish(current.take());
     out
 }
 
@@ -100,18 +112,29 @@ mod tests {
 Size:               2048 kB
 Rss:                1024 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 55d0a0200000-55d0a0800000 r-xp 00200000 08:01 1234 /opt/red pilot
 Size:               6144 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 55d0a0800000-55d0a0900000 r--p 00800000 08:01 1234 /opt/red pilot
 Size:               1024 kB
 Anonymous:           900 kB
+Swap:                  0 kB
 55d0a0900000-55d0a0910000 rw-p 00900000 08:01 1234 /opt/red pilot
 Anonymous:            64 kB
+Swap:                  0 kB
+55d0a0910000-55d0a0920000 r--p 00910000 08:01 1234 /opt/red pilot
+Anonymous:             0 kB
+Swap:                 64 kB
+55d0a0920000-55d0a0930000 r--p 00920000 08:01 1234 /opt/red pilot
+Anonymous:             0 kB
 7f0000000000-7f0000100000 r-xp 00000000 08:01 99 /usr/lib/libc.so.6
 Anonymous:             0 kB
+Swap:                  0 kB
 7f0000200000-7f0000300000 r--p 00000000 00:00 0
 Anonymous:             0 kB
+Swap:                  0 kB
 ";
 
     #[test]
@@ -123,8 +146,9 @@ Anonymous:             0 kB
                 0x55d0a0000000..0x55d0a0200000,
                 0x55d0a0200000..0x55d0a0800000
             ],
-            "the RELRO mapping (private copies), the writable data, libc and \
-             an anonymous mapping stay"
+            "the RELRO mapping (private copies, resident or swapped out), one \
+             whose Swap is not told, the writable data, libc and an anonymous \
+             mapping stay"
         );
         assert!(droppable(SMAPS, "/opt/other").is_empty());
     }

@@ -455,6 +455,7 @@ pub(crate) fn cached_watch<K>(
     cfg: watcher::Config,
     slim: fn(&mut K),
     labels: Labels,
+    on_relist: impl Fn() + Send + 'static,
 ) -> (
     Store<Frozen<K>>,
     impl Stream<Item = Result<Frozen<K>, watcher::Error>> + Send + 'static,
@@ -481,6 +482,11 @@ where
             })
         })
         .reflect(writer)
+        .inspect_ok(move |event| {
+            if matches!(event, watcher::Event::Init) {
+                on_relist();
+            }
+        })
         .touched_objects();
     (reader, stream)
 }

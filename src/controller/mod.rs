@@ -400,16 +400,21 @@ pub async fn run_controllers(
             use cache::Labels::InBody;
             let pod_labels =
                 cache::Labels::Only(&["app.kubernetes.io/name", names::INSTANCE_LABEL]);
+            // A re-listed watch makes every Redis' next pass a full one.
+            let relisted = || {
+                let m = metrics.clone();
+                move || m.queue.relisted()
+            };
             let (statefulsets, sts_changes) =
-                cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
+                cached_watch(api(&client, &ns), managed.clone(), keep, InBody, relisted());
             let (services, svc_changes) =
-                cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
+                cached_watch(api(&client, &ns), managed.clone(), keep, InBody, relisted());
             let (config_maps, cm_changes) =
-                cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
+                cached_watch(api(&client, &ns), managed.clone(), keep, InBody, relisted());
             let (pdbs, pdb_changes) =
-                cached_watch(api(&client, &ns), managed.clone(), keep, InBody);
+                cached_watch(api(&client, &ns), managed.clone(), keep, InBody, relisted());
             let (pods, pod_changes) =
-                cached_watch::<Pod>(api(&client, &ns), managed, slim_pod, pod_labels);
+                cached_watch::<Pod>(api(&client, &ns), managed, slim_pod, pod_labels, relisted());
             let stores = Stores {
                 statefulsets,
                 services,

@@ -273,6 +273,9 @@ struct Shared {
     /// Probed at the calm rate: it answered the last probe, and every
     /// replica the last reconcile saw still hears from it.
     calm: bool,
+    /// Its last `INFO replication` (a calm probe's) named every replica
+    /// the last reconcile saw online, and no probe failed since.
+    heard_all: bool,
 }
 
 struct Watch {
@@ -378,6 +381,7 @@ impl Monitor {
                 failing_since: None,
                 answered: false,
                 calm: false,
+                heard_all: false,
             })),
         };
         // A new primary starts a new series; the level carries over.
@@ -492,18 +496,22 @@ impl Monitor {
         out
     }
 
-    /// Whether `obj`'s primary is watched, answered its last probe and is
-    /// probed at the calm rate (every replica hears from it).
+    /// Whether `obj`'s primary is watched by a running probe, answered
+    /// within two calm intervals, is probed at the calm rate, and its last
+    /// `INFO replication` named every replica (see [`Shared::heard_all`]).
     pub fn holds_calm(&self, obj: &ObjectRef<Redis>) -> bool {
         let Ok(w) = self.watches.lock() else {
             return false;
         };
         w.get(&(obj.clone(), 0)).is_some_and(|watch| {
             watch.target.calm
-                && watch
-                    .shared
-                    .lock()
-                    .is_ok_and(|s| s.calm && s.verdict == Verdict::Healthy)
+                && !watch.task.is_finished()
+                && watch.shared.lock().is_ok_and(|s| {
+                    s.calm
+                        && s.heard_all
+                        && s.verdict == Verdict::Healthy
+                        && s.last_answer.elapsed() < 2 * CALM_INTERVAL
+                })
         })
     }
 
@@ -622,6 +630,7 @@ async fn probe_loop(
             // one (see `controller::redis::light`).
             if let Ok(mut s) = shared.lock() {
                 s.calm = false;
+                s.heard_all = false;
             }
             tracing::info!(redis = %obj, primary = %target.pod, heard = ?heard, replicas = target.replicas, "a replica no longer hears from the primary; reconciling");
             if trigger.unbounded_send(obj.clone()).is_err() {
@@ -655,6 +664,13 @@ async fn probe_loop(
         }
         let Ok(mut s) = shared.lock() else { return };
         s.calm = calm;
+        // What the light periodic pass relies on: the replicas were asked
+        // and all heard; an unanswered question or a failed probe undoes it.
+        if !matches!(probe, Probe::Answered) || (ask && heard.is_none()) || short {
+            s.heard_all = false;
+        } else if heard.is_some() {
+            s.heard_all = true;
+        }
         let before = s.verdict;
         s.verdict = match probe {
             Probe::Answered => {

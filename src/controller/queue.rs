@@ -136,6 +136,9 @@ impl std::fmt::Debug for Read {
 pub struct Mark {
     /// When the full pass ended.
     pub at: Instant,
+    /// The `resourceVersion` of the Redis it worked from (a change that
+    /// came while that pass waited to start is seen by this).
+    pub version: Option<String>,
     /// What it read past the caches.
     pub reads: Vec<Read>,
 }
@@ -200,6 +203,18 @@ impl Queue {
     /// The mark `o`'s last full pass left, while no change came since.
     pub fn mark(&self, o: &ObjectRef<Redis>) -> Option<Mark> {
         self.changes.lock().ok()?.get(&key(o))?.mark.clone()
+    }
+
+    /// A watch of children or pods lists again (after an outage): an
+    /// object deleted meanwhile vanishes from its cache with no event to
+    /// name its Redis, so every Redis' next pass is a full one.
+    pub fn relisted(&self) {
+        if let Ok(mut c) = self.changes.lock() {
+            for changes in c.values_mut() {
+                changes.epoch = changes.epoch.wrapping_add(1);
+                changes.mark = None;
+            }
+        }
     }
 
     /// Forgets `o`'s mark (a light look found something changed).
@@ -294,6 +309,7 @@ mod tests {
     fn mark() -> Mark {
         Mark {
             at: Instant::now(),
+            version: None,
             reads: Vec::new(),
         }
     }
@@ -329,6 +345,15 @@ mod tests {
         q.leave_mark(&a, 0, mark());
         q.clear(Some("ns"));
         assert!(q.mark(&a).is_none(), "its namespace's controller stopped");
+        // A watch that lists again drops every mark, and a pass that began
+        // before it leaves none.
+        let (ea, eb) = (q.epoch(&a), q.epoch(&b));
+        q.leave_mark(&a, ea, mark());
+        q.leave_mark(&b, eb, mark());
+        q.relisted();
+        assert!(q.mark(&a).is_none() && q.mark(&b).is_none());
+        q.leave_mark(&a, ea, mark());
+        assert!(q.mark(&a).is_none(), "began before the re-list");
     }
 
     #[test]

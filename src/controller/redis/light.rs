@@ -12,13 +12,16 @@
 //! Redis is light when all of this holds:
 //!
 //! - the last full pass found nothing to do (it asked for the steady
-//!   requeue and left the Redis Ready) less than [`FULL_PASS_EVERY`] ago
-//!   (and than the tuning look's interval, so the look that pass makes is
-//!   on time), and no change reached the controller since
+//!   requeue and left the Redis Ready) less than [`FULL_PASS_EVERY`] ago,
+//!   from the Redis as it is now (same `resourceVersion`), no tuning look
+//!   comes due before the next periodic pass, and no change reached the
+//!   controller since
 //!   it began: not to the Redis, a child, a pod, nor a trigger of the
 //!   failure monitor (every one goes through
 //!   [`crate::controller::queue::Queue::triggered`], which drops the mark);
-//! - the monitor holds the primary calm and answering now;
+//! - the monitor holds the primary calm: probed at the calm rate, its
+//!   last answer within two calm intervals, and its last `INFO
+//!   replication` named every replica the last full pass saw;
 //! - every object that pass read past the caches (its Secrets) has the
 //!   same `resourceVersion` (read as metadata only: no Secret's data);
 //! - the Redis is one whose passes depend on nothing else: Replication of
@@ -88,15 +91,25 @@ pub async fn unchanged(redis: &Redis, oref: &ObjectRef<Redis>, ns: &str, ctx: &C
     let Some(mark) = ctx.metrics.queue.mark(oref) else {
         return false;
     };
-    // A full pass at least every FULL_PASS_EVERY, and for each tuning look
-    // on time (the periodic pass that comes within a few seconds of it).
+    // The Redis this pass has is the one the full pass worked from (a
+    // change that came while that pass waited to start is not in its epoch).
+    if mark.version != redis.metadata.resource_version {
+        return false;
+    }
+    // A full pass at least every FULL_PASS_EVERY, and one for each tuning
+    // look that comes due before the next periodic pass.
     let tuning = ctx.settings.tuning_interval;
-    let every = if tuning.is_zero() {
-        FULL_PASS_EVERY
-    } else {
-        FULL_PASS_EVERY.min(tuning)
-    };
-    if mark.at.elapsed() + Duration::from_secs(10) >= every || !ctx.monitor.holds_calm(oref) {
+    let look_due = !tuning.is_zero()
+        && ctx
+            .tuning
+            .lock()
+            .ok()
+            .and_then(|all| all.get(oref).and_then(super::tuning::Memory::last_look))
+            .is_none_or(|last| last.elapsed() + STEADY_REQUEUE >= tuning);
+    if look_due
+        || mark.at.elapsed() + Duration::from_secs(10) >= FULL_PASS_EVERY
+        || !ctx.monitor.holds_calm(oref)
+    {
         return false;
     }
     for read in &mark.reads {
@@ -122,6 +135,7 @@ pub(super) fn leave_mark(r: &Reconciler, epoch: u64, next: Next) {
         epoch,
         Mark {
             at: Instant::now(),
+            version: r.redis.metadata.resource_version.clone(),
             reads,
         },
     );

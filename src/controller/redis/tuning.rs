@@ -59,6 +59,13 @@ pub struct Memory {
     servers: HashMap<String, Server>,
 }
 
+impl Memory {
+    /// When the servers were last looked at.
+    pub fn last_look(&self) -> Option<Instant> {
+        self.last
+    }
+}
+
 #[derive(Debug, Default)]
 struct Server {
     baselines: VecDeque<(Instant, Sample)>,
