@@ -14,8 +14,7 @@
 //! - the last full pass found nothing to do (it asked for the steady
 //!   requeue and left the Redis Ready) less than [`FULL_PASS_EVERY`] ago,
 //!   from the Redis as it is now (same `resourceVersion`), no tuning look
-//!   comes due before the next periodic pass, and no change reached the
-//!   controller since
+//!   is due, and no change reached the controller since
 //!   it began: not to the Redis, a child, a pod, nor a trigger of the
 //!   failure monitor (every one goes through
 //!   [`crate::controller::queue::Queue::triggered`], which drops the mark);
@@ -47,6 +46,10 @@ use super::children::Child;
 use super::{Mode, Reconciler, Redis};
 use crate::controller::Context;
 use crate::controller::queue::{FULL_PASS_EVERY, Mark, Next, STEADY_REQUEUE};
+
+/// How early a periodic pass may come and still count as on time for a
+/// full pass or a tuning look that is due.
+const EARLY: Duration = Duration::from_secs(10);
 
 /// `name`'s `resourceVersion` now (`None`: gone), from its metadata.
 pub fn version_now<K: Child>(
@@ -96,8 +99,8 @@ pub async fn unchanged(redis: &Redis, oref: &ObjectRef<Redis>, ns: &str, ctx: &C
     if mark.version != redis.metadata.resource_version {
         return false;
     }
-    // A full pass at least every FULL_PASS_EVERY, and one for each tuning
-    // look that comes due before the next periodic pass.
+    // A full pass at least every FULL_PASS_EVERY, and when a tuning look is
+    // due (or due within the few seconds a pass may come early).
     let tuning = ctx.settings.tuning_interval;
     let look_due = !tuning.is_zero()
         && ctx
@@ -105,11 +108,8 @@ pub async fn unchanged(redis: &Redis, oref: &ObjectRef<Redis>, ns: &str, ctx: &C
             .lock()
             .ok()
             .and_then(|all| all.get(oref).and_then(super::tuning::Memory::last_look))
-            .is_none_or(|last| last.elapsed() + STEADY_REQUEUE >= tuning);
-    if look_due
-        || mark.at.elapsed() + Duration::from_secs(10) >= FULL_PASS_EVERY
-        || !ctx.monitor.holds_calm(oref)
-    {
+            .is_none_or(|last| last.elapsed() + EARLY >= tuning);
+    if look_due || mark.at.elapsed() + EARLY >= FULL_PASS_EVERY || !ctx.monitor.holds_calm(oref) {
         return false;
     }
     for read in &mark.reads {
