@@ -1031,6 +1031,15 @@ pub struct RedisStatus {
     pub archive: Option<ArchiveStatus>,
 }
 
+impl RedisStatus {
+    /// Whether the `Ready` condition is true.
+    pub fn ready(&self) -> bool {
+        self.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    }
+}
+
 /// Tuning advice the operator applies itself (`spec.tuning`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]

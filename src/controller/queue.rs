@@ -217,7 +217,7 @@ impl Queue {
         }
     }
 
-    /// Forgets `o`'s mark (a light look found something changed).
+    /// Forgets `o`'s mark (its pass is a full one).
     pub fn drop_mark(&self, o: &ObjectRef<Redis>) {
         if let Ok(mut c) = self.changes.lock()
             && let Some(changes) = c.get_mut(&key(o))

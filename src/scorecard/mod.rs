@@ -487,10 +487,7 @@ fn ready(r: &Redis) -> bool {
     status.observed_generation.is_some()
         && status.observed_generation == r.metadata.generation
         && status.phase == Some(Phase::Ready)
-        && status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
+        && status.ready()
 }
 
 /// A one-line picture of a Redis for failure messages.

@@ -77,16 +77,12 @@ pub fn eligible(redis: &Redis) -> bool {
         && spec.memory_autopilot().is_none()
         && !spec.paused
         && !spec.hibernate
-        && redis.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        && redis.status.as_ref().is_some_and(|s| s.ready())
 }
 
 /// Whether this pass may end here: see the module's text. Reads the
 /// marked objects' versions (one request each); any difference or error
-/// means a full pass.
+/// means a full pass (and the caller drops the mark).
 pub async fn unchanged(redis: &Redis, oref: &ObjectRef<Redis>, ns: &str, ctx: &Context) -> bool {
     if !eligible(redis) || ctx.written_version(oref).is_some() {
         return false;
@@ -116,7 +112,6 @@ pub async fn unchanged(redis: &Redis, oref: &ObjectRef<Redis>, ns: &str, ctx: &C
         ctx.metrics.kube("get_metadata");
         let now = (read.check)(ctx.client.clone(), ns.to_string(), read.name.clone()).await;
         if !matches!(now, Ok(ref v) if *v == read.version) {
-            ctx.metrics.queue.drop_mark(oref);
             return false;
         }
     }

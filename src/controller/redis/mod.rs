@@ -111,9 +111,6 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
     let ns = redis.namespace().ok_or(Error::Incomplete("namespace"))?;
     let names = Names::new(&redis.name_any());
     let oref = ObjectRef::from_obj(redis.as_ref());
-    // The records the status carries from pass to pass (`upgrade`,
-    // `bootstrap`, `hibernation`, `resharding`) are read in `run`, after
-    // the object is refreshed: the cache may not have seen the last write.
     // A periodic pass of a calm Redis that nothing changed since its last
     // full pass: only what that pass read past the caches is read again.
     let epoch = ctx.metrics.queue.epoch(&oref);
@@ -122,6 +119,9 @@ pub async fn reconcile(redis: Arc<Redis>, ctx: Arc<Context>) -> Result<Next, Err
         return Ok(Next::after(crate::controller::queue::STEADY_REQUEUE));
     }
     ctx.metrics.queue.drop_mark(&oref);
+    // The records the status carries from pass to pass (`upgrade`,
+    // `bootstrap`, `hibernation`, `resharding`) are read in `run`, after
+    // the object is refreshed: the cache may not have seen the last write.
     let mut r = Reconciler {
         redis,
         ctx,

@@ -129,10 +129,7 @@ pub fn primary_moved(
             i
         })
         .collect();
-    let was_ready = old
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let was_ready = old.ready();
     // Ready goes from true to false: a transition, at `now`.
     let conditions = was_ready.then(|| {
         let conditions = old
