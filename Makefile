@@ -43,7 +43,7 @@ TOOL_GROUPS_ALL := $(TOOL_GROUPS_CLUSTER) $(TOOL_GROUPS_OLM) $(TOOL_GROUPS_BACKU
 
 .PHONY: bundle catalog olm-validate
 .PHONY: all build setup prune fmt fmt-check clippy lint unit tools tools-cluster engines \
-	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-pitr bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle run run-stop version plugin install-yaml helm-chart image clean help
+	cluster-up cluster-down chaos test-long release-bins registry registry-down bundle-image catalog-image test integration bench bench-failover bench-follow bench-pitr bench-autopilot bench-cluster bench-reshard bench-timing bench-upgrade bench-backup bench-restore bench-tls bench-tuning bench-idle hot-symbols run run-stop version plugin install-yaml helm-chart image clean help
 
 all: build
 
@@ -227,6 +227,22 @@ bench: cluster-up
 # Redis of real servers (benches/idle.rs); IDLE_SECS per window (120).
 bench-idle: engines cluster-up
 	$(CARGO) bench --profile $(BENCH_PROFILE) --bench idle
+
+# The release link's function order (hack/hot-symbols.txt, read by build.rs):
+# the functions an idle operator runs, from callgrind over bench-idle's
+# window with 10 Redis (HOT_SECS long: longer than the 5-minute full pass).
+# Needs valgrind. Run it again when the idle path changed much; a stale
+# list orders less well and breaks nothing (names it lacks are passed over).
+HOT_DIR ?= $(CURDIR)/.dev/hot-symbols
+HOT_SECS ?= 420
+hot-symbols: engines cluster-up
+	@command -v valgrind >/dev/null || { echo "hot-symbols: install valgrind (apt-get install -y valgrind)"; exit 1; }
+	$(CARGO) build --release --bin redpilot
+	rm -rf $(HOT_DIR) && mkdir -p $(HOT_DIR)
+	cp $${CARGO_TARGET_DIR:-target}/release/redpilot $(HOT_DIR)/redpilot
+	IDLE_CALLGRIND=$(HOT_DIR) IDLE_OPERATOR_BIN=$(HOT_DIR)/redpilot IDLE_FEW_SECS=5 IDLE_SECS=$(HOT_SECS) \
+		$(CARGO) bench --profile dev --bench idle
+	python3 hack/hot-symbols.py "$$(ls -t $(HOT_DIR)/callgrind.out.*.* | head -1)" $(HOT_DIR)/redpilot > hack/hot-symbols.txt
 
 # Failover measurements (tests/operator_failover.rs, tests/monitor_cost.rs):
 # FAILOVER_RUNS runs of each fault (kill -9, pod deletion, partition) under

@@ -19,6 +19,13 @@
 //! prints the reconcile passes and Kubernetes requests per minute, from
 //! the operator's counters; `IDLE_PERF=<dir>` records `perf` samples of
 //! the window with the most Redis there.
+//!
+//! `IDLE_CALLGRIND=<dir>` runs the operator under valgrind's callgrind and
+//! writes there every function the operator ran in the window with the
+//! most Redis (the counters are zeroed when it starts, dumped when it
+//! ends): `make hot-symbols` makes the release link's function order from
+//! it (see `hack/hot-symbols.py`). CPU figures of such a run mean nothing.
+//! `IDLE_FEW_SECS` shortens the windows with 0 and 1 Redis.
 
 // The percentiles the other benches share are not needed here.
 #[allow(dead_code)]
@@ -48,6 +55,9 @@ struct Window {
     /// Of the binary's resident pages, those touched during the window
     /// (MiB; `Referenced` in /proc/<pid>/smaps after `clear_refs`).
     binary_touched_mib: f64,
+    /// Pages the operator read from the disk on a touch in the window
+    /// (major faults: its binary's, given back by `src/pages.rs`).
+    major_faults: u64,
     /// Reconcile passes and Kubernetes requests per minute (from the
     /// operator's counters).
     reconciles_per_min: f64,
@@ -79,6 +89,15 @@ fn binary_smaps_kib(pid: u32, field: &str) -> u64 {
     kib
 }
 
+/// The major faults of process `pid` so far (field 12 of /proc/<pid>/stat).
+fn major_faults(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis start at 3 (state).
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(9)?.parse().ok())
+        .unwrap_or_else(|| panic!("majflt in /proc/{pid}/stat"))
+}
+
 /// A field of /proc/<pid>/status (`kB` values in KiB).
 fn status_field(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -108,6 +127,13 @@ async fn window(
     // From here on, pages the operator touches are marked referenced again.
     std::fs::write(format!("/proc/{pid}/clear_refs"), "1").expect("clear_refs");
     let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
+    let faults0 = major_faults(pid);
+    // IDLE_CALLGRIND: the operator runs under callgrind; its counters
+    // start from zero with the window with the most Redis.
+    let callgrind = std::env::var("IDLE_CALLGRIND").ok().filter(|_| redis > 1);
+    if callgrind.is_some() {
+        callgrind_control(pid, "--zero");
+    }
     // IDLE_PERF: a directory; `perf record` samples the operator over the
     // window with the most Redis (perf must be installed).
     let perf = std::env::var("IDLE_PERF")
@@ -144,6 +170,10 @@ async fn window(
     if let Some(mut perf) = perf {
         let _ = perf.wait();
     }
+    if let Some(dir) = &callgrind {
+        callgrind_control(pid, "--dump=idle window");
+        println!("functions run in this window: {dir}/callgrind.out.{pid}.*");
+    }
     let rss_mib = op.rss_kib().expect("operator RSS") as f64 / 1024.0;
     let w = Window {
         redis,
@@ -153,13 +183,14 @@ async fn window(
         file_mib: status_field(pid, "RssFile") as f64 / 1024.0,
         threads: status_field(pid, "Threads"),
         binary_touched_mib: binary_smaps_kib(pid, "Referenced") as f64 / 1024.0,
+        major_faults: major_faults(pid) - faults0,
         reconciles_per_min: (passes1 - passes0) / minutes,
         kube_requests_per_min: (requests1 - requests0) / minutes,
     };
     println!(
         "{redis:>3} Redis idle {:.1} min: operator CPU {:.0} ms/min{}, RSS {rss_mib:.1} MiB \
          (anonymous {:.1}, file {:.1}; of the binary's pages {:.1} touched in the window), \
-         {} threads; {:.1} reconciles/min, {:.1} API requests/min",
+         {} threads, {} major faults; {:.1} reconciles/min, {:.1} API requests/min",
         minutes,
         w.cpu_ms_per_min,
         if redis > 0 {
@@ -174,10 +205,21 @@ async fn window(
         w.file_mib,
         w.binary_touched_mib,
         w.threads,
+        w.major_faults,
         w.reconciles_per_min,
         w.kube_requests_per_min
     );
     w
+}
+
+/// Tells the callgrind of the operator `pid` to zero or dump its counters.
+fn callgrind_control(pid: u32, what: &str) {
+    let status = std::process::Command::new("callgrind_control")
+        .args([what, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("callgrind_control (install valgrind, or unset IDLE_CALLGRIND)");
+    assert!(status.success(), "callgrind_control {what} {pid}: {status}");
 }
 
 async fn add_redis(client: &kube::Client, ns: &str, from: usize, to: usize) {
@@ -232,11 +274,37 @@ async fn main() {
         println!("operator binary: {bin}");
         opts.binary = Some(bin.into());
     }
+    // IDLE_CALLGRIND: the binary runs under valgrind's callgrind, its
+    // output files in that directory.
+    if let Ok(dir) = std::env::var("IDLE_CALLGRIND") {
+        let bin = opts
+            .binary
+            .clone()
+            .unwrap_or_else(support::operator::operator_binary);
+        let wrapper = format!("{dir}/operator-under-callgrind");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec valgrind --tool=callgrind --demangle=no --dump-instr=no \\\n  \
+                 --callgrind-out-file={dir}/callgrind.out.%p {} \"$@\"\n",
+                bin.display()
+            ),
+        )
+        .expect("write the callgrind wrapper");
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("make the callgrind wrapper executable");
+        opts.binary = Some(wrapper.into());
+    }
     let op = start_operator(&client, opts).await;
 
-    let none = window(&op, 0, settle, idle).await;
+    // IDLE_FEW_SECS: the windows with 0 and 1 Redis.
+    let few = Duration::from_secs(knob("IDLE_FEW_SECS", idle.as_secs()));
+    let none = window(&op, 0, settle, few).await;
     add_redis(&client, &ns.name, 0, 1).await;
-    let one = window(&op, 1, settle, idle).await;
+    let one = window(&op, 1, settle, few).await;
     add_redis(&client, &ns.name, 1, n).await;
     let many = window(&op, n, settle, idle).await;
 

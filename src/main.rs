@@ -1022,6 +1022,13 @@ fn give_back_freed_heap() {}
 /// [`redpilot::pages`]).
 const UNMAP_FIRST: std::time::Duration = std::time::Duration::from_secs(60);
 const UNMAP_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+/// Every how many unmappings (the first one included) the binary's pages no
+/// process maps also leave the page cache: every 30 minutes. Pages touched
+/// since are read back from the disk one at a time, so evicting at every
+/// unmapping would read the idle path's few MiB again every 5 minutes; in
+/// between, only pages touched since the last eviction are cached, and the
+/// unmapping maps back no more than those.
+const EVICT_EVERY_NTH: u64 = 6;
 
 #[cfg(target_os = "linux")]
 fn give_back_binary_pages() {
@@ -1029,10 +1036,11 @@ fn give_back_binary_pages() {
         let start = tokio::time::Instant::now() + UNMAP_FIRST;
         let mut tick = tokio::time::interval_at(start, UNMAP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        for round in 0u64.. {
             tick.tick().await;
-            match redpilot::pages::unmap_idle_binary_pages() {
-                Ok(bytes) => tracing::debug!(bytes, "binary pages unmapped"),
+            let evict = round % EVICT_EVERY_NTH == 0;
+            match redpilot::pages::unmap_idle_binary_pages(evict) {
+                Ok(bytes) => tracing::debug!(bytes, evict, "binary pages unmapped"),
                 Err(e) => {
                     tracing::info!(error = %e, "binary pages left mapped");
                     return;
