@@ -233,6 +233,7 @@ bench-idle: engines cluster-up
 # window with 10 Redis (HOT_SECS long: longer than the 5-minute full pass).
 # Needs valgrind. Run it again when the idle path changed much; a stale
 # list orders less well and breaks nothing (names it lacks are passed over).
+# The window is the run's one dump (part 1); callgrind's own file at exit is not used.
 HOT_DIR ?= $(CURDIR)/.dev/hot-symbols
 HOT_SECS ?= 420
 hot-symbols: engines cluster-up
@@ -242,7 +243,7 @@ hot-symbols: engines cluster-up
 	cp $${CARGO_TARGET_DIR:-target}/release/redpilot $(HOT_DIR)/redpilot
 	IDLE_CALLGRIND=$(HOT_DIR) IDLE_OPERATOR_BIN=$(HOT_DIR)/redpilot IDLE_FEW_SECS=5 IDLE_SECS=$(HOT_SECS) \
 		$(CARGO) bench --profile dev --bench idle
-	python3 hack/hot-symbols.py "$$(ls -t $(HOT_DIR)/callgrind.out.*.* | head -1)" $(HOT_DIR)/redpilot > hack/hot-symbols.txt
+	python3 hack/hot-symbols.py "$$(ls $(HOT_DIR)/callgrind.out.*.1)" $(HOT_DIR)/redpilot > hack/hot-symbols.txt
 
 # Failover measurements (tests/operator_failover.rs, tests/monitor_cost.rs):
 # FAILOVER_RUNS runs of each fault (kill -9, pod deletion, partition) under

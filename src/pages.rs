@@ -54,7 +54,6 @@ pub fn droppable(smaps: &str, exe: &str) -> Vec<Range<usize>> {
             current = range.map(|r| (r, None, None));
             continue;
         }
-        let kib = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
         if let Some((_, anon, swap)) = current.as_mut() {
             if let Some(v) = line.strip_prefix("Anonymous:") {
                 *anon = kib(v);
@@ -65,6 +64,11 @@ pub fn droppable(smaps: &str, exe: &str) -> Vec<Range<usize>> {
     }
     finish(current.take());
     out
+}
+
+/// The value of an `smaps` size field (`"   900 kB"`), in KiB.
+fn kib(value: &str) -> Option<u64> {
+    value.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// `Some(range)` for a header line (`start-end perms offset dev inode
@@ -220,13 +224,8 @@ Swap:                  0 kB
         for line in smaps.lines() {
             if let Some(inside) = mapping_header(line, &exe) {
                 ours = inside.is_some();
-            } else if ours && let Some(kib) = line.strip_prefix("Rss:") {
-                sum += kib
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap_or(0);
+            } else if ours && let Some(v) = line.strip_prefix("Rss:") {
+                sum += kib(v).unwrap_or(0);
             }
         }
         sum
@@ -239,11 +238,12 @@ Swap:                  0 kB
         let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
         let exe = exe.to_string_lossy().into_owned();
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        let droppable = droppable(&smaps, &exe);
         let data: Vec<Range<usize>> = smaps
             .lines()
             .filter(|l| l.split_whitespace().nth(1) == Some("r--p"))
             .filter_map(|l| mapping_header(l, &exe).flatten())
-            .filter(|r| droppable(&smaps, &exe).contains(r))
+            .filter(|r| droppable.contains(r))
             .collect();
         let mut cached = 0;
         for range in data {
